@@ -1,0 +1,60 @@
+"""hicache-sim command line: parses arguments and turns user errors into one line.
+
+Domain logic lives in ``sim``; each subcommand is a module in ``sim/commands``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from sim import __version__
+from sim.commands import COMMANDS
+from sim.errors import DivergenceError, UserError
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    parser = argparse.ArgumentParser(
+        prog="hicache-sim",
+        description="Simulate SGLang HiCache (device + host KV tiers) across TP ranks.",
+    )
+    parser.add_argument("--version", action="version", version=f"hicache-sim {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    handlers = {}
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"sim.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name == f"sim.commands.{name}":
+                continue  # a subcommand not built yet
+            raise
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        handlers[mod.NAME] = mod.run
+    return parser, handlers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, handlers = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(handlers[args.command](args) or 0)
+    except UserError as err:
+        print(f"hicache-sim {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except DivergenceError as err:
+        print(f"hicache-sim {args.command}: {err}", file=sys.stderr)
+        return DivergenceError.exit_code
+    except KeyboardInterrupt:
+        print(f"hicache-sim {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""User-facing errors: one line, naming where the bad input is and what was expected.
+
+The CLI prints ``str(err)`` and exits with ``err.exit_code``; no traceback reaches
+the user for their own mistake.
+"""
+
+
+class UserError(Exception):
+    """Bad input from the user (a file, a key, a flag). Rendered as one line."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, where: str | None = None):
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class InputFormatError(UserError):
+    """A malformed line or record in a data file (op-trace, request trace)."""
+
+    def __init__(self, path, line: int | None, found: str, expected: str):
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"found {found}; expected {expected}", where=where)
+        self.path, self.line = path, line
+
+
+class DivergenceError(Exception):
+    """The simulated TP group hit SGLang's digest assertion (on_divergence: halt)."""
+
+    exit_code = 3

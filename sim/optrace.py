@@ -1,0 +1,256 @@
+"""Op-trace replay: the differential-testing contract with SGLang's own tree.
+
+Reads an op-trace (shared/reference/op-trace.md), drives a ``Tree`` and yields one
+output object per trace line, in exactly the form SGLang's reference replayer wrote
+the expected outputs in shared/conformance/. The simulator's repro bundles write
+per-rank op-traces in the same format, so any divergence the simulator finds can be
+checked against SGLang's code too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from sim.errors import InputFormatError
+from sim.tree import Tree, TreeError
+
+OPS = {
+    # op -> required fields and their kinds
+    "insert": {"tokens": "tokens"},
+    "match": {"tokens": "tokens"},
+    "evict_device": {"n": "int"},
+    "evict_host": {"n": "int"},
+    "load_back": {"tokens": "tokens", "id": "id"},
+    "load_back_ack": {"id": "id"},
+    "lock": {"tokens": "tokens", "id": "id"},
+    "unlock": {"id": "id"},
+    "dump": {},
+}
+HEADER_INTS = ("device_capacity", "host_capacity", "page_size", "load_back_threshold")
+WRITE_POLICIES = ("write_back", "write_through")
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+class Replayer:
+    """Applies op-trace operations to one tree and renders SGLang-format outputs."""
+
+    def __init__(self, header: dict, *, ids: str = "optrace", host_policy: str = "duplicate_first"):
+        self.header = header
+        self.page_size = header.get("page_size", 1)
+        self.tree = Tree(
+            device_capacity=header["device_capacity"],
+            host_capacity=header["host_capacity"],
+            page_size=self.page_size,
+            write_policy=header.get("write_policy", "write_back"),
+            load_back_threshold=header.get("load_back_threshold", 1),
+            host_policy=host_policy,
+            ids=ids,
+            record=True,
+        )
+        self.locks: dict = {}
+
+    # -- conversions between tokens and page units
+    def units(self, tokens: list) -> list:
+        ps = self.page_size
+        if ps == 1:
+            return list(tokens)
+        n = len(tokens) - len(tokens) % ps
+        return [tuple(tokens[i:i + ps]) for i in range(0, n, ps)]
+
+    def path(self, node) -> list:
+        units = self.tree.path_units(node)
+        if self.page_size == 1:
+            return units
+        return [tok for unit in units for tok in unit]
+
+    def key_tokens(self, node) -> list:
+        return list(node.key) if self.page_size == 1 else [t for u in node.key for t in u]
+
+    # -- one op
+    def apply(self, i: int, op: dict) -> dict:
+        kind = op["op"]
+        out = {"i": i, "op": kind}
+        tree = self.tree
+        tree.rec.clear()
+        try:
+            out.update(getattr(self, f"_op_{kind}")(op))
+        except TreeError as err:
+            out = {"i": i, "op": kind, "error": err.code}
+            tree.rec.clear()
+        # write_through: the reference replayer acknowledges every write issued by
+        # an op at the end of that op, in issue order (op-trace §9).
+        for ack in list(tree.pending_writes):
+            tree.finish_write_through(ack)
+        out["events"] = [self._event(k, node, extra) for k, node, extra in tree.rec]
+        out.update(digest=tree.digest, dev=tree.dev_used, host=tree.host_used,
+                   evictable=tree.evictable, protected=tree.protected, nodes=tree.n_nodes)
+        return out
+
+    def _event(self, kind, node, extra) -> dict:
+        ev = {"k": kind, "id": node.id, "path": self.path(node)}
+        ev.update(extra)
+        return ev
+
+    def header_output(self) -> dict:
+        t = self.tree
+        return {"i": 0, "op": "header", "events": [], "digest": t.digest, "dev": t.dev_used,
+                "host": t.host_used, "evictable": t.evictable, "protected": t.protected,
+                "nodes": t.n_nodes}
+
+    def _op_insert(self, op):
+        prefix, new = self.tree.insert(self.units(op["tokens"]))
+        return {"prefix_len": prefix, "new": new}
+
+    def _op_match(self, op):
+        m = self.tree.match_prefix(self.units(op["tokens"]))
+        return {"device_len": m.device_len, "host_len": m.host_len}
+
+    def _op_evict_device(self, op):
+        return {"freed": self.tree.evict_device(op["n"])}
+
+    def _op_evict_host(self, op):
+        return {"freed": self.tree.evict_host(op["n"])}
+
+    def _op_load_back(self, op):
+        lid = op["id"]
+        if lid in self.tree.loads:
+            raise TreeError("duplicate_load_back_id")
+        m = self.tree.match_prefix(self.units(op["tokens"]))
+        res = self.tree.load_back(m, lid)
+        out = {"device_len": m.device_len, "host_len": m.host_len}
+        if isinstance(res, str):
+            out.update(started=False, loaded=0, reason=res)
+        else:
+            out.update(started=True, loaded=res.tokens)
+        return out
+
+    def _op_load_back_ack(self, op):
+        if op["id"] not in self.tree.loads:
+            raise TreeError("unknown_load_back_id")
+        self.tree.finish_load_back(op["id"])
+        return {}
+
+    def _op_lock(self, op):
+        if op["id"] in self.locks:
+            raise TreeError("duplicate_lock_id")
+        m = self.tree.match_prefix(self.units(op["tokens"]))
+        self.tree.inc_lock(m.last_device)
+        self.locks[op["id"]] = m.last_device
+        return {"device_len": m.device_len, "host_len": m.host_len}
+
+    def _op_unlock(self, op):
+        node = self.locks.pop(op["id"], None)
+        if node is None:
+            raise TreeError("unknown_lock_id")
+        self.tree.dec_lock(node)
+        return {}
+
+    def _op_dump(self, op):
+        tree = self.tree
+        nodes = list(tree.iter_nodes())
+        by_time = sorted(nodes, key=lambda x: (x.last_access, x.id))
+        rank = {x.id: r for r, x in enumerate(by_time)}
+        rows = []
+        for x in nodes:
+            path_len = len(tree.path_units(x)) - len(x.key)
+            rows.append({
+                "id": x.id, "parent": x.parent.id, "start": path_len * self.page_size,
+                "key": self.key_tokens(x), "dev": x.dev, "host": x.host,
+                "lock": x.lock_ref, "host_lock": x.host_lock_ref,
+                "pinned_by": None if x.lb_pending is None else x.lb_pending.lid,
+                "recency": rank[x.id],
+            })
+        return {"tree": rows, "duplicates": list(tree.dups),
+                "d_leaves": sorted(x.id for x in tree.d_leaves),
+                "h_leaves": sorted(x.id for x in tree.h_leaves)}
+
+
+# ----------------------------------------------------------------- parsing
+def _check_tokens(path, line, key, value):
+    if not isinstance(value, list) or not all(type(t) is int for t in value):
+        raise InputFormatError(path, line, f"{key}={_short(value)}", f"'{key}' as a list of ints")
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_line(path, line_no: int, text: str, first: bool) -> dict:
+    """Parse and validate one op-trace line; any problem is a one-line error."""
+    try:
+        obj = json.loads(text)
+    except ValueError as err:
+        raise InputFormatError(path, line_no, f"invalid JSON ({err.msg})", "one JSON object per line") from None
+    if not isinstance(obj, dict):
+        raise InputFormatError(path, line_no, type(obj).__name__, "a JSON object")
+    op = obj.get("op")
+    if first:
+        if op != "header":
+            raise InputFormatError(path, line_no, f"op={_short(op)}", 'the header ({"op":"header",...}) on the first line')
+        for key in ("device_capacity", "host_capacity"):
+            if key not in obj:
+                raise InputFormatError(path, line_no, f"no '{key}'", f"'{key}' (an int) in the header")
+        for key in HEADER_INTS:
+            if key in obj and (type(obj[key]) is not int or obj[key] < (1 if key == "page_size" else 0)):
+                raise InputFormatError(path, line_no, f"{key}={_short(obj[key])}",
+                                       f"'{key}' as a {'positive' if key == 'page_size' else 'non-negative'} int")
+        wp = obj.get("write_policy", "write_back")
+        if wp not in WRITE_POLICIES:
+            raise InputFormatError(path, line_no, f"write_policy={_short(wp)}", f"one of {', '.join(WRITE_POLICIES)}")
+        return obj
+    if op not in OPS:
+        raise InputFormatError(path, line_no, f"op={_short(op)}", f"one of {', '.join(OPS)}")
+    for key, kind in OPS[op].items():
+        if key not in obj:
+            raise InputFormatError(path, line_no, f"no '{key}' in a {op} op", f"'{key}'")
+        value = obj[key]
+        if kind == "tokens":
+            _check_tokens(path, line_no, key, value)
+        elif kind == "int" and type(value) is not int:
+            raise InputFormatError(path, line_no, f"{key}={_short(value)}", f"'{key}' as an int")
+        elif kind == "id" and not (type(value) is int or isinstance(value, str)):
+            raise InputFormatError(path, line_no, f"{key}={_short(value)}", f"'{key}' as a string or int")
+    return obj
+
+
+def read_trace(path) -> Iterator[tuple[int, int, dict]]:
+    """Yield ``(output index, file line number, op)`` for each non-blank line."""
+    path = Path(path)
+    try:
+        fh = path.open("r", encoding="utf-8")
+    except OSError as err:
+        raise InputFormatError(path, None, f"an unreadable file ({err.strerror})", "a readable op-trace file") from None
+    with fh:
+        idx = 0
+        try:
+            for line_no, text in enumerate(fh, 1):
+                if not text.strip():
+                    continue
+                yield idx, line_no, parse_line(path, line_no, text, idx == 0)
+                idx += 1
+        except UnicodeDecodeError:
+            raise InputFormatError(path, None, "bytes that are not UTF-8", "a UTF-8 JSON Lines file") from None
+        if idx == 0:
+            raise InputFormatError(path, None, "an empty file", "a header line and operations")
+
+
+def replay(path, **kwargs) -> Iterator[dict]:
+    """Replay an op-trace file; yields one output dict per non-blank line."""
+    replayer = None
+    for idx, _line_no, op in read_trace(path):
+        if replayer is None:
+            replayer = Replayer(op, **kwargs)
+            yield replayer.header_output()
+        else:
+            yield replayer.apply(idx, op)
+
+
+def replay_lines(path, **kwargs) -> Iterable[str]:
+    for out in replay(path, **kwargs):
+        yield _dumps(out)

@@ -1,0 +1,923 @@
+"""One TP rank's replica of SGLang's unified radix tree under HiCache (FULL component).
+
+The tree follows shared/reference/hicache-semantics.md ("sem §x") bit for bit: node
+ids, the logical clock, splits, leaf sets, write_back backup/demote/drop, load-back
+pins, the insertion-ordered duplicate map with lazy (stale) entries, the two-pass
+reclaim and the digest. Slot counts stand in for device and host tensors.
+
+Keys are lists of *units*; a unit is one page of ``page_size`` tokens (the token
+itself at page size 1). Working in pages keeps every walk page-granular, as SGLang's
+is, and costs one comparison per page instead of per token. Token counts are
+``units * page_size``.
+
+Eviction heaps are kept across calls ("lazy heaps") instead of being rebuilt from the
+leaf sets on every call as SGLang does. Both give the same pops: between two pushes
+of a node its priority cannot change, and an entry is only valid while it is the
+node's newest one and the node is still a leaf (see ``_LeafHeap``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Iterable
+
+from sim import constants as C
+from sim.policies import resolve
+from sim.policies.eviction import EVICTION_POLICIES
+from sim.policies.host import HOST_POLICIES
+from sim.policies.write import WRITE_POLICIES
+
+
+class TreeError(Exception):
+    """An operation the tree refuses (the op-trace reports ``code``)."""
+
+    def __init__(self, code: str):
+        super().__init__(code)
+        self.code = code
+
+
+class InvariantError(AssertionError):
+    """``Tree.check()`` found a broken invariant; names the node and the invariant."""
+
+
+class Node:
+    """A radix node: a span of pages with its device and host residency."""
+
+    __slots__ = (
+        "id", "parent", "children", "key",
+        "dev", "host",              # FULL value / host value present
+        "lock_ref", "host_lock_ref",
+        "wt_pending", "lb_pending",  # write-through ack id / in-flight LoadBack (pins)
+        "last_access", "creation", "hit_count", "priority",
+        "n_dev_children",           # children with a device copy: D-leaf test in O(1)
+        "host_tops",                # host-lock holders whose segment top is this node
+        "dtok", "htok",             # token of the newest valid heap entry
+    )
+
+    def __init__(self, nid: int, key: list, parent: "Node | None", t_access: float, t_create: float):
+        self.id = nid
+        self.parent = parent
+        self.children: dict = {}
+        self.key = key
+        self.dev = False
+        self.host = False
+        self.lock_ref = 0
+        self.host_lock_ref = 0
+        self.wt_pending = None
+        self.lb_pending = None
+        self.last_access = t_access
+        self.creation = t_create
+        self.hit_count = 0
+        self.priority = 0
+        self.n_dev_children = 0
+        self.host_tops = None
+        self.dtok = 0
+        self.htok = 0
+
+    def __repr__(self) -> str:
+        tiers = ("D" if self.dev else "") + ("H" if self.host else "")
+        return f"Node({self.id}, {len(self.key)}p, {tiers or '-'})"
+
+
+class Match:
+    """Result of ``match_prefix`` (sem §3.2), in tokens."""
+
+    __slots__ = ("device_len", "host_len", "last_device", "best")
+
+    def __init__(self, device_len, host_len, last_device, best):
+        self.device_len = device_len
+        self.host_len = host_len
+        self.last_device = last_device
+        self.best = best
+
+
+class HostLock:
+    """A host-lock holder: +1 ``host_lock_ref`` on a segment from ``anchor`` up to
+    ``top``. The segment is one node until a split moves ``top`` to the new upper
+    fragment (SGLang's boundary marker, sem §1.5)."""
+
+    __slots__ = ("anchor", "top")
+
+    def __init__(self, anchor: Node):
+        self.anchor = anchor
+        self.top = anchor
+
+
+class LoadBack:
+    """An in-flight H->D load: anchor locks, pinned nodes, and the tokens it moves."""
+
+    __slots__ = ("lid", "anchor", "host_lock", "nodes", "tokens")
+
+    def __init__(self, lid, anchor: Node, host_lock: HostLock, nodes: list, tokens: int):
+        self.lid = lid
+        self.anchor = anchor
+        self.host_lock = host_lock
+        self.nodes = nodes
+        self.tokens = tokens
+
+
+class PendingWrite:
+    """An in-flight write-through D->H backup: the publish list and the locked node."""
+
+    __slots__ = ("ack_id", "nodes", "locked", "tokens")
+
+    def __init__(self, ack_id: int, node: Node, tokens: int):
+        self.ack_id = ack_id
+        self.nodes = [node]
+        self.locked = node
+        self.tokens = tokens
+
+
+class Stats:
+    """Monotone counters the engine reads as deltas to charge time and plot traffic."""
+
+    __slots__ = (
+        "backups", "backup_tokens", "backup_failures", "demote_tokens",
+        "drops", "drop_tokens", "drop_host_tokens", "drop_declined", "delete_tokens",
+        "reclaim_pass1_tokens", "reclaim_pass2_tokens", "reclaims", "reclaim_scanned",
+        "swept", "host_evict_tokens", "unevict_tokens", "load_tokens", "splits",
+    )
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class _LeafHeap:
+    """A min-heap of leaves that survives across eviction calls.
+
+    ``push`` stamps the node with a fresh token; an entry is valid only while its
+    token is the node's newest and the node is still in ``members``. So a node is
+    popped at most once per push, with the priority it had when last pushed; the
+    tree pushes again whenever a leaf's priority changes or a node becomes a leaf.
+    """
+
+    __slots__ = ("heap", "members", "prio", "attr", "seq")
+
+    def __init__(self, prio, attr: str):
+        self.heap: list = []
+        self.members: set = set()
+        self.prio = prio
+        self.attr = attr  # "dtok" or "htok"
+        self.seq = 0
+
+    def push(self, node: Node) -> None:
+        self.seq += 1
+        setattr(node, self.attr, self.seq)
+        heapq.heappush(self.heap, (self.prio(node), node.id, self.seq, node))
+        if len(self.heap) > 4 * len(self.members) + 256:
+            self._compact()
+
+    def pop(self) -> Node | None:
+        heap, attr, members = self.heap, self.attr, self.members
+        while heap:
+            _, _, tok, node = heapq.heappop(heap)
+            if getattr(node, attr) == tok and node in members:
+                setattr(node, attr, 0)  # consumed: not poppable again until re-pushed
+                return node
+        return None
+
+    def _compact(self) -> None:
+        attr = self.attr
+        self.heap = [e for e in self.heap if getattr(e[3], attr) == e[2] and e[3] in self.members]
+        heapq.heapify(self.heap)
+
+
+class Tree:
+    """A HiCache radix tree replica: device + host tiers of the FULL KV component.
+
+    ``ids``: ``"optrace"`` numbers the root 0 and nodes 1, 2, ... (the op-trace
+    contract); ``"sglang"`` reproduces a fresh SGLang process, where ``reset()``'s LRU
+    sentinels take ids 1-4 (sem §1.3); ``"rust"`` numbers like optrace and folds the
+    Rust core's digest event (sem §4.6).
+    """
+
+    def __init__(
+        self,
+        *,
+        device_capacity: int,
+        host_capacity: int,
+        page_size: int = 1,
+        write_policy: str = "write_back",
+        host_policy: str = "duplicate_first",
+        eviction_policy: str = "lru",
+        load_back_threshold: int = C.LOAD_BACK_THRESHOLD,
+        ids: str = "optrace",
+        record: bool = False,
+    ):
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        self.page_size = page_size
+        self.device_capacity = device_capacity
+        self.host_capacity = host_capacity
+        self.write = resolve(WRITE_POLICIES, write_policy, "write policy")
+        self.host_policy = resolve(HOST_POLICIES, host_policy, "host policy")()
+        prio = resolve(EVICTION_POLICIES, eviction_policy, "eviction policy")
+        if ids not in ("optrace", "sglang", "rust"):
+            raise ValueError(f"unknown id scheme {ids!r}")
+        self.ids = ids
+        self.load_back_threshold = load_back_threshold
+        # SGLANG_HICACHE_SKIP_HOST_DUPLICATE_RECLAIM, read on every host eviction (sem §3.4).
+        self.skip_reclaim = False
+
+        self._clock = C.CLOCK_START
+        self._next_id = 0
+        self.root = self._new_node([], None)
+        self.root.lock_ref = 1  # never a leaf, never evicted
+        if ids == "sglang":
+            # reset() builds a device and a host LRU list (head + tail sentinel) per
+            # component after the root; each sentinel is a node: an id and two draws.
+            for _ in range(C.SENTINEL_IDS_PER_COMPONENT):
+                self._new_node([], None)
+        self.digest = 0
+        self._digest_stride = C.RUST_COMPONENT_TYPES if ids == "rust" else 1
+        self._digest_offset = C.RUST_FULL_COMPONENT_INDEX if ids == "rust" else 0
+
+        self.dev_used = 0
+        self.host_used = 0
+        self.evictable = 0
+        self.protected = 0
+        self.n_nodes = 0
+        self.dheap = _LeafHeap(prio, "dtok")
+        self.hheap = _LeafHeap(prio, "htok")
+        self.d_leaves = self.dheap.members
+        self.h_leaves = self.hheap.members
+        # full_host_duplicates: insertion-ordered, "insert if absent" (sem §2.4).
+        self.dups: dict[int, Node] = {}
+        self.pending_writes: dict[int, PendingWrite] = {}  # write-through acks, issue order
+        self.loads: dict = {}  # in-flight load-backs by id
+        self.stats = Stats()
+        self.rec: list | None = [] if record else None
+
+    # ------------------------------------------------------------------ basics
+    def _tick(self) -> float:
+        t = self._clock
+        self._clock = t + 1.0
+        return t
+
+    def _new_node(self, key: list, parent: Node | None) -> Node:
+        nid = self._next_id
+        self._next_id = nid + 1
+        t_access = self._tick()
+        return Node(nid, key, parent, t_access, self._tick())
+
+    def skip_ids(self, k: int) -> None:
+        """Consume ``k`` node ids, as any other node object built in an SGLang
+        process does (the id drift of sem §5.4.d)."""
+        self._next_id += k
+
+    def tokens(self, node: Node) -> int:
+        return len(node.key) * self.page_size
+
+    def _ev(self, kind: str, node: Node, **extra) -> None:
+        self.rec.append((kind, node, extra))
+
+    def path_units(self, node: Node) -> list:
+        """The node's whole key from the root. A split never changes it."""
+        parts = []
+        while node is not None and node.parent is not None:
+            parts.append(node.key)
+            node = node.parent
+        out = []
+        for part in reversed(parts):
+            out.extend(part)
+        return out
+
+    # ---------------------------------------------- the one place for each count
+    def _set_dev(self, node: Node, on: bool) -> None:
+        t = len(node.key) * self.page_size
+        node.dev = on
+        sign = 1 if on else -1
+        self.dev_used += sign * t
+        if node.lock_ref:
+            self.protected += sign * t
+        else:
+            self.evictable += sign * t
+        node.parent.n_dev_children += sign
+
+    def _set_host(self, node: Node, on: bool) -> None:
+        node.host = on
+        self.host_used += (1 if on else -1) * len(node.key) * self.page_size
+
+    def _refresh(self, node: Node) -> None:
+        """Re-derive ``node``'s D-leaf / H-leaf membership (sem §2.2)."""
+        if node.parent is None:
+            return
+        if node.dev:
+            if node.lock_ref == 0 and node.n_dev_children == 0:
+                if node not in self.d_leaves:
+                    self.d_leaves.add(node)
+                    self.dheap.push(node)
+            else:
+                self.d_leaves.discard(node)
+            self.h_leaves.discard(node)
+            return
+        self.d_leaves.discard(node)
+        if node.host and not node.lock_ref and not node.host_lock_ref and not node.children:
+            if node not in self.h_leaves:
+                self.h_leaves.add(node)
+                self.hheap.push(node)
+        else:
+            self.h_leaves.discard(node)
+
+    def _set_time(self, node: Node, t: float) -> None:
+        node.last_access = t
+        if node in self.d_leaves:
+            self.dheap.push(node)
+        elif node in self.h_leaves:
+            self.hheap.push(node)
+
+    def _track(self, node: Node) -> None:
+        """`_update_duplicate_tracking`: register a settled duplicate, keeping an
+        existing entry's position; drop the entry of anything else (sem §3.7)."""
+        if node.dev and node.host and node.wt_pending is None and node.lb_pending is None:
+            if node.id not in self.dups:
+                self.dups[node.id] = node
+        else:
+            self.dups.pop(node.id, None)
+
+    # ------------------------------------------------------------------ locks
+    def inc_lock(self, node: Node) -> None:
+        """Device path lock from ``node`` up to the root (sem §1.5)."""
+        root = self.root
+        while node is not root:
+            if node.lock_ref == 0:
+                if node.dev:
+                    t = len(node.key) * self.page_size
+                    self.evictable -= t
+                    self.protected += t
+                node.lock_ref = 1
+                self._refresh(node)
+            else:
+                node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock(self, node: Node) -> None:
+        root = self.root
+        while node is not root:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                if node.dev:
+                    t = len(node.key) * self.page_size
+                    self.evictable += t
+                    self.protected -= t
+                self._refresh(node)
+            elif node.lock_ref < 0:
+                raise InvariantError(f"node {node.id}: lock_ref below 0")
+            node = node.parent
+
+    def host_lock(self, anchor: Node) -> HostLock:
+        holder = HostLock(anchor)
+        anchor.host_lock_ref += 1
+        if anchor.host_tops is None:
+            anchor.host_tops = [holder]
+        else:
+            anchor.host_tops.append(holder)
+        self._refresh(anchor)
+        return holder
+
+    def host_unlock(self, holder: HostLock) -> None:
+        node = holder.anchor
+        while True:
+            node.host_lock_ref -= 1
+            if node.host_lock_ref == 0:
+                self._refresh(node)
+            if node is holder.top:
+                break
+            node = node.parent
+        holder.top.host_tops.remove(holder)
+        if not holder.top.host_tops:
+            holder.top.host_tops = None
+
+    # ------------------------------------------------------------------ walks
+    @staticmethod
+    def _common(key: list, pos: int, nkey: list) -> int:
+        n = len(nkey)
+        if key[pos:pos + n] == nkey:
+            return n
+        i, lim = 0, min(n, len(key) - pos)
+        while i < lim and key[pos + i] == nkey[i]:
+            i += 1
+        return i
+
+    def _split(self, child: Node, p: int) -> Node:
+        """`_split_node(child, p)`: a new upper fragment takes the new id and becomes
+        the parent; the original keeps its id, its lower key and its map position."""
+        parent = child.parent
+        up = self._new_node(child.key[:p], parent)
+        up.creation = child.creation
+        up.hit_count = child.hit_count
+        up.priority = child.priority
+        up.wt_pending = child.wt_pending
+        up.lb_pending = child.lb_pending
+        up.dev = child.dev
+        up.host = child.host
+        up.lock_ref = child.lock_ref
+        up.host_lock_ref = child.host_lock_ref
+        if child.host_tops:
+            up.host_tops, child.host_tops = child.host_tops, None
+            for holder in up.host_tops:
+                holder.top = up
+        parent.children[child.key[0]] = up
+        child.key = child.key[p:]
+        child.parent = up
+        up.children[child.key[0]] = child
+        up.n_dev_children = 1 if child.dev else 0
+        self.n_nodes += 1
+        self.stats.splits += 1
+        self._set_time(child, self._tick())
+        self._refresh(up)
+        self._refresh(child)
+        self._track(up)
+        if child.wt_pending is not None:
+            # UpdatePendingBackupOnNodeSplit: the ack publishes [up, child].
+            nodes = self.pending_writes[child.wt_pending].nodes
+            i = nodes.index(child)
+            nodes[i:i + 1] = [up, child]
+        if self.rec is not None:
+            self._ev("split", up, child=child.id)
+        return up
+
+    def device_prefix_len(self, key: list) -> int:
+        """Units of ``key`` resident on device; a read that changes nothing."""
+        node, pos, n = self.root, 0, len(key)
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None or not child.dev:
+                break
+            p = self._common(key, pos, child.key)
+            pos += p
+            if p < len(child.key):
+                break
+            node = child
+        return pos
+
+    def match_prefix(self, key: list) -> Match:
+        """`match_prefix` (sem §3.2): may split the last node; stamps recency."""
+        if not key:
+            return Match(0, 0, self.root, self.root)
+        node, pos, n = self.root, 0, len(key)
+        last_dev, dev_pos = self.root, 0
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None or not (child.dev or child.host):
+                break
+            p = self._common(key, pos, child.key)
+            partial = p < len(child.key)
+            if partial:
+                child = self._split(child, p)
+            pos += p
+            node = child
+            if child.dev:
+                last_dev, dev_pos = child, pos
+            if partial:
+                break
+        t = self._tick()
+        stamp = node
+        while stamp is not None:
+            self._set_time(stamp, t)
+            t -= C.MATCH_ANCESTOR_STEP
+            stamp = stamp.parent
+        ps = self.page_size
+        return Match(dev_pos * ps, (pos - dev_pos) * ps, last_dev, node)
+
+    def insert(self, key: list) -> tuple[int, int]:
+        """`insert` (sem §3.1): returns (tokens already in the tree, tokens newly on
+        device). Raises TreeError("device_full") without changing anything when the
+        new device tokens do not fit: inserts never evict."""
+        ps = self.page_size
+        new = (len(key) - self.device_prefix_len(key)) * ps
+        if new > self.device_capacity - self.dev_used:
+            raise TreeError("device_full")
+        root = self.root
+        self._set_time(root, self._tick())
+        if not key:
+            return 0, 0
+        wt = self.write.hit_threshold
+        node, pos, n = root, 0, len(key)
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            self._set_time(child, self._tick())
+            p = self._common(key, pos, child.key)
+            if p < len(child.key):
+                child = self._split(child, p)
+            if not child.dev:
+                self._set_dev(child, True)
+                self._refresh(child)
+                self._refresh(node)
+                self._track(child)
+                self.stats.unevict_tokens += len(child.key) * ps
+                if self.rec is not None:
+                    self._ev("unevict", child, n=len(child.key) * ps)
+            if wt is not None:
+                child.hit_count += 1
+                if not child.host and child.hit_count >= wt:
+                    self._write_through_chain(child)
+            node = child
+            pos += p
+        prefix = pos * ps
+        if pos < n:
+            leaf = self._new_node(key[pos:], node)
+            node.children[key[pos]] = leaf
+            self.n_nodes += 1
+            self._set_dev(leaf, True)
+            self._refresh(leaf)
+            self._refresh(node)
+            if self.rec is not None:
+                self._ev("new", leaf, n=len(leaf.key) * ps)
+            if wt is not None:
+                leaf.hit_count = 1
+                if leaf.hit_count >= wt:
+                    self._write_through_chain(leaf)
+        return prefix, new
+
+    # --------------------------------------------------------- write-through
+    def _write_through_chain(self, node: Node) -> None:
+        """Back up ``node`` and its ancestors lacking a host copy, root-first; each
+        holds a device path lock until its ack. A failed host allocation abandons the
+        rest of the chain (sem §3.5)."""
+        chain = []
+        x = node
+        while x is not self.root and not x.host:
+            chain.append(x)
+            x = x.parent
+        for x in reversed(chain):
+            k = len(x.key) * self.page_size
+            if not self._host_room(k):
+                self.stats.backup_failures += 1
+                return
+            self._set_host(x, True)
+            self.inc_lock(x)
+            x.wt_pending = x.id
+            self.pending_writes[x.id] = PendingWrite(x.id, x, k)
+            self.stats.backups += 1
+            self.stats.backup_tokens += k
+            if self.rec is not None:
+                self._ev("backup", x, n=k)
+
+    def finish_write_through(self, ack_id: int) -> None:
+        """`finish_write_through`: unpin and register the published nodes, then
+        release the backup's device lock."""
+        pw = self.pending_writes.pop(ack_id)
+        for x in pw.nodes:
+            if x.wt_pending == ack_id:
+                x.wt_pending = None
+                self._track(x)
+        self.dec_lock(pw.locked)
+
+    def _host_room(self, k: int) -> bool:
+        """Make room for ``k`` host tokens: evict exactly the shortfall, and fail if
+        that frees less than asked (sem §3.3 step 1.2)."""
+        avail = self.host_capacity - self.host_used
+        if avail >= k:
+            return True
+        need = k - avail
+        return self.evict_host(need) >= need
+
+    # ------------------------------------------------------- device eviction
+    def evict_device(self, n: int) -> int:
+        """Free at least ``n`` device tokens from LRU D-leaves (sem §3.3)."""
+        if n <= 0:
+            return 0
+        freed = 0
+        declined = []
+        ps = self.page_size
+        write_back = self.write.write_back
+        while freed < n:
+            x = self.dheap.pop()
+            if x is None:
+                break
+            k = len(x.key) * ps
+            if x.host:
+                self._demote(x)
+                freed += k
+            elif not write_back:
+                self.stats.delete_tokens += k
+                if self.rec is not None:
+                    self._ev("delete", x, n=k)
+                self._delete(x)
+                freed += k
+            elif self._backup_write_back(x):
+                self._demote(x)
+                freed += k
+            elif self._drop(x):
+                freed += k
+            else:
+                declined.append(x)
+                self.stats.drop_declined += 1
+                if self.rec is not None:
+                    self._ev("drop_declined", x)
+        for x in declined:  # popped, so not retried in this walk; still D-leaves
+            self.dheap.push(x)
+        return freed
+
+    def _demote(self, x: Node) -> None:
+        """Free the device copy; the node stays host-only and its map entry, if any,
+        goes stale in place."""
+        k = len(x.key) * self.page_size
+        if self.rec is not None:
+            self._ev("demote", x, n=k)
+        self._set_dev(x, False)
+        self.stats.demote_tokens += k
+        self._refresh(x)
+        self._refresh(x.parent)
+
+    def _backup_write_back(self, x: Node) -> bool:
+        """The blocking single-node D->H backup of a write_back victim; registered as
+        a duplicate at its (synchronous) ack, right before the demote."""
+        k = len(x.key) * self.page_size
+        if not self._host_room(k):
+            self.stats.backup_failures += 1
+            return False
+        self._set_host(x, True)
+        self.stats.backups += 1
+        self.stats.backup_tokens += k
+        if self.rec is not None:
+            self._ev("backup", x, n=k)
+        self._track(x)
+        return True
+
+    def _drop(self, x: Node) -> bool:
+        """`drop_subtree_no_host`: delete an unbackable victim and its host-only
+        subtree, unless anything in it is locked or pinned (sem §3.3)."""
+        if x.lb_pending is not None or x.lock_ref or x.host_lock_ref:
+            return False
+        below = []
+        stack = list(x.children.values())
+        while stack:
+            y = stack.pop()
+            if y.wt_pending is not None or y.lb_pending is not None or y.lock_ref or y.host_lock_ref:
+                return False
+            below.append(y)
+            stack.extend(y.children.values())
+        ps = self.page_size
+        if below:
+            if self.rec is not None:
+                for y in sorted(below, key=self.path_units):
+                    self._ev("drop_host", y, n=len(y.key) * ps)
+            for y in reversed(below):  # reversed DFS pre-order: children before parents
+                self.stats.drop_host_tokens += len(y.key) * ps
+                self._delete(y, cascade=False)
+        k = len(x.key) * ps
+        if self.rec is not None:
+            self._ev("drop", x, n=k)
+        self.stats.drops += 1
+        self.stats.drop_tokens += k
+        self._delete(x)
+        return True
+
+    def _delete(self, x: Node, cascade: bool = True) -> None:
+        """`_remove_leaf_from_parent`, then delete childless ancestors left with no
+        copy at all (tombstones; never expected in the FULL-only path)."""
+        parent = x.parent
+        del parent.children[x.key[0]]
+        if x.dev:
+            self._set_dev(x, False)
+        if x.host:
+            self._set_host(x, False)
+        self.d_leaves.discard(x)
+        self.h_leaves.discard(x)
+        self.dups.pop(x.id, None)
+        self.n_nodes -= 1
+        if cascade:
+            while (parent is not self.root and not parent.children and not parent.dev
+                   and not parent.host and not parent.lock_ref):
+                if self.rec is not None:
+                    self._ev("tombstone", parent)
+                grand = parent.parent
+                del grand.children[parent.key[0]]
+                self.d_leaves.discard(parent)
+                self.h_leaves.discard(parent)
+                self.dups.pop(parent.id, None)
+                self.n_nodes -= 1
+                parent = grand
+        self._refresh(parent)
+
+    # --------------------------------------------------------- host eviction
+    def evict_host(self, n: int) -> int:
+        """`drive_host_eviction(FULL, n)`: duplicate reclaim first (write_back, the
+        configured policy), then LRU H-leaves, sharing one counter (sem §3.4)."""
+        if n <= 0:
+            return 0
+        freed = 0
+        if self.write.reclaims_duplicates and self.host_policy.reclaims and not self.skip_reclaim:
+            freed = self.host_policy.reclaim(self, n)
+        ps = self.page_size
+        while freed < n:
+            x = self.hheap.pop()
+            if x is None:
+                break
+            k = len(x.key) * ps
+            if self.rec is not None:
+                self._ev("host_evict", x, n=k)
+            self.stats.host_evict_tokens += k
+            self._delete(x)
+            freed += k
+        return freed
+
+    def _release_duplicate(self, node: Node, pass_no: int) -> int:
+        """`_release_full_host_duplicate`: free only the host copy and fold the victim
+        into the digest (sem §4.4). Leaf sets do not change."""
+        k = len(node.key) * self.page_size
+        self._set_host(node, False)
+        event = (node.id + 1) * self._digest_stride + self._digest_offset
+        self.digest = (self.digest * C.DIGEST_MULTIPLIER + event) & C.DIGEST_MASK
+        self.stats.reclaims += 1
+        if pass_no == 1:
+            self.stats.reclaim_pass1_tokens += k
+        else:
+            self.stats.reclaim_pass2_tokens += k
+        if self.rec is not None:
+            self._ev("dup_reclaim", node, n=k, **{"pass": pass_no})
+        return k
+
+    def _sweep(self, nodes: Iterable[Node]) -> None:
+        for node in nodes:
+            if self.dups.pop(node.id, None) is not None:
+                self.stats.swept += 1
+                if self.rec is not None:
+                    self._ev("dup_sweep", node)
+
+    # -------------------------------------------------------------- load-back
+    def load_back(self, match: Match, lid) -> LoadBack | str:
+        """`init_load_back` after a match: returns the in-flight LoadBack, or the
+        reason it was not started (sem §3.6; op-trace §6 load_back)."""
+        anchor = match.best
+        if anchor is self.root or anchor.dev:
+            return "no_host_tail"
+        holder = self.host_lock(anchor)
+        self.inc_lock(anchor)
+        nodes = []
+        x = anchor
+        while x is not self.root and not x.dev:
+            nodes.append(x)
+            x = x.parent
+        nodes.reverse()
+        m = sum(len(x.key) for x in nodes) * self.page_size
+        if m < max(1, self.load_back_threshold):
+            self.dec_lock(anchor)
+            self.host_unlock(holder)
+            return "below_threshold"
+        # A node pinned by another anchor rejects the spec; for FULL it cannot be
+        # among the evicted nodes walked (it has a device value), so this is a guard.
+        if any(x.lb_pending is not None for x in nodes):
+            self.dec_lock(anchor)
+            self.host_unlock(holder)
+            return "pinned_by_other"
+        free = self.device_capacity - self.dev_used
+        if free < m:
+            self.evict_device(m - free)
+            if self.device_capacity - self.dev_used < m:
+                self.dec_lock(anchor)
+                self.host_unlock(holder)
+                return "no_device_space"
+        self.dec_lock(anchor)
+        lb = LoadBack(lid, anchor, holder, nodes, m)
+        pin = self.write.pins_load_back
+        ps = self.page_size
+        for x in nodes:
+            self._set_dev(x, True)
+            if pin:
+                x.lb_pending = lb
+            if self.rec is not None:
+                self._ev("load", x, n=len(x.key) * ps)
+        for x in nodes:
+            self._refresh(x)
+            self._refresh(x.parent)
+        self.inc_lock(anchor)
+        self.loads[lid] = lb
+        self.stats.load_tokens += m
+        return lb
+
+    def finish_load_back(self, lid) -> None:
+        """The load ack: release both anchor locks, then unpin and register the nodes
+        this load pinned, walking from the anchor up (sem §3.6 ack processing)."""
+        lb = self.loads.pop(lid)
+        self.dec_lock(lb.anchor)
+        self.host_unlock(lb.host_lock)
+        x = lb.anchor
+        pin = self.write.pins_load_back
+        while x is not self.root:
+            if not pin:
+                self._track(x)
+            elif x.lb_pending is lb:
+                x.lb_pending = None
+                self._track(x)
+            x = x.parent
+
+    # ---------------------------------------------------------------- views
+    def duplicate_tokens(self) -> int:
+        """Tokens held on both tiers (a scan; for metrics sampling, not per op)."""
+        total, stack = 0, list(self.root.children.values())
+        while stack:
+            x = stack.pop()
+            if x.dev and x.host:
+                total += len(x.key)
+            stack.extend(x.children.values())
+        return total * self.page_size
+
+    def iter_nodes(self):
+        """Non-root nodes in depth-first pre-order, children by key."""
+        stack = [self.root]
+        while stack:
+            x = stack.pop()
+            if x is not self.root:
+                yield x
+            stack.extend(sorted(x.children.values(), key=lambda c: c.key[0], reverse=True))
+
+    def fingerprint(self) -> tuple:
+        """A structural summary two replicas agree on iff their logical states match
+        (ids excluded, so that id drift alone does not count as divergence)."""
+        out = []
+        for x in self.iter_nodes():
+            out.append((tuple(self.path_units(x)), x.dev, x.host, x.lock_ref, x.host_lock_ref))
+        return (self.dev_used, self.host_used, tuple(out))
+
+    # ---------------------------------------------------------------- check
+    def check(self) -> None:
+        """Every invariant SGLang's `sanity_check` asserts, recomputed from scratch."""
+
+        def fail(node, what):
+            nid = "root" if node is None or node is self.root else node.id
+            raise InvariantError(f"node {nid}: {what}")
+
+        ps = self.page_size
+        dev = host = evictable = protected = count = 0
+        d_leaves, h_leaves = set(), set()
+        seen_ids = set()
+        in_flight_pins = set(self.loads.values())
+        wt_unacked_loads = set()
+        if not self.write.pins_load_back:
+            for lb in self.loads.values():
+                x = lb.anchor
+                while x is not self.root:
+                    wt_unacked_loads.add(x)
+                    x = x.parent
+        stack = [self.root]
+        while stack:
+            x = stack.pop()
+            n_dev_children = 0
+            for first, c in x.children.items():
+                if c.parent is not x:
+                    fail(c, "parent pointer does not point to the node holding it")
+                if not c.key or c.key[0] != first:
+                    fail(c, "child indexed under a unit other than its first page")
+                n_dev_children += c.dev
+                stack.append(c)
+            if x.n_dev_children != n_dev_children:
+                fail(x, f"n_dev_children {x.n_dev_children} != {n_dev_children}")
+            if x is self.root:
+                continue
+            count += 1
+            if x.id in seen_ids:
+                fail(x, "duplicate node id")
+            seen_ids.add(x.id)
+            t = len(x.key) * ps
+            if not x.dev and not x.host:
+                fail(x, "holds neither a device nor a host copy")
+            if x.dev and x.parent is not self.root and not x.parent.dev:
+                fail(x, "device copy under a parent without one (device must be prefix-closed)")
+            if x.lock_ref < 0 or x.host_lock_ref < 0:
+                fail(x, "negative lock count")
+            if x.dev:
+                dev += t
+                if x.lock_ref:
+                    protected += t
+                else:
+                    evictable += t
+            if x.host:
+                host += t
+            if x.dev and not x.lock_ref and not n_dev_children:
+                d_leaves.add(x)
+            if not x.dev and x.host and not x.lock_ref and not x.host_lock_ref and not x.children:
+                h_leaves.add(x)
+            if x.lb_pending is not None and x.lb_pending not in in_flight_pins:
+                fail(x, "pinned by a load-back that is not in flight")
+            if x.wt_pending is not None and x.wt_pending not in self.pending_writes:
+                fail(x, "write-through pending without an in-flight backup")
+            settled = x.dev and x.host and x.wt_pending is None and x.lb_pending is None
+            if settled and x.id not in self.dups and x not in wt_unacked_loads:
+                fail(x, "settled duplicate missing from the duplicate map")
+            if not self.write.write_back and x.host and x.parent is not self.root and not x.parent.host:
+                fail(x, "write_through host copy under a parent without one")
+        if count != self.n_nodes:
+            fail(None, f"node count {self.n_nodes} != {count}")
+        for name, have, want in (("dev", self.dev_used, dev), ("host", self.host_used, host),
+                                 ("evictable", self.evictable, evictable),
+                                 ("protected", self.protected, protected)):
+            if have != want:
+                fail(None, f"{name} tokens {have} != {want}")
+        if dev > self.device_capacity or host > self.host_capacity:
+            fail(None, "a pool holds more than its capacity")
+        if d_leaves != self.d_leaves:
+            fail(next(iter(d_leaves ^ self.d_leaves)), "D-leaf set differs from its predicate")
+        if h_leaves != self.h_leaves:
+            fail(next(iter(h_leaves ^ self.h_leaves)), "H-leaf set differs from its predicate")
+        for nid, x in self.dups.items():
+            if x.id != nid or x.id not in seen_ids:
+                fail(x, "ghost entry in the duplicate map (node deleted)")

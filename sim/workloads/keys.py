@@ -1,0 +1,103 @@
+"""Tree keys from prefix-block ids: one int unit per full page.
+
+SGLang truncates every key to whole pages (``page_aligned``, sem §1.2): a trailing
+partial page is never matched nor inserted. The engine therefore keys a request by
+``page_key(...)``, one unit per *full* page of its input, and (if it caches the
+decoded tokens) appends ``output_key(...)`` for the pages the output completes.
+
+Id conventions (both are ints, so the tree compares them cheaply):
+
+* input pages are **non-negative**: derived from the prefix-block ids, so two
+  requests share page ``p`` exactly when they share the whole prefix up to it;
+* output pages are **negative**: ``-(1 + rid * 2**32 + page_index)``. They never
+  collide with input pages (sign) nor with other requests' output pages (``rid``).
+  Traces hash only the input, so a decoded page can never be matched by a later
+  request's block ids: output pages only occupy capacity. Reuse is resolved at block
+  granularity, which is all the traces record.
+"""
+
+from __future__ import annotations
+
+from sim.errors import UserError
+
+# Output page ids: rid * OUTPUT_PAGE_STRIDE + page index, negated. 2**32 pages per
+# request is far beyond any context length, and output_key checks it.
+OUTPUT_PAGE_STRIDE = 1 << 32
+
+
+def pages_per_block(block_size: int, page_size: int) -> tuple[int, int]:
+    """(pages per block, blocks per page); exactly one of them is > 1 unless equal.
+
+    Raises UserError unless one size divides the other.
+    """
+    if block_size <= 0 or page_size <= 0:
+        raise UserError(
+            f"found block_size {block_size}, page_size {page_size}; expected positive sizes"
+        )
+    if page_size <= block_size:
+        if block_size % page_size:
+            raise UserError(
+                f"found block_size {block_size} and page_size {page_size}; "
+                "expected page_size to divide block_size (or block_size to divide page_size)"
+            )
+        return block_size // page_size, 1
+    if page_size % block_size:
+        raise UserError(
+            f"found block_size {block_size} and page_size {page_size}; "
+            "expected block_size to divide page_size (or page_size to divide block_size)"
+        )
+    return 1, page_size // block_size
+
+
+def page_key(blocks, block_size: int, page_size: int, input_len: int) -> list[int]:
+    """One int per full page of the first ``input_len`` tokens of ``blocks``.
+
+    * ``page_size <= block_size``: page ``j`` of block ``b`` is ``b * r + j`` with
+      ``r = block_size // page_size``. Distinct prefix ids give disjoint id ranges.
+    * ``page_size > block_size``: a page's id is the prefix id of its last block,
+      unique because that block's prefix id names the whole prefix.
+
+    ``input_len`` may be less than the request's input (a prefill chunk). A trailing
+    partial page is dropped, as SGLang does.
+    """
+    n_pages = input_len // page_size
+    if n_pages <= 0:
+        return []
+    r, k = pages_per_block(block_size, page_size)
+    if k == 1:
+        if r == 1:
+            if len(blocks) < n_pages:
+                _short(blocks, block_size, input_len)
+            return list(blocks[:n_pages])
+        n_blocks = -(-n_pages // r)
+        if len(blocks) < n_blocks:
+            _short(blocks, block_size, input_len)
+        key = [b * r + j for b in blocks[:n_blocks] for j in range(r)]
+        del key[n_pages:]
+        return key
+    if len(blocks) < n_pages * k:
+        _short(blocks, block_size, input_len)
+    return list(blocks[k - 1 : n_pages * k : k])
+
+
+def output_key(rid: int, input_len: int, output_len: int, page_size: int) -> list[int]:
+    """Negative ids for the full pages that the output completes.
+
+    These are the pages ``input_len // page_size`` up to
+    ``(input_len + output_len) // page_size`` (exclusive) of the full sequence; the
+    page that straddles the input's tail and the output's head counts as output.
+    ``page_key(...) + output_key(...)`` is the key of the finished sequence.
+    """
+    first = input_len // page_size
+    last = (input_len + output_len) // page_size
+    if last >= OUTPUT_PAGE_STRIDE:
+        raise UserError(f"found {last} pages in request {rid}; expected fewer than 2**32")
+    base = -1 - rid * OUTPUT_PAGE_STRIDE
+    return list(range(base - first, base - last, -1))
+
+
+def _short(blocks, block_size: int, input_len: int) -> None:
+    raise UserError(
+        f"found {len(blocks)} blocks of {block_size} tokens; "
+        f"expected at least enough blocks for {input_len} input tokens"
+    )
