@@ -642,6 +642,13 @@ class Tree:
         self._track(x)
         return True
 
+    def backup_node(self, x: Node) -> bool:
+        """`backup_node_for_write_back`: the same blocking single-node backup without
+        the demote, leaving ``x`` a registered duplicate (sem §3.3, aux tombstoning)."""
+        if x.host or not x.dev:
+            return x.host
+        return self._backup_write_back(x)
+
     def _drop(self, x: Node) -> bool:
         """`drop_subtree_no_host`: delete an unbackable victim and its host-only
         subtree, unless anything in it is locked or pinned (sem §3.3)."""

@@ -1,0 +1,47 @@
+"""`hicache-sim replay-ops TRACE.jsonl [-o OUT.jsonl]`: replay an op-trace."""
+
+from __future__ import annotations
+
+import sys
+
+from sim.atomic import atomic_path
+from sim.optrace import replay_lines
+
+NAME = "replay-ops"
+HELP = "Replay an op-trace through the tree and write SGLang-format per-op outputs."
+
+
+def add_arguments(p) -> None:
+    p.add_argument("trace", help="op-trace JSONL (see shared/reference/op-trace.md)")
+    p.add_argument("-o", "--out", help="write outputs here (atomically) instead of stdout")
+    p.add_argument("--ids", choices=("optrace", "sglang", "rust"), default="optrace",
+                   help="node numbering and digest variant (default: optrace)")
+    p.add_argument("--host-policy", default="duplicate_first",
+                   help="host-pressure policy (default: duplicate_first, SGLang's)")
+    p.add_argument("--summary", action="store_true", help="print a one-line summary to stderr")
+
+
+def run(args) -> int:
+    from sim.policies import resolve
+    from sim.policies.host import HOST_POLICIES
+
+    resolve(HOST_POLICIES, args.host_policy, "host policy", where="--host-policy")
+    lines = replay_lines(args.trace, ids=args.ids, host_policy=args.host_policy)
+    n = 0
+    last = None
+    if args.out:
+        with atomic_path(args.out) as tmp, open(tmp, "w") as fh:
+            for line in lines:
+                fh.write(line + "\n")
+                n, last = n + 1, line
+    else:
+        for line in lines:
+            sys.stdout.write(line + "\n")
+            n, last = n + 1, line
+    if args.summary and last is not None:
+        import json
+
+        final = json.loads(last)
+        print(f"{n} ops replayed; digest {final['digest']}; device {final['dev']} tokens, "
+              f"host {final['host']} tokens, {final['nodes']} nodes", file=sys.stderr)
+    return 0
