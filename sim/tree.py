@@ -18,8 +18,9 @@ node's newest one and the node is still a leaf (see ``_LeafHeap``).
 
 from __future__ import annotations
 
+import copy
 import heapq
-from typing import Iterable
+from typing import Callable, Iterable
 
 from sim import constants as C
 from sim.policies import resolve
@@ -222,6 +223,13 @@ class Tree:
         self.load_back_threshold = load_back_threshold
         # SGLANG_HICACHE_SKIP_HOST_DUPLICATE_RECLAIM, read on every host eviction (sem §3.4).
         self.skip_reclaim = False
+        # Device tokens held outside the tree: running requests' fresh KV, allocated
+        # at admission and adopted by the tree at insert. Counted in every free check.
+        self.reserved = 0
+        # Sizes of the D->H backups issued since the engine last drained it (None: off).
+        self.backup_log: list | None = None
+        # Rank-local host allocation failure (a physical fault on one rank, sem §5.4.b).
+        self.host_alloc_fail: Callable[[], bool] | None = None
 
         self._clock = C.CLOCK_START
         self._next_id = 0
@@ -240,6 +248,7 @@ class Tree:
         self.host_used = 0
         self.evictable = 0
         self.protected = 0
+        self.dup_tokens = 0  # tokens on both tiers
         self.n_nodes = 0
         self.dheap = _LeafHeap(prio, "dtok")
         self.hheap = _LeafHeap(prio, "htok")
@@ -248,6 +257,8 @@ class Tree:
         # full_host_duplicates: insertion-ordered, "insert if absent" (sem §2.4).
         self.dups: dict[int, Node] = {}
         self.pending_writes: dict[int, PendingWrite] = {}  # write-through acks, issue order
+        self._issued_writes: list[int] = []  # ack ids issued since the engine last looked
+        self.last_node = self.root  # the target node of the last insert
         self.loads: dict = {}  # in-flight load-backs by id
         self.stats = Stats()
         self.rec: list | None = [] if record else None
@@ -292,6 +303,8 @@ class Tree:
         node.dev = on
         sign = 1 if on else -1
         self.dev_used += sign * t
+        if node.host:
+            self.dup_tokens += sign * t
         if node.lock_ref:
             self.protected += sign * t
         else:
@@ -300,7 +313,10 @@ class Tree:
 
     def _set_host(self, node: Node, on: bool) -> None:
         node.host = on
-        self.host_used += (1 if on else -1) * len(node.key) * self.page_size
+        t = (1 if on else -1) * len(node.key) * self.page_size
+        self.host_used += t
+        if node.dev:
+            self.dup_tokens += t
 
     def _refresh(self, node: Node) -> None:
         """Re-derive ``node``'s D-leaf / H-leaf membership (sem §2.2)."""
@@ -490,10 +506,11 @@ class Tree:
         new device tokens do not fit: inserts never evict."""
         ps = self.page_size
         new = (len(key) - self.device_prefix_len(key)) * ps
-        if new > self.device_capacity - self.dev_used:
+        if new > self.device_capacity - self.dev_used - self.reserved:
             raise TreeError("device_full")
         root = self.root
         self._set_time(root, self._tick())
+        self.last_node = root
         if not key:
             return 0, 0
         wt = self.write.hit_threshold
@@ -521,6 +538,7 @@ class Tree:
             node = child
             pos += p
         prefix = pos * ps
+        self.last_node = node
         if pos < n:
             leaf = self._new_node(key[pos:], node)
             node.children[key[pos]] = leaf
@@ -528,6 +546,7 @@ class Tree:
             self._set_dev(leaf, True)
             self._refresh(leaf)
             self._refresh(node)
+            self.last_node = leaf
             if self.rec is not None:
                 self._ev("new", leaf, n=len(leaf.key) * ps)
             if wt is not None:
@@ -552,13 +571,21 @@ class Tree:
                 self.stats.backup_failures += 1
                 return
             self._set_host(x, True)
+            if self.backup_log is not None:
+                self.backup_log.append(k)
             self.inc_lock(x)
             x.wt_pending = x.id
             self.pending_writes[x.id] = PendingWrite(x.id, x, k)
+            self._issued_writes.append(x.id)
             self.stats.backups += 1
             self.stats.backup_tokens += k
             if self.rec is not None:
                 self._ev("backup", x, n=k)
+
+    def pending_writes_new(self) -> list[int]:
+        """Ack ids of the write-through backups issued since the last call."""
+        out, self._issued_writes = self._issued_writes, []
+        return out
 
     def finish_write_through(self, ack_id: int) -> None:
         """`finish_write_through`: unpin and register the published nodes, then
@@ -574,10 +601,12 @@ class Tree:
         """Make room for ``k`` host tokens: evict exactly the shortfall, and fail if
         that frees less than asked (sem §3.3 step 1.2)."""
         avail = self.host_capacity - self.host_used
-        if avail >= k:
-            return True
-        need = k - avail
-        return self.evict_host(need) >= need
+        if avail < k:
+            need = k - avail
+            if self.evict_host(need) < need:
+                return False
+        # The all-or-nothing host allocation itself can fail on one rank only.
+        return self.host_alloc_fail is None or not self.host_alloc_fail()
 
     # ------------------------------------------------------- device eviction
     def evict_device(self, n: int) -> int:
@@ -637,6 +666,8 @@ class Tree:
         self._set_host(x, True)
         self.stats.backups += 1
         self.stats.backup_tokens += k
+        if self.backup_log is not None:
+            self.backup_log.append(k)
         if self.rec is not None:
             self._ev("backup", x, n=k)
         self._track(x)
@@ -776,10 +807,10 @@ class Tree:
             self.dec_lock(anchor)
             self.host_unlock(holder)
             return "pinned_by_other"
-        free = self.device_capacity - self.dev_used
+        free = self.device_capacity - self.dev_used - self.reserved
         if free < m:
             self.evict_device(m - free)
-            if self.device_capacity - self.dev_used < m:
+            if self.device_capacity - self.dev_used - self.reserved < m:
                 self.dec_lock(anchor)
                 self.host_unlock(holder)
                 return "no_device_space"
@@ -817,17 +848,72 @@ class Tree:
                 self._track(x)
             x = x.parent
 
-    # ---------------------------------------------------------------- views
-    def duplicate_tokens(self) -> int:
-        """Tokens held on both tiers (a scan; for metrics sampling, not per op)."""
-        total, stack = 0, list(self.root.children.values())
+    # ---------------------------------------------------------------- clone
+    def clone(self) -> "Tree":
+        """An independent copy (copy-on-divergence forks a rank off with this).
+
+        Iterative, so deep chains (long multi-turn sessions) do not hit the
+        recursion limit that ``copy.deepcopy`` would.
+        """
+        new = copy.copy(self)
+        nmap: dict[int, Node] = {}
+        stack = [self.root]
         while stack:
             x = stack.pop()
-            if x.dev and x.host:
-                total += len(x.key)
+            nmap[id(x)] = copy.copy(x)
             stack.extend(x.children.values())
-        return total * self.page_size
 
+        def m(x):
+            return None if x is None else nmap.get(id(x))
+
+        holders: dict[int, HostLock] = {}
+
+        def mh(h):
+            if id(h) not in holders:
+                nh = HostLock(m(h.anchor))
+                nh.top = m(h.top)
+                holders[id(h)] = nh
+            return holders[id(h)]
+
+        loads = {}
+        for lid, lb in self.loads.items():
+            loads[lid] = LoadBack(lid, m(lb.anchor), mh(lb.host_lock), [m(x) for x in lb.nodes], lb.tokens)
+        lmap = {id(lb): loads[lid] for lid, lb in self.loads.items()}
+        for x2 in nmap.values():
+            x2.parent = m(x2.parent)
+            x2.children = {k: m(c) for k, c in x2.children.items()}
+            if x2.host_tops:
+                x2.host_tops = [mh(h) for h in x2.host_tops]
+            if x2.lb_pending is not None:
+                x2.lb_pending = lmap[id(x2.lb_pending)]
+        new.root = m(self.root)
+        new.loads = loads
+        new.pending_writes = {}
+        for ack, pw in self.pending_writes.items():
+            pw2 = PendingWrite(ack, m(pw.locked), pw.tokens)
+            pw2.nodes = [m(x) for x in pw.nodes]
+            new.pending_writes[ack] = pw2
+        new.dups = {nid: m(x) for nid, x in self.dups.items()}
+        for name, attr in (("dheap", "dtok"), ("hheap", "htok")):
+            old = getattr(self, name)
+            heap = _LeafHeap(old.prio, attr)
+            heap.seq = old.seq
+            heap.members = {m(x) for x in old.members}
+            heap.heap = [(p, i, tok, m(x)) for p, i, tok, x in old.heap if id(x) in nmap]
+            heapq.heapify(heap.heap)
+            setattr(new, name, heap)
+        new.d_leaves = new.dheap.members
+        new.h_leaves = new.hheap.members
+        new.stats = copy.copy(self.stats)
+        new.rec = None if self.rec is None else []
+        new._issued_writes = list(self._issued_writes)
+        new.last_node = m(self.last_node) or new.root
+        new.backup_log = None if self.backup_log is None else []
+        new.host_alloc_fail = None
+        new.host_policy = type(self.host_policy)()
+        return new
+
+    # ---------------------------------------------------------------- views
     def iter_nodes(self):
         """Non-root nodes in depth-first pre-order, children by key."""
         stack = [self.root]
@@ -854,7 +940,7 @@ class Tree:
             raise InvariantError(f"node {nid}: {what}")
 
         ps = self.page_size
-        dev = host = evictable = protected = count = 0
+        dev = host = evictable = protected = count = dup = 0
         d_leaves, h_leaves = set(), set()
         seen_ids = set()
         in_flight_pins = set(self.loads.values())
@@ -899,6 +985,8 @@ class Tree:
                     evictable += t
             if x.host:
                 host += t
+                if x.dev:
+                    dup += t
             if x.dev and not x.lock_ref and not n_dev_children:
                 d_leaves.add(x)
             if not x.dev and x.host and not x.lock_ref and not x.host_lock_ref and not x.children:
@@ -916,10 +1004,11 @@ class Tree:
             fail(None, f"node count {self.n_nodes} != {count}")
         for name, have, want in (("dev", self.dev_used, dev), ("host", self.host_used, host),
                                  ("evictable", self.evictable, evictable),
-                                 ("protected", self.protected, protected)):
+                                 ("protected", self.protected, protected),
+                                 ("duplicate", self.dup_tokens, dup)):
             if have != want:
                 fail(None, f"{name} tokens {have} != {want}")
-        if dev > self.device_capacity or host > self.host_capacity:
+        if dev + self.reserved > self.device_capacity or host > self.host_capacity:
             fail(None, "a pool holds more than its capacity")
         if d_leaves != self.d_leaves:
             fail(next(iter(d_leaves ^ self.d_leaves)), "D-leaf set differs from its predicate")

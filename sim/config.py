@@ -1,0 +1,114 @@
+"""Engine configuration: plain, fully resolved numbers (no YAML, no units).
+
+``sim.scenario`` validates what users write; ``from_scenario`` resolves it into these
+dataclasses, which are all the engine reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.constants import LOAD_BACK_THRESHOLD
+
+ACK_DISCIPLINES = ("synced", "local", "skip_when_idle")
+
+
+@dataclass
+class JitterConfig:
+    """Rank-specific perturbations, all seeded; the defaults inject nothing."""
+
+    # Per-rank ack completion delay: distribution name (sim.ranks.DELAYS), params, ranks.
+    ack_delay: str = "none"
+    ack_delay_params: dict = field(default_factory=dict)
+    ack_delay_ranks: tuple[int, ...] | None = None  # None: every rank
+    # How ranks decide how many ready acks to process.
+    ack_discipline: str = "synced"
+    # A rank-local host allocation failure, per backup attempt.
+    host_alloc_failure_p: float = 0.0
+    host_alloc_failure_ranks: tuple[int, ...] = ()
+    # Per-rank host capacity delta in tokens.
+    host_capacity_skew: dict[int, int] = field(default_factory=dict)
+    # A rank builds ``id_drift_extra`` extra node objects before request ``id_drift_after``.
+    id_drift_rank: int | None = None
+    id_drift_extra: int = 1
+    id_drift_after: int = 0
+    # Per-rank admission order perturbation (a bug mode).
+    request_order_ranks: tuple[int, ...] = ()
+    request_order_swap_p: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return (self.ack_delay != "none" or self.ack_discipline != "synced"
+                or self.host_alloc_failure_p > 0 or bool(self.host_capacity_skew)
+                or self.id_drift_rank is not None or self.request_order_swap_p > 0)
+
+
+@dataclass
+class SimConfig:
+    tp: int = 1
+    page_size: int = 1
+    device_tokens: int = 1 << 20   # per rank
+    host_tokens: int = 2 << 20     # per rank
+    write_policy: str = "write_back"
+    host_policy: str = "duplicate_first"
+    eviction_policy: str = "lru"
+    load_back_threshold: int = LOAD_BACK_THRESHOLD
+    ids: str = "optrace"
+    max_running: int = 256
+    decode: bool = True
+    collective: str = "simulated"
+    collective_device: str = "cpu"
+    on_divergence: str = "record"   # or "halt"
+    seed: int = 0
+    max_requests: int | None = None
+    duration_s: float | None = None
+    timeseries_interval_s: float = 1.0
+    jitter: JitterConfig = field(default_factory=JitterConfig)
+    # Record each rank's op-trace (for repro bundles).
+    record_ops: bool = False
+
+
+def from_scenario(scn) -> tuple[SimConfig, object]:
+    """Resolve a validated ``sim.scenario.Scenario`` into (SimConfig, CostModel)."""
+    from sim.costs import CostModel, load_profile
+    from sim.scenario import resolve_capacities, resolve_model
+
+    device, host = resolve_capacities(scn)
+    j = scn.jitter
+    jit = JitterConfig(
+        ack_delay=j.ack_delay.dist,
+        ack_delay_params=dict(j.ack_delay.params),
+        ack_delay_ranks=tuple(j.ack_delay.ranks) if j.ack_delay.ranks is not None else None,
+        ack_discipline=j.ack_discipline,
+        host_alloc_failure_p=j.host_alloc_failure.probability,
+        host_alloc_failure_ranks=tuple(j.host_alloc_failure.ranks),
+        host_capacity_skew={int(k): int(v) for k, v in j.host_capacity_skew.items()},
+        id_drift_rank=j.id_drift.rank,
+        id_drift_extra=j.id_drift.extra_nodes,
+        id_drift_after=j.id_drift.after_request,
+        request_order_ranks=tuple(j.request_order.ranks),
+        request_order_swap_p=j.request_order.swap_probability,
+    )
+    cfg = SimConfig(
+        tp=scn.tp, page_size=scn.page_size, device_tokens=device, host_tokens=host,
+        write_policy=scn.cache.write_policy, host_policy=scn.cache.host_policy,
+        eviction_policy=scn.cache.eviction_policy,
+        load_back_threshold=scn.cache.load_back_threshold,
+        ids=_ids(scn.cache.backend, scn.cache.ids),
+        max_running=scn.scheduler.max_running_requests, decode=scn.scheduler.decode,
+        collective=scn.collective.backend, collective_device=scn.collective.device,
+        on_divergence=scn.on_divergence, seed=scn.seed,
+        max_requests=scn.limits.max_requests, duration_s=scn.limits.duration_s,
+        timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,
+    )
+    model = resolve_model(scn)
+    cost = CostModel(load_profile(scn.cost.profile, base_dir=getattr(scn, "_base_dir", None)),
+                     model, scn.tp, scn.page_size,
+                     io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
+    return cfg, cost
+
+
+def _ids(backend: str, ids: str) -> str:
+    if backend == "rust":
+        return "rust"
+    return ids
