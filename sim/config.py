@@ -21,6 +21,7 @@ class JitterConfig:
     ack_delay: str = "none"
     ack_delay_params: dict = field(default_factory=dict)
     ack_delay_ranks: tuple[int, ...] | None = None  # None: every rank
+    ack_delay_acks: str = "both"  # which acks are delayed: write, load or both
     # How ranks decide how many ready acks to process.
     ack_discipline: str = "synced"
     # A rank-local host allocation failure, per backup attempt.
@@ -35,6 +36,8 @@ class JitterConfig:
     # Per-rank admission order perturbation (a bug mode).
     request_order_ranks: tuple[int, ...] = ()
     request_order_swap_p: float = 0.0
+    request_order_window: int = 2
+    seed: int = 0  # the jitter draws' own seed
 
     @property
     def active(self) -> bool:
@@ -71,44 +74,45 @@ class SimConfig:
 def from_scenario(scn) -> tuple[SimConfig, object]:
     """Resolve a validated ``sim.scenario.Scenario`` into (SimConfig, CostModel)."""
     from sim.costs import CostModel, load_profile
-    from sim.scenario import resolve_capacities, resolve_model
+    from sim.scenario import resolve_capacities
 
     device, host = resolve_capacities(scn)
     j = scn.jitter
+    all_ranks = tuple(range(scn.tp))
+
+    def ranks(lst):
+        return all_ranks if lst is None else tuple(lst)
+
     jit = JitterConfig(
         ack_delay=j.ack_delay.dist,
-        ack_delay_params=dict(j.ack_delay.params),
-        ack_delay_ranks=tuple(j.ack_delay.ranks) if j.ack_delay.ranks is not None else None,
+        ack_delay_params=j.ack_delay.params() if j.ack_delay.dist != "none" else {},
+        ack_delay_ranks=None if j.ack_delay.ranks is None else tuple(j.ack_delay.ranks),
+        ack_delay_acks=j.ack_delay.acks,
         ack_discipline=j.ack_discipline,
         host_alloc_failure_p=j.host_alloc_failure.probability,
-        host_alloc_failure_ranks=tuple(j.host_alloc_failure.ranks),
+        host_alloc_failure_ranks=ranks(j.host_alloc_failure.ranks),
         host_capacity_skew={int(k): int(v) for k, v in j.host_capacity_skew.items()},
-        id_drift_rank=j.id_drift.rank,
-        id_drift_extra=j.id_drift.extra_nodes,
-        id_drift_after=j.id_drift.after_request,
-        request_order_ranks=tuple(j.request_order.ranks),
+        id_drift_rank=None if j.id_drift is None else j.id_drift.rank,
+        id_drift_extra=0 if j.id_drift is None else j.id_drift.extra_ids,
+        id_drift_after=0 if j.id_drift is None else j.id_drift.after_request,
+        request_order_ranks=ranks(j.request_order.ranks) if j.request_order.swap_probability > 0 else (),
         request_order_swap_p=j.request_order.swap_probability,
+        request_order_window=j.request_order.window,
+        seed=scn.seed if j.seed is None else j.seed,
     )
     cfg = SimConfig(
         tp=scn.tp, page_size=scn.page_size, device_tokens=device, host_tokens=host,
         write_policy=scn.cache.write_policy, host_policy=scn.cache.host_policy,
         eviction_policy=scn.cache.eviction_policy,
         load_back_threshold=scn.cache.load_back_threshold,
-        ids=_ids(scn.cache.backend, scn.cache.ids),
-        max_running=scn.scheduler.max_running_requests, decode=scn.scheduler.decode,
+        ids="rust" if scn.cache.backend == "rust" else scn.cache.ids,
+        max_running=scn.scheduler.max_running_requests or 1 << 30,
+        decode=scn.scheduler.decode,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         on_divergence=scn.on_divergence, seed=scn.seed,
         max_requests=scn.limits.max_requests, duration_s=scn.limits.duration_s,
         timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,
     )
-    model = resolve_model(scn)
-    cost = CostModel(load_profile(scn.cost.profile, base_dir=getattr(scn, "_base_dir", None)),
-                     model, scn.tp, scn.page_size,
+    cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
                      io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
     return cfg, cost
-
-
-def _ids(backend: str, ids: str) -> str:
-    if backend == "rust":
-        return "rust"
-    return ids

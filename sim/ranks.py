@@ -92,7 +92,7 @@ class RankGroup:
         j: JitterConfig = cfg.jitter
         self.jitter = j
         self.forks: list[dict] = []
-        self._rngs = [np.random.Generator(np.random.PCG64([cfg.seed, 7919, r])) for r in range(cfg.tp)]
+        self._rngs = [np.random.Generator(np.random.PCG64([j.seed, 7919, r])) for r in range(cfg.tp)]
         self._delay = DELAYS[j.ack_delay]
         self._delay_ranks = (set(range(cfg.tp)) if j.ack_delay_ranks is None
                              else {r for r in j.ack_delay_ranks if r < cfg.tp})
@@ -127,7 +127,7 @@ class RankGroup:
         if r in j.host_capacity_skew:
             c.tree.host_capacity = max(0, self.cfg.host_tokens + j.host_capacity_skew[r])
         if j.host_alloc_failure_p > 0 and r in j.host_alloc_failure_ranks:
-            rng = np.random.Generator(np.random.PCG64([self.cfg.seed, 104729, r]))
+            rng = np.random.Generator(np.random.PCG64([j.seed, 104729, r]))
             p = j.host_alloc_failure_p
             c.tree.host_alloc_fail = lambda: bool(rng.random() < p)
 
@@ -154,7 +154,7 @@ class RankGroup:
     # ---------------------------------------------------------------- acks
     def make_ack(self, kind: str, ack_id, done: float, tokens: int) -> Ack:
         delays = None
-        if self._delay_ranks:
+        if self._delay_ranks and self.jitter.ack_delay_acks in ("both", kind):
             p = self.jitter.ack_delay_params
             delays = {r: self._delay(self._rngs[r], p) for r in sorted(self._delay_ranks)}
         return Ack(kind, ack_id, done, delays, tokens)
@@ -172,7 +172,9 @@ class RankGroup:
             return None
         rng = self._rngs[rank]
         order = list(range(n))
+        w = max(2, j.request_order_window)
         for i in range(n - 1):
             if rng.random() < j.request_order_swap_p:
-                order[i], order[i + 1] = order[i + 1], order[i]
+                k = min(n - 1, i + int(rng.integers(1, w)))
+                order[i], order[k] = order[k], order[i]
         return order if order != list(range(n)) else None

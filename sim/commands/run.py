@@ -1,0 +1,111 @@
+"""`hicache-sim run SCENARIO [-o DIR] [--seed N] [--set k=v ...]`: simulate one scenario."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+NAME = "run"
+HELP = "Simulate a scenario and write a results folder (parquet, JSON, resolved YAML)."
+
+
+def add_arguments(p) -> None:
+    p.add_argument("scenario", help="scenario YAML (see scenarios/)")
+    p.add_argument("-o", "--out", help="results folder (default: results/<scenario name>)")
+    p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set host.ratio=4 (repeatable)")
+    p.add_argument("--collective", choices=("simulated", "torch"),
+                   help="all_reduce backend (overrides collective.backend)")
+    p.add_argument("--trace-out", metavar="FILE", help="write a Chrome/Perfetto trace of per-rank events")
+    p.add_argument("--plots", action="store_true", help="also write the plots into the results folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from sim.errors import DivergenceError
+    from sim.runner import run_scenario
+    from sim.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.sets)
+    out = args.out or f"results/{scenario.name}"
+    bar = _progress_bar(args.quiet)
+    t0 = time.perf_counter()
+    try:
+        res = run_scenario(scenario, out, seed=args.seed, collective=args.collective,
+                           progress=bar.update if bar else None, trace_out=args.trace_out)
+    finally:
+        if bar:
+            bar.close()
+    wall = time.perf_counter() - t0
+    _print_summary(res, out, wall)
+    if args.plots and not res.partial:
+        from reports.load import load_run
+        from reports.plots import plot_runs
+
+        paths = plot_runs([load_run(out)], f"{out}/plots")
+        print(f"plots: {len(paths)} files in {out}/plots")
+    if res.partial:
+        print("interrupted: partial results written (meta.json: partial=true)", file=sys.stderr)
+        return 130
+    div = res.divergence
+    if div["halted"]:
+        from sim.constants import DIGEST_MISMATCH_MESSAGE
+
+        what = (DIGEST_MISMATCH_MESSAGE if div["halted"] == "digest_mismatch"
+                else f"collective {div['halted']}: {(div['collective_error'] or div['batch_mismatch'])}")
+        raise DivergenceError(f"halted at t={_halt_time(div):.6f}s: {what} (see {out}/divergence.json)")
+    return 0
+
+
+def _halt_time(div) -> float:
+    for key in ("digest_mismatch", "collective_error", "batch_mismatch"):
+        if div.get(key):
+            return div[key]["t"]
+    return float("nan")
+
+
+class _Bar:
+    """tqdm progress: simulated time, requests done, current hit rate."""
+
+    def __init__(self):
+        from tqdm import tqdm
+
+        self.bar = tqdm(unit="req", dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+        self.last = 0
+
+    def update(self, now, metrics) -> None:
+        done = metrics.done
+        if done - self.last >= 25 or done < 25:
+            self.bar.update(done - self.last)
+            self.last = done
+            self.bar.set_postfix_str(f"sim {now:,.1f}s  hit {metrics.hit_rate:.1%}", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress_bar(quiet: bool):
+    if quiet or not sys.stderr.isatty():
+        return None
+    return _Bar()
+
+
+def _print_summary(res, out, wall) -> None:
+    s, d = res.summary, res.divergence
+    rows = [
+        ("requests", f"{s['requests']:,}"),
+        ("simulated time", f"{s['sim_time_s']:,.1f} s  ({wall:.1f} s wall)"),
+        ("hit rate (device + host)", f"{s['hit_rate']:.1%}  ({s['device_hit_rate']:.1%} + {s['host_hit_rate']:.1%})"),
+        ("TTFT p50 / p99", f"{s['ttft_p50_s'] * 1e3:,.1f} / {s['ttft_p99_s'] * 1e3:,.1f} ms"),
+        ("device / host capacity", f"{s['device_tokens']:,} / {s['host_tokens']:,} tokens per rank"),
+        ("mean effective capacity", f"{s['effective_tokens_mean']:,.0f} tokens"),
+        ("mean duplicate share", f"{s['duplicate_share_mean']:.1%}"),
+        ("load-back / backup traffic", f"{s['load_back_bytes'] / 2**30:,.2f} / {s['backup_bytes'] / 2**30:,.2f} GiB per rank"),
+        ("reclaimed (pass 1 / pass 2)", f"{s['reclaim_pass1_tokens']:,} / {s['reclaim_pass2_tokens']:,} tokens"),
+        ("TP verdict", f"{d['verdict']} ({d['tp']} ranks, {len(d['cohorts'])} replica(s))"),
+        ("results", str(out)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
