@@ -69,6 +69,9 @@ class SimConfig:
     jitter: JitterConfig = field(default_factory=JitterConfig)
     # Record each rank's op-trace (for repro bundles).
     record_ops: bool = False
+    # Give every rank its own tree from t=0 instead of sharing until a fork: slower,
+    # and the way to check that replicas fed identical streams stay identical.
+    eager_replicas: bool = False
 
 
 def from_scenario(scn) -> tuple[SimConfig, object]:

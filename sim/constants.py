@@ -48,3 +48,6 @@ DIGEST_MISMATCH_MESSAGE = "write_back duplicate-reclaim victims diverged across 
 
 # SGLANG_HICACHE_SKIP_HOST_DUPLICATE_RECLAIM truthy spellings (sem §7).
 SKIP_RECLAIM_TRUE_VALUES = ("true", "1", "yes", "y")
+
+# --hicache-size is in GB of 1e9 bytes: host size = floor(GB * 1e9 / size_per_token) (sem §6.2).
+HICACHE_SIZE_BYTES_PER_GB = 10**9

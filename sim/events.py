@@ -535,7 +535,7 @@ class Simulation:
             verdict = "false_alarm"
         elif true_div:
             verdict = "missed"
-        elif forks:
+        elif self.cfg.jitter.active:
             verdict = "absorbed"
         else:
             verdict = "agree"
@@ -548,6 +548,7 @@ class Simulation:
             "tp": self.cfg.tp,
             "cohorts": [c.ranks for c in self.group.cohorts],
             "forks": forks,
+            "jitter": self.cfg.jitter.active,
             "first_fork": forks[0] if forks else None,
             "first_true_divergence": true_div,
             "digest_mismatch": mismatch,

@@ -104,8 +104,11 @@ class RankGroup:
         # Ranks whose physical inputs differ from the start get their own replica at
         # t=0: a skewed host pool, or a host allocator that can fail on its own.
         eager = set(j.host_capacity_skew) | set(j.host_alloc_failure_ranks if j.host_alloc_failure_p > 0 else ())
-        for r in sorted(x for x in eager if 0 < x < cfg.tp or (x == 0 and cfg.tp > 1)):
-            cause = "host_capacity_skew" if r in j.host_capacity_skew else "host_alloc_failure"
+        if cfg.eager_replicas:
+            eager = set(range(1, cfg.tp))
+        for r in sorted(x for x in eager if x < cfg.tp and cfg.tp > 1):
+            cause = ("host_capacity_skew" if r in j.host_capacity_skew else
+                     "host_alloc_failure" if r in j.host_alloc_failure_ranks else "eager_replicas")
             self.fork(r, cause, 0.0)
         for c in self.cohorts:
             self._apply_physical(c)

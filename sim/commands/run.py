@@ -50,19 +50,23 @@ def run(args) -> int:
         return 130
     div = res.divergence
     if div["halted"]:
-        from sim.constants import DIGEST_MISMATCH_MESSAGE
-
-        what = (DIGEST_MISMATCH_MESSAGE if div["halted"] == "digest_mismatch"
-                else f"collective {div['halted']}: {(div['collective_error'] or div['batch_mismatch'])}")
-        raise DivergenceError(f"halted at t={_halt_time(div):.6f}s: {what} (see {out}/divergence.json)")
+        raise DivergenceError(f"{halt_message(div)} (see {out}/divergence.json)")
     return 0
 
 
-def _halt_time(div) -> float:
-    for key in ("digest_mismatch", "collective_error", "batch_mismatch"):
-        if div.get(key):
-            return div[key]["t"]
-    return float("nan")
+def halt_message(div: dict) -> str:
+    """One line saying what stopped a run, as the real server would have failed."""
+    from sim.constants import DIGEST_MISMATCH_MESSAGE
+
+    if div["halted"] == "digest_mismatch":
+        m = div["digest_mismatch"]
+        return f"AssertionError at t={m['t']:.6f}s (step {m['step']}): {DIGEST_MISMATCH_MESSAGE}"
+    if div.get("collective_error"):
+        e = div["collective_error"]
+        return f"collective {e['kind']} at t={e['t']:.6f}s: {e['message']}"
+    b = div["batch_mismatch"]
+    return (f"collective hang at t={b['t']:.6f}s (step {b['step']}): ranks took different "
+            f"{b['where']} decisions ({b['detail']}), so the forward's TP collectives disagree")
 
 
 class _Bar:

@@ -10,6 +10,7 @@ nvbandwidth reports), us is microseconds.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -136,8 +137,9 @@ def load_profile(name_or_path=DEFAULT_PROFILE) -> Profile:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(err, "problem", None) or "invalid YAML"
-        raise UserError(f"found {problem}; expected valid YAML", where=where) from None
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"found invalid YAML ({problem}); expected a YAML mapping of profile"
+                        " keys", where=where) from None
     if not isinstance(data, dict):
         raise UserError(f"found {type(data).__name__}; expected a mapping of profile keys",
                         where=str(path))
@@ -153,15 +155,20 @@ def profile_from_mapping(data: dict, where: str = "profile") -> Profile:
 
 
 def _one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
+    errors = err.errors()
+    # A typo'd key also shows up as a missing one; the unknown key is the better clue.
+    first = min(errors, key=lambda e: e["type"] != "extra_forbidden")
     key = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     kind = first["type"]
     if kind == "missing":
         desc = Profile.model_fields[key].description if key in Profile.model_fields else ""
-        return f"key '{key}' is missing; expected {desc or 'a value'}{more}"
+        desc = desc[:1].lower() + desc[1:].rstrip(".") if desc else "a value"
+        return f"key '{key}' is missing; expected {desc}{more}"
     if kind == "extra_forbidden":
-        return (f"unknown key '{key}'; expected one of {', '.join(Profile.model_fields)}{more}")
+        close = difflib.get_close_matches(key, list(Profile.model_fields), n=1)
+        hint = f"did you mean '{close[0]}'?" if close else "see sim/costs/profile.py Profile"
+        return f"unknown key '{key}'; expected a profile parameter ({hint}){more}"
     msg = first["msg"].replace("Value error, ", "")
     return f"key '{key}': found {first.get('input')!r}; expected {_expected(msg)}{more}"
 

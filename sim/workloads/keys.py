@@ -60,10 +60,10 @@ def page_key(blocks, block_size: int, page_size: int, input_len: int) -> list[in
     ``input_len`` may be less than the request's input (a prefill chunk). A trailing
     partial page is dropped, as SGLang does.
     """
+    r, k = pages_per_block(block_size, page_size)
     n_pages = input_len // page_size
     if n_pages <= 0:
         return []
-    r, k = pages_per_block(block_size, page_size)
     if k == 1:
         if r == 1:
             if len(blocks) < n_pages:

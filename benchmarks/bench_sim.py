@@ -1,0 +1,65 @@
+"""Simulated requests per wall-second, TP=1 vs TP=8, jitter off and on.
+
+Usage: python benchmarks/bench_sim.py [--requests 10000] [--profile]
+The workload is quickstart.yaml's multi-turn chat generator at 10k requests. Jitter
+"on" delays every rank's acks (exponential, mean 2 ms): under SGLang's synced ack
+discipline that is absorbed, so it measures the cost of per-rank ack bookkeeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sim.runner import run_scenario  # noqa: E402
+from sim.scenario import load_scenario  # noqa: E402
+
+JITTER = ["jitter.ack_delay.dist=exponential", "jitter.ack_delay.mean=0.002"]
+
+
+def one(tp: int, jitter: bool, n: int):
+    sets = [f"tp={tp}", f"workload.num_requests={n}", "scheduler.max_running_requests=64",
+            "workload.arrival.rate=20"]
+    if jitter:
+        sets += JITTER
+    scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", sets)
+    t0 = time.perf_counter()
+    res = run_scenario(scn, None)
+    wall = time.perf_counter() - t0
+    return res.summary["requests"] / wall, wall, res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--profile", action="store_true", help="cProfile the TP=8 jitter-off run")
+    args = ap.parse_args()
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        one(8, False, args.requests)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+        return
+    rates = {}
+    print(f"{args.requests} requests (quickstart multi-turn chat), simulated collective")
+    print(f"{'tp':>3} {'jitter':>7} {'req/s':>9} {'wall s':>7} {'hit':>6} {'verdict':>9} {'steps':>7}")
+    for tp in (1, 8):
+        for jitter in (False, True):
+            rate, wall, res = one(tp, jitter, args.requests)
+            rates[tp, jitter] = wall
+            print(f"{tp:>3} {'on' if jitter else 'off':>7} {rate:>9,.0f} {wall:>7.2f} "
+                  f"{res.summary['hit_rate']:>6.1%} {res.divergence['verdict']:>9} {res.divergence['steps']:>7}")
+    print(f"TP8/TP1 wall-time ratio, jitter off: {rates[8, False] / rates[1, False]:.2f}")
+    print(f"TP8/TP1 wall-time ratio, jitter on:  {rates[8, True] / rates[1, True]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Offline analyses of request traces: LRU stack distances and the offline optimum."""

@@ -1,0 +1,56 @@
+"""``hicache-sim validate SCENARIO... [--set k=v]``: check scenario files without running.
+
+One line per file: ``OK`` with the resolved per-rank capacities, or the error line.
+Every file is checked even after a failure; the exit code is 2 if any failed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from sim.errors import UserError
+
+NAME = "validate"
+HELP = "Validate scenario files and print their resolved device/host capacities."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("scenarios", nargs="+", metavar="SCENARIO", help="scenario YAML files")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY.PATH=VALUE",
+                        help="override a key (value parsed as YAML); repeatable")
+    parser.add_argument("--deep", action="store_true",
+                        help="also stream the whole workload (reads trace files to the end) "
+                             "and report its request count")
+
+
+def check(path: str, overrides=(), deep: bool = False) -> str:
+    """The OK line for one scenario file; raises UserError on any problem."""
+    from sim.scenario import load_scenario, resolve_capacities
+    from sim.workloads import build_workload
+
+    s = load_scenario(path, overrides)
+    dev, host = resolve_capacities(s)
+    stream = build_workload(s)
+    note = ""
+    if deep:
+        n = sum(1 for _ in stream)
+        note = f", {n} requests"
+        if stream.skipped:
+            note += f" ({stream.skipped} bad lines skipped)"
+    else:
+        next(iter(stream), None)  # opens the trace and parses its first record
+    warn = " (note: host <= device, SGLang warns)" if host <= dev else ""
+    return (f"OK {path}: {s.name}: device {dev} tokens, host {host} tokens per rank, "
+            f"tp {s.tp}, page {s.page_size}, workload {s.workload.kind}{note}{warn}")
+
+
+def run(args) -> int:
+    failed = 0
+    for path in args.scenarios:
+        try:
+            print(check(path, args.overrides, args.deep))
+        except UserError as err:
+            failed += 1
+            print(f"hicache-sim validate: error: {err}", file=sys.stderr)
+    return 2 if failed else 0

@@ -1,0 +1,1126 @@
+"""Scenario files: the typed schema, safe loading, ``--set`` overrides, one-line errors.
+
+A scenario is one YAML file naming everything a run needs: the model and TP size,
+the two cache tiers, the cache policies, the cost profile, jitter, the workload, the
+scheduler and the limits. ``load_scenario`` reads it with ``yaml.safe_load``, applies
+``--set a.b=value`` overrides, validates it against the pydantic schema below
+(``extra="forbid"`` everywhere: a misspelt key is an error, never ignored) and turns
+the first problem into ONE line::
+
+    scenarios/x.yaml:12: workload.arrival.rate: found -1.0; expected a number > 0
+
+Names in the file resolve through registries (model presets, cost profiles, policy
+and distribution names); paths are relative to the scenario file's folder.
+``resolve_capacities`` turns the device/host sizes into token counts with SGLang's
+host pool geometry (hicache-semantics.md §6.2). ``dump_resolved`` writes the
+validated scenario back as YAML, defaults filled in, in schema order.
+"""
+
+import dataclasses
+import difflib
+import math
+import os
+import reprlib
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from sim import __version__
+from sim.constants import (
+    HICACHE_RATIO_DEFAULT,
+    HICACHE_SIZE_BYTES_PER_GB,
+    HOST_POOL_EXTRA_PAGES,
+    LOAD_BACK_THRESHOLD,
+)
+from sim.errors import UserError
+from sim.workloads.dists import DISTRIBUTIONS
+
+GIB = 1 << 30
+
+# ----------------------------------------------------------------------------------
+# Field types and error helpers
+# ----------------------------------------------------------------------------------
+
+
+def _no_bool(v):
+    # YAML turns yes/no/on/off into booleans, and pydantic would accept them as 1/0.
+    if isinstance(v, bool):
+        raise PydanticCustomError("bool_not_number", "a number, not a boolean")
+    return v
+
+
+def _int(lo: int, hi: int):
+    return Annotated[int, BeforeValidator(_no_bool), Field(ge=lo, le=hi)]
+
+
+def _num(lo: float | None = None, hi: float | None = None, *, gt: float | None = None):
+    return Annotated[float, BeforeValidator(_no_bool), Field(ge=lo, le=hi, gt=gt)]
+
+
+Tokens = _int(1, 10**12)
+Rank = _int(0, 63)
+Probability = _num(0.0, 1.0)
+Seconds = _num(0.0, 1e9)
+
+
+def _err(found: str, expected: str, sub: str = "") -> PydanticCustomError:
+    """A validation error whose text is already 'found X; expected Y'.
+
+    ``sub`` is the key path below the model that raised it, so the message (and the
+    YAML line) can point at the exact key a cross-field check is about.
+    """
+    return PydanticCustomError(
+        "scenario", "found {found}; expected {expected}",
+        {"found": found, "expected": expected, "sub": sub},
+    )
+
+
+_repr = reprlib.Repr()
+_repr.maxstring, _repr.maxother, _repr.maxlist, _repr.maxdict, _repr.maxlevel = 60, 60, 6, 6, 2
+
+
+def _show(v) -> str:
+    """A short one-line repr of a found value (bounded even for huge or shared data)."""
+    return _repr.repr(v).replace("\n", "\\n").replace("\r", "\\r")
+
+
+class _Model(BaseModel):
+    """Every scenario section: unknown keys are errors, inf/nan are rejected."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True)
+
+
+def _resolve_path(value: str, info: ValidationInfo, what: str) -> str:
+    """An existing path, relative to the scenario file's folder; returned absolute."""
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise _err(_show(value), f"a path to {what}")
+    base = (info.context or {}).get("base_dir")
+    p = Path(value)
+    if not p.is_absolute():
+        p = Path(base or ".") / p
+    p = Path(os.path.abspath(p))
+    try:
+        ok = p.exists()
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        raise _err(f"{value!r} (no such file: {p})",
+                   f"{what} (relative paths start at the scenario file's folder)")
+    return str(p)
+
+
+# ----------------------------------------------------------------------------------
+# Distributions (token lengths, think times, jitter delays)
+# ----------------------------------------------------------------------------------
+
+_DIST_PARAMS = ("value", "low", "high", "mean", "cv")
+
+
+class _DistFields(_Model):
+    """A named distribution from ``sim.workloads.dists.DISTRIBUTIONS`` and its params.
+
+    Written flat: ``{dist: lognormal, mean: 300, cv: 1.5}``; a bare number means
+    ``{dist: constant, value: N}``. Exactly the distribution's parameters must be set.
+    """
+
+    value: _num(0.0, 1e12) | None = None
+    low: _num(0.0, 1e12) | None = None
+    high: _num(0.0, 1e12) | None = None
+    mean: _num(gt=0.0, hi=1e12) | None = None
+    cv: _num(0.0, 100.0) | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_number(cls, v):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return {"dist": "constant", "value": v}
+        return v
+
+    @model_validator(mode="after")
+    def _params_match(self):
+        want = DISTRIBUTIONS[self.dist].params
+        for p in _DIST_PARAMS:
+            given = getattr(self, p) is not None
+            if p in want and not given:
+                raise _err(f"no {p!r}", f"{p!r} for dist {self.dist!r} (needs: {', '.join(want) or 'nothing'})", p)
+            if given and p not in want:
+                raise _err(f"{p!r}", f"only {', '.join(want) or 'no parameters'} for dist {self.dist!r}", p)
+        if self.dist == "uniform" and self.low > self.high:
+            raise _err(f"low {self.low:g} > high {self.high:g}", "low <= high", "low")
+        return self
+
+    def params(self) -> dict:
+        return {p: getattr(self, p) for p in DISTRIBUTIONS[self.dist].params}
+
+
+class Dist(_DistFields):
+    """A length or time distribution (any registered name)."""
+
+    dist: Literal[tuple(DISTRIBUTIONS)]  # type: ignore[valid-type]
+
+
+def _dist(**kw) -> Any:
+    return Field(default_factory=lambda: Dist(**kw))
+
+
+# ----------------------------------------------------------------------------------
+# Model, TP and capacities
+# ----------------------------------------------------------------------------------
+
+
+class Mla(_Model):
+    """MLA KV geometry: the cached latent width and the decoupled RoPE key width."""
+
+    kv_lora_rank: _int(1, 1 << 16)
+    qk_rope_head_dim: _int(0, 1 << 16)
+
+
+class ModelConfig(_Model):
+    """``preset: <name>`` (``sim.costs.MODEL_PRESETS``), optionally with overrides, or a
+    custom model: layers, q_heads, head_dim, dtype_bytes, params_b and either
+    ``kv_heads`` (MHA/GQA) or ``mla: {kv_lora_rank, qk_rope_head_dim}``."""
+
+    preset: str | None = None
+    layers: _int(1, 1024) | None = None
+    q_heads: _int(1, 4096) | None = None
+    kv_heads: _int(1, 4096) | None = None
+    head_dim: _int(1, 4096) | None = None
+    v_head_dim: _int(1, 4096) | None = None
+    dtype_bytes: _int(1, 8) | None = None
+    mla: Mla | None = None
+    params_b: _num(gt=0.0, hi=1e5) | None = None  # active parameters, billions (FLOPs)
+    total_params_b: _num(gt=0.0, hi=1e5) | None = None  # all parameters (MoE), billions
+    weight_bytes: _num(gt=0.0, hi=8.0) | None = None
+
+    @model_validator(mode="after")
+    def _known(self):
+        from sim.costs import MODEL_PRESETS
+
+        if self.preset is not None:
+            if self.preset not in MODEL_PRESETS:
+                close = difflib.get_close_matches(self.preset, list(MODEL_PRESETS), 1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise _err(f"preset {self.preset!r}", f"one of {', '.join(MODEL_PRESETS)}{hint}", "preset")
+        else:
+            for key in ("layers", "q_heads", "head_dim", "params_b"):
+                if getattr(self, key) is None:
+                    raise _err(f"no {key!r}", f"{key!r} for a custom model (or a preset)", key)
+            if (self.kv_heads is None) == (self.mla is None):
+                raise _err("both kv_heads and mla" if self.kv_heads else "neither kv_heads nor mla",
+                           "kv_heads (MHA/GQA) or mla (kv_lora_rank + qk_rope_head_dim)", "kv_heads")
+        try:
+            self.spec()
+        except UserError as e:
+            raise _err(f"an invalid model ({e})", "a consistent model geometry") from None
+        return self
+
+    def spec(self):
+        """The ``sim.costs.ModelSpec`` this section describes."""
+        from sim.costs import MODEL_PRESETS, ModelSpec
+
+        fields: dict = {}
+        if self.preset is not None:
+            base = MODEL_PRESETS[self.preset]
+            fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        else:
+            fields["name"] = "custom"
+        for key in ("layers", "q_heads", "head_dim", "v_head_dim", "dtype_bytes", "weight_bytes"):
+            if getattr(self, key) is not None:
+                fields[key] = getattr(self, key)
+        if self.kv_heads is not None:
+            fields.update(kv_heads=self.kv_heads, kv_lora_rank=0, qk_rope_head_dim=0)
+        if self.mla is not None:
+            fields.update(kv_heads=0, kv_lora_rank=self.mla.kv_lora_rank,
+                          qk_rope_head_dim=self.mla.qk_rope_head_dim)
+        if self.params_b is not None:
+            fields["active_params"] = self.params_b * 1e9
+        if self.total_params_b is not None:
+            fields["total_params"] = self.total_params_b * 1e9
+        return ModelSpec(**fields)
+
+
+class Device(_Model):
+    """Device (GPU) KV capacity per rank: ``tokens`` (a multiple of page_size) or ``gib``
+    (rounded down to whole pages with the model's bytes per token)."""
+
+    tokens: Tokens | None = None
+    gib: _num(gt=0.0, hi=1e6) | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.tokens is None) == (self.gib is None):
+            raise _err("both tokens and gib" if self.tokens else "neither tokens nor gib",
+                       "exactly one of tokens, gib", "tokens")
+        return self
+
+
+class Host(_Model):
+    """Host (pinned CPU) KV capacity per rank, one of: ``tokens`` (the exact pool size, a
+    multiple of page_size), ``ratio`` (SGLang --hicache-ratio, x device tokens),
+    ``size_gb`` (SGLang --hicache-size, GB of 1e9 bytes per rank) or ``gib``. ratio,
+    size_gb and gib follow SGLang's geometry: one extra page is added. Default: ratio 2."""
+
+    tokens: Tokens | None = None
+    gib: _num(gt=0.0, hi=1e7) | None = None
+    ratio: _num(gt=0.0, hi=1e4) | None = None
+    size_gb: _num(gt=0.0, hi=1e7) | None = None
+
+    @model_validator(mode="after")
+    def _at_most_one(self):
+        given = [k for k in ("tokens", "gib", "ratio", "size_gb") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise _err(f"{' and '.join(given)}", "one of tokens, gib, ratio, size_gb", given[1])
+        return self
+
+    def mode(self) -> tuple[str, float]:
+        for k in ("tokens", "gib", "ratio", "size_gb"):
+            if getattr(self, k) is not None:
+                return k, getattr(self, k)
+        return "ratio", HICACHE_RATIO_DEFAULT
+
+
+# ----------------------------------------------------------------------------------
+# Cache, costs, collectives, jitter
+# ----------------------------------------------------------------------------------
+
+def _policy_names():
+    from sim.policies.eviction import EVICTION_POLICIES
+    from sim.policies.host import HOST_POLICIES
+    from sim.policies.write import WRITE_POLICIES
+
+    return tuple(WRITE_POLICIES), tuple(HOST_POLICIES), tuple(EVICTION_POLICIES)
+
+
+_WRITE, _HOSTP, _EVICT = _policy_names()
+
+
+class Cache(_Model):
+    """The HiCache tree's policies (names from the ``sim.policies`` registries)."""
+
+    write_policy: Literal[_WRITE] = "write_through"  # type: ignore[valid-type]  # SGLang default (sem §7)
+    host_policy: Literal[_HOSTP] = "duplicate_first"  # type: ignore[valid-type]  # PR #33777
+    eviction_policy: Literal[_EVICT] = "lru"  # type: ignore[valid-type]
+    load_back_threshold: _int(0, 10**9) = LOAD_BACK_THRESHOLD
+    # The tree core: python (the reference, bit-exact) or rust (its digest/id variant, sem §4.6).
+    backend: Literal["python", "rust"] = "python"
+    # Node ids: as SGLang assigns them (sentinels consumed), or as op-traces number them.
+    ids: Literal["sglang", "optrace"] = "sglang"
+
+
+def _cost_names():
+    from sim.costs import DEFAULT_PROFILE, IO_BACKENDS, MEM_LAYOUTS
+
+    return DEFAULT_PROFILE, tuple(IO_BACKENDS), tuple(MEM_LAYOUTS)
+
+
+_DEFAULT_PROFILE, _IO, _LAYOUTS = _cost_names()
+
+
+class Cost(_Model):
+    """The cost profile (a shipped name or a path to a YAML profile) and the I/O path."""
+
+    profile: str = _DEFAULT_PROFILE
+    io_backend: Literal[_IO] = "kernel"  # type: ignore[valid-type]  # SGLang default (sem §7)
+    mem_layout: Literal[_LAYOUTS] = "page_first"  # type: ignore[valid-type]  # SGLang default
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, v: str, info: ValidationInfo) -> str:
+        from sim.costs import PROFILES, load_profile
+
+        if v in PROFILES:
+            return v
+        if not (v.endswith((".yaml", ".yml")) or "/" in v):
+            close = difflib.get_close_matches(v, list(PROFILES), 1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _err(f"profile {v!r}", f"one of {', '.join(PROFILES)} or a path to a .yaml profile{hint}")
+        path = _resolve_path(v, info, "a cost profile YAML")
+        load_profile(path)  # a bad profile file is its own one-line UserError
+        return path
+
+
+class Collective(_Model):
+    """How the per-step MIN all_reduce is computed: simulated, or real torch.distributed
+    (gloo on cpu, NCCL on cuda)."""
+
+    backend: Literal["simulated", "torch"] = "simulated"
+    device: Literal["cpu", "cuda"] = "cpu"
+
+
+_DELAY_DISTS = ("none", "uniform", "exponential", "lognormal")
+
+
+class AckDelay(_DistFields):
+    """Extra completion delay (seconds) of transfer acks on some ranks."""
+
+    dist: Literal[_DELAY_DISTS] = "none"  # type: ignore[valid-type]
+    ranks: list[Rank] | None = None  # None: every rank
+    acks: Literal["write", "load", "both"] = "both"
+
+
+class HostAllocFailure(_Model):
+    """A host allocation fails on some ranks with this probability (sem §5.4.b)."""
+
+    probability: Probability = 0.0
+    ranks: list[Rank] | None = None
+
+
+class IdDrift(_Model):
+    """One rank's node-id counter jumps by ``extra_ids`` after request ``after_request``
+    (sem §5.4.d: a false-positive digest crash)."""
+
+    rank: Rank = 1
+    extra_ids: _int(0, 10**9) = 1
+    after_request: _int(0, 10**12) = 0
+
+
+class RequestOrder(_Model):
+    """Some ranks see adjacent requests swapped, within a window, with a probability."""
+
+    ranks: list[Rank] | None = None
+    swap_probability: Probability = 0.0
+    window: _int(2, 1024) = 2
+
+
+class Jitter(_Model):
+    """Rank-level perturbations; all default off. Draws are seeded (``seed``, default
+    the scenario's). ``ack_discipline``: ``synced`` is SGLang (ready ack counts are
+    MIN-all-reduced, sem §5.2); ``local`` lets each rank pop its own ready acks;
+    ``skip_when_idle`` skips the per-step sync on idle steps."""
+
+    seed: _int(0, 2**63 - 1) | None = None
+    ack_delay: AckDelay = Field(default_factory=AckDelay)
+    ack_discipline: Literal["synced", "local", "skip_when_idle"] = "synced"
+    host_alloc_failure: HostAllocFailure = Field(default_factory=HostAllocFailure)
+    host_capacity_skew: dict[Rank, _int(-(10**12), 10**12)] = Field(default_factory=dict)
+    id_drift: IdDrift | None = None
+    request_order: RequestOrder = Field(default_factory=RequestOrder)
+
+
+# ----------------------------------------------------------------------------------
+# Workloads
+# ----------------------------------------------------------------------------------
+
+
+class Poisson(_Model):
+    """Exponential gaps, ``rate`` arrivals (requests or sessions) per second."""
+
+    process: Literal["poisson"]
+    rate: _num(gt=0.0, hi=1e7)
+
+
+class Bursty(_Model):
+    """Gamma gaps with mean 1/rate and coefficient of variation ``cv`` (1 = Poisson)."""
+
+    process: Literal["bursty"]
+    rate: _num(gt=0.0, hi=1e7)
+    cv: _num(gt=0.0, hi=100.0) = 2.0
+
+
+class TraceArrival(_Model):
+    """Arrival times read from a file: a mooncake or generic trace, or ``lines`` (one
+    time in seconds per line)."""
+
+    process: Literal["trace"]
+    path: str
+    format: Literal["mooncake", "generic", "lines"] = "lines"
+    skip_bad_lines: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v, info: ValidationInfo):
+        return _resolve_path(v, info, "a timestamp file")
+
+
+Arrival = Annotated[Union[Poisson, Bursty, TraceArrival], Field(discriminator="process")]
+
+
+class _Generator(_Model):
+    block_size: _int(1, 1 << 20) = 64
+    num_requests: _int(1, 10**9) = 1000
+    arrival: Arrival = Field(default_factory=lambda: Poisson(process="poisson", rate=1.0))
+    rate_scale: _num(gt=0.0, hi=1e6) = 1.0
+    output_tokens: Dist = _dist(dist="lognormal", mean=256, cv=1.0)
+
+
+class MultiTurnChat(_Generator):
+    """Chat sessions (arriving by ``arrival``) with a few shared system prompts."""
+
+    kind: Literal["multi_turn_chat"]
+    num_system_prompts: _int(1, 10**6) = 4
+    system_prompt_tokens: Dist = _dist(dist="constant", value=1024)
+    turns: Dist = _dist(dist="exponential", mean=5)
+    user_tokens: Dist = _dist(dist="lognormal", mean=200, cv=1.0)
+    think_time_s: Dist = _dist(dist="exponential", mean=30)
+    max_context_tokens: Tokens = 32768
+
+
+class AgenticToolLoop(_Generator):
+    """Agent sessions: a long shared tools/system prefix, a task, many short steps."""
+
+    kind: Literal["agentic_tool_loop"]
+    num_shared_prefixes: _int(1, 10**6) = 1
+    shared_prefix_tokens: Dist = _dist(dist="constant", value=12000)
+    task_tokens: Dist = _dist(dist="lognormal", mean=1500, cv=0.5)
+    steps: Dist = _dist(dist="lognormal", mean=20, cv=1.0)
+    step_tokens: Dist = _dist(dist="lognormal", mean=400, cv=1.5)
+    tool_time_s: Dist = _dist(dist="exponential", mean=2)
+    max_context_tokens: Tokens = 131072
+    output_tokens: Dist = _dist(dist="lognormal", mean=150, cv=1.0)
+
+
+class FewShot(_Generator):
+    """A few templates shared by many requests (``template_zipf_s`` 0: uniform)."""
+
+    kind: Literal["few_shot"]
+    num_templates: _int(1, 10**6) = 8
+    template_tokens: Dist = _dist(dist="constant", value=2048)
+    template_zipf_s: _num(0.0, 10.0) = 0.0
+    suffix_tokens: Dist = _dist(dist="lognormal", mean=256, cv=1.0)
+
+
+class ZipfDocuments(_Generator):
+    """RAG: a shared instruction, a Zipf-popular document, a unique question."""
+
+    kind: Literal["zipf_documents"]
+    num_documents: _int(1, 10**7) = 1000
+    document_tokens: Dist = _dist(dist="lognormal", mean=4096, cv=0.5)
+    zipf_s: _num(0.0, 10.0) = 1.0
+    system_prompt_tokens: _int(0, 10**7) = 256
+    question_tokens: Dist = _dist(dist="lognormal", mean=64, cv=0.5)
+
+
+class Uniform(_Generator):
+    """Independent requests of fresh blocks only: no reuse at all (a control)."""
+
+    kind: Literal["uniform"]
+    input_tokens: Dist = _dist(dist="uniform", low=512, high=8192)
+
+
+class ConversationStart(_Model):
+    """Agentic traces: when each conversation starts (file order)."""
+
+    mode: Literal["zero", "poisson"] = "zero"
+    rate: _num(gt=0.0, hi=1e6) | None = None  # conversations per second (poisson)
+
+    @model_validator(mode="after")
+    def _rate(self):
+        if self.mode == "poisson" and self.rate is None:
+            raise _err("no 'rate'", "a rate (conversations per second) for mode poisson", "rate")
+        if self.mode == "zero" and self.rate is not None:
+            raise _err("'rate'", "no rate for mode zero (every conversation starts at 0)", "rate")
+        return self
+
+
+class Trace(_Model):
+    """A request trace, streamed (``sim.workloads.traces``): ``mooncake`` (JSONL),
+    ``agentic`` (a folder of conversation JSON files, or one) or ``generic``."""
+
+    kind: Literal["trace"]
+    format: Literal["mooncake", "agentic", "generic"]
+    path: str
+    rate_scale: _num(gt=0.0, hi=1e6) = 1.0
+    skip_bad_lines: bool = False
+    # mooncake: 512 by default; generic: used for rows without block_size; agentic:
+    # always the file's own block_size.
+    block_size: _int(1, 1 << 20) | None = None
+    block_ids: Literal["prefix", "content"] = "prefix"  # generic only
+    conversation_start: ConversationStart | None = None  # agentic only
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v, info: ValidationInfo):
+        return _resolve_path(v, info, "a trace file or folder")
+
+    @model_validator(mode="after")
+    def _format_fields(self):
+        if self.format != "agentic" and self.conversation_start is not None:
+            raise _err("conversation_start", "it only with format agentic", "conversation_start")
+        if self.format == "agentic" and self.block_size is not None:
+            raise _err("block_size", "none for format agentic (each file names its own)", "block_size")
+        if self.format != "generic" and self.block_ids != "prefix":
+            raise _err(f"block_ids {self.block_ids!r}", "block_ids only with format generic", "block_ids")
+        if self.format == "generic" and Path(self.path).is_dir():
+            raise _err("a folder", "a generic trace file (.jsonl or .csv)", "path")
+        if self.format == "mooncake" and Path(self.path).is_dir():
+            raise _err("a folder", "a Mooncake .jsonl file", "path")
+        return self
+
+    def trace_block_size(self) -> int | None:
+        """The block size the trace will use, when it is known without reading it."""
+        from sim.workloads.traces import AGENTIC_BLOCK_SIZE, MOONCAKE_BLOCK_SIZE
+
+        if self.format == "mooncake":
+            return self.block_size or MOONCAKE_BLOCK_SIZE
+        if self.format == "agentic":
+            return AGENTIC_BLOCK_SIZE
+        return self.block_size
+
+
+_Part = Annotated[
+    Union[MultiTurnChat, AgenticToolLoop, FewShot, ZipfDocuments, Uniform, Trace],
+    Field(discriminator="kind"),
+]
+
+
+class Mix(_Model):
+    """Several workloads merged by arrival, each in its own id and session namespace."""
+
+    kind: Literal["mix"]
+    parts: Annotated[list[_Part], Field(min_length=1, max_length=64)]
+
+
+Workload = Annotated[
+    Union[MultiTurnChat, AgenticToolLoop, FewShot, ZipfDocuments, Uniform, Trace, Mix],
+    Field(discriminator="kind"),
+]
+
+
+# ----------------------------------------------------------------------------------
+# Scheduler, limits, output, the scenario
+# ----------------------------------------------------------------------------------
+
+
+class Scheduler(_Model):
+    """Simulator defaults (not SGLang constants: SGLang sizes these from GPU memory)."""
+
+    max_running_requests: _int(1, 10**6) | None = None  # None: bounded by device memory
+    chunked_prefill_tokens: _int(1, 10**9) | None = 8192  # None: no chunking
+    decode: bool = True
+
+
+class Limits(_Model):
+    """Stop after this many requests, or drop arrivals after ``duration_s``."""
+
+    max_requests: _int(1, 10**12) | None = None
+    duration_s: _num(gt=0.0, hi=1e9) | None = None
+
+
+class Output(_Model):
+    timeseries_interval_s: _num(gt=0.0, hi=1e9) = 1.0
+    trace_out: str | None = None  # a Perfetto trace file, relative to the results folder
+
+
+class Scenario(_Model):
+    """One simulation run, fully described. See scenarios/README.md."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    description: str = ""
+    seed: _int(0, 2**63 - 1) = 0
+    model: ModelConfig
+    tp: _int(1, 64) = 1
+    page_size: _int(1, 1 << 16)
+    device: Device
+    host: Host = Field(default_factory=Host)
+    cache: Cache = Field(default_factory=Cache)
+    cost: Cost = Field(default_factory=Cost)
+    collective: Collective = Field(default_factory=Collective)
+    jitter: Jitter = Field(default_factory=Jitter)
+    workload: Workload
+    scheduler: Scheduler = Field(default_factory=Scheduler)
+    limits: Limits = Field(default_factory=Limits)
+    on_divergence: Literal["halt", "record"] = "halt"
+    output: Output = Field(default_factory=Output)
+
+    _source: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        from sim.errors import UserError as _UE
+
+        spec = self.model.spec()
+        try:
+            spec.check_tp(self.tp)
+        except _UE:
+            raise _err(f"tp {self.tp} with {spec.kv_heads} KV heads",
+                       f"tp dividing {spec.kv_heads} or a multiple of it", "tp") from None
+        for path, bs in _block_sizes(self.workload):
+            if bs is None:
+                continue
+            if not (bs % self.page_size == 0 or self.page_size % bs == 0):
+                raise _err(f"page_size {self.page_size} with block_size {bs} ({path})",
+                           "one of them to divide the other", "page_size")
+        for path, ranks in _rank_lists(self.jitter):
+            for r in ranks:
+                if r >= self.tp:
+                    raise _err(f"rank {r}", f"a rank below tp ({self.tp})", path)
+        try:
+            _capacities(self)
+        except _CapacityError as e:
+            raise _err(e.found, e.expected, e.sub) from None
+        return self
+
+    @property
+    def source(self) -> str | None:
+        """The file this scenario was loaded from (None when built in code)."""
+        return self._source
+
+
+def _block_sizes(w, where="workload"):
+    if isinstance(w, Mix):
+        for i, p in enumerate(w.parts):
+            yield from _block_sizes(p, f"{where}.parts.{i}")
+    elif isinstance(w, Trace):
+        yield where, w.trace_block_size()
+    else:
+        yield where, w.block_size
+
+
+def _rank_lists(j: Jitter):
+    if j.ack_delay.ranks:
+        yield "jitter.ack_delay.ranks", j.ack_delay.ranks
+    if j.host_alloc_failure.ranks:
+        yield "jitter.host_alloc_failure.ranks", j.host_alloc_failure.ranks
+    if j.request_order.ranks:
+        yield "jitter.request_order.ranks", j.request_order.ranks
+    if j.host_capacity_skew:
+        yield "jitter.host_capacity_skew", list(j.host_capacity_skew)
+    if j.id_drift is not None:
+        yield "jitter.id_drift.rank", [j.id_drift.rank]
+
+
+# ----------------------------------------------------------------------------------
+# Capacities
+# ----------------------------------------------------------------------------------
+
+
+class _CapacityError(Exception):
+    def __init__(self, sub: str, found: str, expected: str):
+        super().__init__(f"{sub}: found {found}; expected {expected}")
+        self.sub, self.found, self.expected = sub, found, expected
+
+
+def _nearest(n: int, page: int) -> str:
+    lo = n // page * page
+    return f"{lo} or {lo + page}" if lo else f"{page}"
+
+
+def _capacities(s: Scenario) -> tuple[int, int]:
+    page = s.page_size
+    bpt = s.model.spec().bytes_per_token(s.tp)
+    if s.device.tokens is not None:
+        dev = s.device.tokens
+        if dev % page:
+            raise _CapacityError("device.tokens", f"{dev} tokens",
+                                 f"a multiple of page_size {page} (nearest: {_nearest(dev, page)})")
+    else:
+        dev = math.floor(s.device.gib * GIB / bpt) // page * page
+        if dev < page:
+            raise _CapacityError("device.gib", f"{s.device.gib:g} GiB = {dev} tokens "
+                                 f"at {bpt} bytes/token", f"at least one page ({page} tokens)")
+    mode, value = s.host.mode()
+    if mode == "tokens":
+        host = int(value)
+        if host % page or host < page:
+            raise _CapacityError("host.tokens", f"{host} tokens",
+                                 f"a positive multiple of page_size {page} (nearest: {_nearest(host, page)})")
+    else:
+        if mode == "ratio":  # SGLang: int(device_tokens * hicache_ratio)
+            size = math.floor(dev * value)
+        elif mode == "size_gb":  # SGLang: int(hicache_size * 1e9 / size_per_token)
+            size = math.floor(value * HICACHE_SIZE_BYTES_PER_GB / bpt)
+        else:
+            size = math.floor(value * GIB / bpt)
+        if size < page:
+            raise _CapacityError(f"host.{mode}", f"{value:g} giving {size} tokens",
+                                 f"a host of at least one page ({page} tokens)")
+        host = (size // page + HOST_POOL_EXTRA_PAGES) * page  # sem §6.2
+    for rank, delta in s.jitter.host_capacity_skew.items():
+        if delta % page or host + delta < page:
+            raise _CapacityError(f"jitter.host_capacity_skew.{rank}", f"{delta} tokens",
+                                 f"a multiple of page_size {page} leaving at least one page "
+                                 f"of the {host}-token host")
+    return dev, host
+
+
+def resolve_capacities(scenario: Scenario) -> tuple[int, int]:
+    """(device tokens, host tokens) per rank, following SGLang's host pool geometry.
+
+    Device: ``tokens`` as given (a page multiple), or ``gib`` rounded down to pages.
+    Host: ``tokens`` as given; otherwise size = floor(device * ratio), floor(size_gb *
+    1e9 / bytes_per_token) or floor(gib * 2**30 / bytes_per_token), then pages =
+    size // page_size + 1 and host = pages * page_size (sem §6.2). Per-rank skews
+    (jitter.host_capacity_skew) are applied by the engine on top of this.
+    """
+    try:
+        return _capacities(scenario)
+    except _CapacityError as e:
+        raise UserError(str(e), where=scenario.source) from None
+
+
+def model_spec(scenario: Scenario):
+    """The scenario's ``sim.costs.ModelSpec``."""
+    return scenario.model.spec()
+
+
+# ----------------------------------------------------------------------------------
+# Loading, overrides and one-line errors
+# ----------------------------------------------------------------------------------
+
+
+def load_scenario(path, overrides=()) -> Scenario:
+    """Load, override and validate a scenario file. Every problem is one UserError line."""
+    path = Path(path)
+    where = str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError("no such file; expected a scenario YAML", where=where) from None
+    except OSError as err:
+        raise UserError(f"cannot read ({err.strerror or err}); expected a scenario YAML",
+                        where=where) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"found a byte that is not UTF-8 at offset {err.start}; expected UTF-8 text",
+                        where=where) from None
+    data = _parse_yaml(text, where)
+    if data is None:
+        raise UserError("found an empty file; expected a mapping of scenario keys "
+                        f"({', '.join(Scenario.model_fields)})", where=where)
+    if not isinstance(data, dict):
+        raise UserError(f"found a YAML {type(data).__name__}; expected a mapping of scenario keys",
+                        where=where)
+    lines = _key_lines(text)
+    overridden = []
+    for item in overrides:
+        overridden.append(_apply_override(data, item, where))
+    return _validate(data, where, lines, overridden, base_dir=str(path.resolve().parent))
+
+
+def scenario_from_dict(data: dict, base_dir=".", where: str = "<scenario>") -> Scenario:
+    """Validate an in-memory mapping (tests, sweeps); errors as in ``load_scenario``."""
+    if not isinstance(data, dict):
+        raise UserError(f"found a {type(data).__name__}; expected a mapping", where=where)
+    return _validate(data, where, {}, [], base_dir=str(base_dir))
+
+
+def _validate(data, where, lines, overridden, base_dir) -> Scenario:
+    try:
+        s = Scenario.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as err:
+        raise _as_user_error(err, data, lines, overridden, where) from None
+    except RecursionError:
+        raise UserError("found data nested too deep; expected a scenario mapping", where=where) from None
+    s._source = where
+    return s
+
+
+def _parse_yaml(text: str, where: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        loc = f"{where}:{mark.line + 1}" if mark is not None else where
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise UserError(f"found invalid YAML ({_flat(str(problem))}); expected a YAML mapping",
+                        where=loc) from None
+    except RecursionError:
+        raise UserError("found YAML nested too deep; expected a scenario mapping", where=where) from None
+
+
+def _flat(s: str) -> str:
+    return " ".join(str(s).split())
+
+
+def _key_lines(text: str) -> dict[tuple, int]:
+    """1-based YAML line of every key path (strings), from the composed node tree.
+
+    Composition is safe (no objects are constructed). Aliased nodes are visited once,
+    so an alias bomb cannot blow up the walk.
+    """
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return {}
+    out: dict[tuple, int] = {}
+    seen: set[int] = set()
+    stack = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    p = path + (k.value,)
+                    out.setdefault(p, k.start_mark.line + 1)
+                    stack.append((v, p))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                p = path + (str(i),)
+                out.setdefault(p, v.start_mark.line + 1)
+                stack.append((v, p))
+    return out
+
+
+# -- the schema, walked along a key path ----------------------------------------------
+
+
+def _members(ann) -> list:
+    """The concrete types an annotation allows (Annotated, Optional, Union unwrapped)."""
+    origin = typing.get_origin(ann)
+    if origin is Annotated:
+        return _members(typing.get_args(ann)[0])
+    if origin is Union:
+        out = []
+        for a in typing.get_args(ann):
+            if a is not type(None):
+                out.extend(_members(a))
+        return out
+    return [ann]
+
+
+def _is_model(t) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _tag(model) -> tuple[str, Any] | None:
+    """(field, value) of a model's single-value Literal discriminator, if any."""
+    for name in ("kind", "process"):
+        f = model.model_fields.get(name)
+        if f is not None and typing.get_origin(f.annotation) is Literal:
+            args = typing.get_args(f.annotation)
+            if len(args) == 1:
+                return name, args[0]
+    return None
+
+
+def _models_for(ann, data) -> list:
+    """The model classes an annotation allows here; a discriminated union is narrowed
+    by the data's tag (``kind``/``process``) when the data names a known one."""
+    models = [m for m in _members(ann) if _is_model(m)]
+    if len(models) > 1 and isinstance(data, dict):
+        chosen = [m for m in models if (t := _tag(m)) and data.get(t[0]) == t[1]]
+        if chosen:
+            return chosen
+    return models
+
+
+def _child(ann, key, data):
+    """The annotation of ``key`` under ``ann`` (with this data), or None if no such key."""
+    for m in _members(ann):
+        origin = typing.get_origin(m)
+        if origin is dict:
+            return typing.get_args(m)[1]
+        if origin is list:
+            if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
+                return typing.get_args(m)[0]
+            return None
+    for model in _models_for(ann, data):
+        if key in model.model_fields:
+            return model.model_fields[key].annotation
+    return None
+
+
+def _keys_here(ann, data) -> list[str]:
+    keys: list[str] = []
+    for model in _models_for(ann, data):
+        keys.extend(k for k in model.model_fields if k not in keys)
+    return keys
+
+
+def _tags_here(ann) -> list:
+    return [t[1] for m in _members(ann) if _is_model(m) and (t := _tag(m))]
+
+
+def _apply_override(data: dict, item: str, where: str) -> tuple:
+    """Apply one ``a.b.c=value`` to the data; the key path must exist in the schema."""
+    if "=" not in item:
+        raise UserError(f"found {item!r}; expected KEY.PATH=VALUE", where="--set")
+    key, _, text = item.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise UserError(f"found key {key!r}; expected a dotted key path like workload.rate_scale",
+                        where="--set")
+    try:
+        value = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as err:
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise UserError(f"found value {text!r} ({_flat(problem)}); expected a YAML value",
+                        where=f"--set {key}") from None
+    ann: Any = Scenario
+    cur: Any = data
+    for i, part in enumerate(parts):
+        child = _child(ann, part, cur)
+        if child is None:
+            keys = _keys_here(ann, cur)
+            close = difflib.get_close_matches(part, keys, 3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            above = ".".join(parts[:i]) or "the top level"
+            raise UserError(f"found unknown key {part!r} under {above}; expected one of "
+                            f"{', '.join(keys) or '(none)'}{hint}", where=f"--set {key}")
+        last = i == len(parts) - 1
+        k: Any = int(part) if isinstance(cur, list) else part
+        if isinstance(cur, dict) and isinstance(k, str) and k.lstrip("-").isdigit() \
+                and typing.get_origin(_members(ann)[0]) is dict:
+            k = int(k)  # int-keyed mappings (host_capacity_skew)
+        if last:
+            if isinstance(cur, list):
+                if k >= len(cur):
+                    raise UserError(f"found index {k}; expected below {len(cur)}", where=f"--set {key}")
+            cur[k] = value
+        else:
+            if isinstance(cur, list):
+                if k >= len(cur):
+                    raise UserError(f"found index {k}; expected below {len(cur)}", where=f"--set {key}")
+                nxt = cur[k]
+            else:
+                nxt = cur.get(k)
+                if nxt is None:
+                    nxt = cur[k] = {}
+            if not isinstance(nxt, (dict, list)):
+                raise UserError(f"found {'.'.join(parts[:i + 1])} = {_show(nxt)}; expected a mapping "
+                                "to set a key in", where=f"--set {key}")
+            cur = nxt
+        ann = child
+    return tuple(parts)
+
+
+def _data_path(loc: tuple, data) -> list:
+    """The keys of an error location that exist in the data (union tags and validator
+    names dropped), plus a trailing key that is absent (a missing field)."""
+    out: list = []
+    cur = data
+    for i, item in enumerate(loc):
+        if isinstance(cur, dict) and item in cur:
+            out.append(item)
+            cur = cur[item]
+        elif isinstance(cur, list) and isinstance(item, int) and 0 <= item < len(cur):
+            out.append(item)
+            cur = cur[item]
+        elif i == len(loc) - 1 and isinstance(item, str) and isinstance(cur, dict) \
+                and item.isidentifier():
+            out.append(item)
+    return out
+
+
+def _ann_at(parts, data):
+    ann: Any = Scenario
+    cur = data
+    for p in parts:
+        ann = _child(ann, p, cur)
+        if ann is None:
+            return None
+        cur = cur.get(p) if isinstance(cur, dict) else (
+            cur[p] if isinstance(cur, list) and isinstance(p, int) and p < len(cur) else None)
+    return ann
+
+
+def _render(e: dict, data) -> tuple[list, str, str]:
+    """(key path, found, expected) for one pydantic error."""
+    parts = _data_path(tuple(e["loc"]), data)
+    typ = e["type"]
+    ctx = e.get("ctx") or {}
+    inp = e.get("input")
+    if typ == "scenario":
+        if ctx.get("sub"):
+            parts = parts + ctx["sub"].split(".")
+        return parts, str(ctx["found"]), str(ctx["expected"])
+    if typ == "extra_forbidden":
+        keys = _keys_here(_ann_at(parts[:-1], data), _get(data, parts[:-1])) if parts else []
+        bad = str(parts[-1]) if parts else "?"
+        close = difflib.get_close_matches(bad, keys, 1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return parts, f"unknown key {bad!r}", f"one of {', '.join(keys)}{hint}"
+    if typ == "missing":
+        return parts, "no value", f"a value for {str(parts[-1])!r}" if parts else "a value"
+    if typ == "literal_error":
+        return parts, _show(inp), f"one of {ctx.get('expected')}"
+    if typ in ("union_tag_invalid", "union_tag_not_found"):
+        disc = ctx.get("discriminator", "kind").strip("'")
+        tags = ", ".join(map(str, _tags_here(_ann_at(parts, data)))) or ctx.get("expected_tags", "")
+        if typ == "union_tag_not_found":
+            parts = parts + [disc]
+            return parts, f"no {disc!r}", f"{disc}: one of {tags}"
+        parts = parts + [disc]
+        return parts, f"{disc} {ctx.get('tag')!r}", f"one of {tags}"
+    if typ in ("model_type", "model_attributes_type", "dict_type"):
+        keys = _keys_here(_ann_at(parts, data), None)
+        exp = f"a mapping with keys {', '.join(keys)}" if keys else "a mapping"
+        return parts, f"a {type(inp).__name__} {_show(inp)}", exp
+    msg = str(e.get("msg", ""))
+    for prefix in ("Value error, ", "Assertion failed, ", "Input should be ", "input should be "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    return parts, _show(inp), msg
+
+
+def _get(data, parts):
+    cur = data
+    for p in parts:
+        try:
+            cur = cur[p]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return cur
+
+
+def _as_user_error(err: ValidationError, data, lines, overridden, where) -> UserError:
+    best = None
+    errors = err.errors(include_url=False)
+    for order, e in enumerate(errors):
+        parts, found, expected = _render(e, data)
+        sp = tuple(str(p) for p in parts)
+        line = None
+        for n in range(len(sp), 0, -1):
+            if sp[:n] in lines:
+                line = lines[sp[:n]]
+                break
+        via_set = next((o for o in overridden if sp[: len(o)] == o), None)
+        rank = (0 if via_set else 1, line if line is not None else 1 << 30, order)
+        if best is None or rank < best[0]:
+            best = (rank, sp, found, expected, line, via_set)
+    _, sp, found, expected, line, via_set = best
+    key = ".".join(sp) or "(top level)"
+    if via_set:
+        loc = f"{where} (--set {'.'.join(via_set)})"
+    else:
+        loc = f"{where}:{line}" if line is not None else where
+    more = len(errors) - 1
+    tail = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
+    return UserError(_flat(f"{key}: found {found}; expected {expected}{tail}"), where=loc)
+
+
+# ----------------------------------------------------------------------------------
+# Dumping
+# ----------------------------------------------------------------------------------
+
+
+def _tags_first(v):
+    """Put the discriminating keys (kind, process, format, dist, mode) first: readable."""
+    if isinstance(v, dict):
+        first = [k for k in ("kind", "process", "format", "dist", "mode") if k in v]
+        return {k: _tags_first(v[k]) for k in first + [k for k in v if k not in first]}
+    if isinstance(v, list):
+        return [_tags_first(x) for x in v]
+    return v
+
+
+def dump_resolved(scenario: Scenario) -> str:
+    """The validated scenario as YAML: defaults filled in, paths absolute, keys in
+    schema order (deterministic). Loading it again gives the same scenario. The
+    resolved capacities head the file as comments."""
+    dev, host = resolve_capacities(scenario)
+    data = _tags_first(scenario.model_dump(mode="python", exclude_none=True))
+    head = (f"# resolved by hicache-sim {__version__}\n"
+            f"# per rank: device {dev} tokens, host {host} tokens "
+            f"({scenario.model.spec().bytes_per_token(scenario.tp)} bytes/token at tp {scenario.tp})\n")
+    return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=False,
+                                 allow_unicode=True, width=100)

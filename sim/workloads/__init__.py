@@ -1,0 +1,113 @@
+"""Request streams for the engine: seeded generators and streamed trace readers.
+
+The engine calls ``build_workload(scenario)`` and iterates the result: ``Request``
+objects (``base.py``) in non-decreasing arrival, ``rid`` 0, 1, 2, ... It keys them with
+``keys.page_key``. Builders are registered by the workload ``kind`` in ``WORKLOADS``
+(``generators.py`` for the synthetic kinds; ``trace`` and ``mix`` here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from typing import Iterator
+
+import numpy as np
+
+from sim.workloads import generators as _generators  # noqa: F401  (registers the kinds)
+from sim.workloads.base import WORKLOADS, IdSpace, Request, Workload, register
+from sim.workloads.keys import output_key, page_key
+from sim.workloads.traces import AgenticReader, GenericReader, MooncakeReader
+
+__all__ = [
+    "WORKLOADS", "IdSpace", "Request", "Workload", "WorkloadStream", "build_workload",
+    "output_key", "page_key",
+]
+
+
+def _sub_seed(seed: int, *tags: int) -> int:
+    """A seed for a sub-stream, independent of the parent's other streams."""
+    return int(np.random.SeedSequence([seed, *tags]).generate_state(1, np.uint64)[0])
+
+
+@register("trace")
+def trace(cfg, seed: int, ids: IdSpace):
+    """A streamed reader for ``cfg.format`` (it keeps its ``skipped`` count)."""
+    common = dict(rate_scale=cfg.rate_scale, skip_bad_lines=cfg.skip_bad_lines, ids=ids)
+    if cfg.format == "mooncake":
+        return MooncakeReader(cfg.path, block_size=cfg.trace_block_size(), **common)
+    if cfg.format == "generic":
+        return GenericReader(cfg.path, block_size=cfg.block_size, block_ids=cfg.block_ids, **common)
+    start = cfg.conversation_start
+    return AgenticReader(cfg.path, start=start.mode if start else "zero",
+                         start_rate=start.rate if start else None,
+                         seed=_sub_seed(seed, 1), **common)
+
+
+class _Mix:
+    """Parts merged by arrival (ties: part order); ids share one space, sessions are
+    namespaced as ``session * n_parts + part``."""
+
+    def __init__(self, cfg, seed: int, ids: IdSpace):
+        self.parts = [WORKLOADS[p.kind](p, _sub_seed(seed, 2, i), ids)
+                      for i, p in enumerate(cfg.parts)]
+
+    @property
+    def skipped(self) -> int:
+        return sum(getattr(p, "skipped", 0) for p in self.parts)
+
+    def __iter__(self) -> Iterator[Request]:
+        n = len(self.parts)
+
+        def tagged(i, part):
+            for r in part:
+                yield r.arrival, i, r
+
+        merged = heapq.merge(*(tagged(i, p) for i, p in enumerate(self.parts)),
+                             key=lambda x: (x[0], x[1]))
+        for rid, (_, i, r) in enumerate(merged):
+            s = r.session * n + i if r.session >= 0 else -1
+            yield dataclasses.replace(r, rid=rid, session=s)
+
+
+register("mix")(_Mix)
+
+
+class WorkloadStream:
+    """The scenario's request stream: re-iterable, deterministic, limits applied.
+
+    Each ``iter()`` rebuilds the sources from the seed, so two passes are identical.
+    ``limits.max_requests`` truncates it; arrivals after ``limits.duration_s`` are
+    dropped. ``skipped`` counts malformed trace lines skipped in the last pass.
+    """
+
+    def __init__(self, workload_cfg, seed: int, max_requests: int | None = None,
+                 duration_s: float | None = None):
+        self.cfg, self.seed = workload_cfg, seed
+        self.max_requests, self.duration_s = max_requests, duration_s
+        self._source = None
+
+    @property
+    def skipped(self) -> int:
+        return getattr(self._source, "skipped", 0) if self._source is not None else 0
+
+    def __iter__(self) -> Iterator[Request]:
+        src = WORKLOADS[self.cfg.kind](self.cfg, self.seed, IdSpace())
+        self._source = src
+        limit, until = self.max_requests, self.duration_s
+        last = 0.0
+        for r in src:
+            if limit is not None and r.rid >= limit:
+                return
+            if until is not None and r.arrival > until:
+                return
+            if r.arrival < last:  # every source promises order; this keeps it honest
+                raise RuntimeError(f"workload {self.cfg.kind} went back in time at rid {r.rid}")
+            last = r.arrival
+            yield r
+
+
+def build_workload(scenario) -> WorkloadStream:
+    """The request stream a validated scenario describes (``sim.scenario.Scenario``)."""
+    return WorkloadStream(scenario.workload, _sub_seed(scenario.seed, 0),
+                          scenario.limits.max_requests, scenario.limits.duration_s)
