@@ -102,6 +102,7 @@ class Simulation:
         self.waiting: deque[Req] = deque()
         self.running = 0
         self.arrivals_done = False
+        self.finished = False
         self._wake = self.env.event()
         self.gpu_free = 0.0
         self.step_no = 0
@@ -190,8 +191,12 @@ class Simulation:
             yield self._wake
             self._wake = self.env.event()
             if self._idle():
+                self.finished = True
                 return
             stall = self._step()
+            if self._idle():  # this step drained the last acks
+                self.finished = True
+                return
             if stall > 0:
                 # The loop is busy; anything that arrives meanwhile has already
                 # triggered the next wake-up, so no re-kick (that would spin on
@@ -200,7 +205,7 @@ class Simulation:
 
     def _sampler(self):
         dt = self.cfg.timeseries_interval_s
-        while not (self._idle() and self.arrivals_done):
+        while not self.finished:
             self.metrics.sample(self.env.now, self.group.cohorts[0].tree)
             yield self.env.timeout(dt)
 
@@ -300,6 +305,11 @@ class Simulation:
         while self.waiting and self.running + len(batch) < cfg.max_running:
             rq = self.waiting[0]
             need = rq.r.input_len + rq.r.output_len
+            if need > cap:
+                # Larger than the whole device pool: SGLang aborts such a request.
+                self.waiting.popleft()
+                self.metrics.rejected += 1
+                continue
             ok = [need <= cap - c.tree.protected - c.tree.reserved for c in group.cohorts]
             if not all(ok):
                 if any(ok):

@@ -31,6 +31,7 @@ class Metrics:
         self.rows: list[tuple] = []
         self.ts: list[tuple] = []
         self.done = 0
+        self.rejected = 0  # requests larger than the device pool
         self.input_tokens = 0
         self.hit_tokens = 0
         self.device_hit = 0
@@ -83,6 +84,7 @@ class Metrics:
         s = tree.stats
         return {
             "requests": int(self.done),
+            "rejected_requests": int(self.rejected),
             "input_tokens": int(inp),
             "hit_rate": self.hit_rate,
             "device_hit_rate": self.device_hit / inp if inp else 0.0,
