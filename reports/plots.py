@@ -1,0 +1,647 @@
+"""The plots users look at, drawn from results folders with matplotlib (Agg, no pyplot).
+
+Each figure builder takes a ``Results`` and returns the figures it can draw, or raises
+``NoData`` with the reason it cannot (the caller turns that into a note, not an error).
+Output is deterministic: the same folders give byte-identical SVG and PNG files
+(fixed ``svg.hashsalt``, no dates or software versions in the metadata, figures built
+without global pyplot state).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
+
+from reports.load import Results, Run, Sweep, as_results, flatten
+from sim.atomic import atomic_path
+
+FORMATS = ("png", "svg")
+
+# rc settings every figure is built and saved under (rc_context: no global changes).
+STYLE = {
+    "svg.hashsalt": "hicache-sim",  # stable element ids -> byte-identical SVG
+    "svg.fonttype": "path",
+    "font.size": 9.5,
+    "axes.titlesize": 10.5,
+    "axes.titleweight": "bold",
+    "axes.labelsize": 9.5,
+    "figure.titlesize": 12,
+    "figure.titleweight": "bold",
+    "legend.fontsize": 8.5,
+    "legend.frameon": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "lines.linewidth": 1.6,
+    "savefig.dpi": 120,
+    "savefig.facecolor": "white",
+    "path.simplify": True,
+}
+PNG_METADATA = {"Software": None}
+SVG_METADATA = {"Date": None, "Creator": None}
+
+# Stacked hit-rate bars: device hits, host hits (loaded back), misses (prefilled).
+TIER_COLORS = {"device": "#3b75af", "host": "#ef8636", "miss": "#d5d5d5"}
+BOUND_COLOR = "#222222"
+MAX_PANELS = 16
+MAX_POINTS = 1500  # per line; longer series are thinned evenly (keeps SVGs small)
+CDF_POINTS = 400
+
+
+class NoData(Exception):
+    """A plot that does not apply to these results (the message says why)."""
+
+
+@dataclass
+class Plot:
+    """A drawn figure and the file stem it is saved under."""
+
+    stem: str
+    title: str
+    figure: Figure
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _run_style(i: int) -> dict:
+    """Colour (and, past ten runs, dash pattern) of the i-th run: the same in every plot."""
+    colors = matplotlib.colormaps["tab10"].colors
+    dashes = ["-", "--", ":", "-."]
+    return {"color": colors[i % 10], "linestyle": dashes[(i // 10) % len(dashes)]}
+
+
+def _thin(n: int, limit: int = MAX_POINTS) -> np.ndarray:
+    """Indices of at most ``limit`` evenly spaced rows, first and last included."""
+    if n <= limit:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, limit).round().astype(int))
+
+
+def _time_unit(runs: Sequence[Run]) -> tuple[str, float]:
+    """Seconds, minutes or hours, whichever keeps the time axis readable."""
+    t_max = max((float(r.timeseries["t"].max()) for r in runs if len(r.timeseries)),
+                default=0.0)
+    if t_max >= 2 * 3600:
+        return "h", 3600.0
+    if t_max >= 20 * 60:
+        return "min", 60.0
+    return "s", 1.0
+
+
+def _fmt_count(x: float, _pos=None) -> str:
+    """Token counts as 950, 12K, 3.5M, 1.2G."""
+    x = float(x)
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= div:
+            v = x / div
+            return f"{v:.0f}{suffix}" if abs(v) >= 100 or v == int(v) else f"{v:.3g}{suffix}"
+    return f"{x:.0f}" if x == int(x) else f"{x:.3g}"
+
+
+def _byte_unit(max_bytes: float) -> tuple[str, float]:
+    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if max_bytes >= div:
+            return unit, float(div)
+    return "B", 1.0
+
+
+def _fmt_seconds(s: float) -> str:
+    if not np.isfinite(s):
+        return "n/a"
+    if s < 1e-3:
+        return f"{s * 1e6:.3g} µs"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s >= 1000:
+        return f"{s:.0f} s"
+    return f"{s:.3g} s"
+
+
+def _runs_with_timeseries(results: Results) -> list[tuple[int, Run]]:
+    if not results.runs:
+        raise NoData("no run folders given (sweep tables hold no time series)")
+    runs = [(i, r) for i, r in enumerate(results.runs) if len(r.timeseries)]
+    if not runs:
+        raise NoData("the runs' timeseries.parquet files have no rows")
+    return runs
+
+
+def _legend_outside(fig: Figure, handles, labels, ncol: int | None = None) -> None:
+    """One figure legend below the axes, so it never covers data."""
+    ncol = ncol or min(len(labels), 3)
+    fig.legend(handles, labels, loc="outside lower center", ncol=ncol)
+
+
+# ------------------------------------------------------------ hit rate vs host capacity
+
+
+def _policy_of(scenario_flat: dict) -> str:
+    """The run's write and host policies as a panel title (when nothing else differs)."""
+    values = {k: scenario_flat[k] for k in ("cache.write_policy", "cache.host_policy")
+              if scenario_flat.get(k) is not None}
+    return _panel_title(values) if values else "policy n/a"
+
+
+def _rates_of(run: Run) -> dict[str, float]:
+    """Hit-rate split of a run: summary.json when it has it, else from requests."""
+    s = run.summary
+    if all(isinstance(s.get(k), (int, float)) for k in
+           ("device_hit_rate", "host_hit_rate", "miss_rate")):
+        return {k: float(s[k]) for k in ("device_hit_rate", "host_hit_rate", "miss_rate")}
+    req = run.requests
+    total = float(req["input_tokens"].sum())
+    if total <= 0:
+        return {"device_hit_rate": np.nan, "host_hit_rate": np.nan, "miss_rate": np.nan}
+    return {"device_hit_rate": float(req["device_hit_tokens"].sum()) / total,
+            "host_hit_rate": float(req["host_hit_tokens"].sum()) / total,
+            "miss_rate": float(req["miss_tokens"].sum()) / total}
+
+
+def bytes_per_token(run: Run) -> float | None:
+    """KV bytes per token per rank, when the run's files say (meta.json ``cost``)."""
+    for source in (run.meta.get("cost"), run.meta, run.summary):
+        value = source.get("bytes_per_token") if isinstance(source, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return None
+
+
+def host_capacity_tokens(run: Run) -> float:
+    """The run's host capacity in tokens (time series first, summary.json otherwise)."""
+    ts = run.timeseries
+    if len(ts) and ts["host_capacity"].notna().any():
+        return float(ts["host_capacity"].max())
+    value = run.summary.get("host_tokens")
+    return float(value) if isinstance(value, (int, float)) else np.nan
+
+
+def device_capacity_tokens(run: Run) -> float:
+    ts = run.timeseries
+    if len(ts) and ts["device_capacity"].notna().any():
+        return float(ts["device_capacity"].max())
+    value = run.summary.get("device_tokens")
+    return float(value) if isinstance(value, (int, float)) else np.nan
+
+
+def _points_from_runs(runs: Sequence[Run]) -> tuple[pd.DataFrame, list[str]]:
+    """One row per run in the sweep-table shape, plus the keys that tell panels apart."""
+    rows = []
+    flats = []
+    for run in runs:
+        flat = {k: (v if isinstance(v, (str, int, float, bool)) or v is None else repr(v))
+                for k, v in flatten(run.scenario).items()}
+        flats.append(flat)
+        row = {"policy": _policy_of(flat), "label": run.display_label, "partial": run.partial,
+               "host_tokens": host_capacity_tokens(run), **_rates_of(run)}
+        if isinstance(run.summary.get("bound_hit_rate"), (int, float)):
+            row["bound_hit_rate"] = float(run.summary["bound_hit_rate"])
+        bpt = bytes_per_token(run)
+        if bpt is not None:
+            row["host_bytes"] = row["host_tokens"] * bpt
+        if isinstance(flat.get("host.ratio"), (int, float)):
+            row["host.ratio"] = float(flat["host.ratio"])
+        rows.append(row)
+    points = pd.DataFrame(rows)
+    # Runs that differ in anything but the host tier, a seed, the name or the output
+    # settings get their own panel: averaging different workloads into one bar would
+    # mislead. Runs differing only in seeds share a bar (mean, with an error bar).
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    panel_keys = []
+    for k in keys:
+        if (k in ("name", "description") or k.rsplit(".", 1)[-1] == "seed"
+                or k.startswith(("host.", "output."))):
+            continue
+        values = {repr(f.get(k)) for f in flats}
+        if len(values) > 1:
+            panel_keys.append(k)
+            points[k] = [f.get(k) for f in flats]
+    if not panel_keys:
+        panel_keys = ["policy"]
+    return points, panel_keys
+
+
+def _points_from_sweep(sweep: Sweep) -> tuple[pd.DataFrame, list[str]]:
+    table = sweep.table.copy()
+    if "host_tokens" not in table.columns:
+        table["host_tokens"] = np.nan
+    panel_keys = [c for c in sweep.parameter_columns
+                  if not c.startswith("host.") and table[c].astype(str).nunique() > 1]
+    if not panel_keys:
+        flat = {c: table[c].iloc[0] for c in sweep.parameter_columns if len(table)}
+        table["policy"] = _policy_of(flat)
+        panel_keys = ["policy"]
+    return table, panel_keys
+
+
+# Policy keys come first in panel titles, with short prefixes: host and eviction
+# policies share names (lru), so those two say which they are.
+POLICY_KEYS = {"cache.write_policy": "", "cache.host_policy": "host: ",
+               "cache.eviction_policy": "evict: ", "policy": ""}
+
+
+def _order_panel_keys(keys: list[str]) -> list[str]:
+    return [k for k in POLICY_KEYS if k in keys] + [k for k in keys if k not in POLICY_KEYS]
+
+
+def _panel_title(values: dict) -> str:
+    parts = []
+    for key, value in values.items():
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        if key in POLICY_KEYS:
+            parts.append(POLICY_KEYS[key] + shown)
+        else:
+            parts.append(f"{key.rsplit('.', 1)[-1]}={shown}")
+    return " · ".join(parts)
+
+
+def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> Figure:
+    """Stacked device/host/miss bars per host capacity, one panel per policy combination."""
+    if not len(points):
+        raise NoData("no rows")
+    panel_keys = _order_panel_keys(panel_keys)
+    has_tokens = points["host_tokens"].notna().any()
+    use_bytes = "host_bytes" in points.columns and points["host_bytes"].notna().all()
+    x_col = "host_bytes" if use_bytes else ("host_tokens" if has_tokens else "host.ratio")
+    if x_col not in points.columns or points[x_col].isna().all():
+        raise NoData("no host capacity recorded (host_tokens or host.ratio)")
+    points = points.assign(_panel=[_panel_title(dict(zip(panel_keys, values)))
+                                   for values in points[panel_keys].itertuples(index=False)])
+    panels = list(dict.fromkeys(points["_panel"]))
+    shown = panels[:MAX_PANELS]
+    ncols = {1: 1, 2: 2, 3: 3, 4: 2}.get(len(shown), 3 if len(shown) <= 9 else 4)
+    nrows = -(-len(shown) // ncols)
+    width = max(7.0, 3.9 * ncols + 0.6)  # room for the legend below a single panel
+    fig = Figure(figsize=(width, 3.3 * nrows + 1.3), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+    if x_col == "host_bytes":
+        unit, div = _byte_unit(float(points[x_col].max()))
+        xfmt, xlabel = (lambda v: f"{v / div:.3g} {unit}"), "host capacity per rank"
+    elif x_col == "host_tokens":
+        xfmt, xlabel = _fmt_count, "host capacity (tokens)"
+    else:
+        xfmt, xlabel = (lambda v: f"{v:g}×"), "host capacity (× device)"
+    any_bound = any_err = False
+    for ax, panel in zip(axes.flat, shown):
+        sub = points[points["_panel"] == panel]
+        agg = {"device_hit_rate": "mean", "host_hit_rate": "mean", "miss_rate": "mean"}
+        if "bound_hit_rate" in sub.columns:
+            agg["bound_hit_rate"] = "mean"
+        grouped = sub.groupby(x_col, sort=True, dropna=True)
+        mean = grouped.agg(agg)
+        hit = sub["device_hit_rate"] + sub["host_hit_rate"]
+        spread = hit.groupby(sub[x_col]).std(ddof=1) if len(sub) else None
+        counts = grouped.size()
+        xs = np.arange(len(mean))
+        dev, host, miss = (mean[c].to_numpy() for c in
+                           ("device_hit_rate", "host_hit_rate", "miss_rate"))
+        bar_w = 0.7
+        ax.bar(xs, dev, bar_w, color=TIER_COLORS["device"])
+        ax.bar(xs, host, bar_w, bottom=dev, color=TIER_COLORS["host"])
+        ax.bar(xs, miss, bar_w, bottom=dev + host, color=TIER_COLORS["miss"])
+        if len(xs) <= 10:
+            # The hit rate, written at the foot of the bar: clear of the error bar and
+            # the bound line, which sit at the top of the hit stack.
+            for x, d, h in zip(xs, dev, host):
+                if np.isfinite(d + h) and d + h >= 0.06:
+                    ax.text(x, 0.015, f"hit {100 * (d + h):.0f}%", ha="center",
+                            va="bottom", fontsize=8, color="white", fontweight="bold")
+        multi = counts.to_numpy() > 1
+        if spread is not None and multi.any():
+            err = spread.reindex(mean.index).to_numpy()
+            ax.errorbar(xs[multi], (dev + host)[multi], yerr=err[multi], fmt="none",
+                        ecolor="#111111", elinewidth=1, capsize=3)
+            any_err = True
+        if "bound_hit_rate" in mean.columns and mean["bound_hit_rate"].notna().any():
+            b = mean["bound_hit_rate"].to_numpy()
+            ok = np.isfinite(b)
+            ax.hlines(b[ok], xs[ok] - bar_w / 2 - 0.06, xs[ok] + bar_w / 2 + 0.06,
+                      colors=BOUND_COLOR, linestyles="--", linewidth=1.4)
+            any_bound = True
+        ticks = [xfmt(v) for v in mean.index]
+        if "partial" in sub.columns:
+            partial = sub.groupby(x_col)["partial"].any().reindex(mean.index)
+            ticks = [f"{t}\n(partial)" if p else t for t, p in zip(ticks, partial)]
+        if x_col in ("host_tokens", "host_bytes") and "host.ratio" in sub.columns:
+            ratios = sub.groupby(x_col)["host.ratio"].first().reindex(mean.index)
+            # "96K" -> "96K\n(2× dev)", before any "(partial)" line.
+            ticks = [t if not np.isfinite(r) else
+                     t.replace("\n", f"\n({r:g}× dev)\n", 1) if "\n" in t
+                     else f"{t}\n({r:g}× dev)"
+                     for t, r in zip(ticks, ratios.to_numpy(dtype=float))]
+        ax.set_xticks(xs, ticks)
+        # At least three bar slots wide, so one or two bars are not stretched.
+        half, centre = max(len(xs), 3) / 2, (len(xs) - 1) / 2
+        ax.set_xlim(centre - half - 0.1, centre + half + 0.1)
+        ax.set_ylim(0, 1)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.grid(axis="x", visible=False)
+        ax.set_title(panel, fontsize=9.5)
+        ax.set_xlabel(xlabel)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("share of input tokens")
+    for ax in list(axes.flat)[len(shown):]:
+        ax.set_visible(False)
+    handles = [Patch(color=TIER_COLORS["device"]), Patch(color=TIER_COLORS["host"]),
+               Patch(color=TIER_COLORS["miss"])]
+    labels = ["device hit", "host hit (loaded back)", "miss (prefilled)"]
+    if any_bound:
+        handles.append(Line2D([], [], color=BOUND_COLOR, linestyle="--"))
+        labels.append("offline bound (hit rate)")
+    if any_err:
+        handles.append(Line2D([], [], color="#111111", marker="|", linestyle="none",
+                              markersize=10))
+        labels.append("±1 s.d. of hit rate over seeds")
+    _legend_outside(fig, handles, labels, ncol=len(labels) if width >= 11 else 3)
+    suffix = f" (first {MAX_PANELS} of {len(panels)} panels)" if len(panels) > len(shown) else ""
+    fig.suptitle(f"{title}{suffix}")
+    return fig
+
+
+def plot_hit_rate_vs_capacity(results: Results) -> list[Plot]:
+    """Device/host/miss split of input tokens against host capacity, per policy."""
+    plots, why = [], []
+    if results.runs:
+        points, keys = _points_from_runs(results.runs)
+        try:
+            plots.append(Plot("hit_rate_vs_host_capacity", "Hit rate vs host capacity",
+                              _draw_capacity(points, keys, "Hit rate vs host capacity")))
+        except NoData as err:
+            why.append(f"runs: {err}")
+    for sweep in results.sweeps:
+        points, keys = _points_from_sweep(sweep)
+        stem = "hit_rate_vs_host_capacity_" + _safe_stem(sweep.label)
+        title = f"Hit rate vs host capacity — sweep {sweep.label}"
+        try:
+            plots.append(Plot(stem, title, _draw_capacity(points, keys, title)))
+        except NoData as err:
+            why.append(f"sweep {sweep.label}: {err}")
+    if not plots:
+        raise NoData("; ".join(why) or "no runs or sweep rows")
+    return plots
+
+
+def _safe_stem(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label).strip("_") or "sweep"
+
+
+# --------------------------------------------------------------------- time series
+
+
+def plot_effective_capacity(results: Results) -> list[Plot]:
+    """Unique tokens held over both tiers, and the share of held tokens that are copies."""
+    runs = _runs_with_timeseries(results)
+    unit, div = _time_unit([r for _, r in runs])
+    fig = Figure(figsize=(8.5, 6.2), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    handles, labels = [], []
+    capacities: dict[float, float] = {}  # device + host capacity -> last time it applies
+    for i, run in runs:
+        ts = run.timeseries
+        idx = _thin(len(ts))
+        t = ts["t"].to_numpy(dtype=float)[idx] / div
+        style = _run_style(i)
+        eff = ts["effective_tokens"].to_numpy(dtype=float)[idx]
+        (line,) = top.plot(t, eff, **style)
+        cap = (ts["device_capacity"] + ts["host_capacity"]).to_numpy(dtype=float)
+        if np.all(cap == cap[0]):
+            capacities.setdefault(float(cap[0]), float(t[-1]))
+            capacities[float(cap[0])] = max(capacities[float(cap[0])], float(t[-1]))
+        else:  # a capacity that changes is drawn per run, in the run's colour
+            top.plot(t, cap[idx], color=style["color"], linestyle=(0, (1, 2)), linewidth=1.0)
+        used = (ts["device_used"] + ts["host_used"]).to_numpy(dtype=float)[idx]
+        dup = ts["duplicate_tokens"].to_numpy(dtype=float)[idx]
+        share = np.divide(dup, used, out=np.full_like(dup, np.nan), where=used > 0)
+        bottom.plot(t, share, **style)
+        handles.append(line)
+        labels.append(run.display_label)
+    for cap in sorted(capacities):
+        top.axhline(cap, color="#777777", linestyle=(0, (1, 2)), linewidth=1.0)
+        top.annotate(_fmt_count(cap), xy=(1.0, cap), xycoords=("axes fraction", "data"),
+                     xytext=(2, 0), textcoords="offset points", va="center", fontsize=7.5,
+                     color="#555555")
+    handles.append(Line2D([], [], color="#777777", linestyle=(0, (1, 2)), linewidth=1.0))
+    labels.append("device + host capacity")
+    top.set_ylabel("effective capacity\n(unique tokens, both tiers)")
+    top.yaxis.set_major_formatter(FuncFormatter(_fmt_count))
+    top.set_ylim(bottom=0)
+    top.set_title("Effective capacity")
+    bottom.set_ylabel("duplicate share\n(copies / tokens held)")
+    bottom.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    bottom.set_ylim(0, None)
+    bottom.set_title("Duplicate share (tokens held in both tiers)")
+    bottom.set_xlabel(f"simulated time ({unit})")
+    _legend_outside(fig, handles, labels)
+    fig.suptitle("Effective capacity and duplicate share over time")
+    return [Plot("effective_capacity", "Effective capacity and duplicate share", fig)]
+
+
+def plot_tier_occupancy(results: Results) -> list[Plot]:
+    """Device and host used / capacity over time."""
+    runs = _runs_with_timeseries(results)
+    unit, div = _time_unit([r for _, r in runs])
+    fig = Figure(figsize=(8.5, 5.6), layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True)
+    handles, labels = [], []
+    for i, run in runs:
+        ts = run.timeseries
+        idx = _thin(len(ts))
+        t = ts["t"].to_numpy(dtype=float)[idx] / div
+        style = _run_style(i)
+        for ax, tier in zip(axes, ("device", "host")):
+            used = ts[f"{tier}_used"].to_numpy(dtype=float)[idx]
+            cap = ts[f"{tier}_capacity"].to_numpy(dtype=float)[idx]
+            frac = np.divide(used, cap, out=np.full_like(used, np.nan), where=cap > 0)
+            (line,) = ax.plot(t, frac, **style)
+        handles.append(line)
+        labels.append(run.display_label)
+    for ax, tier in zip(axes, ("Device", "Host")):
+        ax.set_title(f"{tier} tier")
+        ax.set_ylabel("used / capacity")
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_ylim(0, 1.05)
+    axes[-1].set_xlabel(f"simulated time ({unit})")
+    _legend_outside(fig, handles, labels)
+    fig.suptitle("Tier occupancy over time")
+    return [Plot("tier_occupancy", "Tier occupancy", fig)]
+
+
+# ------------------------------------------------------------------------------ TTFT
+
+
+def plot_ttft_cdf(results: Results) -> list[Plot]:
+    """The empirical CDF of time to first token per run, log time axis."""
+    if not results.runs:
+        raise NoData("no run folders given (sweep tables hold no per-request rows)")
+    fig = Figure(figsize=(8.5, 5.2), layout="constrained")
+    ax = fig.subplots()
+    handles, labels = [], []
+    for i, run in enumerate(results.runs):
+        ttft = run.requests["ttft_s"].to_numpy(dtype=float)
+        ttft = np.sort(ttft[np.isfinite(ttft) & (ttft > 0)])
+        if not len(ttft):
+            continue
+        # Quantiles at fixed probabilities: the same curve as the step ECDF, but with
+        # a bounded number of points however many requests the run has.
+        q = np.linspace(0.0, 1.0, min(CDF_POINTS, len(ttft)))
+        x = np.quantile(ttft, q, method="inverted_cdf")
+        (line,) = ax.step(x, q, where="post", **_run_style(i))
+        p50, p99 = np.quantile(ttft, [0.5, 0.99])
+        handles.append(line)
+        labels.append(f"{run.display_label}  (p50 {_fmt_seconds(p50)}, "
+                      f"p99 {_fmt_seconds(p99)}, n={len(ttft)})")
+    if not handles:
+        raise NoData("no request has a finite, positive ttft_s")
+    ax.set_xscale("log")
+    # Ticks at 1-2-5 steps labelled as durations (20 ms, 1 s): easier than 2×10⁻².
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _fmt_seconds(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(0, 1.0)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    for p in (0.5, 0.99):
+        ax.axhline(p, color="#888888", linewidth=0.7, linestyle=":")
+        ax.annotate(f"p{p * 100:g}", xy=(0.0, p), xycoords=("axes fraction", "data"),
+                    xytext=(3, 2), textcoords="offset points", fontsize=7.5, color="#666666")
+    ax.set_xlabel("time to first token (log scale)")
+    ax.set_ylabel("share of requests ≤ x")
+    _legend_outside(fig, handles, labels, ncol=1 if len(labels) > 3 else len(labels))
+    fig.suptitle("Time to first token (CDF)")
+    return [Plot("ttft_cdf", "TTFT CDF", fig)]
+
+
+# -------------------------------------------------------------------------- traffic
+
+
+def _bytes_scale(run: Run, tokens_col: str, bytes_key: str) -> float | None:
+    """Bytes per token moved, from the run's own totals (summary bytes / final counter),
+    else the bytes per token in meta.json; None when neither is known."""
+    ts = run.timeseries
+    tokens = float(ts[tokens_col].iloc[-1]) if len(ts) else 0.0
+    total = run.summary.get(bytes_key)
+    if isinstance(total, (int, float)) and tokens > 0:
+        return float(total) / tokens
+    return bytes_per_token(run)
+
+
+# (panel title, time-series counter, summary.json bytes total)
+TRAFFIC = (("Load-back (host → device)", "load_back_tokens", "load_back_bytes"),
+           ("Backup (device → host)", "backup_tokens", "backup_bytes"))
+
+
+def plot_transfer_traffic(results: Results) -> list[Plot]:
+    """Cumulative load-back (host -> device) and backup (device -> host) traffic.
+
+    Both come from the time-series counters (what the tiers actually moved), scaled to
+    bytes so that the last point equals summary.json's total.
+    """
+    runs = _runs_with_timeseries(results)
+    if all(float(r.timeseries[col].iloc[-1]) <= 0 for _, r in runs for _, col, _ in TRAFFIC):
+        raise NoData("no load-back or backup traffic in any run")
+    unit, div = _time_unit([r for _, r in runs])
+    fig = Figure(figsize=(8.5, 5.8), layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True)
+    handles, labels = [], []
+    for ax, (title, col, bytes_key) in zip(axes, TRAFFIC):
+        scales = {i: _bytes_scale(r, col, bytes_key) for i, r in runs}
+        in_bytes = all(v is not None for v in scales.values())
+        # One unit per panel, from the largest total, so all runs share it.
+        top = max(float(r.timeseries[col].iloc[-1]) * (scales[i] if in_bytes else 1.0)
+                  for i, r in runs)
+        yunit, ydiv = _byte_unit(top) if in_bytes else ("tokens", 1.0)
+        for i, run in runs:
+            ts = run.timeseries
+            idx = _thin(len(ts))
+            moved = ts[col].to_numpy(dtype=float)[idx] * (scales[i] if in_bytes else 1.0)
+            (line,) = ax.plot(ts["t"].to_numpy(dtype=float)[idx] / div, moved / ydiv,
+                              **_run_style(i))
+            if ax is axes[0]:
+                handles.append(line)
+                labels.append(run.display_label)
+        ax.set_title(title)
+        if in_bytes:
+            ax.set_ylabel(f"cumulative bytes ({yunit})")
+        else:
+            ax.set_ylabel("cumulative tokens")
+            ax.yaxis.set_major_formatter(FuncFormatter(_fmt_count))
+        ax.set_ylim(bottom=0)
+    axes[-1].set_xlabel(f"simulated time ({unit})")
+    _legend_outside(fig, handles, labels)
+    fig.suptitle("Load-back and backup traffic (cumulative, per rank)")
+    return [Plot("transfer_traffic", "Load-back and backup traffic", fig)]
+
+
+# ------------------------------------------------------------------------ registry
+
+# Every plot, by name, in the order files and report sections appear.
+FIGURES: dict[str, Callable[[Results], list[Plot]]] = {
+    "hit_rate_vs_host_capacity": plot_hit_rate_vs_capacity,
+    "effective_capacity": plot_effective_capacity,
+    "tier_occupancy": plot_tier_occupancy,
+    "ttft_cdf": plot_ttft_cdf,
+    "transfer_traffic": plot_transfer_traffic,
+}
+
+
+def build_plots(results, notes: list[str] | None = None) -> list[Plot]:
+    """Draw every plot that applies; a plot without data adds a note instead."""
+    results = as_results(results)
+    plots: list[Plot] = []
+    with matplotlib.rc_context(STYLE):
+        for name, builder in FIGURES.items():
+            try:
+                plots.extend(builder(results))
+            except NoData as why:
+                if notes is not None:
+                    notes.append(f"skipped {name}: {why}")
+    return plots
+
+
+def figure_bytes(fig: Figure, fmt: str) -> bytes:
+    """The figure encoded as PNG or SVG, deterministically."""
+    buf = io.BytesIO()
+    _save(fig, buf, fmt)
+    return buf.getvalue()
+
+
+def _save(fig: Figure, target, fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r}; expected one of {FORMATS}")
+    metadata = PNG_METADATA if fmt == "png" else SVG_METADATA
+    with matplotlib.rc_context(STYLE):
+        fig.savefig(target, format=fmt, metadata=metadata)
+
+
+def plot_runs(runs, out_dir: str | Path, *, formats: Iterable[str] = FORMATS,
+              notes: list[str] | None = None) -> list[Path]:
+    """Write every applicable plot of ``runs`` (a ``Results`` or list of ``Run``/``Sweep``)
+    into ``out_dir`` as ``<name>.png`` / ``<name>.svg``; return the paths written.
+
+    Plots without data are skipped; the reason is appended to ``notes`` when given.
+    """
+    formats = tuple(formats)
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise ValueError(f"format {fmt!r}; expected one of {FORMATS}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for plot in build_plots(runs, notes):
+        for fmt in formats:
+            path = out_dir / f"{plot.stem}.{fmt}"
+            with atomic_path(path) as tmp:
+                _save(plot.figure, tmp, fmt)
+            written.append(path)
+    return written
