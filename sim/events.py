@@ -293,7 +293,11 @@ class Simulation:
 
     @staticmethod
     def _op(c: Cohort, op: dict) -> None:
+        """Record ``op`` in the replica's op-trace (repro bundles). Keys stay page-unit
+        lists here; ``reserved`` is the device KV running requests hold outside the
+        tree, which SGLang's allocator also excludes (an op-trace extension)."""
         if c.ops is not None:
+            op["reserved"] = c.tree.reserved
             c.ops.append(op)
 
     # ------------------------------------------------------------ admission
@@ -324,6 +328,7 @@ class Simulation:
                 if rq.r.rid == j.id_drift_after:
                     c = self._fork(j.id_drift_rank, "id_drift", now,
                                    f"{j.id_drift_extra} extra node ids before request {rq.r.rid}")
+                    self._op(c, {"op": "skip_ids", "n": j.id_drift_extra})
                     c.tree.skip_ids(j.id_drift_extra)
         for r in j.request_order_ranks:
             if r < cfg.tp:
@@ -373,6 +378,7 @@ class Simulation:
         scanned0 = tree.stats.reclaim_scanned
         for rq in seq:
             req = rq.r
+            self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}"})
             m = tree.match_prefix(rq.key)
             lock = m.last_device
             tree.inc_lock(lock)
@@ -380,10 +386,13 @@ class Simulation:
             if m.host_len:
                 self._lb_serial += 1
                 lid = f"r{req.rid}"
+                self._op(c, {"op": "load_back", "key": rq.key, "id": lid})
                 res = tree.load_back(m, lid)
-                self._op(c, {"op": "load_back", "tokens_key": rq.key, "id": lid})
                 if not isinstance(res, str):
                     loaded = res.tokens
+                    # the request's lock moves down to the loaded anchor
+                    self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}.l"})
+                    self._op(c, {"op": "unlock", "id": f"q{req.rid}"})
                     tree.dec_lock(lock)
                     lock = res.anchor
                     tree.inc_lock(lock)
@@ -394,14 +403,13 @@ class Simulation:
                         self._kick_at(t)
                     self._trace("load_back", "transfer", c.ranks, now + t0, done - now - t0,
                                 tokens=loaded)
-            else:
-                self._op(c, {"op": "match", "tokens_key": rq.key})
             need = req.input_len + req.output_len - m.device_len - loaded
             free = tree.device_capacity - tree.dev_used - tree.reserved
             if free < need:
-                tree.evict_device(need - free)
                 self._op(c, {"op": "evict_device", "n": need - free})
+                tree.evict_device(need - free)
                 if tree.device_capacity - tree.dev_used - tree.reserved < need:
+                    self._op(c, {"op": "unlock", "id": self._lock_id(c, req.rid)})
                     tree.dec_lock(lock)
                     break
             tree.reserved += need
@@ -418,6 +426,16 @@ class Simulation:
                         backups=len(tree.backup_log))
             tree.backup_log.clear()
         return stall, admitted
+
+    @staticmethod
+    def _lock_id(c: Cohort, rid: int) -> str | None:
+        """The op-trace id of request ``rid``'s current lock (the newest one taken)."""
+        if c.ops is None:
+            return None
+        for op in reversed(c.ops):
+            if op["op"] == "lock" and op["id"].split(".")[0] == f"q{rid}":
+                return op["id"]
+        return None
 
     def _batch_mismatch(self, now, where, detail) -> None:
         """Ranks took different scheduling decisions: the model's TP collectives in the
@@ -457,18 +475,22 @@ class Simulation:
             take = min(new, rq.reserved[cid])
             tree.reserved -= take
             rq.reserved[cid] -= take
+            self._op(c, {"op": "insert", "key": key})
             try:
                 tree.insert(key)
             except TreeError:  # cannot happen while the reservation holds; keep going
                 pass
-            self._op(c, {"op": "insert", "tokens_key": key})
             last = tree.last_node
             old = rq.lock[cid]
+            old_id = self._lock_id(c, rq.r.rid)
             if final:
+                self._op(c, {"op": "unlock", "id": old_id})
                 tree.dec_lock(old)
                 tree.reserved -= rq.reserved[cid]
                 rq.reserved[cid] = 0
             else:
+                self._op(c, {"op": "lock", "key": key, "id": f"q{rq.r.rid}.i"})
+                self._op(c, {"op": "unlock", "id": old_id})
                 tree.inc_lock(last)
                 tree.dec_lock(old)
                 rq.lock[cid] = last

@@ -27,6 +27,8 @@ OPS = {
     "lock": {"tokens": "tokens", "id": "id"},
     "unlock": {"id": "id"},
     "dump": {},
+    # Extensions written by hicache-sim's repro bundles (absent from SGLang's format):
+    "skip_ids": {"n": "int"},  # the rank built n other node objects (id drift)
 }
 HEADER_INTS = ("device_capacity", "host_capacity", "page_size", "load_back_threshold")
 WRITE_POLICIES = ("write_back", "write_through")
@@ -77,6 +79,8 @@ class Replayer:
         out = {"i": i, "op": kind}
         tree = self.tree
         tree.rec.clear()
+        # Extension: device tokens that running requests hold outside the tree.
+        tree.reserved = op.get("reserved", 0)
         try:
             out.update(getattr(self, f"_op_{kind}")(op))
         except TreeError as err:
@@ -150,6 +154,10 @@ class Replayer:
         self.tree.dec_lock(node)
         return {}
 
+    def _op_skip_ids(self, op):
+        self.tree.skip_ids(op["n"])
+        return {}
+
     def _op_dump(self, op):
         tree = self.tree
         nodes = list(tree.iter_nodes())
@@ -206,6 +214,9 @@ def parse_line(path, line_no: int, text: str, first: bool) -> dict:
         return obj
     if op not in OPS:
         raise InputFormatError(path, line_no, f"op={_short(op)}", f"one of {', '.join(OPS)}")
+    if "reserved" in obj and (type(obj["reserved"]) is not int or obj["reserved"] < 0):
+        raise InputFormatError(path, line_no, f"reserved={_short(obj['reserved'])}",
+                               "'reserved' as a non-negative int")
     for key, kind in OPS[op].items():
         if key not in obj:
             raise InputFormatError(path, line_no, f"no '{key}' in a {op} op", f"'{key}'")
@@ -254,3 +265,27 @@ def replay(path, **kwargs) -> Iterator[dict]:
 def replay_lines(path, **kwargs) -> Iterable[str]:
     for out in replay(path, **kwargs):
         yield _dumps(out)
+
+
+def engine_ops_to_trace(ops: list[dict], *, device_capacity: int, host_capacity: int,
+                        page_size: int, write_policy: str, load_back_threshold: int,
+                        note: str = "") -> list[dict]:
+    """A replica's recorded engine ops as an op-trace.
+
+    The engine keys its tree with one int unit per page; unit ``u`` becomes a page of
+    ``page_size`` copies of ``u``, so distinct pages stay distinct and the trace is
+    replayable at the engine's own page size.
+    """
+    header = {"op": "header", "device_capacity": device_capacity, "host_capacity": host_capacity,
+              "page_size": page_size, "write_policy": write_policy,
+              "load_back_threshold": load_back_threshold}
+    if note:
+        header["note"] = note
+    out = [header]
+    for op in ops:
+        op = dict(op)
+        key = op.pop("key", None)
+        if key is not None:
+            op["tokens"] = list(key) if page_size == 1 else [u for u in key for _ in range(page_size)]
+        out.append(op)
+    return out

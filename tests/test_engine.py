@@ -161,3 +161,29 @@ def test_gloo_collective_reports_the_same_hang():
     b = run_scenario(scn, None, collective="torch").divergence
     assert a["verdict"] == b["verdict"] == "hang"
     assert a["collective_error"] == b["collective_error"]
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_recorded_replica_op_traces_replay_exactly(page):
+    """Each replica's op-trace, replayed by replay-ops, reaches the engine's exact tree:
+    the bundle traces of `repro` can be checked against SGLang's own tree code."""
+    from sim.optrace import Replayer, engine_ops_to_trace
+
+    cfg = SimConfig(tp=2, page_size=page, device_tokens=16 * 48, host_tokens=16 * 40,
+                    load_back_threshold=1, record_ops=True,
+                    jitter=JitterConfig(id_drift_rank=1, id_drift_extra=2, id_drift_after=30))
+    sim = simulate(cfg, n=150)
+    assert len(sim.group.cohorts) == 2
+    for c in sim.group.cohorts:
+        ops = engine_ops_to_trace(c.ops, device_capacity=cfg.device_tokens,
+                                  host_capacity=c.tree.host_capacity, page_size=page,
+                                  write_policy=cfg.write_policy,
+                                  load_back_threshold=cfg.load_back_threshold)
+        r = Replayer(ops[0])
+        outs = [r.apply(i, op) for i, op in enumerate(ops[1:], 1)]
+        assert not any("error" in o for o in outs)
+        t = r.tree
+        assert t.digest == c.tree.digest != 0
+        assert (t.dev_used, t.host_used, t.n_nodes) == (c.tree.dev_used, c.tree.host_used, c.tree.n_nodes)
+        assert t.stats.as_dict() == c.tree.stats.as_dict()
+        assert list(t.dups) == list(c.tree.dups)
