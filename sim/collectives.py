@@ -161,9 +161,11 @@ class TorchCollective(Collective):
             self._conns.append(parent)
             self._procs.append(proc)
         for conn in self._conns:
-            if not conn.poll(120):
+            # Start-up is interpreter + torch import per rank: seconds on an idle
+            # machine, much longer on an oversubscribed one.
+            if not conn.poll(600):
                 self.close()
-                raise RuntimeError("torch.distributed workers did not start within 120 s")
+                raise RuntimeError("torch.distributed workers did not start within 600 s")
             conn.recv()
 
     def _reduce(self, vectors):

@@ -75,6 +75,7 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
     summary = sim.metrics.summary(tree0)
     divergence = sim.report()
     summary["verdict"] = divergence["verdict"]
+    summary["skipped_trace_lines"] = int(getattr(workload, "skipped", 0) or 0)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

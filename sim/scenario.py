@@ -20,10 +20,11 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import reprlib
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -939,21 +940,24 @@ def _tags_here(ann) -> list:
     return [t[1] for m in _members(ann) if _is_model(m) and (t := _tag(m))]
 
 
+_KEY_RE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\Z")
+
+
 def _apply_override(data: dict, item: str, where: str) -> tuple:
     """Apply one ``a.b.c=value`` to the data; the key path must exist in the schema."""
-    if "=" not in item:
-        raise UserError(f"found {item!r}; expected KEY.PATH=VALUE", where="--set")
+    if not isinstance(item, str) or "=" not in item:
+        raise UserError(f"found {_show(item)}; expected KEY.PATH=VALUE", where="--set")
     key, _, text = item.partition("=")
     key = key.strip()
     parts = key.split(".")
-    if not key or any(not p for p in parts):
-        raise UserError(f"found key {key!r}; expected a dotted key path like workload.rate_scale",
-                        where="--set")
+    if not _KEY_RE.match(key):
+        raise UserError(f"found key {_show(key)}; expected a dotted key path like "
+                        "workload.rate_scale", where="--set")
     try:
         value = yaml.safe_load(text)
     except (yaml.YAMLError, RecursionError) as err:
         problem = getattr(err, "problem", None) or type(err).__name__
-        raise UserError(f"found value {text!r} ({_flat(problem)}); expected a YAML value",
+        raise UserError(f"found value {_show(text)} ({_flat(problem)}); expected a YAML value",
                         where=f"--set {key}") from None
     ann: Any = Scenario
     cur: Any = data
@@ -993,9 +997,9 @@ def _apply_override(data: dict, item: str, where: str) -> tuple:
     return tuple(parts)
 
 
-def _data_path(loc: tuple, data) -> list:
+def _data_path(loc: tuple, data, missing_tail: bool = False) -> list:
     """The keys of an error location that exist in the data (union tags and validator
-    names dropped), plus a trailing key that is absent (a missing field)."""
+    names dropped), plus, for a missing field, the trailing key that is absent."""
     out: list = []
     cur = data
     for i, item in enumerate(loc):
@@ -1005,8 +1009,7 @@ def _data_path(loc: tuple, data) -> list:
         elif isinstance(cur, list) and isinstance(item, int) and 0 <= item < len(cur):
             out.append(item)
             cur = cur[item]
-        elif i == len(loc) - 1 and isinstance(item, str) and isinstance(cur, dict) \
-                and item.isidentifier():
+        elif missing_tail and i == len(loc) - 1 and isinstance(item, str):
             out.append(item)
     return out
 
@@ -1025,8 +1028,8 @@ def _ann_at(parts, data):
 
 def _render(e: dict, data) -> tuple[list, str, str]:
     """(key path, found, expected) for one pydantic error."""
-    parts = _data_path(tuple(e["loc"]), data)
     typ = e["type"]
+    parts = _data_path(tuple(e["loc"]), data, missing_tail=typ == "missing")
     ctx = e.get("ctx") or {}
     inp = e.get("input")
     if typ == "scenario":
@@ -1055,11 +1058,27 @@ def _render(e: dict, data) -> tuple[list, str, str]:
         keys = _keys_here(_ann_at(parts, data), None)
         exp = f"a mapping with keys {', '.join(keys)}" if keys else "a mapping"
         return parts, f"a {type(inp).__name__} {_show(inp)}", exp
-    msg = str(e.get("msg", ""))
+    if typ == "invalid_key":
+        return parts, f"key {_show(parts[-1] if parts else inp)}", "string keys"
+    return parts, _show(inp), _expected(str(e.get("msg", "")))
+
+
+_BOUNDS = (("greater than or equal to ", ">= "), ("less than or equal to ", "<= "),
+           ("greater than ", "> "), ("less than ", "< "))
+
+
+def _expected(msg: str) -> str:
+    """pydantic's 'Input should be X' as what was expected: 'X'."""
     for prefix in ("Value error, ", "Assertion failed, ", "Input should be ", "input should be "):
         if msg.startswith(prefix):
             msg = msg[len(prefix):]
-    return parts, _show(inp), msg
+    for long, short in _BOUNDS:
+        if msg.startswith(long):
+            return "a value " + short + msg[len(long):]
+    m = re.match(r"(List|Dictionary|String|Value) should have (.*?)(?: after validation)?(?:, not \d+)?$", msg)
+    if m:
+        return f"a {m.group(1).lower()} with {m.group(2)}"
+    return msg
 
 
 def _get(data, parts):

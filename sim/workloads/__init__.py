@@ -31,7 +31,7 @@ def _sub_seed(seed: int, *tags: int) -> int:
 
 
 @register("trace")
-def trace(cfg, seed: int, ids: IdSpace):
+def trace(cfg, seed: int, ids: IdSpace | None = None):
     """A streamed reader for ``cfg.format`` (it keeps its ``skipped`` count)."""
     common = dict(rate_scale=cfg.rate_scale, skip_bad_lines=cfg.skip_bad_lines, ids=ids)
     if cfg.format == "mooncake":
@@ -48,7 +48,8 @@ class _Mix:
     """Parts merged by arrival (ties: part order); ids share one space, sessions are
     namespaced as ``session * n_parts + part``."""
 
-    def __init__(self, cfg, seed: int, ids: IdSpace):
+    def __init__(self, cfg, seed: int, ids: IdSpace | None = None):
+        ids = ids if ids is not None else IdSpace()
         self.parts = [WORKLOADS[p.kind](p, _sub_seed(seed, 2, i), ids)
                       for i, p in enumerate(cfg.parts)]
 

@@ -7,7 +7,7 @@ engine consumes only this dataclass; generators and trace readers produce it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
+from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,9 +68,10 @@ class IdSpace:
 
 
 # A builder turns a validated workload config (a pydantic model from sim.scenario)
-# plus a seed into a Workload. `ids` is the id space shared by every source of one
-# stream. Registered by the config's `kind` name.
-Builder = Callable[[Any, int, IdSpace], Iterable[Request]]
+# plus a seed into a Workload: builder(config, seed, ids=None). `ids` is the id space
+# shared by every source of one stream (a fresh one when omitted). Registered by the
+# config's `kind` name.
+Builder = Callable[..., Iterable[Request]]
 WORKLOADS: dict[str, Builder] = {}
 
 

@@ -51,6 +51,10 @@ DISTRIBUTIONS: dict[str, Distribution] = {
 }
 
 
+# Largest integer draw (tokens, turns): far beyond any context, well inside int64.
+MAX_DRAW = 10**12
+
+
 class Draws:
     """Scalar draws from one distribution, taken ``batch`` at a time.
 
@@ -74,7 +78,8 @@ class Draws:
     def _refill(self) -> None:
         a = self._dist.sample(self._rng, self._params, self._batch)
         if self._integer:
-            a = np.maximum(np.rint(a), self._min).astype(np.int64)
+            # clipped above so that a heavy tail cannot overflow int64
+            a = np.clip(np.rint(a), self._min, MAX_DRAW).astype(np.int64)
         else:
             a = np.maximum(a, self._min)
         self._buf = a.tolist()

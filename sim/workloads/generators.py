@@ -76,8 +76,9 @@ def _independent(cfg, rng, make) -> Iterator[Request]:
 
 
 @register("uniform")
-def uniform(cfg, seed: int, ids: IdSpace) -> Iterator[Request]:
+def uniform(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
     """No reuse: every block of every request is fresh (the control)."""
+    ids = ids if ids is not None else IdSpace()
     r = _rngs(seed, 3)  # r[0]: arrivals, in every builder
     n_in, n_out = _draws(r[1], cfg.input_tokens), _draws(r[2], cfg.output_tokens, minimum=0)
     bs = cfg.block_size
@@ -90,8 +91,9 @@ def uniform(cfg, seed: int, ids: IdSpace) -> Iterator[Request]:
 
 
 @register("few_shot")
-def few_shot(cfg, seed: int, ids: IdSpace) -> Iterator[Request]:
+def few_shot(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
     """A few shared templates (uniform or Zipf popularity) + a unique suffix each."""
+    ids = ids if ids is not None else IdSpace()
     r = _rngs(seed, 5)
     bs = cfg.block_size
     pool = _prefix_pool(cfg.num_templates, _draws(r[1], cfg.template_tokens), bs, ids)
@@ -107,12 +109,13 @@ def few_shot(cfg, seed: int, ids: IdSpace) -> Iterator[Request]:
 
 
 @register("zipf_documents")
-def zipf_documents(cfg, seed: int, ids: IdSpace) -> Iterator[Request]:
+def zipf_documents(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
     """RAG: shared instruction + a Zipf-popular document + a unique question.
 
     Document ranks are 0..n-1, rank 0 the most popular; a document's blocks get ids
     on first use. Its length is drawn up front (one vectorized draw for all).
     """
+    ids = ids if ids is not None else IdSpace()
     r = _rngs(seed, 5)
     bs = cfg.block_size
     sys_len = cfg.system_prompt_tokens
@@ -136,7 +139,7 @@ def zipf_documents(cfg, seed: int, ids: IdSpace) -> Iterator[Request]:
 
 
 # -- sessions -----------------------------------------------------------------------
-def _sessions(cfg, seed: int, ids: IdSpace, *, n_prefixes, prefix_tokens, first_tokens,
+def _sessions(cfg, seed: int, ids: IdSpace | None, *, n_prefixes, prefix_tokens, first_tokens,
               append_tokens, turns, gap_s) -> Iterator[Request]:
     """Sessions whose context grows turn by turn, merged in arrival order.
 
@@ -144,6 +147,7 @@ def _sessions(cfg, seed: int, ids: IdSpace, *, n_prefixes, prefix_tokens, first_
     turn k's input + its output + ``append_tokens``, ``gap_s`` after turn k. A session
     ends after ``turns`` turns or before its input would pass ``max_context_tokens``.
     """
+    ids = ids if ids is not None else IdSpace()
     r = _rngs(seed, 8)
     bs, scale = cfg.block_size, cfg.rate_scale
     pool = _prefix_pool(n_prefixes, _draws(r[1], prefix_tokens), bs, ids)
@@ -181,14 +185,14 @@ def _sessions(cfg, seed: int, ids: IdSpace, *, n_prefixes, prefix_tokens, first_
 
 
 @register("multi_turn_chat")
-def multi_turn_chat(cfg, seed: int, ids: IdSpace) -> Iterator[Request]:
+def multi_turn_chat(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
     return _sessions(cfg, seed, ids, n_prefixes=cfg.num_system_prompts,
                      prefix_tokens=cfg.system_prompt_tokens, first_tokens=cfg.user_tokens,
                      append_tokens=cfg.user_tokens, turns=cfg.turns, gap_s=cfg.think_time_s)
 
 
 @register("agentic_tool_loop")
-def agentic_tool_loop(cfg, seed: int, ids: IdSpace) -> Iterator[Request]:
+def agentic_tool_loop(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
     return _sessions(cfg, seed, ids, n_prefixes=cfg.num_shared_prefixes,
                      prefix_tokens=cfg.shared_prefix_tokens, first_tokens=cfg.task_tokens,
                      append_tokens=cfg.step_tokens, turns=cfg.steps, gap_s=cfg.tool_time_s)
