@@ -14,13 +14,20 @@ from sim.commands import COMMANDS
 from sim.errors import DivergenceError, UserError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one line (no usage dump) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hicache-sim",
         description="Simulate SGLang HiCache (device + host KV tiers) across TP ranks.",
     )
     parser.add_argument("--version", action="version", version=f"hicache-sim {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     handlers = {}
     for name in COMMANDS:
         try:

@@ -103,6 +103,7 @@ class Simulation:
         self.running = 0
         self.arrivals_done = False
         self.finished = False
+        self._next_sample = 0.0
         self._wake = self.env.event()
         self.gpu_free = 0.0
         self.step_no = 0
@@ -156,7 +157,6 @@ class Simulation:
     def run(self) -> None:
         self.env.process(self._arrivals())
         self.env.process(self._scheduler())
-        self.env.process(self._sampler())
         try:
             self.env.run()
         except _Halt:
@@ -203,16 +203,16 @@ class Simulation:
                 # empty sync-only iterations).
                 yield self.env.timeout(stall)
 
-    def _sampler(self):
-        dt = self.cfg.timeseries_interval_s
-        while not self.finished:
-            self.metrics.sample(self.env.now, self.group.cohorts[0].tree)
-            yield self.env.timeout(dt)
-
     # ------------------------------------------------------------ one step
     def _step(self) -> float:
         self.step_no += 1
         now = self.env.now
+        if now >= self._next_sample:
+            # Sampled at scheduler activity, on a grid of timeseries_interval_s: an idle
+            # stretch (nothing changes) costs nothing.
+            self.metrics.sample(now, self.group.cohorts[0].tree)
+            dt = self.cfg.timeseries_interval_s
+            self._next_sample = (math.floor(now / dt) + 1) * dt
         stall = self.cost.sync_time(self.cfg.tp)
         self._sync(now)
         if self.waiting and self.running < self.cfg.max_running:

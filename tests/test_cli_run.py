@@ -1,0 +1,105 @@
+"""`hicache-sim run` as a user meets it: exit codes, one-line errors, results folders."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from sim.metrics import REQUEST_COLUMNS, TIMESERIES_COLUMNS
+from sim.runner import run_scenario
+from sim.scenario import load_scenario
+
+CLI = [sys.executable, str(ROOT / "cli.py")]
+SCN = ROOT / "scenarios"
+
+
+def cli(*args, **kw):
+    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, cwd=ROOT, **kw)
+
+
+def test_run_writes_a_results_folder_pandas_can_load(tmp_path):
+    out = tmp_path / "res"
+    p = cli("run", SCN / "quickstart.yaml", "-o", out, "--set", "workload.num_requests=60",
+            "--trace-out", tmp_path / "trace.json", "--plots")
+    assert p.returncode == 0, p.stderr
+    req = pd.read_parquet(out / "requests.parquet")
+    ts = pd.read_parquet(out / "timeseries.parquet")
+    assert list(req.columns) == REQUEST_COLUMNS and list(ts.columns) == TIMESERIES_COLUMNS
+    assert len(req) == 60 and (req["ttft_s"] > 0).all()
+    tokens = req["device_hit_tokens"] + req["host_hit_tokens"] + req["miss_tokens"]
+    assert (tokens == req["input_tokens"]).all()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["partial"] is False and meta["cost_profile"] == "h200-sxm" and meta["seed"] == 1
+    div = json.loads((out / "divergence.json").read_text())
+    assert div["verdict"] == "agree"
+    assert load_scenario(out / "scenario.yaml").name == "quickstart"  # resolved and reloadable
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    names = {e["name"] for e in trace["traceEvents"]}
+    assert {"thread_name", "load_back"} <= names
+    assert list((out / "plots").glob("*.png"))
+    assert "hit rate" in p.stdout and str(out) in p.stdout
+
+
+def test_seed_override_changes_the_run_and_same_seed_repeats_it(tmp_path):
+    a, b, c = (tmp_path / x for x in "abc")
+    for out, seed in ((a, 5), (b, 5), (c, 6)):
+        assert cli("run", SCN / "quickstart.yaml", "-o", out, "--seed", seed, "--quiet",
+                   "--set", "workload.num_requests=40").returncode == 0
+    assert (a / "requests.parquet").read_bytes() == (b / "requests.parquet").read_bytes()
+    assert (a / "requests.parquet").read_bytes() != (c / "requests.parquet").read_bytes()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "nope.yaml"], "nope.yaml"),
+    (["run", SCN / "quickstart.yaml", "--set", "host.ratoi=2"], "host.ratoi"),
+    (["run", SCN / "quickstart.yaml", "--set", "tp=3"], "tp"),
+    (["run", SCN / "quickstart.yaml", "--collective", "nccl"], "invalid choice"),
+    (["run"], "required"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_are_one_line_errors(args, needle):
+    p = cli(*args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_a_digest_assertion_exits_3_with_sglangs_message(tmp_path):
+    p = cli("run", SCN / "jitter_id_drift.yaml", "-o", tmp_path / "r", "--quiet")
+    assert p.returncode == 3
+    assert "write_back duplicate-reclaim victims diverged across PP/TP ranks" in p.stderr
+    assert json.loads((tmp_path / "r" / "meta.json").read_text())["halted"] == "digest_mismatch"
+
+
+def test_interrupt_inside_the_run_leaves_a_valid_partial_result(tmp_path):
+    scn = load_scenario(SCN / "quickstart.yaml", [])
+
+    def interrupt(now, metrics):
+        if metrics.done == 50:
+            raise KeyboardInterrupt
+
+    res = run_scenario(scn, tmp_path / "p", progress=interrupt)
+    assert res.partial
+    meta = json.loads((tmp_path / "p" / "meta.json").read_text())
+    assert meta["partial"] is True and meta["requests_done"] == 50
+    assert len(pd.read_parquet(tmp_path / "p" / "requests.parquet")) == 50
+
+
+def test_ctrl_c_on_the_command_line(tmp_path):
+    out = tmp_path / "ag"
+    proc = subprocess.Popen(CLI + ["run", str(SCN / "agentic_claude_code.yaml"), "-o", str(out), "--quiet"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # past start-up (imports, trace loading), well before the end
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate()
+    assert proc.returncode == 130, err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["partial"] is True
+    pd.read_parquet(out / "requests.parquet")
+    assert not list(out.glob(".*.tmp"))  # no half-written file left behind
