@@ -107,8 +107,14 @@ class Sweep:
 
     @property
     def parameter_columns(self) -> list[str]:
-        """Scenario parameters the sweep records (dotted keys), in file order."""
-        skip = set(SUMMARY_KEYS) | {"results_dir", "seed", "bound_hit_rate"}
+        """Scenario parameters the sweep records (dotted keys), in file order.
+
+        ``hicache-sim sweep`` stores the list in the table's parquet metadata; a table
+        from elsewhere falls back to every column that is not a known result field."""
+        listed = self.table.attrs.get("parameter_columns")
+        if listed:
+            return [c for c in listed if c in self.table.columns]
+        skip = set(SUMMARY_KEYS) | {"results_dir", "seed", "bound_hit_rate", "point_id"}
         return [c for c in self.table.columns if c not in skip]
 
 

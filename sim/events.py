@@ -29,6 +29,7 @@ import simpy
 from sim.collectives import CollectiveError, make_collective
 from sim.config import SimConfig
 from sim.constants import DIGEST_MISMATCH_MESSAGE
+from sim.errors import UserError
 from sim.metrics import Metrics
 from sim.ranks import Cohort, RankGroup
 from sim.tree import TreeError
@@ -103,6 +104,7 @@ class Simulation:
         self.running = 0
         self.arrivals_done = False
         self.finished = False
+        self._user_error = None
         self._next_sample = 0.0
         self._wake = self.env.event()
         self.gpu_free = 0.0
@@ -163,10 +165,21 @@ class Simulation:
             pass
         finally:
             self.collective.close()
+        if self._user_error is not None:
+            raise self._user_error
         self._final_compare()
         self.metrics.sample(self.env.now, self.group.cohorts[0].tree, final=True)
 
     def _arrivals(self):
+        try:
+            yield from self._arrivals_inner()
+        except UserError as err:
+            # A bad trace record: keep the error object itself (SimPy would re-create
+            # it from its args) and stop; run() raises it once the loop has unwound.
+            self._user_error = err
+            raise _Halt() from None
+
+    def _arrivals_inner(self):
         cfg = self.cfg
         n = 0
         for req in self.workload:
@@ -372,7 +385,7 @@ class Simulation:
         return stall
 
     def _admit_cohort(self, c: Cohort, seq: list[Req], now: float, t0: float):
-        tree, cost, ps = c.tree, self.cost, self._ps
+        tree, cost = c.tree, self.cost
         cid = id(c)
         admitted = []
         scanned0 = tree.stats.reclaim_scanned

@@ -103,3 +103,16 @@ def test_ctrl_c_on_the_command_line(tmp_path):
     assert meta["partial"] is True
     pd.read_parquet(out / "requests.parquet")
     assert not list(out.glob(".*.tmp"))  # no half-written file left behind
+
+
+def test_a_bad_trace_record_mid_run_is_a_one_line_error(tmp_path):
+    (tmp_path / "t.jsonl").write_text(
+        '{"arrival_s": 0.1, "input_len": 100, "output_len": 5, "block_size": 64, "blocks": [1, 2]}\n'
+        '{"arrival_s": "x"}\n')
+    (tmp_path / "s.yaml").write_text(
+        "name: badtrace\nmodel: {preset: llama-3.1-8b}\npage_size: 64\ndevice: {tokens: 65536}\n"
+        "workload: {kind: trace, format: generic, path: t.jsonl}\n")
+    p = cli("run", tmp_path / "s.yaml", "-o", tmp_path / "out", "--quiet")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "t.jsonl:2" in lines[0] and "arrival_s" in lines[0], p.stderr
