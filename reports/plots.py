@@ -257,14 +257,22 @@ def _order_panel_keys(keys: list[str]) -> list[str]:
 
 
 def _panel_title(values: dict) -> str:
-    parts = []
+    """Policies on the first line ("write_back + host: lru"), the workload below."""
+    policy, other = [], []
     for key, value in values.items():
         shown = f"{value:g}" if isinstance(value, float) else str(value)
         if key in POLICY_KEYS:
-            parts.append(POLICY_KEYS[key] + shown)
+            policy.append(POLICY_KEYS[key] + shown)
+        elif key == "base":
+            other.append(shown.rsplit("/", 1)[-1].removesuffix(".yaml").removesuffix(".yml"))
+        elif key == "workload.kind":
+            other.append(shown)
         else:
-            parts.append(f"{key.rsplit('.', 1)[-1]}={shown}")
-    return " · ".join(parts)
+            other.append(f"{key.rsplit('.', 1)[-1]}={shown}")
+    lines = [" + ".join(policy)] if policy else []
+    if other:
+        lines.append(" · ".join(other))
+    return "\n".join(lines)
 
 
 def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> Figure:
@@ -281,7 +289,7 @@ def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> F
                                    for values in points[panel_keys].itertuples(index=False)])
     panels = list(dict.fromkeys(points["_panel"]))
     shown = panels[:MAX_PANELS]
-    ncols = {1: 1, 2: 2, 3: 3, 4: 2}.get(len(shown), 3 if len(shown) <= 9 else 4)
+    ncols = {1: 1, 2: 2, 3: 3, 4: 2, 8: 4}.get(len(shown), 3 if len(shown) <= 9 else 4)
     nrows = -(-len(shown) // ncols)
     width = max(7.0, 3.9 * ncols + 0.6)  # room for the legend below a single panel
     fig = Figure(figsize=(width, 3.3 * nrows + 1.3), layout="constrained")

@@ -774,6 +774,9 @@ def gather(plan: SweepPlan, out):
         if "verdict" not in row:
             div = json.loads((folder / "divergence.json").read_text())
             row["verdict"] = div.get("verdict")
+        bound = folder / "bound.json"
+        if bound.exists():
+            row["bound_hit_rate"] = json.loads(bound.read_text())["bound_hit_rate"]
         rows.append(row)
     params = list(plan.param_columns)
     if "workload.kind" not in params:
@@ -788,3 +791,27 @@ def gather(plan: SweepPlan, out):
     table.attrs["parameter_columns"] = params
     write_parquet(out / SWEEP_TABLE, table)
     return table
+
+
+def add_bounds(plan: SweepPlan, out) -> int:
+    """Write the offline bound (``bound.json``) into every complete point that lacks
+    one; points with the same workload and capacities share one computation. Returns
+    how many points got a bound. ``gather`` then adds a ``bound_hit_rate`` column,
+    which the capacity plot draws as a reference line."""
+    from sim.analysis.bound import bound_for_scenario, write_bound
+    from sim.scenario import load_scenario, resolve_capacities
+
+    out = Path(out)
+    cache: dict = {}
+    n = 0
+    for p in plan.points:
+        folder = out / p.results_dir
+        if point_status(p, out) != "done" or (folder / "bound.json").exists():
+            continue
+        scn = load_scenario(folder / "scenario.yaml")
+        key = (scn.workload.model_dump_json(), scn.page_size, resolve_capacities(scn), scn.seed)
+        if key not in cache:
+            cache[key] = bound_for_scenario(scn)
+        write_bound(cache[key], folder, with_csv=False)
+        n += 1
+    return n

@@ -106,7 +106,7 @@ def test_capacity_bars_show_the_runs_split(folders):
     loaded = [load_run(d) for d in runs[:3]]  # write_through + lru at 1x, 2x, 4x
     (plot,) = [p for p in build_plots(loaded) if p.stem == "hit_rate_vs_host_capacity"]
     (ax,) = [a for a in plot.figure.axes if a.get_visible()]
-    assert ax.get_title() == "write_through · host: lru"
+    assert ax.get_title() == "write_through + host: lru"
     # meta.json knows the bytes per token (65536): capacities in GiB per rank.
     assert ax.get_xlabel() == "host capacity per rank"
     assert [t.get_text() for t in ax.get_xticklabels()] == [
@@ -144,13 +144,13 @@ def test_sweep_bars_are_means_over_seeds(folders):
     res = load_many([sweep])
     (plot,) = [p for p in build_plots(res) if p.stem.startswith("hit_rate_vs_host_capacity")]
     titles = sorted(a.get_title() for a in plot.figure.axes if a.get_visible())
-    assert titles == ["write_back · host: duplicate_first", "write_back · host: lru",
-                      "write_through · host: duplicate_first", "write_through · host: lru"]
+    assert titles == ["write_back + host: duplicate_first", "write_back + host: lru",
+                      "write_through + host: duplicate_first", "write_through + host: lru"]
     table = res.sweeps[0].table
     want = table[(table["cache.write_policy"] == "write_back")
                  & (table["cache.host_policy"] == "lru")]
     want = want.groupby("host.ratio")["host_hit_rate"].mean().to_numpy()
-    ax = next(a for a in plot.figure.axes if a.get_title() == "write_back · host: lru")
+    ax = next(a for a in plot.figure.axes if a.get_title() == "write_back + host: lru")
     host_bars = [p for p in ax.patches if p.get_facecolor()[:3] == pytest.approx(
         (0xef / 255, 0x86 / 255, 0x36 / 255))]
     assert [p.get_height() for p in host_bars] == pytest.approx(list(want))

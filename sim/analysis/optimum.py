@@ -293,6 +293,30 @@ def two_tier_bounds(
     )
 
 
+def combine_two_tier(device: Bounds, union: Bounds, host_weight: float = 1.0) -> Bounds:
+    """The two-tier optimum from the single-tier optima at ``D`` and ``D + H`` units.
+
+    ``device`` and ``union`` are ``optimum_bounds`` (with bypass) of one trace at ``D``
+    and ``D + H`` units. By the two-tier theorem of the module docstring the value is
+    ``(1 - w) * device + w * union`` for both bounds, achieved by running the two
+    single-tier schedules side by side. ``two_tier_bounds`` computes the same and also
+    checks the inclusion as it runs; this saves the recomputation for callers that need
+    the single-tier optima anyway (``sim.analysis.bound``).
+    """
+    if not 0.0 <= host_weight <= 1.0:
+        raise UserError(f"host_weight is {host_weight!r}; expected a number in [0, 1]")
+    if device.input_tokens != union.input_tokens:
+        raise ValueError("device and union bounds come from different traces")
+    w = host_weight
+    host_hits = union.lower_hit_tokens - device.lower_hit_tokens
+    lower = device.lower_hit_tokens + w * host_hits
+    upper = (1 - w) * device.upper_hit_tokens + w * union.upper_hit_tokens
+    if w == 1.0:  # whole tokens stay ints, as in two_tier_bounds
+        lower, upper = union.lower_hit_tokens, union.upper_hit_tokens
+    return Bounds(lower, upper, device.input_tokens, device.exact and union.exact,
+                  device_hit_tokens=device.lower_hit_tokens, host_hit_tokens=host_hits)
+
+
 # --- Exhaustive search, for tiny traces (tests) ---------------------------------
 
 

@@ -75,7 +75,7 @@ How this differs from SGLang (to be measured against the real tree)
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,21 +114,38 @@ def as_unit_paths(requests: Iterable[Sequence[int]]) -> list[UnitPath]:
     return paths
 
 
-def lru_stack_distances(requests: Iterable[Sequence[int]]) -> np.ndarray:
+def lru_stack_distances(
+    requests: Iterable[Sequence[int]], refresh: Mapping[int, Sequence[int]] | None = None
+) -> np.ndarray:
     """Stack distance of every unit access, in request order then path order.
 
     Entry ``i`` is the rank of the accessed unit in the LRU order just before its
     request (1 = most recent), or ``COLD`` for a first access. The access hits at
     capacity ``C`` units iff ``1 <= distance <= C``.
+
+    ``refresh`` maps a request index to units (shallowest first, one chain of the
+    forest) that request *touches without accessing*: after its ranks are read, they
+    move to the top, deepest first, just below the request's own path. This is what
+    the real tree does to the lower half of a node that ``match_prefix`` splits
+    (``replay.py`` records those fragments). Refreshed units must have been seen.
     """
     paths = as_unit_paths(requests)
-    n = sum(len(p) for p in paths)
+    refresh = refresh or {}
+    n = sum(len(p) for p in paths) + sum(len(f) for f in refresh.values())
     dead = [0] * (n + 1)  # Fenwick tree over stamps 1..n: 1 where a stamp has died
     stamp_of: dict[int, int] = {}
     top = 0  # the last stamp handed out
     dead_total = 0
     out: list[int] = []
-    for path in paths:
+
+    def kill(s: int) -> None:
+        nonlocal dead_total
+        while s <= n:
+            dead[s] += 1
+            s += s & -s
+        dead_total += 1
+
+    for r, path in enumerate(paths):
         olds = [stamp_of.get(u) for u in path]
         # Ranks are read before any unit of this request is re-stamped: a request
         # hits against the cache as the previous request left it.
@@ -142,15 +159,19 @@ def lru_stack_distances(requests: Iterable[Sequence[int]]) -> np.ndarray:
                 q &= q - 1
             # live stamps in [s, top] = all stamps there minus the dead ones there
             out.append((top - s + 1) - (dead_total - dead_below))
+        # Refreshed units first (they rank below this request's path), deepest first.
+        for u in reversed(refresh.get(r, ())):
+            s = stamp_of.get(u)
+            if s is None:
+                raise ValueError(f"request {r} refreshes unit {u}, which was never requested")
+            kill(s)
+            top += 1
+            stamp_of[u] = top
         # Deepest unit first, so the shallowest gets the largest (most recent) stamp.
         for j in range(len(path) - 1, -1, -1):
-            s = olds[j]
+            s = stamp_of.get(path[j])  # olds[j], unless the refresh re-stamped it
             if s is not None:
-                q = s
-                while q <= n:
-                    dead[q] += 1
-                    q += q & -q
-                dead_total += 1
+                kill(s)
             top += 1
             stamp_of[path[j]] = top
     return np.asarray(out, dtype=np.int64)

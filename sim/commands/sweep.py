@@ -29,6 +29,9 @@ def add_arguments(p) -> None:
                       help="validate and list the points (and which are complete); run nothing")
     mode.add_argument("--gather-only", action="store_true",
                       help="only rebuild OUT/sweep.parquet from the point folders")
+    p.add_argument("--bounds", action="store_true",
+                   help="also compute each point's offline-optimal hit rate (bound.json) and "
+                        "draw it on the capacity plot")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -61,6 +64,12 @@ def run(args) -> int:
         print(f"hicache-sim sweep: interrupted; rerun the same command to resume ({out})",
               file=sys.stderr)
         return 130
+    if args.bounds:
+        from sim.sweep import add_bounds
+
+        n = add_bounds(plan, out)
+        res.rows = len(gather(plan, out))
+        print(f"bounds: {n} point(s) got bound.json")
     wall = time.perf_counter() - t0
     print(f"sweep {plan.name}: {res.total} point(s): {len(res.ran)} ran, {len(res.skipped)} "
           f"already complete, {len(res.failures)} failed; {len(res.halted)} halted on divergence "
