@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import strategies
 from conftest import SHARED
 from sim.analysis.replay import compare_lru, mooncake_trace, tree_lru_curve, tree_lru_replay
 from sim.analysis.stack_distance import (
@@ -23,30 +24,8 @@ from sim.errors import UserError
 MOONCAKE = SHARED / "data" / "traces" / "mooncake-fast25"
 
 
-@st.composite
-def prefix_traces(draw, max_requests=10, max_depth=6, max_fanout=3, max_units=16):
-    """Requests walking a random prefix forest, so nodes get shared, split and cut."""
-    children: dict = {}
-    made = 0
-    requests = []
-    for _ in range(draw(st.integers(1, max_requests))):
-        node, path = None, []
-        for _ in range(draw(st.integers(1, max_depth))):
-            kids = children.setdefault(node, [])
-            pick = draw(st.integers(0, max_fanout - 1))
-            if pick >= len(kids):
-                if made >= max_units:
-                    if not kids:
-                        break
-                    pick = pick % len(kids)
-                else:
-                    kids.append(made * 11 + 2)
-                    made += 1
-                    pick = len(kids) - 1
-            node = kids[pick]
-            path.append(node)
-        requests.append(path)
-    return requests
+def prefix_traces(**kw):
+    return strategies.prefix_traces(**{**dict(max_requests=10, max_depth=6, max_fanout=3, max_units=16), **kw})
 
 
 @st.composite

@@ -14,6 +14,7 @@ from sim.analysis.optimum import (
     two_tier_bounds,
 )
 from sim.analysis.stack_distance import lru_hit_curve, lru_prefix_cache_sim
+import strategies
 from conftest import SHARED
 from sim.errors import UserError
 
@@ -29,30 +30,8 @@ def mooncake_file(name):
     return path
 
 
-@st.composite
-def prefix_traces(draw, max_requests=7, max_depth=4, max_fanout=3, max_units=9):
-    """Requests walking a random prefix forest; few units so brute force stays cheap."""
-    children: dict = {}
-    made = 0
-    requests = []
-    for _ in range(draw(st.integers(1, max_requests))):
-        node, path = None, []
-        for _ in range(draw(st.integers(1, max_depth))):
-            kids = children.setdefault(node, [])
-            pick = draw(st.integers(0, max_fanout - 1))
-            if pick >= len(kids):
-                if made >= max_units:
-                    if not kids:
-                        break
-                    pick = pick % len(kids)
-                else:
-                    kids.append(made * 5 + 1)
-                    made += 1
-                    pick = len(kids) - 1
-            node = kids[pick]
-            path.append(node)
-        requests.append(path)
-    return requests
+def prefix_traces(**kw):
+    return strategies.prefix_traces(**{**dict(max_requests=7, max_depth=4, max_fanout=3, max_units=9), **kw})
 
 
 @settings(max_examples=250, deadline=None)

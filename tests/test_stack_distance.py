@@ -14,36 +14,15 @@ from sim.analysis.stack_distance import (
     lru_prefix_cache_sim,
     lru_stack_distances,
 )
+import strategies
 from conftest import SHARED
 from sim.errors import UserError
 
 MOONCAKE_CONVERSATION = SHARED / "data" / "traces" / "mooncake-fast25" / "conversation_trace.jsonl"
 
 
-@st.composite
-def prefix_traces(draw, max_requests=8, max_depth=5, max_fanout=3, max_units=14):
-    """Requests walking a random prefix forest (ids scrambled, never contiguous)."""
-    children: dict = {}
-    made = 0
-    requests = []
-    for _ in range(draw(st.integers(1, max_requests))):
-        node, path = None, []
-        for _ in range(draw(st.integers(1, max_depth))):
-            kids = children.setdefault(node, [])
-            pick = draw(st.integers(0, max_fanout - 1))
-            if pick >= len(kids):
-                if made >= max_units:
-                    if not kids:
-                        break
-                    pick = pick % len(kids)
-                else:
-                    kids.append(made * 7 + 3)
-                    made += 1
-                    pick = len(kids) - 1
-            node = kids[pick]
-            path.append(node)
-        requests.append(path)
-    return requests
+def prefix_traces(**kw):
+    return strategies.prefix_traces(**{**dict(max_requests=8, max_depth=5, max_fanout=3, max_units=14), **kw})
 
 
 def per_request_hits(requests, capacity):

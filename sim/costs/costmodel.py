@@ -160,11 +160,11 @@ class CostModel:
         launches = m.layers if direction == "h2d" else 1
         return (self.t_op + launches * t_launch, 0.0, b / bw_k, 1, 0.0)
 
-    def h2d_time(self, tokens, concurrent: bool = False) -> float:
-        """Seconds to load ``tokens`` tokens of KV host->device on one rank (all layers)."""
+    def _transfer_time(self, coeffs, tokens) -> float:
+        """Fixed cost, then calls or link (whichever binds), plus per-chunk staging."""
         if tokens <= 0:
             return 0.0
-        fixed, per_page, per_token, chunk_pages, per_chunk = self._h2d[1 if concurrent else 0]
+        fixed, per_page, per_token, chunk_pages, per_chunk = coeffs
         pages = -(-tokens // self.page_size)
         calls, link = pages * per_page, tokens * per_token
         t = fixed + (calls if calls > link else link)
@@ -172,17 +172,13 @@ class CostModel:
             t += -(-pages // chunk_pages) * per_chunk
         return float(t)
 
+    def h2d_time(self, tokens, concurrent: bool = False) -> float:
+        """Seconds to load ``tokens`` tokens of KV host->device on one rank (all layers)."""
+        return self._transfer_time(self._h2d[1 if concurrent else 0], tokens)
+
     def d2h_time(self, tokens, concurrent: bool = False) -> float:
         """Seconds to back up ``tokens`` tokens device->host on one rank: one all-layer copy."""
-        if tokens <= 0:
-            return 0.0
-        fixed, per_page, per_token, chunk_pages, per_chunk = self._d2h[1 if concurrent else 0]
-        pages = -(-tokens // self.page_size)
-        calls, link = pages * per_page, tokens * per_token
-        t = fixed + (calls if calls > link else link)
-        if per_chunk:
-            t += -(-pages // chunk_pages) * per_chunk
-        return float(t)
+        return self._transfer_time(self._d2h[1 if concurrent else 0], tokens)
 
     def asymptotic_bandwidth(self, direction: str, concurrent: bool = False) -> float:
         """Bytes/s a very large transfer approaches (the limit of bytes / time)."""

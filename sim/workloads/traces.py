@@ -67,6 +67,17 @@ _SPLIT_RE = re.compile(r"[\s,]+")
 Record = tuple
 
 
+
+def _remap(hs, remap: dict, ids) -> list[int]:
+    """The trace's prefix ids as ids of this stream's id space (new ones on first sight)."""
+    out = []
+    for h in hs:
+        v = remap.get(h)
+        if v is None:
+            v = remap[h] = ids.new()
+        out.append(v)
+    return out
+
 class _Bad(Exception):
     """A malformed record: what was found and what was expected."""
 
@@ -240,12 +251,7 @@ class MooncakeReader(_LineReader):
                         "non-decreasing timestamps",
                     )
                 n = len(hs)
-                blocks = []
-                for h in hs:
-                    v = remap.get(h)
-                    if v is None:
-                        v = remap[h] = ids.new()
-                    blocks.append(v)
+                blocks = _remap(hs, remap, ids)
                 if _fit_blocks(blocks, n_in, bs, ids) is None:
                     raise _block_count_error(n, n_in, bs)
             except _Bad as bad:
@@ -341,12 +347,7 @@ class GenericReader(_LineReader):
                     raise _Bad(f"arrival_s {arrival:g} after {last:g}", "non-decreasing arrival_s")
                 n = len(hs)
                 if self.block_ids == "prefix":
-                    blocks = []
-                    for h in hs:
-                        v = remap.get(h)
-                        if v is None:
-                            v = remap[h] = ids.new()
-                        blocks.append(v)
+                    blocks = _remap(hs, remap, ids)
                 else:
                     blocks, p = [], -1
                     for h in hs:
