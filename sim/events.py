@@ -570,14 +570,21 @@ class Simulation:
         forks = self.group.forks
         true_div = d["first_true_divergence"]
         mismatch = d["digest_mismatch"]
+        # The verdict is the first failure a real server would hit (it stops there);
+        # within one step the sync collective runs before the digest check, and both
+        # before admission.
+        failures = []
         if d["collective_error"]:
-            verdict = d["collective_error"]["kind"]
-        elif d["batch_mismatch"]:
-            verdict = "hang"
-        elif mismatch and true_div:
-            verdict = "detected"
-        elif mismatch:
-            verdict = "false_alarm"
+            e = d["collective_error"]
+            failures.append((e["t"], e["step"], 0, e["kind"]))
+        if mismatch:
+            real = true_div is not None and true_div["t"] <= mismatch["t"]
+            failures.append((mismatch["t"], mismatch["step"], 1, "detected" if real else "false_alarm"))
+        if d["batch_mismatch"]:
+            b = d["batch_mismatch"]
+            failures.append((b["t"], b["step"], 2, "hang"))
+        if failures:
+            verdict = min(failures)[3]
         elif true_div:
             verdict = "missed"
         elif self.cfg.jitter.active:
