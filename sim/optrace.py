@@ -44,6 +44,14 @@ class Replayer:
     def __init__(self, header: dict, *, ids: str = "optrace", host_policy: str = "duplicate_first"):
         self.header = header
         self.page_size = header.get("page_size", 1)
+        # hicache-sim's repro bundles name the tree variant the engine ran and the
+        # host allocations that failed on that rank (op-trace v1 has no op for an
+        # allocator failure): header extensions, ignored by SGLang's replayer.
+        ids = header.get("ids", ids)
+        host_policy = header.get("host_policy", host_policy)
+        self._alloc_failures = {(int(i), int(a)) for i, a in header.get("host_alloc_failures", ())}
+        self._op_index = 0
+        self._attempt = 0
         self.tree = Tree(
             device_capacity=header["device_capacity"],
             host_capacity=header["host_capacity"],
@@ -51,10 +59,18 @@ class Replayer:
             write_policy=header.get("write_policy", "write_back"),
             load_back_threshold=header.get("load_back_threshold", 1),
             host_policy=host_policy,
+            eviction_policy=header.get("eviction_policy", "lru"),
             ids=ids,
             record=True,
         )
+        if self._alloc_failures:
+            self.tree.host_alloc_fail = self._host_alloc_fails
         self.locks: dict = {}
+
+    def _host_alloc_fails(self) -> bool:
+        attempt = self._attempt
+        self._attempt += 1
+        return (self._op_index, attempt) in self._alloc_failures
 
     # -- conversions between tokens and page units
     def units(self, tokens: list) -> list:
@@ -79,6 +95,7 @@ class Replayer:
         out = {"i": i, "op": kind}
         tree = self.tree
         tree.rec.clear()
+        self._op_index, self._attempt = i, 0
         # Extension: device tokens that running requests hold outside the tree.
         tree.reserved = op.get("reserved", 0)
         try:

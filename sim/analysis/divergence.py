@@ -47,28 +47,10 @@ def replay_trace(trace: list[dict], upto: int | None = None) -> RankReplay:
     header = trace[0]
     r = Replayer(header, ids=header.get("ids", "optrace"),
                  host_policy=header.get("host_policy", "duplicate_first"))
-    policy = header.get("eviction_policy", "lru")
-    if policy != "lru":  # Replayer builds SGLang's default; the engine ran another
-        old = r.tree
-        r.tree = Tree(device_capacity=old.device_capacity, host_capacity=old.host_capacity,
-                      page_size=r.page_size, write_policy=header.get("write_policy", "write_back"),
-                      load_back_threshold=header.get("load_back_threshold", 1),
-                      host_policy=header.get("host_policy", "duplicate_first"),
-                      eviction_policy=policy, ids=header.get("ids", "optrace"), record=True)
-    failures = {(int(i), int(a)) for i, a in header.get("host_alloc_failures", ())}
-    cur = {"i": 0, "a": 0}
-    if failures:
-        def host_alloc_fail() -> bool:
-            a = cur["a"]
-            cur["a"] += 1
-            return (cur["i"], a) in failures
-
-        r.tree.host_alloc_fail = host_alloc_fail
     ops = trace[1:]
     outputs = [r.header_output()]
     last = len(ops) if upto is None else min(upto, len(ops))
     for i in range(1, last + 1):
-        cur["i"], cur["a"] = i, 0
         outputs.append(r.apply(i, ops[i - 1]))
     return RankReplay(header, ops, outputs, r.tree)
 
@@ -87,11 +69,15 @@ def _comparable(out: dict) -> tuple:
     return events, rest
 
 
-def first_divergent_op(a: RankReplay, b: RankReplay) -> int | None:
-    """The first output index where the two ranks' op or its logical result differ."""
+def first_divergent_op(a: RankReplay, b: RankReplay, times_a: list | None = None,
+                       times_b: list | None = None) -> int | None:
+    """The first output index where the two ranks' op, its logical result, or (given
+    each op's time) when it ran differ."""
     n = min(len(a.ops), len(b.ops))
     for i in range(1, n + 1):
         if a.ops[i - 1] != b.ops[i - 1] or _comparable(a.outputs[i]) != _comparable(b.outputs[i]):
+            return i
+        if times_a is not None and times_b is not None and times_a[i - 1] != times_b[i - 1]:
             return i
     if len(a.ops) != len(b.ops):
         return n + 1
@@ -142,7 +128,7 @@ def _show_path(path: tuple) -> str:
 
 def tree_diff(a: Tree, b: Tree, limit: int = 20) -> dict:
     """Nodes (by path from the root) present in one tree only, or with different
-    residency or locks; node ids are ignored."""
+    residency or locks, and the pools' occupancy; node ids are ignored."""
     ra, rb = _rows(a), _rows(b)
     only_a = [p for p in ra if p not in rb]
     only_b = [p for p in rb if p not in ra]
@@ -153,10 +139,16 @@ def tree_diff(a: Tree, b: Tree, limit: int = 20) -> dict:
         r = rows[p]
         return {"path": _show_path(p), **{k: r[k] for k in ("id",) + keys}}
 
+    def occupancy(t: Tree) -> dict:
+        # reserved: device KV running requests hold outside the tree (the engine's too)
+        return {"dev": t.dev_used, "host": t.host_used, "nodes": t.n_nodes,
+                "evictable": t.evictable, "protected": t.protected, "reserved": t.reserved}
+
+    occ = {"a": occupancy(a), "b": occupancy(b)}
     return {
-        "equal": not (only_a or only_b or differ),
-        "occupancy": {"a": {"dev": a.dev_used, "host": a.host_used, "nodes": a.n_nodes},
-                      "b": {"dev": b.dev_used, "host": b.host_used, "nodes": b.n_nodes}},
+        "equal": not (only_a or only_b or differ) and occ["a"] == occ["b"],
+        "nodes_equal": not (only_a or only_b or differ),
+        "occupancy": occ,
         "digest": {"a": a.digest, "b": b.digest},
         "counts": {"only_a": len(only_a), "only_b": len(only_b), "differ": len(differ)},
         "only_a": [fmt(p, ra) for p in only_a[:limit]],

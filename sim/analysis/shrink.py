@@ -29,8 +29,8 @@ which ends shrinking deterministically (never a wall-clock limit).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # The choice-sequence key under which the original case is stored. Any bytes do: the
 # database is private to one call.

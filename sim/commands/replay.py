@@ -1,0 +1,29 @@
+"""`hicache-sim replay BUNDLE_DIR`: re-run a repro bundle and check it fails exactly as
+recorded (verdict, first divergence time and step, digests, forks), then replay each
+rank's op-trace and check its final digest.
+
+Exit codes: 3 when the failure reproduces (the failure is printed as one line, as the
+real server would fail); 1 when it does not (one line saying what differs); 2 for a
+missing or malformed bundle.
+"""
+
+from __future__ import annotations
+
+NAME = "replay"
+HELP = ("Re-run a repro bundle; exit 3 with the one-line failure when it reproduces exactly, "
+        "1 when it does not.")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("bundle", metavar="BUNDLE_DIR", help="a folder written by hicache-sim repro")
+
+
+def run(args) -> int:
+    from sim.errors import DivergenceError
+    from sim.repro import verify_bundle
+
+    res = verify_bundle(args.bundle)
+    n_traces = sum(1 for c in res.checked if c.startswith("optrace"))
+    print(f"reproduced {args.bundle}: {res.outcome.failure_class}; checked "
+          f"{len(res.checked) - n_traces} outcome fields and {n_traces} rank op-trace(s)")
+    raise DivergenceError(res.line)
