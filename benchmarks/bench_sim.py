@@ -49,6 +49,7 @@ def main():
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
         return
     rates = {}
+    one(1, False, 500)  # warm-up (imports, caches): not timed
     print(f"{args.requests} requests (quickstart multi-turn chat), simulated collective")
     print(f"{'tp':>3} {'jitter':>7} {'req/s':>9} {'wall s':>7} {'hit':>6} {'verdict':>9} {'steps':>7}")
     for tp in (1, 8):
