@@ -33,6 +33,7 @@ from sim.errors import UserError
 from sim.metrics import Metrics
 from sim.ranks import Cohort, RankGroup
 from sim.tree import TreeError
+from sim.workloads.keys import page_key
 
 # Output pages get ids below this, disjoint from every input page id (>= 0).
 OUTPUT_ID_BASE = -1
@@ -73,13 +74,14 @@ class FixedCosts:
 class Req:
     """A request's state across its life; cohorts keep their own lock nodes."""
 
-    __slots__ = ("r", "key", "lock", "reserved", "device_hit", "host_hit", "loaded",
+    __slots__ = ("r", "key", "lock", "lock_id", "reserved", "device_hit", "host_hit", "loaded",
                  "load_s", "stall_s", "prefill_s", "start", "first_token", "finish")
 
     def __init__(self, r, key):
         self.r = r
         self.key = key
         self.lock: dict = {}      # cohort id -> locked node
+        self.lock_id: dict = {}   # cohort id -> that lock's op-trace id (when recording)
         self.reserved: dict = {}  # cohort id -> fresh device tokens reserved
         self.device_hit = self.host_hit = self.loaded = 0
         self.load_s = self.stall_s = self.prefill_s = 0.0
@@ -115,7 +117,6 @@ class Simulation:
                            "mismatch_steps": 0}
         self._ps = cfg.page_size
         self._next_out_id = OUTPUT_ID_BASE
-        self._lb_serial = 0
         self._orders: dict[int, list[int]] = {}  # rank -> this batch's admission order
         self.active: dict[int, Req] = {}  # admitted, not finished
         for c in self.group.cohorts:
@@ -144,8 +145,6 @@ class Simulation:
                                "ts": round(t * 1e6, 3), "pid": 0, "tid": r, "args": args})
 
     def page_key(self, req) -> list[int]:
-        from sim.workloads.keys import page_key
-
         return page_key(req.blocks, req.block_size, self._ps, req.input_len)
 
     def _output_units(self, key_len: int, req) -> list[int]:
@@ -392,12 +391,12 @@ class Simulation:
         for rq in seq:
             req = rq.r
             self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}"})
+            rq.lock_id[cid] = f"q{req.rid}"
             m = tree.match_prefix(rq.key)
             lock = m.last_device
             tree.inc_lock(lock)
             loaded = 0
             if m.host_len:
-                self._lb_serial += 1
                 lid = f"r{req.rid}"
                 self._op(c, {"op": "load_back", "key": rq.key, "id": lid})
                 res = tree.load_back(m, lid)
@@ -406,6 +405,7 @@ class Simulation:
                     # the request's lock moves down to the loaded anchor
                     self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}.l"})
                     self._op(c, {"op": "unlock", "id": f"q{req.rid}"})
+                    rq.lock_id[cid] = f"q{req.rid}.l"
                     tree.dec_lock(lock)
                     lock = res.anchor
                     tree.inc_lock(lock)
@@ -422,7 +422,7 @@ class Simulation:
                 self._op(c, {"op": "evict_device", "n": need - free})
                 tree.evict_device(need - free)
                 if tree.device_capacity - tree.dev_used - tree.reserved < need:
-                    self._op(c, {"op": "unlock", "id": self._lock_id(c, req.rid)})
+                    self._op(c, {"op": "unlock", "id": rq.lock_id.get(cid)})
                     tree.dec_lock(lock)
                     break
             tree.reserved += need
@@ -439,16 +439,6 @@ class Simulation:
                         backups=len(tree.backup_log))
             tree.backup_log.clear()
         return stall, admitted
-
-    @staticmethod
-    def _lock_id(c: Cohort, rid: int) -> str | None:
-        """The op-trace id of request ``rid``'s current lock (the newest one taken)."""
-        if c.ops is None:
-            return None
-        for op in reversed(c.ops):
-            if op["op"] == "lock" and op["id"].split(".")[0] == f"q{rid}":
-                return op["id"]
-        return None
 
     def _batch_mismatch(self, now, where, detail) -> None:
         """Ranks took different scheduling decisions: the model's TP collectives in the
@@ -495,7 +485,7 @@ class Simulation:
                 pass
             last = tree.last_node
             old = rq.lock[cid]
-            old_id = self._lock_id(c, rq.r.rid)
+            old_id = rq.lock_id.get(cid)
             if final:
                 self._op(c, {"op": "unlock", "id": old_id})
                 tree.dec_lock(old)
@@ -504,6 +494,7 @@ class Simulation:
             else:
                 self._op(c, {"op": "lock", "key": key, "id": f"q{rq.r.rid}.i"})
                 self._op(c, {"op": "unlock", "id": old_id})
+                rq.lock_id[cid] = f"q{rq.r.rid}.i"
                 tree.inc_lock(last)
                 tree.dec_lock(old)
                 rq.lock[cid] = last
@@ -534,6 +525,8 @@ class Simulation:
                 pos += len(x.key)
             rq.lock[cid] = x
             rq.reserved[cid] = rq.reserved[sid]
+            if sid in rq.lock_id:
+                rq.lock_id[cid] = rq.lock_id[sid]
         self._trace("fork", "divergence", [rank], now, 0, cause=cause)
         return c
 
