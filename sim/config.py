@@ -37,7 +37,7 @@ class JitterConfig:
     request_order_ranks: tuple[int, ...] = ()
     request_order_swap_p: float = 0.0
     request_order_window: int = 2
-    seed: int = 0  # the jitter draws' own seed
+    seed: int | None = None  # the jitter draws' own seed; None: the run's seed
 
     @property
     def active(self) -> bool:

@@ -33,10 +33,7 @@ from sim.errors import UserError
 from sim.metrics import Metrics
 from sim.ranks import Cohort, RankGroup
 from sim.tree import TreeError
-from sim.workloads.keys import page_key
-
-# Output pages get ids below this, disjoint from every input page id (>= 0).
-OUTPUT_ID_BASE = -1
+from sim.workloads.keys import output_key, page_key
 
 
 class _Halt(Exception):
@@ -74,7 +71,7 @@ class FixedCosts:
 class Req:
     """A request's state across its life; cohorts keep their own lock nodes."""
 
-    __slots__ = ("r", "key", "lock", "lock_id", "reserved", "device_hit", "host_hit", "loaded",
+    __slots__ = ("r", "key", "lock", "lock_id", "reserved", "device_hit", "loaded",
                  "load_s", "stall_s", "prefill_s", "start", "first_token", "finish")
 
     def __init__(self, r, key):
@@ -83,7 +80,7 @@ class Req:
         self.lock: dict = {}      # cohort id -> locked node
         self.lock_id: dict = {}   # cohort id -> that lock's op-trace id (when recording)
         self.reserved: dict = {}  # cohort id -> fresh device tokens reserved
-        self.device_hit = self.host_hit = self.loaded = 0
+        self.device_hit = self.loaded = 0
         self.load_s = self.stall_s = self.prefill_s = 0.0
         self.start = self.first_token = self.finish = math.nan
 
@@ -98,7 +95,7 @@ class Simulation:
         self.env = simpy.Environment()
         self.group = RankGroup(cfg)
         self.collective = make_collective(cfg.collective, cfg.tp, cfg.collective_device)
-        self.metrics = Metrics(cfg)
+        self.metrics = Metrics(cfg, self.cost.bytes_per_token)
         self.progress = progress
         self.trace = trace_events
         self.workload = iter(workload)
@@ -116,8 +113,6 @@ class Simulation:
                            "collective_error": None, "batch_mismatch": None,
                            "mismatch_steps": 0}
         self._ps = cfg.page_size
-        self._next_out_id = OUTPUT_ID_BASE
-        self._orders: dict[int, list[int]] = {}  # rank -> this batch's admission order
         self.active: dict[int, Req] = {}  # admitted, not finished
         for c in self.group.cohorts:
             c.tree.backup_log = []
@@ -138,21 +133,16 @@ class Simulation:
         if self.trace is None:
             return
         for r in ranks:
-            self.trace.append({"name": name, "cat": cat, "ph": "X" if dur else "i",
-                               "ts": round(t * 1e6, 3), "dur": round(dur * 1e6, 3),
-                               "pid": 0, "tid": r, "args": args} if dur else
-                              {"name": name, "cat": cat, "ph": "i", "s": "t",
-                               "ts": round(t * 1e6, 3), "pid": 0, "tid": r, "args": args})
+            ev = {"name": name, "cat": cat, "ph": "X", "ts": round(t * 1e6, 3),
+                  "pid": 0, "tid": r, "args": args}
+            if dur:
+                ev["dur"] = round(dur * 1e6, 3)
+            else:
+                ev.update(ph="i", s="t")  # an instant event, thread-scoped
+            self.trace.append(ev)
 
     def page_key(self, req) -> list[int]:
         return page_key(req.blocks, req.block_size, self._ps, req.input_len)
-
-    def _output_units(self, key_len: int, req) -> list[int]:
-        total = (req.input_len + req.output_len) // self._ps
-        n = max(0, total - key_len)
-        start = self._next_out_id
-        self._next_out_id -= n
-        return list(range(start, start - n, -1))
 
     # ------------------------------------------------------------ processes
     def run(self) -> None:
@@ -342,16 +332,17 @@ class Simulation:
                                    f"{j.id_drift_extra} extra node ids before request {rq.r.rid}")
                     self._op(c, {"op": "skip_ids", "n": j.id_drift_extra})
                     c.tree.skip_ids(j.id_drift_extra)
+        orders: dict[int, list[int]] = {}  # rank -> this batch's admission order
         for r in j.request_order_ranks:
             if r < cfg.tp:
                 order = group.swap_order(r, len(batch))
                 if order is not None:
                     self._fork(r, "request_order", now, f"admission order {order}")
-                    self._orders[r] = order
+                    orders[r] = order
         stall = 0.0
         admitted: list[Req] | None = None
         for c in group.cohorts:
-            order = self._orders.get(c.ranks[0]) if len(c.ranks) == 1 else None
+            order = orders.get(c.ranks[0]) if len(c.ranks) == 1 else None
             seq = batch if order is None else [batch[i] for i in order]
             c_stall, c_admitted = self._admit_cohort(c, seq, now, stall0)
             stall = max(stall, c_stall)
@@ -361,7 +352,6 @@ class Simulation:
                 ref = ids
             elif ids != ref:
                 self._batch_mismatch(now, "admission", [ids, ref])
-        self._orders = {}
         admitted_ids = {id(rq) for rq in admitted}
         for rq in reversed(batch):
             if id(rq) not in admitted_ids:
@@ -458,7 +448,8 @@ class Simulation:
         if self.cfg.decode and rq.r.output_len:
             step = self.cost.decode_step_time(max(1, self.running), rq.r.input_len)
             yield self.env.timeout(rq.r.output_len * step)
-        full = rq.key + self._output_units(len(rq.key), rq.r)
+        r = rq.r
+        full = rq.key + output_key(r.rid, r.input_len, r.output_len, self._ps)
         self._insert_all(rq, full, final=True)
         rq.finish = self.env.now
         self.running -= 1

@@ -92,7 +92,8 @@ class RankGroup:
         j: JitterConfig = cfg.jitter
         self.jitter = j
         self.forks: list[dict] = []
-        self._rngs = [np.random.Generator(np.random.PCG64([j.seed, 7919, r])) for r in range(cfg.tp)]
+        self.seed = cfg.seed if j.seed is None else j.seed
+        self._rngs = [np.random.Generator(np.random.PCG64([self.seed, 7919, r])) for r in range(cfg.tp)]
         self._delay = DELAYS[j.ack_delay]
         self._delay_ranks = (set(range(cfg.tp)) if j.ack_delay_ranks is None
                              else {r for r in j.ack_delay_ranks if r < cfg.tp})
@@ -130,7 +131,7 @@ class RankGroup:
         if r in j.host_capacity_skew:
             c.tree.host_capacity = max(0, self.cfg.host_tokens + j.host_capacity_skew[r])
         if j.host_alloc_failure_p > 0 and r in j.host_alloc_failure_ranks:
-            rng = np.random.Generator(np.random.PCG64([j.seed, 104729, r]))
+            rng = np.random.Generator(np.random.PCG64([self.seed, 104729, r]))
             p = j.host_alloc_failure_p
             c.tree.host_alloc_fail = lambda: bool(rng.random() < p)
 

@@ -65,7 +65,6 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
     cfg.record_ops = record_ops
     trace_events = [] if (trace_out or scenario.output.trace_out) else None
     sim = Simulation(cfg, workload, cost, progress=progress, trace_events=trace_events)
-    sim.metrics.bytes_per_token = cost.bytes_per_token
     partial = False
     try:
         sim.run()
