@@ -362,7 +362,8 @@ class Simulation:
             rq.stall_s = stall
             new = max(0, rq.r.input_len - rq.device_hit - rq.loaded)
             rq.prefill_s = cost.prefill_time(new, rq.device_hit + rq.loaded)
-            load_stall = cost.load_stall(rq.loaded, new, rq.device_hit) if rq.loaded else 0.0
+            # the new tokens attend to the whole prefix: device hit plus what is loaded
+            load_stall = cost.load_stall(rq.loaded, new, rq.device_hit + rq.loaded) if rq.loaded else 0.0
             rq.load_s = cost.h2d_time(rq.loaded) if rq.loaded else 0.0
             end = start + load_stall + rq.prefill_s
             rq.first_token = end
