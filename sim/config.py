@@ -10,25 +10,36 @@ from dataclasses import dataclass, field
 
 from sim.constants import LOAD_BACK_THRESHOLD
 
-ACK_DISCIPLINES = ("synced", "local", "skip_when_idle")
+# The per-step cache-sync disciplines (sim.events), each from one SGLang version.
+DISCIPLINES = ("synced", "pre_26921", "local")
+REPLICAS = ("shared", "eager")
 
 
 @dataclass
 class JitterConfig:
-    """Rank-specific perturbations, all seeded; the defaults inject nothing."""
+    """Rank-specific perturbations and faults, all seeded; the defaults inject nothing.
 
-    # Per-rank ack completion delay: distribution name (sim.ranks.DELAYS), params, ranks.
+    Every draw is keyed by (seed, rank, event) (``sim.jitter``), so a value never
+    depends on which ranks happen to share a replica.
+    """
+
+    # Extra completion delay of transfer acks: distribution name (sim.workloads.dists),
+    # its params, the ranks delayed (None: every rank) and which acks.
     ack_delay: str = "none"
     ack_delay_params: dict = field(default_factory=dict)
-    ack_delay_ranks: tuple[int, ...] | None = None  # None: every rank
-    ack_delay_acks: str = "both"  # which acks are delayed: write, load or both
-    # How ranks decide how many ready acks to process.
-    ack_discipline: str = "synced"
-    # A rank-local host allocation failure, per backup attempt.
+    ack_delay_ranks: tuple[int, ...] | None = None
+    ack_delay_acks: str = "both"  # write, load or both
+    # A host allocation fails on these ranks with this probability, per attempt.
     host_alloc_failure_p: float = 0.0
     host_alloc_failure_ranks: tuple[int, ...] = ()
-    # Per-rank host capacity delta in tokens.
+    # Per-rank pool capacity deltas, in tokens.
     host_capacity_skew: dict[int, int] = field(default_factory=dict)
+    device_capacity_skew: dict[int, int] = field(default_factory=dict)
+    # Device frees that land late on some ranks: a finished request's private device
+    # KV is returned to that rank's allocator this many seconds later.
+    device_free_delay: str = "none"
+    device_free_delay_params: dict = field(default_factory=dict)
+    device_free_delay_ranks: tuple[int, ...] = ()
     # A rank builds ``id_drift_extra`` extra node objects before request ``id_drift_after``.
     id_drift_rank: int | None = None
     id_drift_extra: int = 1
@@ -39,11 +50,15 @@ class JitterConfig:
     request_order_window: int = 2
     seed: int | None = None  # the jitter draws' own seed; None: the run's seed
 
-    @property
-    def active(self) -> bool:
-        return (self.ack_delay != "none" or self.ack_discipline != "synced"
-                or self.host_alloc_failure_p > 0 or bool(self.host_capacity_skew)
-                or self.id_drift_rank is not None or self.request_order_swap_p > 0)
+    def physical_ranks(self, tp: int) -> list[int]:
+        """Ranks whose own hardware state differs from t=0 (pool sizes, a failing
+        allocator, late frees): they get their own replica from the start."""
+        out = set(self.host_capacity_skew) | set(self.device_capacity_skew)
+        if self.host_alloc_failure_p > 0:
+            out |= set(self.host_alloc_failure_ranks)
+        if self.device_free_delay != "none":
+            out |= set(self.device_free_delay_ranks)
+        return sorted(r for r in out if 0 <= r < tp)
 
 
 @dataclass
@@ -58,20 +73,25 @@ class SimConfig:
     load_back_threshold: int = LOAD_BACK_THRESHOLD
     ids: str = "optrace"
     max_running: int = 256
+    # Extend tokens per prefill forward (SGLang's --chunked-prefill-size); None: no cap.
+    chunked_prefill_tokens: int | None = None
     decode: bool = True
     collective: str = "simulated"
     collective_device: str = "cpu"
+    collective_timeout_s: float = 10.0  # torch backend: how long a blocked call waits
+    discipline: str = "synced"
     on_divergence: str = "record"   # or "halt"
     seed: int = 0
     max_requests: int | None = None
     duration_s: float | None = None
     timeseries_interval_s: float = 1.0
     jitter: JitterConfig = field(default_factory=JitterConfig)
-    # Record each rank's op-trace (for repro bundles).
+    # Record each rank's op-trace (repro bundles, run --record-ops).
     record_ops: bool = False
-    # Give every rank its own tree from t=0 instead of sharing until a fork: slower,
-    # and the way to check that replicas fed identical streams stay identical.
-    eager_replicas: bool = False
+    # "shared": ranks share a tree until a rank-specific event forks one off;
+    # "eager": every rank has its own tree from t=0. Bookkeeping only: both write
+    # byte-identical results, which is how a user checks the optimisation.
+    replicas: str = "shared"
 
 
 def from_scenario(scn) -> tuple[SimConfig, object]:
@@ -86,15 +106,19 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
     def ranks(lst):
         return all_ranks if lst is None else tuple(lst)
 
+    fd = j.device_free_delay
     jit = JitterConfig(
         ack_delay=j.ack_delay.dist,
         ack_delay_params=j.ack_delay.params() if j.ack_delay.dist != "none" else {},
         ack_delay_ranks=None if j.ack_delay.ranks is None else tuple(j.ack_delay.ranks),
         ack_delay_acks=j.ack_delay.acks,
-        ack_discipline=j.ack_discipline,
         host_alloc_failure_p=j.host_alloc_failure.probability,
         host_alloc_failure_ranks=ranks(j.host_alloc_failure.ranks),
         host_capacity_skew={int(k): int(v) for k, v in j.host_capacity_skew.items()},
+        device_capacity_skew={int(k): int(v) for k, v in j.device_capacity_skew.items()},
+        device_free_delay=fd.dist,
+        device_free_delay_params=fd.params() if fd.dist != "none" else {},
+        device_free_delay_ranks=ranks(fd.ranks) if fd.dist != "none" else (),
         id_drift_rank=None if j.id_drift is None else j.id_drift.rank,
         id_drift_extra=0 if j.id_drift is None else j.id_drift.extra_ids,
         id_drift_after=0 if j.id_drift is None else j.id_drift.after_request,
@@ -110,8 +134,11 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         load_back_threshold=scn.cache.load_back_threshold,
         ids="rust" if scn.cache.backend == "rust" else scn.cache.ids,
         max_running=scn.scheduler.max_running_requests or 1 << 30,
+        chunked_prefill_tokens=scn.scheduler.chunked_prefill_tokens,
         decode=scn.scheduler.decode,
         collective=scn.collective.backend, collective_device=scn.collective.device,
+        collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
+        replicas=scn.engine.replicas,
         on_divergence=scn.on_divergence, seed=scn.seed,
         max_requests=scn.limits.max_requests, duration_s=scn.limits.duration_s,
         timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,

@@ -1,25 +1,45 @@
-"""The SimPy processes: arrivals, the replicated scheduler loop, requests, acks.
+"""The SimPy processes: arrivals, the TP group's scheduler loop, copies, late frees.
 
-One scheduler loop feeds every rank the same request stream, as SGLang's replicated
-schedulers do. An iteration (``_step``) follows SGLang's order (sem §6.6):
+SGLang's TP ranks each run a scheduler loop (`Scheduler.event_loop_normal`) over the
+same broadcast requests; the per-step collectives keep them in lockstep. This module
+runs one loop for the group and, inside each iteration, lets every replica (cohort of
+identical ranks, ``sim.ranks``) take its own rank-local decisions and spend its own
+time on its own resources. One iteration follows `event_loop_normal` and
+`get_next_batch_to_run` (managers/scheduler.py):
 
-1. ``check_hicache_events``: every rank counts its ready write and load acks; the
-   counts and ``[digest, -digest]`` are MIN-all-reduced; each rank asserts its digest
-   equals the min and the max; every rank then processes the agreed number of acks
-   in FIFO order (or its own count, under the ``local`` bug mode).
-2. Admission: for each waiting request, in order: ``match_prefix``, a path lock, a
-   load-back of the host-only part (which may evict, with blocking write_back
-   backups), and device allocation for the fresh KV (which may evict too).
-3. The batch's prefill is charged on one GPU timeline; each request then inserts its
-   input (``cache_unfinished_req``), decodes, inserts input + output
-   (``cache_finished_req``) and unlocks.
+1. ``check_hicache_events`` (`_process_hicache_events`): flush queued write-through
+   backups as one merged D->H op, then the cache sync in the configured discipline
+   (``_sync``): MIN all_reduce of ready ack counts and ``[digest, -digest]``, the
+   digest assertion, and the agreed acks popped FIFO.
+2. A prefill batch if one can be formed (prefill first, as SGLang does), else one
+   decode step of the running batch. Admission is per replica (``_admit``): match,
+   lock, load-back (which may evict with blocking write_back backups), reservation,
+   chunking under ``chunked_prefill_tokens``.
+3. Each replica's scheduler thread pays its blocking backups (on its D2H engine) and
+   reclaim scans; its merged H2D load op is queued on its H2D engine. The forward
+   is a TP collective: every rank's batch shape enters ``Collective.forward``, so
+   ranks that disagree on shapes fail there as a real server would. It then holds
+   the GPU for the batch's compute, waiting layer by layer for the loads.
+4. Results: ``cache_unfinished_req`` / ``cache_finished_req`` inserts and unlocks.
 
-Blocking D->H backups and reclaim scans run on the scheduler thread, so they stall
-the loop: the slowest rank's stall gates everyone at the next collective.
+Decode steps between events are identical iterations (no arrival, no ack, no
+finish: the sync reduces to what it reduced before), so a run of them is priced in
+one timeout that stops at the first step boundary at or after the next *relevant*
+time (an arrival, an ack becoming ready for some rank, a copy finishing). Those
+times are the same set however ranks share replicas, which keeps shared and eager
+runs identical.
+
+Simplifications, each a documented difference from SGLang 0.5.23:
+- the normal (non-overlap) loop; the overlap scheduler is not modelled;
+- a request reserves device memory for its whole input and output at admission
+  (SGLang allocates decode tokens step by step and can retract);
+- prefill and decode batches do not mix (`enable_mixed_chunk` off, SGLang's default).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from typing import Callable, Iterable
@@ -30,14 +50,23 @@ from sim.collectives import CollectiveError, make_collective
 from sim.config import SimConfig
 from sim.constants import DIGEST_MISMATCH_MESSAGE
 from sim.errors import UserError
+from sim.jitter import Jitter
 from sim.metrics import Metrics
-from sim.ranks import Cohort, RankGroup
-from sim.tree import TreeError
+from sim.ranks import Ack, Cohort, RankGroup
+from sim.verdict import Observations
 from sim.workloads.keys import output_key, page_key
 
 
+# Request-order jitter permutes at most this many leading candidates of a batch.
+ORDER_WINDOW = 1024
+
+
 class _Halt(Exception):
-    """Stops the run: a digest assertion (on_divergence: halt) or a hung collective."""
+    """Stops the run where a real server would stop (or the run cannot follow)."""
+
+
+class EngineError(RuntimeError):
+    """An internal inconsistency of the engine (a bug, never a user's mistake)."""
 
 
 class FixedCosts:
@@ -52,11 +81,15 @@ class FixedCosts:
     def h2d_time(self, tokens, concurrent=False):
         return 20e-6 + tokens * 1e-8 if tokens else 0.0
 
-    def load_stall(self, load_tokens, new_tokens, cached_tokens):
+    def batch_load_stall(self, load_tokens, chunks, concurrent=False):
         return self.h2d_time(load_tokens) * 0.1
 
-    def prefill_time(self, new_tokens, cached_tokens):
-        return 1e-3 + new_tokens * 2e-5 if new_tokens else 0.0
+    def prefill_batch_time(self, chunks):
+        new = sum(n for n, _ in chunks)
+        return 1e-3 + new * 2e-5 if new else 0.0
+
+    def prefill_time(self, new_tokens, cached_tokens=0):
+        return self.prefill_batch_time([(new_tokens, cached_tokens)])
 
     def decode_step_time(self, batch_size, total_context_tokens):
         return 10e-3
@@ -68,21 +101,60 @@ class FixedCosts:
         return entries * 0.4e-6
 
 
-class Req:
-    """A request's state across its life; cohorts keep their own lock nodes."""
+class _Slot:
+    """A request's state on one replica: its lock, reservation and progress."""
 
-    __slots__ = ("r", "key", "lock", "lock_id", "reserved", "device_hit", "loaded",
-                 "load_s", "stall_s", "prefill_s", "start", "first_token", "finish")
+    __slots__ = ("lock", "lock_id", "reserved", "prefix", "done", "device_hit", "loaded")
+
+    def __init__(self):
+        self.lock = None       # the locked node
+        self.lock_id = None    # that lock's op-trace id (when recording)
+        self.reserved = 0      # device tokens reserved and not yet in the tree
+        self.prefix = 0        # tokens cached at admission (device hit + loaded)
+        self.done = 0          # input tokens whose KV exists (prefix + prefilled chunks)
+        self.device_hit = 0
+        self.loaded = 0
+
+    def copy(self) -> "_Slot":
+        s = _Slot()
+        s.lock, s.lock_id, s.reserved = self.lock, self.lock_id, self.reserved
+        s.prefix, s.done, s.device_hit, s.loaded = self.prefix, self.done, self.device_hit, self.loaded
+        return s
+
+
+class Req:
+    """A request across its life. Per-replica state lives in ``slots``; the metrics
+    fields describe rank 0, the group's reference rank."""
+
+    __slots__ = ("r", "key", "slots", "remaining", "ctx", "device_hit", "loaded", "load_s",
+                 "stall_s", "prefill_s", "start", "first_token", "finish")
 
     def __init__(self, r, key):
         self.r = r
         self.key = key
-        self.lock: dict = {}      # cohort id -> locked node
-        self.lock_id: dict = {}   # cohort id -> that lock's op-trace id (when recording)
-        self.reserved: dict = {}  # cohort id -> fresh device tokens reserved
+        self.slots: dict[int, _Slot] = {}  # id(cohort) -> its state
+        self.remaining = 0   # decode steps left
+        self.ctx = 0         # tokens of context in the running batch
         self.device_hit = self.loaded = 0
         self.load_s = self.stall_s = self.prefill_s = 0.0
         self.start = self.first_token = self.finish = math.nan
+
+
+class _Plan:
+    """One replica's half of a prefill batch: what it admitted and what that cost."""
+
+    __slots__ = ("reqs", "shape", "chunks", "backups", "scanned", "loads", "load_tokens",
+                 "started")
+
+    def __init__(self):
+        self.reqs: list[Req] = []
+        self.shape: list[tuple[int, int, int]] = []  # (rid, prefix tokens, extend tokens)
+        self.chunks: list[tuple[int, int]] = []      # (new, cached) per request
+        self.backups: list[int] = []                 # blocking D2H backups, tokens each
+        self.scanned = 0                             # reclaim map entries visited
+        self.loads: list = []                        # load-back ids of this batch
+        self.load_tokens = 0
+        self.started = None                          # event: the merged H2D op began
 
 
 class Simulation:
@@ -93,41 +165,67 @@ class Simulation:
         self.cfg = cfg
         self.cost = cost if cost is not None else FixedCosts()
         self.env = simpy.Environment()
-        self.group = RankGroup(cfg)
-        self.collective = make_collective(cfg.collective, cfg.tp, cfg.collective_device)
+        self.jitter = Jitter(cfg.jitter, cfg.tp, cfg.seed)
+        self.group = RankGroup(cfg, self.env, self.jitter)
+        self.collective = make_collective(cfg.collective, cfg.tp, cfg.collective_device,
+                                          timeout_s=cfg.collective_timeout_s)
         self.metrics = Metrics(cfg, self.cost.bytes_per_token)
+        self.obs = Observations(cfg.tp, self.jitter.perturbations)
         self.progress = progress
         self.trace = trace_events
         self.workload = iter(workload)
+        self.gpu = simpy.Resource(self.env, capacity=1)  # the TP group's forward passes
         self.waiting: deque[Req] = deque()
-        self.running = 0
+        self.running: list[Req] = []     # decoding, in admission order
+        self.chunked: Req | None = None  # the request whose prefill continues next batch
         self.arrivals_done = False
         self.finished = False
+        self.halted: str | None = None
+        self.step_no = 0
+        self.batch_no = 0
         self._user_error = None
         self._next_sample = 0.0
         self._wake = self.env.event()
-        self.gpu_free = 0.0
-        self.step_no = 0
-        self.halted: str | None = None
-        self.divergence = {"digest_mismatch": None, "first_true_divergence": None,
-                           "collective_error": None, "batch_mismatch": None,
-                           "mismatch_steps": 0}
+        self._marks: list[float] = []    # future relevant times (a heap) ...
+        self._marked: set[float] = set()  # ... and the same times, for de-duplication
         self._ps = cfg.page_size
-        self.active: dict[int, Req] = {}  # admitted, not finished
-        for c in self.group.cohorts:
-            c.tree.backup_log = []
+        self._sync_s = self.cost.sync_time(cfg.tp, self.collective.transport)
+        self._pending_writes: dict[int, list] = {}  # id(cohort) -> write acks to flush
+        # Reclaim entries scanned by inserts' write-through backups, per replica: CPU
+        # the scheduler thread spends while processing results.
+        self._result_scans: dict[int, int] = {}
+        # Shapes and collectives matter only when some rank can differ.
+        self._solo = cfg.tp == 1
 
     # ------------------------------------------------------------ plumbing
     def _kick(self, _event=None) -> None:
         if not self._wake.triggered:
             self._wake.succeed()
 
-    def _kick_at(self, t: float) -> None:
-        delay = t - self.env.now
-        if delay <= 0:
+    def _mark(self, t: float) -> None:
+        """A relevant time: the loop must look at the world again at ``t``."""
+        now = self.env.now
+        if t <= now:
             self._kick()
-        else:
-            self.env.timeout(delay).callbacks.append(self._kick)
+            return
+        if t in self._marked:
+            return
+        self._marked.add(t)
+        heapq.heappush(self._marks, t)
+        self.env.timeout(t - now).callbacks.append(self._kick)
+
+    def _next_mark(self) -> float:
+        marks, now = self._marks, self.env.now
+        while marks and marks[0] <= now:
+            self._marked.discard(heapq.heappop(marks))
+        return marks[0] if marks else math.inf
+
+    def _settle(self):
+        """Let every other event due now run first: a step sees the state at ``now``
+        whatever order SimPy happens to process simultaneous events in."""
+        env = self.env
+        while env.peek() <= env.now:
+            yield env.timeout(0)
 
     def _trace(self, name, cat, ranks, t, dur, **args):
         if self.trace is None:
@@ -141,13 +239,19 @@ class Simulation:
                 ev.update(ph="i", s="t")  # an instant event, thread-scoped
             self.trace.append(ev)
 
-    def page_key(self, req) -> list[int]:
-        return page_key(req.blocks, req.block_size, self._ps, req.input_len)
+    @staticmethod
+    def _op(c: Cohort, op: dict) -> None:
+        """Record ``op`` in the replica's op-trace. ``reserved`` is the device KV that
+        running requests hold outside the tree, which SGLang's allocator also
+        excludes (an op-trace extension, docs/OPTRACE.md)."""
+        if c.ops is not None:
+            op["reserved"] = c.tree.reserved
+            c.ops.append(op)
 
     # ------------------------------------------------------------ processes
     def run(self) -> None:
         self.env.process(self._arrivals())
-        self.env.process(self._scheduler())
+        self.env.process(self._loop())
         try:
             self.env.run()
         except _Halt:
@@ -156,58 +260,68 @@ class Simulation:
             self.collective.close()
         if self._user_error is not None:
             raise self._user_error
-        self._final_compare()
+        self.obs.final_compare(self.env.now, self.step_no, self.group.cohorts)
         self.metrics.sample(self.env.now, self.group.cohorts[0].tree, final=True)
 
     def _arrivals(self):
+        cfg = self.cfg
+        n = 0
         try:
-            yield from self._arrivals_inner()
+            for req in self.workload:
+                if cfg.max_requests is not None and n >= cfg.max_requests:
+                    break
+                if cfg.duration_s is not None and req.arrival > cfg.duration_s:
+                    break
+                if req.arrival > self.env.now:
+                    self._mark(req.arrival)
+                    yield self.env.timeout(req.arrival - self.env.now)
+                self.waiting.append(Req(req, page_key(req.blocks, req.block_size, self._ps,
+                                                      req.input_len)))
+                n += 1
+                self._kick()
         except UserError as err:
             # A bad trace record: keep the error object itself (SimPy would re-create
             # it from its args) and stop; run() raises it once the loop has unwound.
             self._user_error = err
             raise _Halt() from None
-
-    def _arrivals_inner(self):
-        cfg = self.cfg
-        n = 0
-        for req in self.workload:
-            if cfg.max_requests is not None and n >= cfg.max_requests:
-                break
-            if cfg.duration_s is not None and req.arrival > cfg.duration_s:
-                break
-            if req.arrival > self.env.now:
-                yield self.env.timeout(req.arrival - self.env.now)
-            self.waiting.append(Req(req, self.page_key(req)))
-            n += 1
-            self._kick()
         self.arrivals_done = True
         self._kick()
 
-    def _idle(self) -> bool:
-        return (self.arrivals_done and not self.waiting and self.running == 0
-                and all(not c.load_q and not c.write_q for c in self.group.cohorts))
+    def _in_flight(self) -> bool:
+        return any(c.load_q or c.write_q or self._pending_writes.get(id(c))
+                   for c in self.group.cohorts)
 
-    def _scheduler(self):
+    def _drained(self) -> bool:
+        return (self.arrivals_done and not self.waiting and not self.running
+                and self.chunked is None and not self._in_flight())
+
+    def _loop(self):
+        """`event_loop_normal`: one iteration per relevant moment."""
         while True:
-            yield self._wake
+            yield from self._settle()
+            if self._drained():
+                self.finished = True
+                return
+            self.step_no += 1
+            self._sample()
+            self._sync()
+            self._compare()
+            if self.waiting or self.chunked is not None:
+                plan = self._admit()
+                if plan is not None:
+                    yield from self._prefill(plan)
+                    continue
+            if self.running and self.cfg.decode:
+                yield from self._decode()
+                continue
+            self._compare()
+            if self._drained():
+                self.finished = True
+                return
             self._wake = self.env.event()
-            if self._idle():
-                self.finished = True
-                return
-            stall = self._step()
-            if self._idle():  # this step drained the last acks
-                self.finished = True
-                return
-            if stall > 0:
-                # The loop is busy; anything that arrives meanwhile has already
-                # triggered the next wake-up, so no re-kick (that would spin on
-                # empty sync-only iterations).
-                yield self.env.timeout(stall)
+            yield self._wake
 
-    # ------------------------------------------------------------ one step
-    def _step(self) -> float:
-        self.step_no += 1
+    def _sample(self) -> None:
         now = self.env.now
         if now >= self._next_sample:
             # Sampled at scheduler activity, on a grid of timeseries_interval_s: an idle
@@ -215,390 +329,565 @@ class Simulation:
             self.metrics.sample(now, self.group.cohorts[0].tree)
             dt = self.cfg.timeseries_interval_s
             self._next_sample = (math.floor(now / dt) + 1) * dt
-        stall = self.cost.sync_time(self.cfg.tp)
-        self._sync(now)
-        if self.waiting and self.running < self.cfg.max_running:
-            stall += self._admit(now, stall)
-        if len(self.group.cohorts) > 1:
-            self._compare(now)
-        return stall
 
-    def _sync(self, now: float) -> None:
-        """check_hicache_events: MIN-all-reduce ready counts and the digest (sem §5.2)."""
-        group, cfg = self.group, self.cfg
-        discipline = cfg.jitter.ack_discipline
+    # ------------------------------------------------------------ collectives
+    def _all_reduce(self, site: str, inputs: dict[int, list[int]]) -> list[int]:
+        try:
+            return self.collective.all_reduce_min(self.step_no, site, inputs)
+        except CollectiveError as err:
+            self._collective_failed(err)
+
+    def _collective_failed(self, err: CollectiveError):
+        self.obs.collective_error(self.env.now, self.step_no, err)
+        self._trace(err.kind, "collective", list(range(self.cfg.tp)), self.env.now, 0)
+        self.obs.compare(self.env.now, self.step_no, self.group.cohorts, full=True)
+        self.halted = err.kind
+        raise _Halt()
+
+    def _flush_writes(self) -> None:
+        """`flush_pending_backups`: each replica's queued write-through backups leave
+        as one merged D->H op with one ack (sem §6.4, `start_writing`)."""
+        for c in self.group.cohorts:
+            ids = self._pending_writes.pop(id(c), None)
+            if not ids:
+                continue
+            tokens = sum(k for _, k in ids)
+            ack = self.group.make_ack(c, "write", [i for i, _ in ids], tokens)
+            self._count_delays(ack)
+            c.write_q.append(ack)
+            self.env.process(self._copy(c, c.d2h, c.h2d, ack, self.cost.d2h_time, None))
+
+    def _sync(self) -> None:
+        """`check_hicache_events` in the configured discipline (sem §5.2)."""
+        self._flush_writes()
+        group, now, disc = self.group, self.env.now, self.cfg.discipline
+        if self._solo and disc != "local":
+            c = group.cohorts[0]
+            self._pop(c, c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now))
+            return
         counts: dict[int, tuple[int, int]] = {}
-        vectors: dict[int, list[int]] = {}
+        digest: dict[int, int] = {}
         for c in group.cohorts:
-            same = c.write_q[0].delays is None if c.write_q else True
-            same = same and (c.load_q[0].delays is None if c.load_q else True)
+            w_uniform = all(a.delays is None for a in c.write_q)
+            l_uniform = all(a.delays is None for a in c.load_q)
             base = None
             for r in c.ranks:
-                if base is None or not same:
+                if base is None or not (w_uniform and l_uniform):
                     base = (c.ready_count(c.write_q, r, now), c.ready_count(c.load_q, r, now))
                 counts[r] = base
-                if discipline == "skip_when_idle" and base == (0, 0):
-                    continue  # the bug: an idle rank skips the collective
-                d = c.tree.digest
-                vectors[r] = [base[0], base[1], d, -d]
-        if not vectors:
+                digest[r] = c.tree.digest
+        if disc == "pre_26921":
+            self._sync_pre_26921(counts, digest)
             return
-        try:
-            reduced = self.collective.all_reduce_min("check_hicache_events", vectors)
-        except CollectiveError as err:
-            self.divergence["collective_error"] = {
-                "t": now, "step": self.step_no, "kind": err.kind, "message": str(err)}
-            self._trace(err.kind, "collective", list(range(cfg.tp)), now, 0)
-            self.halted = err.kind
-            raise _Halt() from None
-        lo, hi = reduced[-2], -reduced[-1]
-        bad = sorted(r for r, v in vectors.items() if v[2] != lo or v[2] != hi)
-        if bad:
-            self.divergence["mismatch_steps"] += 1
-            if self.divergence["digest_mismatch"] is None:
-                self.divergence["digest_mismatch"] = {
-                    "t": now, "step": self.step_no, "min": lo, "max": hi,
-                    "digests": {r: group.cohort_of(r).tree.digest for r in range(cfg.tp)},
-                    "message": DIGEST_MISMATCH_MESSAGE}
-                self._trace("digest_mismatch", "divergence", list(range(cfg.tp)), now, 0)
-                self._compare(now, full=True)
-            if cfg.on_divergence == "halt":
-                self.halted = "digest_mismatch"
-                raise _Halt()
-        if discipline == "local":
-            # Each rank drains its own ready acks: ranks of a cohort that disagree fork.
-            for c in list(group.cohorts):
-                by_count: dict = {}
-                for r in c.ranks:
-                    by_count.setdefault(counts[r], []).append(r)
-                if len(by_count) > 1:
-                    for key in list(by_count)[1:]:
-                        for r in by_count[key]:
-                            self._fork(r, "ack_local_drain", now, f"rank {r} drains {key}")
+        red = self._all_reduce("sync", {r: [counts[r][0], counts[r][1], digest[r], -digest[r]]
+                                        for r in range(self.cfg.tp)})
+        self._check_digest(digest, red[-2], -red[-1])
+        if disc == "synced":
             for c in group.cohorts:
-                self._process_acks(c, *counts[c.ranks[0]], now)
-        else:
-            for c in group.cohorts:
-                self._process_acks(c, reduced[0], reduced[1], now)
+                self._pop(c, red[0], red[1])
+            return
+        # local: each rank drains its own ready acks; ranks of a replica that
+        # disagree fork first.
+        for c in list(group.cohorts):
+            by_count: dict = {}
+            for r in c.ranks:
+                by_count.setdefault(counts[r], []).append(r)
+            for key in list(by_count)[1:]:
+                for r in by_count[key]:
+                    self._fork(r, "ack_local_drain", f"rank {r} drains {key} acks")
+        for c in group.cohorts:
+            self._pop(c, *counts[c.ranks[0]])
 
-    def _process_acks(self, c: Cohort, n_write: int, n_load: int, now: float) -> None:
+    def _sync_pre_26921(self, counts, digest) -> None:
+        """Before sglang #26921 / #27489: `writing_check` returns early on a rank with
+        no write in flight and `loading_check` on a rank with no load in flight, each
+        before its own all_reduce. The digest rides on the load check, as in 0.5.23's
+        standalone `loading_check`."""
+        group = self.group
+        inputs = {r: [counts[r][0]] for c in group.cohorts if c.write_q for r in c.ranks}
+        n_write = self._all_reduce("write_check", inputs)[0] if inputs else 0
+        inputs = {r: [counts[r][1], digest[r], -digest[r]]
+                  for c in group.cohorts if c.load_q for r in c.ranks}
+        n_load = 0
+        if inputs:
+            red = self._all_reduce("load_check", inputs)
+            self._check_digest({r: digest[r] for r in inputs}, red[1], -red[2])
+            n_load = red[0]
+        for c in group.cohorts:
+            self._pop(c, n_write, n_load)
+
+    def _check_digest(self, digest: dict[int, int], lo: int, hi: int) -> None:
+        """Each rank asserts its digest equals the reduced min and max."""
+        if all(d == lo and d == hi for d in digest.values()):
+            return
+        now = self.env.now
+        first = self.obs.digest_mismatch(now, self.step_no, lo, hi, digest,
+                                         DIGEST_MISMATCH_MESSAGE)
+        if first:
+            self._trace("digest_mismatch", "divergence", list(range(self.cfg.tp)), now, 0)
+            self.obs.compare(now, self.step_no, self.group.cohorts, full=True)
+        if self.cfg.on_divergence == "halt":
+            self.halted = "digest_mismatch"
+            raise _Halt()
+
+    def _pop(self, c: Cohort, n_write: int, n_load: int) -> None:
+        """`writing_check(n)` then `loading_check(n)`: pop the agreed acks FIFO."""
         tree = c.tree
-        for _ in range(min(n_write, len(c.write_q))):
+        for _ in range(n_write):
             ack = c.write_q.popleft()
-            tree.finish_write_through(ack.ack_id)
-            self._op(c, {"op": "write_ack", "id": ack.ack_id})
-        for _ in range(min(n_load, len(c.load_q))):
+            for i in ack.ids:
+                tree.finish_write_through(i)
+                self._op(c, {"op": "write_ack", "id": i})
+        for _ in range(n_load):
             ack = c.load_q.popleft()
-            tree.finish_load_back(ack.ack_id)
-            self._op(c, {"op": "load_back_ack", "id": ack.ack_id})
-            self._trace("load_ack", "ack", c.ranks, now, 0, id=str(ack.ack_id))
+            for i in ack.ids:
+                tree.finish_load_back(i)
+                self._op(c, {"op": "load_back_ack", "id": i})
+            self._trace("load_ack", "ack", c.ranks, self.env.now, 0, ids=len(ack.ids))
 
-    @staticmethod
-    def _op(c: Cohort, op: dict) -> None:
-        """Record ``op`` in the replica's op-trace (repro bundles). Keys stay page-unit
-        lists here; ``reserved`` is the device KV running requests hold outside the
-        tree, which SGLang's allocator also excludes (an op-trace extension)."""
-        if c.ops is not None:
-            op["reserved"] = c.tree.reserved
-            c.ops.append(op)
+    def _count_delays(self, ack: Ack) -> None:
+        if ack.delays:
+            self.jitter.perturbations.fire("ack_delay", len(ack.delays))
+
+    def _copy(self, c: Cohort, engine, other, ack: Ack, seconds, started):
+        """One merged transfer on a copy engine; its ack completes when it ends.
+        Concurrent traffic the other way shares the link (priced by the cost model)."""
+        with engine.request() as req:
+            yield req
+            if started is not None:
+                started.succeed()
+            t0 = self.env.now
+            dur = seconds(ack.tokens, concurrent=other.count > 0)
+            self._mark(t0 + dur)  # a decode run must stop where this ack can land
+            yield self.env.timeout(dur)
+        ack.done = self.env.now
+        self._trace(f"{ack.kind}_copy", "transfer", c.ranks, t0, ack.done - t0, tokens=ack.tokens)
+        for t in sorted(ack.ready_times()):
+            self._mark(t)
 
     # ------------------------------------------------------------ admission
-    def _admit(self, now: float, stall0: float) -> float:
-        """Admit waiting requests FCFS; returns the scheduler stall it caused."""
-        cfg, group, cost = self.cfg, self.group, self.cost
-        cap = cfg.device_tokens
-        batch: list[Req] = []
-        while self.waiting and self.running + len(batch) < cfg.max_running:
+    def _admit(self) -> list[tuple[Cohort, _Plan]] | None:
+        """Form this iteration's prefill batch on every replica (`PrefillAdder`)."""
+        group = self.group
+        cap = min(c.tree.device_capacity for c in group.cohorts)
+        while self.waiting:
             rq = self.waiting[0]
-            need = rq.r.input_len + rq.r.output_len
-            if need > cap:
+            if rq.r.input_len + rq.r.output_len > cap:
                 # Larger than the whole device pool: SGLang aborts such a request.
                 self.waiting.popleft()
                 self.metrics.rejected += 1
                 continue
-            ok = [need <= cap - c.tree.protected - c.tree.reserved for c in group.cohorts]
-            if not all(ok):
-                if any(ok):
-                    self._batch_mismatch(now, "admission", ok)
-                break
-            batch.append(self.waiting.popleft())
-        if not batch:
-            return 0.0
-        j = cfg.jitter
-        if j.id_drift_rank is not None and j.id_drift_rank < cfg.tp:
-            for rq in batch:
-                if rq.r.rid == j.id_drift_after:
-                    c = self._fork(j.id_drift_rank, "id_drift", now,
-                                   f"{j.id_drift_extra} extra node ids before request {rq.r.rid}")
-                    self._op(c, {"op": "skip_ids", "n": j.id_drift_extra})
-                    c.tree.skip_ids(j.id_drift_extra)
-        orders: dict[int, list[int]] = {}  # rank -> this batch's admission order
-        for r in j.request_order_ranks:
-            if r < cfg.tp:
-                order = group.swap_order(r, len(batch))
-                if order is not None:
-                    self._fork(r, "request_order", now, f"admission order {order}")
-                    orders[r] = order
-        stall = 0.0
-        admitted: list[Req] | None = None
-        for c in group.cohorts:
+            break
+        if not self.waiting and self.chunked is None:
+            return None
+        self.batch_no += 1
+        j = self.jitter
+        if j.id_drift:
+            self._id_drift()
+        orders = self._orders() if j.order_ranks else {}
+        head = [self.chunked] if self.chunked is not None else []
+        plans = []
+        for c in list(group.cohorts):
             order = orders.get(c.ranks[0]) if len(c.ranks) == 1 else None
-            seq = batch if order is None else [batch[i] for i in order]
-            c_stall, c_admitted = self._admit_cohort(c, seq, now, stall0)
-            stall = max(stall, c_stall)
-            ids = sorted(rq.r.rid for rq in c_admitted)
-            if admitted is None:
-                admitted = c_admitted
-                ref = ids
-            elif ids != ref:
-                self._batch_mismatch(now, "admission", [ids, ref])
-        admitted_ids = {id(rq) for rq in admitted}
-        for rq in reversed(batch):
-            if id(rq) not in admitted_ids:
-                self.waiting.appendleft(rq)
-        start = max(now + stall0 + stall, self.gpu_free)
-        for rq in admitted:
-            rq.start = now
-            rq.stall_s = stall
-            new = max(0, rq.r.input_len - rq.device_hit - rq.loaded)
-            rq.prefill_s = cost.prefill_time(new, rq.device_hit + rq.loaded)
-            # the new tokens attend to the whole prefix: device hit plus what is loaded
-            load_stall = cost.load_stall(rq.loaded, new, rq.device_hit + rq.loaded) if rq.loaded else 0.0
-            rq.load_s = cost.h2d_time(rq.loaded) if rq.loaded else 0.0
-            end = start + load_stall + rq.prefill_s
-            rq.first_token = end
-            start = end
-            self.running += 1
-            self.active[rq.r.rid] = rq
-            self.env.process(self._request(rq, end))
-        self.gpu_free = start
-        return stall
+            if order is None:
+                seq = itertools.chain(head, self.waiting)
+            else:
+                first = head + list(itertools.islice(self.waiting, len(order) - len(head)))
+                seq = itertools.chain((first[i] for i in order),
+                                      itertools.islice(self.waiting, len(order) - len(head), None))
+            plans.append((c, self._admit_cohort(c, seq)))
+        if all(not p.reqs for _, p in plans):
+            return None
+        if len(plans) > 1:
+            self._compare_shapes(plans)
+        return plans
 
-    def _admit_cohort(self, c: Cohort, seq: list[Req], now: float, t0: float):
-        tree, cost = c.tree, self.cost
+    def _orders(self) -> dict[int, list[int]]:
+        """Request-order jitter: each perturbed rank's order over the first candidates
+        (at most ORDER_WINDOW: a batch never reaches further in practice), forking
+        the ranks whose order differs."""
+        n = min(ORDER_WINDOW, len(self.waiting) + (self.chunked is not None))
+        orders = {}
+        for r in self.jitter.order_ranks:
+            order = self.jitter.admission_order(r, self.batch_no, n)
+            if order is not None:
+                self.jitter.perturbations.fire("request_order")
+                self._fork(r, "request_order", f"admission order {order}")
+                orders[r] = order
+        return orders
+
+    def _id_drift(self) -> None:
+        j = self.cfg.jitter
+        for rq in itertools.chain([self.chunked] if self.chunked else [], self.waiting):
+            if rq.r.rid == j.id_drift_after and not rq.slots:
+                c = self._fork(j.id_drift_rank, "id_drift",
+                               f"{j.id_drift_extra} extra node ids before request {rq.r.rid}")
+                self._op(c, {"op": "skip_ids", "n": j.id_drift_extra})
+                c.tree.skip_ids(j.id_drift_extra)
+                self.jitter.perturbations.fire("id_drift")
+                return
+
+    def _admit_cohort(self, c: Cohort, seq: Iterable[Req]) -> _Plan:
+        """This replica's admission over the candidates, in its order."""
+        cfg, tree, cost, ps = self.cfg, c.tree, self.cost, self._ps
         cid = id(c)
-        admitted = []
-        scanned0 = tree.stats.reclaim_scanned
+        plan = _Plan()
+        budget = cfg.chunked_prefill_tokens
+        room = cfg.max_running - len(self.running)
+        j = self.jitter
         for rq in seq:
             req = rq.r
-            self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}"})
-            rq.lock_id[cid] = f"q{req.rid}"
-            m = tree.match_prefix(rq.key)
-            lock = m.last_device
-            tree.inc_lock(lock)
-            loaded = 0
-            if m.host_len:
-                lid = f"r{req.rid}"
-                self._op(c, {"op": "load_back", "key": rq.key, "id": lid})
-                res = tree.load_back(m, lid)
-                if not isinstance(res, str):
-                    loaded = res.tokens
-                    # the request's lock moves down to the loaded anchor
-                    self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}.l"})
-                    self._op(c, {"op": "unlock", "id": f"q{req.rid}"})
-                    rq.lock_id[cid] = f"q{req.rid}.l"
-                    tree.dec_lock(lock)
-                    lock = res.anchor
-                    tree.inc_lock(lock)
-                    done = now + t0 + cost.h2d_time(loaded)
-                    ack = self.group.make_ack("load", lid, done, loaded)
-                    c.load_q.append(ack)
-                    for t in self.group.next_ready_time(ack):
-                        self._kick_at(t)
-                    self._trace("load_back", "transfer", c.ranks, now + t0, done - now - t0,
-                                tokens=loaded)
-            need = req.input_len + req.output_len - m.device_len - loaded
-            free = tree.device_capacity - tree.dev_used - tree.reserved
-            if free < need:
-                self._op(c, {"op": "evict_device", "n": need - free})
-                tree.evict_device(need - free)
-                if tree.device_capacity - tree.dev_used - tree.reserved < need:
-                    self._op(c, {"op": "unlock", "id": rq.lock_id.get(cid)})
-                    tree.dec_lock(lock)
+            slot = rq.slots.get(cid)
+            if slot is None:
+                if room <= 0 or (budget is not None and budget < ps):
                     break
-            tree.reserved += need
-            rq.lock[cid] = lock
-            rq.reserved[cid] = need
-            if c is self.group.cohorts[0]:
-                rq.device_hit, rq.loaded = m.device_len, loaded
-            admitted.append(rq)
-        stall = cost.reclaim_scan_time(tree.stats.reclaim_scanned - scanned0)
-        for k in tree.backup_log:
-            stall += cost.d2h_time(k)
-        if tree.backup_log:
-            self._trace("blocking_backups", "transfer", c.ranks, now + t0, stall,
-                        backups=len(tree.backup_log))
-            tree.backup_log.clear()
-        return stall, admitted
+                need = req.input_len + req.output_len
+                if need > tree.device_capacity - tree.protected - tree.reserved:
+                    break  # cannot fit until running requests finish
+                slot = self._admit_request(c, rq, plan)
+                if slot is None:
+                    break
+                room -= 1
+                if j.free_ranks and c.late_free_tokens and len(c.ranks) == 1:
+                    j.perturbations.fire("device_free_delay")
+            # the extend part of this request in this batch (page-aligned when chunked)
+            extend = req.input_len - slot.done
+            if budget is not None and extend > budget:
+                extend = budget // ps * ps
+                if extend <= 0:
+                    break
+            plan.reqs.append(rq)
+            plan.shape.append((req.rid, slot.done, extend))
+            plan.chunks.append((extend, slot.done))
+            if budget is not None:
+                budget -= extend
+        return plan
 
-    def _batch_mismatch(self, now, where, detail) -> None:
-        """Ranks took different scheduling decisions: the model's TP collectives in the
-        forward would see different batches, which hangs real hardware. The run stops
-        here whatever ``on_divergence`` says: nothing after it would be real."""
-        self.divergence["batch_mismatch"] = {"t": now, "step": self.step_no,
-                                             "where": where, "detail": str(detail)}
-        self._compare(now, full=True)
-        self._trace("batch_mismatch", "divergence", list(range(self.cfg.tp)), now, 0)
-        self.halted = "hang"
-        raise _Halt()
+    def _admit_request(self, c: Cohort, rq: Req, plan: _Plan) -> _Slot | None:
+        """match_prefix, lock, init_load_back and the reservation for one new request."""
+        tree, cid, req = c.tree, id(c), rq.r
+        slot = _Slot()
+        self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}"})
+        slot.lock_id = f"q{req.rid}"
+        m = tree.match_prefix(rq.key)
+        lock = m.last_device
+        tree.inc_lock(lock)
+        loaded = 0
+        stall = 0.0
+        if m.host_len:
+            lid = f"r{req.rid}"
+            self._op(c, {"op": "load_back", "key": rq.key, "id": lid})
+            res = tree.load_back(m, lid)
+            stall += self._charge(plan, res.eviction)
+            if res.ok:
+                loaded = res.tokens
+                # the request's lock moves down to the loaded anchor
+                self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}.l"})
+                self._op(c, {"op": "unlock", "id": slot.lock_id})
+                slot.lock_id = f"q{req.rid}.l"
+                tree.dec_lock(lock)
+                lock = res.anchor
+                tree.inc_lock(lock)
+                plan.loads.append(lid)
+                plan.load_tokens += loaded
+        need = req.input_len + req.output_len - m.device_len - loaded
+        free = tree.device_capacity - tree.dev_used - tree.reserved
+        if free < need:
+            if self.jitter.device_skew:
+                self.jitter.perturbations.fire("device_capacity_skew")
+            self._op(c, {"op": "evict_device", "n": need - free})
+            stall += self._charge(plan, tree.evict_device(need - free))
+            if tree.device_capacity - tree.dev_used - tree.reserved < need:
+                self._op(c, {"op": "unlock", "id": slot.lock_id})
+                tree.dec_lock(lock)
+                if c is self.group.cohorts[0]:
+                    rq.stall_s += stall  # spent on this request's behalf all the same
+                return None
+        tree.reserved += need
+        slot.lock, slot.reserved = lock, need
+        slot.device_hit, slot.loaded = m.device_len, loaded
+        slot.prefix = slot.done = min(req.input_len, m.device_len + loaded)
+        rq.slots[cid] = slot
+        if c is self.group.cohorts[0]:
+            rq.stall_s += stall
+        return slot
 
-    # ------------------------------------------------------------ a request
-    def _request(self, rq: Req, first_token: float):
-        yield self.env.timeout(first_token - self.env.now)
-        self._insert_all(rq, rq.key, final=False)
-        if self.cfg.decode and rq.r.output_len:
-            step = self.cost.decode_step_time(max(1, self.running), rq.r.input_len)
-            yield self.env.timeout(rq.r.output_len * step)
+    def _charge(self, plan: _Plan, ev) -> float:
+        """Book an eviction's blocking backups and reclaim scans on ``plan``."""
+        if ev is None:
+            return 0.0
+        cost = self.cost
+        plan.backups.extend(ev.backups)
+        plan.scanned += ev.reclaim_scanned
+        if ev.host.freed and self.jitter.host_skew:
+            self.jitter.perturbations.fire("host_capacity_skew")
+        return (sum(cost.d2h_time(k) for k in ev.backups)
+                + cost.reclaim_scan_time(ev.reclaim_scanned))
+
+    def _compare_shapes(self, plans) -> None:
+        """The forward's shape on every rank, and the first prefix length that differs
+        across ranks (a ground-truth event even when the totals happen to agree)."""
+        ref = plans[0][1].shape
+        if any(p.shape != ref for _, p in plans[1:]):
+            self.obs.shape_divergence(self.env.now, self.step_no, plans)
+
+    def _prefill(self, plans):
+        """Charge each replica's scheduler-thread stall, run the forward, insert."""
+        env, cost = self.env, self.cost
+        now = env.now
+        stalls = [env.process(self._stall(c, p)) for c, p in plans]
+        yield simpy.AllOf(env, stalls)
+        numels = {r: sum(e for _, _, e in p.shape) for c, p in plans for r in c.ranks}
+        self._forward(numels)
+        rids = [rq.r.rid for rq in plans[0][1].reqs]
+        if any([rq.r.rid for rq in p.reqs] != rids for _, p in plans[1:]):
+            # Equal token totals, different requests: no collective fails, and the
+            # ranks now run different batches, which this engine cannot follow.
+            self.obs.untracked(env.now, self.step_no, "ranks admitted different requests "
+                               "with equal token totals")
+            self.halted = "untracked"
+            raise _Halt()
+        c0, p0 = plans[0]
+        with self.gpu.request() as req:
+            yield req
+            starts = [p.started for _, p in plans if p.started is not None]
+            if starts:
+                yield simpy.AllOf(env, starts)
+            # lockstep: the slowest rank's compute (and its loads' visible stall)
+            dur = max(cost.prefill_batch_time(p.chunks)
+                      + (cost.batch_load_stall(p.load_tokens, p.chunks) if p.load_tokens else 0.0)
+                      for _, p in plans) + self._sync_s
+            yield env.timeout(dur)
+        self._trace("prefill", "forward", list(range(self.cfg.tp)), now, env.now - now,
+                    requests=len(p0.reqs), tokens=numels[0] if 0 in numels else 0)
+        self._after_prefill(plans)
+        yield from self._result_scan_time()
+
+    def _result_scan_time(self):
+        """The slowest replica's reclaim scans from result processing (lockstep)."""
+        if self._result_scans:
+            worst = max(self._result_scans.values())
+            self._result_scans.clear()
+            if worst:
+                yield self.env.timeout(self.cost.reclaim_scan_time(worst))
+
+    def _stall(self, c: Cohort, p: _Plan):
+        """One replica's scheduler thread: reclaim scans, then each blocking write_back
+        backup on its D2H engine (serially, sem §6.5); then the batch's merged H2D
+        load op is submitted (`ready_to_load_host_cache`)."""
+        env, cost = self.env, self.cost
+        if p.scanned:
+            yield env.timeout(cost.reclaim_scan_time(p.scanned))
+        if p.backups:
+            t0 = env.now
+            for k in p.backups:
+                with c.d2h.request() as req:
+                    yield req
+                    yield env.timeout(cost.d2h_time(k, concurrent=c.h2d.count > 0))
+            self._trace("blocking_backups", "transfer", c.ranks, t0, env.now - t0,
+                        backups=len(p.backups))
+        if p.loads:
+            ack = self.group.make_ack(c, "load", list(p.loads), p.load_tokens)
+            self._count_delays(ack)
+            c.load_q.append(ack)
+            p.started = env.event()
+            env.process(self._copy(c, c.h2d, c.d2h, ack, cost.h2d_time, p.started))
+
+    def _forward(self, numels: dict[int, int]) -> None:
+        if self._solo and self.collective.name == "simulated":
+            return
+        try:
+            self.collective.forward(self.step_no, numels)
+        except CollectiveError as err:
+            self._collective_failed(err)
+
+    def _after_prefill(self, plans) -> None:
+        """`process_batch_result_prefill`: chunked requests cache their progress,
+        finished prefills join the running batch (or finish)."""
+        env, cost = self.env, self.cost
+        now = env.now
+        c0, p0 = plans[0]
+        cid0 = id(c0)
+        self.chunked = None
+        admitted: set[int] = set()
+        for i, rq in enumerate(p0.reqs):
+            req = rq.r
+            for c, p in plans:
+                _, _, extend = p.shape[i]
+                rq.slots[id(c)].done += extend
+            s0 = rq.slots[cid0]
+            if math.isnan(rq.start):
+                rq.start = now
+                admitted.add(req.rid)
+            rq.prefill_s += cost.prefill_time(p0.shape[i][2], p0.shape[i][1])
+            if s0.done < req.input_len:
+                self.chunked = rq
+                self._cache(rq, rq.key[: s0.done // self._ps], final=False)
+                continue
+            rq.device_hit, rq.loaded = s0.device_hit, s0.loaded
+            rq.load_s = cost.h2d_time(s0.loaded) if s0.loaded else 0.0
+            rq.first_token = now
+            self._cache(rq, rq.key, final=False)
+            rq.remaining = max(0, req.output_len - 1)
+            rq.ctx = req.input_len + 1
+            if rq.remaining == 0 or not self.cfg.decode:
+                self._finish(rq)
+            else:
+                self.running.append(rq)
+        if admitted:
+            # Admitted requests are at the head of the queue (FCFS); request-order
+            # jitter can admit a later one, hence the general filter behind.
+            w = self.waiting
+            while w and w[0].r.rid in admitted:
+                admitted.discard(w.popleft().r.rid)
+            if admitted:
+                self.waiting = deque(rq for rq in w if rq.r.rid not in admitted)
+        self._compare()
+
+    # ------------------------------------------------------------ decode
+    def _decode(self):
+        """Decode steps of the running batch up to the next relevant time or the
+        first finish; each step also pays the loop's sync."""
+        env, cost = self.env, self.cost
+        batch = self.running
+        b = len(batch)
+        ctx = sum(rq.ctx for rq in batch)
+        k_max = min(rq.remaining for rq in batch)
+        stop = self._next_mark()
+        now = env.now
+        t, k = now, 0
+        step_s = cost.decode_step_time
+        sync = self._sync_s
+        while k < k_max:
+            t += sync + step_s(b, ctx)
+            ctx += b
+            k += 1
+            if t >= stop:
+                break
+        self._forward({r: b for r in range(self.cfg.tp)})
+        with self.gpu.request() as req:
+            yield req
+            yield env.timeout(t - now)
+        self.step_no += k - 1  # the first of these steps is this iteration
+        done = []
+        for rq in batch:
+            rq.remaining -= k
+            rq.ctx += k
+            if rq.remaining == 0:
+                done.append(rq)
+        if done:
+            self.running = [rq for rq in batch if rq.remaining > 0]
+            for rq in done:
+                self._finish(rq)
+            self._compare()
+            yield from self._result_scan_time()
+
+    # ------------------------------------------------------------ results
+    def _finish(self, rq: Req) -> None:
         r = rq.r
         full = rq.key + output_key(r.rid, r.input_len, r.output_len, self._ps)
-        self._insert_all(rq, full, final=True)
+        self._cache(rq, full, final=True)
         rq.finish = self.env.now
-        self.running -= 1
-        del self.active[rq.r.rid]
         self.metrics.request_done(rq)
         if self.progress is not None:
             self.progress(self.env.now, self.metrics)
-        self._kick()
 
-    def _insert_all(self, rq: Req, key: list, final: bool) -> None:
-        """cache_unfinished_req / cache_finished_req on every replica."""
-        ps, now = self._ps, self.env.now
+    def _cache(self, rq: Req, key: list, final: bool) -> None:
+        """`cache_unfinished_req` / `cache_finished_req` on every replica."""
+        ps = self._ps
         for c in self.group.cohorts:
-            tree = c.tree
-            cid = id(c)
+            tree, slot = c.tree, rq.slots[id(c)]
             new = (len(key) - tree.device_prefix_len(key)) * ps
-            take = min(new, rq.reserved[cid])
+            take = min(new, slot.reserved)
             tree.reserved -= take
-            rq.reserved[cid] -= take
+            slot.reserved -= take
             self._op(c, {"op": "insert", "key": key})
-            try:
-                tree.insert(key)
-            except TreeError:  # cannot happen while the reservation holds; keep going
-                pass
-            last = tree.last_node
-            old = rq.lock[cid]
-            old_id = rq.lock_id.get(cid)
+            ins = tree.insert(key)
+            self._result_scans[id(c)] = self._result_scans.get(id(c), 0) + ins.host.scanned
+            if ins.writes:
+                self._pending_writes.setdefault(id(c), []).extend(
+                    (w.ack_id, w.tokens) for w in ins.writes)
             if final:
-                self._op(c, {"op": "unlock", "id": old_id})
-                tree.dec_lock(old)
-                tree.reserved -= rq.reserved[cid]
-                rq.reserved[cid] = 0
+                self._op(c, {"op": "unlock", "id": slot.lock_id})
+                tree.dec_lock(slot.lock)
+                self._free(c, slot.reserved)
+                slot.reserved = 0
             else:
-                self._op(c, {"op": "lock", "key": key, "id": f"q{rq.r.rid}.i"})
-                self._op(c, {"op": "unlock", "id": old_id})
-                rq.lock_id[cid] = f"q{rq.r.rid}.i"
-                tree.inc_lock(last)
-                tree.dec_lock(old)
-                rq.lock[cid] = last
-            for k in tree.pending_writes_new():
-                ack = self.group.make_ack("write", k, now + self.cost.d2h_time(tree.pending_writes[k].tokens),
-                                          tree.pending_writes[k].tokens)
-                c.write_q.append(ack)
-                for t in self.group.next_ready_time(ack):
-                    self._kick_at(t)
-            tree.backup_log.clear()
+                lid = f"q{rq.r.rid}.i{slot.done}"
+                self._op(c, {"op": "lock", "key": key, "id": lid})
+                self._op(c, {"op": "unlock", "id": slot.lock_id})
+                tree.inc_lock(ins.node)
+                tree.dec_lock(slot.lock)
+                slot.lock, slot.lock_id = ins.node, lid
 
-    def _fork(self, rank: int, cause: str, now: float, detail: str = "") -> Cohort:
-        """Copy-on-divergence, plus the running requests' per-replica state: their lock
-        nodes are found in the clone by path (the trees are identical at this instant)."""
+    def _free(self, c: Cohort, tokens: int) -> None:
+        """Return a finished request's private device KV to the replica's allocator;
+        on a rank with late frees, only after its drawn delay."""
+        if tokens <= 0:
+            return
+        j = self.jitter
+        if len(c.ranks) == 1 and c.ranks[0] in j.free_ranks:
+            d = j.free_delay(c.ranks[0], c.frees)
+            c.frees += 1
+            if d > 0:
+                c.late_free_tokens += tokens
+                self.env.process(self._late_free(c, tokens, d))
+                return
+        c.tree.reserved -= tokens
+
+    def _late_free(self, c: Cohort, tokens: int, delay: float):
+        self._mark(self.env.now + delay)
+        yield self.env.timeout(delay)
+        c.tree.reserved -= tokens
+        c.late_free_tokens -= tokens
+
+    # ------------------------------------------------------------ replicas
+    def _fork(self, rank: int, cause: str, detail: str = "") -> Cohort:
+        """Copy-on-divergence, plus the requests' per-replica state: their lock nodes
+        are found in the clone by path (the trees are identical at this instant)."""
         src = self.group.cohort_of(rank)
-        c = self.group.fork(rank, cause, now, detail)
+        c = self.group.fork(rank, cause, self.env.now, detail)
         if c is src:
             return c
-        c.tree.backup_log = []
         sid, cid = id(src), id(c)
-        for rq in self.active.values():
-            if sid not in rq.lock:
+        if sid in self._pending_writes:
+            self._pending_writes[cid] = list(self._pending_writes[sid])
+        for rq in self._live():
+            slot = rq.slots.get(sid)
+            if slot is None:
                 continue
-            path = src.tree.path_units(rq.lock[sid])
+            new = slot.copy()
+            path = src.tree.path_units(slot.lock)
             x, pos = c.tree.root, 0
             while pos < len(path):
                 x = x.children[path[pos]]
                 pos += len(x.key)
-            rq.lock[cid] = x
-            rq.reserved[cid] = rq.reserved[sid]
-            if sid in rq.lock_id:
-                rq.lock_id[cid] = rq.lock_id[sid]
-        self._trace("fork", "divergence", [rank], now, 0, cause=cause)
+            new.lock = x
+            rq.slots[cid] = new
+        self._trace("fork", "divergence", [rank], self.env.now, 0, cause=cause)
         return c
 
-    # ------------------------------------------------------------ ground truth
-    def _compare(self, now: float, full: bool = False) -> None:
-        """Compare replicas: cheap summaries each step, whole trees when asked."""
-        if self.divergence["first_true_divergence"] is not None:
-            return
-        cohorts = self.group.cohorts
-        ref = cohorts[0].tree
-        rs = _summary(ref)
-        for c in cohorts[1:]:
-            what = None
-            if _summary(c.tree) != rs:
-                what = "pool occupancy / node count differ"
-            elif full or self.step_no % 64 == 0:
-                if c.tree.fingerprint() != ref.fingerprint():
-                    what = "tree contents differ"
-            if what:
-                self.divergence["first_true_divergence"] = {
-                    "t": now, "step": self.step_no, "ranks": [cohorts[0].ranks, c.ranks],
-                    "what": what, "summary": {"ranks " + cohorts[0].label: list(rs),
-                                              "ranks " + c.label: list(_summary(c.tree))}}
-                self._trace("true_divergence", "divergence", c.ranks, now, 0)
-                return
+    def _live(self):
+        yield from self.running
+        if self.chunked is not None:
+            yield self.chunked
+        for rq in self.waiting:
+            if rq.slots:
+                yield rq
 
-    def _final_compare(self) -> None:
+    def _compare(self) -> None:
         if len(self.group.cohorts) > 1:
-            self._compare(self.env.now, full=True)
+            self.obs.compare(self.env.now, self.step_no, self.group.cohorts)
 
     def report(self) -> dict:
-        """divergence.json: what SGLang would see, and the ground truth."""
-        d = self.divergence
-        forks = self.group.forks
-        true_div = d["first_true_divergence"]
-        mismatch = d["digest_mismatch"]
-        # The verdict is the first failure a real server would hit (it stops there);
-        # within one step the sync collective runs before the digest check, and both
-        # before admission.
-        failures = []
-        if d["collective_error"]:
-            e = d["collective_error"]
-            failures.append((e["t"], e["step"], 0, e["kind"]))
-        if mismatch:
-            real = true_div is not None and true_div["t"] <= mismatch["t"]
-            failures.append((mismatch["t"], mismatch["step"], 1, "detected" if real else "false_alarm"))
-        if d["batch_mismatch"]:
-            b = d["batch_mismatch"]
-            failures.append((b["t"], b["step"], 2, "hang"))
-        if failures:
-            verdict = min(failures)[3]
-        elif true_div:
-            verdict = "missed"
-        elif self.cfg.jitter.active:
-            verdict = "absorbed"
-        else:
-            verdict = "agree"
-        delay = None
-        if mismatch and true_div:
-            delay = mismatch["t"] - true_div["t"]
-        return {
-            "verdict": verdict,
+        """divergence.json: what SGLang would see, the ground truth, and the verdict."""
+        rep = self.obs.report()
+        rep.update({
             "halted": self.halted,
+            "finished": self.finished,
             "tp": self.cfg.tp,
-            "cohorts": [c.ranks for c in self.group.cohorts],
-            "forks": forks,
-            "jitter": self.cfg.jitter.active,
-            "first_fork": forks[0] if forks else None,
-            "first_true_divergence": true_div,
-            "digest_mismatch": mismatch,
-            "detection_delay_s": delay,
-            "mismatch_steps": d["mismatch_steps"],
-            "collective_error": d["collective_error"],
-            "batch_mismatch": d["batch_mismatch"],
-            "collective_calls": self.collective.log.calls,
+            "collective_calls": self.collective.calls,
             "digests": {str(r): self.group.cohort_of(r).tree.digest for r in range(self.cfg.tp)},
             "steps": self.step_no,
-        }
-
-
-def _summary(tree) -> tuple:
-    return (tree.dev_used, tree.host_used, tree.n_nodes, tree.dup_tokens, tree.evictable,
-            tree.protected, tree.reserved, len(tree.loads))
+        })
+        return rep

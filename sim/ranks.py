@@ -1,79 +1,84 @@
-"""A TP group of tree replicas, with copy-on-divergence and seeded jitter.
+"""A TP group of tree replicas: cohorts, copy-on-divergence, per-rank hardware.
 
-Ranks whose input event streams have been identical so far form a *cohort* that
-shares one tree and one set of ack queues. A rank-specific event (an ack it processes
-alone, an extra node id, a different admission order) forks that rank off into its
-own cohort with a cloned tree. Without jitter a TP group of 8 is one cohort and costs
-about the same as TP=1.
+Each TP rank of SGLang holds its own tree, ack queues, copy engines and allocator
+(sem §5.1). Ranks whose inputs have been identical so far behave identically, so
+they form a *cohort* that shares one tree, one pair of FIFO ack queues and one pair of
+copy engines standing for each of its ranks' own. A rank-specific event (an ack it
+pops alone, an extra node id, a different admission order) forks that rank off with a
+cloned tree; ranks whose hardware differs from the start (a skewed pool, an allocator
+that can fail, late frees) get their own replica at t=0. Sharing is bookkeeping only:
+every draw is keyed per rank and event (``sim.jitter``), so ``replicas: eager`` (one
+tree per rank from t=0) gives byte-identical results.
 
-Ack queues are FIFO, as SGLang's are. Each entry completes at ``done`` (the transfer's
-finish); rank ``r`` sees it ready at ``done + delay[r]``, its CUDA event firing late.
+Ack queues are FIFO, as SGLang's are. A transfer's ack is complete for rank ``r`` at
+``done + delay[r]``: ``done`` when the copy engine finishes it, ``delay[r]`` that
+rank's CUDA event firing late.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-import numpy as np
+import simpy
 
-from sim.config import JitterConfig, SimConfig
+from sim.config import SimConfig
+from sim.jitter import Jitter
 from sim.tree import Tree
 
 
-def _delay_none(rng, p):
-    return 0.0
-
-
-def _delay_uniform(rng, p):
-    return float(rng.uniform(p.get("low", 0.0), p.get("high", 1e-3)))
-
-
-def _delay_exponential(rng, p):
-    return float(rng.exponential(p.get("mean", 1e-3)))
-
-
-def _delay_lognormal(rng, p):
-    return float(rng.lognormal(p.get("mu", -7.0), p.get("sigma", 1.0)))
-
-
-# Per-rank ack completion delay distributions, in seconds.
-DELAYS = {"none": _delay_none, "uniform": _delay_uniform,
-          "exponential": _delay_exponential, "lognormal": _delay_lognormal}
-
-
 class Ack:
-    """One in-flight transfer's acknowledgement (a write or a load)."""
+    """One merged transfer's acknowledgement: the tree ack ids it completes."""
 
-    __slots__ = ("kind", "ack_id", "done", "delays", "tokens")
+    __slots__ = ("kind", "ids", "tokens", "n", "delays", "done")
 
-    def __init__(self, kind: str, ack_id, done: float, delays, tokens: int):
-        self.kind = kind
-        self.ack_id = ack_id
-        self.done = done
-        self.delays = delays  # rank -> extra delay, or None when no rank is delayed
+    def __init__(self, kind: str, ids: list, tokens: int, n: int, delays: dict | None):
+        self.kind = kind      # "write" or "load"
+        self.ids = ids        # tree ack ids, in issue order
         self.tokens = tokens
+        self.n = n            # this kind's sequence number on the ranks that issued it
+        self.delays = delays  # rank -> extra delay (s), or None when no rank is delayed
+        self.done: float | None = None  # set by the copy engine when the copy finishes
 
-    def ready_at(self, rank: int) -> float:
-        return self.done if self.delays is None else self.done + self.delays.get(rank, 0.0)
+    def ready(self, rank: int, now: float) -> bool:
+        """`finish_event.query()` on ``rank`` at ``now``."""
+        if self.done is None:
+            return False
+        if self.delays is None:
+            return self.done <= now
+        return self.done + self.delays.get(rank, 0.0) <= now
+
+    def ready_times(self) -> set[float]:
+        d = self.done
+        if self.delays is None:
+            return {d}
+        return {d} | {d + x for x in self.delays.values()}
 
 
 class Cohort:
-    """Ranks with identical history: one tree, one pair of FIFO ack queues."""
+    """Ranks with identical history: one tree, FIFO ack queues, copy engines."""
 
-    __slots__ = ("ranks", "tree", "write_q", "load_q", "ops")
+    __slots__ = ("ranks", "tree", "write_q", "load_q", "ops", "acks_issued", "h2d", "d2h",
+                 "alloc_attempts", "frees", "late_free_tokens")
 
-    def __init__(self, ranks: list[int], tree: Tree, write_q=None, load_q=None, ops=None):
+    def __init__(self, env: simpy.Environment, ranks: list[int], tree: Tree, ops=None):
         self.ranks = ranks
         self.tree = tree
-        self.write_q: deque[Ack] = write_q if write_q is not None else deque()
-        self.load_q: deque[Ack] = load_q if load_q is not None else deque()
-        self.ops = ops  # the op-trace this cohort has seen (repro bundles), or None
+        self.write_q: deque[Ack] = deque()
+        self.load_q: deque[Ack] = deque()
+        self.ops = ops  # the op-trace this replica has seen (repro bundles), or None
+        self.acks_issued = {"write": 0, "load": 0}
+        # Each rank's two copy engines (sem §6.4: dedicated D->H and H->D streams).
+        self.h2d = simpy.Resource(env, capacity=1)
+        self.d2h = simpy.Resource(env, capacity=1)
+        self.alloc_attempts = 0    # host allocation attempts (the key of their draws)
+        self.frees = 0             # finished-request device frees (late-free draws)
+        self.late_free_tokens = 0  # device KV freed but not yet back in the allocator
 
     def ready_count(self, q: deque, rank: int, now: float) -> int:
-        """Acks ready from the front of ``q`` up to the first that is not (`query()`)."""
+        """`_count_ready_acks`: ready acks from the front, up to the first that is not."""
         n = 0
         for ack in q:
-            if ack.ready_at(rank) > now:
+            if not ack.ready(rank, now):
                 break
             n += 1
         return n
@@ -84,38 +89,27 @@ class Cohort:
 
 
 class RankGroup:
-    """The TP group: cohorts of ranks, the fork log, and per-rank jitter streams."""
+    """The TP group: its cohorts, the fork log, and the ranks' rank-local state."""
 
-    def __init__(self, cfg: SimConfig):
+    def __init__(self, cfg: SimConfig, env: simpy.Environment, jitter: Jitter):
         self.cfg = cfg
+        self.env = env
         self.tp = cfg.tp
-        j: JitterConfig = cfg.jitter
-        self.jitter = j
-        self.forks: list[dict] = []
-        self.seed = cfg.seed if j.seed is None else j.seed
-        self._rngs = [np.random.Generator(np.random.PCG64([self.seed, 7919, r])) for r in range(cfg.tp)]
-        self._delay = DELAYS[j.ack_delay]
-        self._delay_ranks = (set(range(cfg.tp)) if j.ack_delay_ranks is None
-                             else {r for r in j.ack_delay_ranks if r < cfg.tp})
-        if j.ack_delay == "none":
-            self._delay_ranks = set()
-        base = self._make_tree(0)
-        self.cohorts: list[Cohort] = [Cohort(list(range(cfg.tp)), base,
+        self.jitter = jitter
+        self.forks: list[dict] = []  # bookkeeping (never in results: see module doc)
+        base = self._make_tree()
+        self.cohorts: list[Cohort] = [Cohort(env, list(range(cfg.tp)), base,
                                              ops=[] if cfg.record_ops else None)]
-        # Ranks whose physical inputs differ from the start get their own replica at
-        # t=0: a skewed host pool, or a host allocator that can fail on its own.
-        eager = set(j.host_capacity_skew) | set(j.host_alloc_failure_ranks if j.host_alloc_failure_p > 0 else ())
-        if cfg.eager_replicas:
-            eager = set(range(1, cfg.tp))
-        for r in sorted(x for x in eager if x < cfg.tp and cfg.tp > 1):
-            cause = ("host_capacity_skew" if r in j.host_capacity_skew else
-                     "host_alloc_failure" if r in j.host_alloc_failure_ranks else "eager_replicas")
-            self.fork(r, cause, 0.0)
+        own = (range(1, cfg.tp) if cfg.replicas == "eager"
+               else cfg.jitter.physical_ranks(cfg.tp))
+        for r in own:
+            if r < cfg.tp and cfg.tp > 1:
+                self.fork(r, "replica", 0.0)
         for c in self.cohorts:
             self._apply_physical(c)
 
     # ---------------------------------------------------------------- trees
-    def _make_tree(self, rank: int) -> Tree:
+    def _make_tree(self) -> Tree:
         cfg = self.cfg
         return Tree(device_capacity=cfg.device_tokens, host_capacity=cfg.host_tokens,
                     page_size=cfg.page_size, write_policy=cfg.write_policy,
@@ -123,17 +117,27 @@ class RankGroup:
                     load_back_threshold=cfg.load_back_threshold, ids=cfg.ids)
 
     def _apply_physical(self, c: Cohort) -> None:
-        """Rank-local physical state of a single-rank cohort."""
+        """Rank-local hardware of a single-rank cohort (applied once, at t=0)."""
         j = self.jitter
         if len(c.ranks) != 1:
             return
         r = c.ranks[0]
-        if r in j.host_capacity_skew:
-            c.tree.host_capacity = max(0, self.cfg.host_tokens + j.host_capacity_skew[r])
-        if j.host_alloc_failure_p > 0 and r in j.host_alloc_failure_ranks:
-            rng = np.random.Generator(np.random.PCG64([self.seed, 104729, r]))
-            p = j.host_alloc_failure_p
-            c.tree.host_alloc_fail = lambda: bool(rng.random() < p)
+        if r in j.host_skew:
+            c.tree.host_capacity = max(0, self.cfg.host_tokens + j.host_skew[r])
+        if r in j.device_skew:
+            c.tree.device_capacity = max(0, self.cfg.device_tokens + j.device_skew[r])
+        if r in j.alloc_ranks:
+            fired = j.perturbations
+
+            def fail(c=c, r=r) -> bool:
+                n = c.alloc_attempts
+                c.alloc_attempts += 1
+                if j.host_alloc_fails(r, n):
+                    fired.fire("host_alloc_failure")
+                    return True
+                return False
+
+            c.tree.host_alloc_fail = fail
 
     def cohort_of(self, rank: int) -> Cohort:
         for c in self.cohorts:
@@ -142,43 +146,41 @@ class RankGroup:
         raise KeyError(rank)
 
     def fork(self, rank: int, cause: str, now: float, detail: str = "") -> Cohort:
-        """Copy-on-divergence: give ``rank`` its own replica from here on."""
+        """Copy-on-divergence: give ``rank`` its own replica from here on. Its copy
+        engines start as busy as the cohort's: a shadow holds each new engine until
+        the work queued on the old one before the fork has drained."""
         c = self.cohort_of(rank)
         if len(c.ranks) == 1:
             return c
         c.ranks.remove(rank)
-        new = Cohort([rank], c.tree.clone(), deque(c.write_q), deque(c.load_q),
+        new = Cohort(self.env, [rank], c.tree.clone(),
                      list(c.ops) if c.ops is not None else None)
+        new.write_q = deque(c.write_q)  # the same Ack objects: one copy, per-rank readiness
+        new.load_q = deque(c.load_q)
+        new.acks_issued = dict(c.acks_issued)
+        new.alloc_attempts, new.frees = c.alloc_attempts, c.frees
+        new.late_free_tokens = c.late_free_tokens
+        for old_e, new_e in ((c.h2d, new.h2d), (c.d2h, new.d2h)):
+            if old_e.count or old_e.queue:
+                self.env.process(_shadow(old_e, new_e))
         self.cohorts.append(new)
         self.cohorts.sort(key=lambda x: x.ranks[0])
         self.forks.append({"t": now, "rank": rank, "cause": cause, "detail": detail})
-        self._apply_physical(new)
         return new
 
     # ---------------------------------------------------------------- acks
-    def make_ack(self, kind: str, ack_id, done: float, tokens: int) -> Ack:
-        delays = None
-        if self._delay_ranks and self.jitter.ack_delay_acks in ("both", kind):
-            p = self.jitter.ack_delay_params
-            delays = {r: self._delay(self._rngs[r], p) for r in sorted(self._delay_ranks)}
-        return Ack(kind, ack_id, done, delays, tokens)
+    def make_ack(self, c: Cohort, kind: str, ids: list, tokens: int) -> Ack:
+        n = c.acks_issued[kind]
+        c.acks_issued[kind] = n + 1
+        delays = self.jitter.ack_delays(kind, n)
+        if delays is not None:
+            delays = {r: d for r, d in delays.items() if d > 0 and r in c.ranks} or None
+        return Ack(kind, ids, tokens, n, delays)
 
-    def next_ready_time(self, ack: Ack) -> list[float]:
-        """Times at which some rank sees ``ack`` ready (to wake the scheduler)."""
-        if ack.delays is None:
-            return [ack.done]
-        return sorted({ack.done} | {ack.done + d for d in ack.delays.values()})
 
-    def swap_order(self, rank: int, n: int) -> list[int] | None:
-        """Admission order of a batch of ``n`` on ``rank`` (request-order jitter)."""
-        j = self.jitter
-        if n < 2 or j.request_order_swap_p <= 0 or rank not in j.request_order_ranks:
-            return None
-        rng = self._rngs[rank]
-        order = list(range(n))
-        w = max(2, j.request_order_window)
-        for i in range(n - 1):
-            if rng.random() < j.request_order_swap_p:
-                k = min(n - 1, i + int(rng.integers(1, w)))
-                order[i], order[k] = order[k], order[i]
-        return order if order != list(range(n)) else None
+def _shadow(old: simpy.Resource, new: simpy.Resource):
+    """Hold ``new`` until ``old`` has served everything queued on it so far."""
+    with new.request() as mine:
+        yield mine
+        with old.request() as theirs:
+            yield theirs

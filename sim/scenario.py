@@ -355,11 +355,29 @@ class Cost(_Model):
 
 
 class Collective(_Model):
-    """How the per-step MIN all_reduce is computed: simulated, or real torch.distributed
-    (gloo on cpu, NCCL on cuda)."""
+    """The TP group's collectives: how they are computed (simulated, or real
+    torch.distributed: gloo on cpu, NCCL on cuda), which SGLang code issues the per-step
+    cache sync (``discipline``), and how long a blocked real call waits before it is
+    reported as a hang.
+
+    ``discipline``: ``synced`` is 0.5.23 (one MIN all_reduce of ready write and load
+    acks and the digest every step); ``pre_26921`` is the code before sglang #26921 /
+    #27489 (separate write and load checks, each skipped by a rank with nothing of
+    that kind in flight); ``local`` lets each rank pop its own ready acks (a bug mode).
+    """
 
     backend: Literal["simulated", "torch"] = "simulated"
     device: Literal["cpu", "cuda"] = "cpu"
+    discipline: Literal["synced", "pre_26921", "local"] = "synced"
+    timeout_s: _num(gt=0.0, hi=3600.0) = 10.0
+
+
+class Engine(_Model):
+    """How the simulator keeps the ranks' replicas. ``shared``: ranks share one tree
+    until a rank-specific event forks one off; ``eager``: one tree per rank from the
+    start. Both give byte-identical results (the option exists to check that)."""
+
+    replicas: Literal["shared", "eager"] = "shared"
 
 
 _DELAY_DISTS = ("none", "uniform", "exponential", "lognormal")
@@ -374,10 +392,20 @@ class AckDelay(_DistFields):
 
 
 class HostAllocFailure(_Model):
-    """A host allocation fails on some ranks with this probability (sem §5.4.b)."""
+    """A host allocation fails on some ranks with this probability, per attempt
+    (sem §5.4.b; sglang #28429: ``write_backup`` enqueues only where it succeeds)."""
 
     probability: Probability = 0.0
     ranks: list[Rank] | None = None
+
+
+class DeviceFreeDelay(_DistFields):
+    """A finished request's private device KV returns to these ranks' allocators late,
+    by a drawn delay in seconds (sglang #33442: load-back sizes from rank-local free
+    device space)."""
+
+    dist: Literal[_DELAY_DISTS] = "none"  # type: ignore[valid-type]
+    ranks: list[Rank] | None = None  # None: every rank
 
 
 class IdDrift(_Model):
@@ -398,16 +426,16 @@ class RequestOrder(_Model):
 
 
 class Jitter(_Model):
-    """Rank-level perturbations; all default off. Draws are seeded (``seed``, default
-    the scenario's). ``ack_discipline``: ``synced`` is SGLang (ready ack counts are
-    MIN-all-reduced, sem §5.2); ``local`` lets each rank pop its own ready acks;
-    ``skip_when_idle`` skips the per-step sync on idle steps."""
+    """Rank-level perturbations and faults; all default off. Each draw is keyed by
+    (``seed``, rank, event); ``seed`` defaults to the scenario's. Capacity skews are
+    per-rank deltas in tokens."""
 
     seed: _int(0, 2**63 - 1) | None = None
     ack_delay: AckDelay = Field(default_factory=AckDelay)
-    ack_discipline: Literal["synced", "local", "skip_when_idle"] = "synced"
     host_alloc_failure: HostAllocFailure = Field(default_factory=HostAllocFailure)
     host_capacity_skew: dict[Rank, _int(-(10**12), 10**12)] = Field(default_factory=dict)
+    device_capacity_skew: dict[Rank, _int(-(10**12), 10**12)] = Field(default_factory=dict)
+    device_free_delay: DeviceFreeDelay = Field(default_factory=DeviceFreeDelay)
     id_drift: IdDrift | None = None
     request_order: RequestOrder = Field(default_factory=RequestOrder)
 
@@ -630,6 +658,7 @@ class Scenario(_Model):
     cache: Cache = Field(default_factory=Cache)
     cost: Cost = Field(default_factory=Cost)
     collective: Collective = Field(default_factory=Collective)
+    engine: Engine = Field(default_factory=Engine)
     jitter: Jitter = Field(default_factory=Jitter)
     workload: Workload
     scheduler: Scheduler = Field(default_factory=Scheduler)
@@ -1135,9 +1164,11 @@ def _tags_first(v):
 def dump_resolved(scenario: Scenario) -> str:
     """The validated scenario as YAML: defaults filled in, paths absolute, keys in
     schema order (deterministic). Loading it again gives the same scenario. The
-    resolved capacities head the file as comments."""
+    resolved capacities head the file as comments. ``engine`` is left out: it is
+    bookkeeping that by construction does not change results, and leaving it out
+    keeps a shared and an eager run's folders byte-identical."""
     dev, host = resolve_capacities(scenario)
-    data = _tags_first(scenario.model_dump(mode="python", exclude_none=True))
+    data = _tags_first(scenario.model_dump(mode="python", exclude_none=True, exclude={"engine"}))
     head = (f"# resolved by hicache-sim {__version__}\n"
             f"# per rank: device {dev} tokens, host {host} tokens "
             f"({scenario.model.spec().bytes_per_token(scenario.tp)} bytes/token at tp {scenario.tp})\n")

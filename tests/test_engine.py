@@ -1,28 +1,30 @@
-"""The engine: replicas stay identical without jitter; each jitter class has a pinned
-outcome; gloo-backed runs agree exactly with simulated ones."""
+"""The engine: replicas stay identical without jitter, sharing trees is invisible,
+each jitter class has an observed outcome, and time is spent on resources."""
 
 import json
 
 import hypothesis.strategies as st
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 
 from conftest import ROOT
-from sim.collectives import CollectiveError, SimulatedCollective
 from sim.config import JitterConfig, SimConfig
 from sim.events import Simulation
+from sim.jitter import Jitter
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 from sim.workloads.base import Request
 
+JITTER_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("jitter_*.yaml"))
 
-def chat_stream(n, seed, sessions=8, block=16):
+
+def chat_stream(n, seed, sessions=8, block=16, rate=20.0):
     """Small multi-turn stream: sessions grow their context turn by turn."""
     rng = np.random.default_rng(seed)
     ctx, nid, t = {}, 0, 0.0
     for rid in range(n):
-        t += float(rng.exponential(0.05))
+        t += float(rng.exponential(1 / rate))
         s = int(rng.integers(sessions))
         add = int(rng.integers(1, 5))
         blocks = ctx.get(s, []) + list(range(nid, nid + add))
@@ -32,23 +34,29 @@ def chat_stream(n, seed, sessions=8, block=16):
                       int(rng.integers(1, 40)), s)
 
 
-def simulate(cfg, n=120, seed=0):
-    sim = Simulation(cfg, chat_stream(n, seed))
+def simulate(cfg, n=120, seed=0, **kw):
+    sim = Simulation(cfg, chat_stream(n, seed, **kw))
     sim.run()
     return sim
 
 
-@settings(max_examples=25, deadline=None)
+def run_shipped(name, *sets, out=None):
+    scn = load_scenario(ROOT / "scenarios" / f"{name}.yaml", list(sets))
+    return run_scenario(scn, out)
+
+
+# ------------------------------------------------------------------ replicas
+@settings(max_examples=20, deadline=None)
 @given(tp=st.integers(2, 4), seed=st.integers(0, 10_000),
        policy=st.sampled_from(["write_back", "write_through"]),
        host_policy=st.sampled_from(["duplicate_first", "lru", "duplicate_first_single_pass"]),
        page=st.sampled_from([1, 4, 16]), dev_pages=st.integers(40, 200),
-       host_pages=st.integers(8, 200))
+       host_pages=st.integers(8, 200), chunk=st.sampled_from([None, 64, 256]))
 def test_without_jitter_every_replica_stays_identical(tp, seed, policy, host_policy, page,
-                                                      dev_pages, host_pages):
+                                                      dev_pages, host_pages, chunk):
     cfg = SimConfig(tp=tp, page_size=page, device_tokens=dev_pages * 16, host_tokens=host_pages * 16,
                     write_policy=policy, host_policy=host_policy, load_back_threshold=1,
-                    seed=seed, eager_replicas=True)
+                    chunked_prefill_tokens=chunk, seed=seed, replicas="eager")
     sim = simulate(cfg, seed=seed)
     trees = [c.tree for c in sim.group.cohorts]
     assert len(trees) == tp  # every rank really ran its own tree
@@ -59,67 +67,194 @@ def test_without_jitter_every_replica_stays_identical(tp, seed, policy, host_pol
         assert t.stats.as_dict() == trees[0].stats.as_dict()
     rep = sim.report()
     assert rep["verdict"] == "agree" and rep["digest_mismatch"] is None
-    # copy-on-divergence is invisible: one shared replica gives the same run
-    cfg.eager_replicas = False
+    assert sim.finished and sim.metrics.done + sim.metrics.rejected == 120
+    cfg.replicas = "shared"
     shared = simulate(cfg, seed=seed)
     assert len(shared.group.cohorts) == 1
     assert shared.metrics.rows == sim.metrics.rows
-    assert shared.group.cohorts[0].tree.digest == trees[0].digest
+    assert shared.report() == rep
 
 
-def run_shipped(name, *sets):
-    scn = load_scenario(ROOT / "scenarios" / f"{name}.yaml", list(sets))
-    return run_scenario(scn, None)
+# No shrinking: a failing (scenario, seed) is already minimal enough to debug.
+@settings(max_examples=14, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(name=st.sampled_from(JITTER_SCENARIOS), seed=st.integers(0, 2**20))
+def test_shared_and_eager_replicas_write_byte_identical_results(name, seed, tmp_path_factory):
+    """Copy-on-divergence is bookkeeping: every jitter class, any seed."""
+    sets = ["limits.max_requests=80", f"seed={seed}"]
+    folders = []
+    for mode in ("shared", "eager"):
+        out = tmp_path_factory.mktemp(mode) / "r"
+        run_shipped(name, *sets, f"engine.replicas={mode}", out=out)
+        folders.append(out)
+    a, b = folders
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for f in names:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+# ------------------------------------------------------------------ draws
+def test_jitter_draws_are_keyed_by_rank_and_event():
+    cfg = JitterConfig(ack_delay="lognormal", ack_delay_params={"mean": 1e-3, "cv": 0.5})
+    a, b = Jitter(cfg, 4, seed=7), Jitter(cfg, 4, seed=7)
+    first = [a.ack_delays("load", n) for n in range(50)]
+    # drawing in another order, or for other kinds in between, changes nothing
+    for n in reversed(range(50)):
+        b.ack_delays("write", n)
+        assert b.ack_delays("load", n) == first[n]
+    assert Jitter(cfg, 4, seed=8).ack_delays("load", 0) != first[0]
+
+
+@pytest.mark.parametrize("dist,params", [("lognormal", {"cv": 1.0}), ("exponential", {}),
+                                         ("uniform", None)])
+def test_ack_delay_distributions_honour_their_parameters(dist, params):
+    means = []
+    for mean in (1e-4, 5e-2):
+        p = {"low": 0.0, "high": 2 * mean} if params is None else {"mean": mean, **params}
+        j = Jitter(JitterConfig(ack_delay=dist, ack_delay_params=p), 2, seed=1)
+        draws = [d for n in range(4000) for d in j.ack_delays("load", n).values()]
+        means.append(np.mean(draws))
+        assert np.mean(draws) == pytest.approx(mean, rel=0.08)
+    assert means[1] > 100 * means[0]
+
+
+# ------------------------------------------------------------------ verdicts
+def test_perturbations_that_never_fire_give_agree():
+    # id drift after a request that never arrives
+    cfg = SimConfig(tp=2, page_size=16, device_tokens=16 * 60, host_tokens=16 * 60,
+                    jitter=JitterConfig(id_drift_rank=1, id_drift_extra=3, id_drift_after=10**9))
+    rep = simulate(cfg).report()
+    assert rep["verdict"] == "agree" and rep["perturbations"] == {"id_drift": 0}
+    # a write-ack delay under write_back, where no write ack exists
+    cfg = SimConfig(tp=2, page_size=16, device_tokens=16 * 60, host_tokens=16 * 60,
+                    jitter=JitterConfig(ack_delay="exponential", ack_delay_params={"mean": 1e-3},
+                                        ack_delay_acks="write"))
+    rep = simulate(cfg).report()
+    assert rep["verdict"] == "agree" and rep["perturbations"] == {"ack_delay": 0}
+    # the local discipline with no delays: every rank pops the same acks
+    cfg = SimConfig(tp=2, page_size=16, device_tokens=16 * 60, host_tokens=16 * 60,
+                    discipline="local", load_back_threshold=1)
+    rep = simulate(cfg).report()
+    assert rep["verdict"] == "agree" and "no perturbation fired" in rep["reason"]
 
 
 def test_ack_delay_is_absorbed_by_synced_acks():
-    res = run_shipped("jitter_ack_delay")
-    d = res.divergence
-    assert d["verdict"] == "absorbed" and d["jitter"]
+    d = run_shipped("jitter_ack_delay").divergence
+    assert d["verdict"] == "absorbed" and d["perturbations"]["ack_delay"] > 0
+    assert "ack_delay fired" in d["reason"]
     assert d["digest_mismatch"] is None and d["first_true_divergence"] is None
-    assert len(d["cohorts"]) == 1  # synced counts never fork a rank
 
 
 def test_local_ack_drain_diverges_and_the_digest_detects_it():
     d = run_shipped("jitter_ack_local").divergence
     assert d["verdict"] == "detected"
-    assert d["forks"][0]["cause"] == "ack_local_drain"
     assert d["first_true_divergence"]["t"] <= d["digest_mismatch"]["t"]
-    assert d["detection_delay_s"] >= 0
-
-
-def test_skip_when_idle_hangs_the_sync_collective():
-    d = run_shipped("jitter_skip_when_idle").divergence
-    assert d["verdict"] == "hang" and d["halted"] == "hang"
-    assert "skipped it" in d["collective_error"]["message"]
+    assert d["detection_delay_s"] == pytest.approx(d["digest_mismatch"]["t"]
+                                                   - d["first_true_divergence"]["t"])
 
 
 def test_id_drift_is_a_false_alarm():
     d = run_shipped("jitter_id_drift").divergence
     assert d["verdict"] == "false_alarm" and d["halted"] == "digest_mismatch"
     assert d["first_true_divergence"] is None  # the trees are logically equal
-    assert d["forks"][0]["cause"] == "id_drift"
-    digests = set(d["digests"].values())
-    assert len(digests) == 2
+    assert d["perturbations"] == {"id_drift": 1}
+    assert len(set(d["digests"].values())) == 2
 
 
-@pytest.mark.parametrize("name,cause", [("jitter_host_alloc_failure", "host_alloc_failure"),
-                                        ("jitter_host_capacity_skew", "host_capacity_skew")])
-def test_rank_local_host_state_diverges_and_the_digest_catches_it_later(name, cause):
+def test_pre_26921_write_check_hangs_where_0523_does_not():
+    """sglang #26921 / #28429: a rank-local write_through backup failure empties one
+    rank's in-flight writes; the pre-fix early return then skips the collective."""
+    old = run_shipped("jitter_pre_26921").divergence
+    assert old["verdict"] == "hang" and old["collective_error"]["site"] == "write_check"
+    assert old["perturbations"]["host_alloc_failure"] >= 1
+    assert old["collective_error"]["ranks_out"] == [1]
+    new = run_shipped("jitter_pre_26921", "collective.discipline=synced").divergence
+    assert new["verdict"] != "hang" or new["collective_error"]["site"] != "write_check"
+
+
+def test_pre_26921_does_not_hang_while_every_rank_has_acks_in_flight():
+    """Late acks alone never empty one rank's queue before another's: no false hang."""
+    cfg = SimConfig(tp=2, page_size=16, device_tokens=16 * 60, host_tokens=16 * 200,
+                    discipline="pre_26921", write_policy="write_through", load_back_threshold=1,
+                    jitter=JitterConfig(ack_delay="uniform", ack_delay_params={"low": 0, "high": 5e-3},
+                                        ack_delay_ranks=(1,)))
+    rep = simulate(cfg, n=200).report()
+    assert rep["verdict"] == "absorbed" and rep["collective_error"] is None
+
+
+@pytest.mark.parametrize("name", ["jitter_device_free_delay", "jitter_device_capacity_skew",
+                                  "jitter_write_through_alloc_failure"])
+def test_rank_local_device_state_fails_where_sglang_would(name):
+    """Rank-local allocator state changes what a rank caches; the outcome (digest,
+    forward shapes) is whatever the ranks' own checks see first."""
     d = run_shipped(name).divergence
-    assert d["forks"][0]["cause"] == cause
-    assert d["verdict"] == "detected"
-    true_t, digest_t = d["first_true_divergence"]["t"], d["digest_mismatch"]["t"]
-    assert true_t < digest_t and d["detection_delay_s"] == pytest.approx(digest_t - true_t)
-    # recorded past the assertion, the ranks' scheduling then disagrees too
-    assert d["batch_mismatch"] is None or d["batch_mismatch"]["t"] >= digest_t
+    assert d["verdict"] in ("detected", "size_mismatch", "missed")
+    assert d["first_true_divergence"] is not None
+    if d["verdict"] == "size_mismatch":
+        err = d["collective_error"]
+        assert err["site"] == "forward" and d["shape_divergence"]["step"] <= err["step"]
 
 
-def test_request_order_changes_the_batches_before_any_reclaim_differs():
-    d = run_shipped("jitter_request_order").divergence
-    assert d["forks"][0]["cause"] == "request_order"
-    assert d["verdict"] == "hang" and d["digest_mismatch"] is None
-    assert d["first_true_divergence"]["t"] <= d["batch_mismatch"]["t"]
+def test_forward_shapes_that_differ_are_a_size_mismatch():
+    # rank 1's device pool is much smaller: it evicts where rank 0 hits
+    cfg = SimConfig(tp=2, page_size=16, device_tokens=16 * 80, host_tokens=0,
+                    write_policy="write_through", jitter=JitterConfig(device_capacity_skew={1: -16 * 30}))
+    sim = simulate(cfg, n=300)
+    rep = sim.report()
+    assert rep["verdict"] == "size_mismatch"
+    assert rep["collective_error"]["site"] == "forward"
+    assert rep["shape_divergence"]["t"] <= rep["collective_error"]["t"]
+    assert rep["shape_divergence"]["first_request"] is not None
+
+
+# ------------------------------------------------------------------ time
+def test_each_request_carries_its_own_backup_stall():
+    cfg = SimConfig(tp=1, page_size=16, device_tokens=16 * 40, host_tokens=16 * 400, load_back_threshold=1)
+    sim = simulate(cfg, n=150)
+    stalls = [r[13] for r in sim.metrics.rows]
+    assert sum(stalls) > 0 and len(set(stalls)) > 2  # not one batch value copied around
+    assert sim.metrics.summary(sim.group.cohorts[0].tree)["backup_stall_s"] == pytest.approx(sum(stalls))
+    cfg.write_policy = "write_through"
+    wt = simulate(cfg, n=150)
+    assert sum(r[13] for r in wt.metrics.rows) == 0  # no blocking backups under write_through
+
+
+def test_chunked_prefill_changes_the_run():
+    runs = {}
+    for chunk in (None, 32):
+        cfg = SimConfig(tp=1, page_size=16, device_tokens=16 * 400, host_tokens=16 * 400,
+                        chunked_prefill_tokens=chunk)
+        sim = simulate(cfg, n=60)
+        runs[chunk] = sim
+    a, b = runs[None], runs[32]
+    assert a.step_no < b.step_no  # more prefill forwards
+    assert [r[4] for r in a.metrics.rows] != [r[4] for r in b.metrics.rows]  # first tokens move
+
+
+def test_decode_steps_share_the_gpu():
+    """A request decodes slower when more requests share its decode steps."""
+    def last_finish(n):
+        cfg = SimConfig(tp=1, page_size=16, device_tokens=16 * 4000, host_tokens=0)
+        reqs = [Request(i, 0.0, tuple(range(10 * i, 10 * i + 4)), 16, 60, 100, i) for i in range(n)]
+        sim = Simulation(cfg, reqs)
+        sim.run()
+        return max(r[5] - r[4] for r in sim.metrics.rows)  # finish - first token
+    assert last_finish(1) == pytest.approx(99 * 10e-3)
+    assert last_finish(8) == pytest.approx(99 * 10e-3)  # FixedCosts: flat per step
+    assert last_finish(8) > 0
+
+
+def test_load_backs_queue_on_the_copy_engine():
+    """Loads of consecutive batches share one H2D engine: FIFO, never overlapping."""
+    cfg = SimConfig(tp=1, page_size=16, device_tokens=16 * 30, host_tokens=16 * 400,
+                    load_back_threshold=1)
+    trace = []
+    sim = Simulation(cfg, chat_stream(200, 3), trace_events=trace)
+    sim.run()
+    copies = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace if e["name"] == "load_copy")
+    assert len(copies) > 5
+    for (s0, e0), (s1, _) in zip(copies, copies[1:]):
+        assert s1 >= e0 - 1e-6
 
 
 def test_outcomes_are_deterministic():
@@ -129,48 +264,7 @@ def test_outcomes_are_deterministic():
     assert a.summary == b.summary
 
 
-def test_call_log_reports_hangs_and_size_mismatches():
-    coll = SimulatedCollective(3)
-    assert coll.all_reduce_min("x", {0: [3, -3], 1: [1, -1], 2: [2, -2]}) == [1, -3]
-    with pytest.raises(CollectiveError) as err:
-        coll.all_reduce_min("x", {0: [1], 2: [1]})
-    assert err.value.kind == "hang" and "[1] skipped" in str(err.value)
-    with pytest.raises(CollectiveError) as err:
-        coll.all_reduce_min("x", {0: [1, 2], 1: [1], 2: [1, 2]})
-    assert err.value.kind == "size_mismatch"
-
-
-def test_write_back_eviction_charges_blocking_backups():
-    cfg = SimConfig(tp=1, page_size=16, device_tokens=16 * 40, host_tokens=16 * 400, load_back_threshold=1)
-    sim = simulate(cfg, n=150)
-    stats = sim.group.cohorts[0].tree.stats
-    assert stats.backups > 0
-    assert sum(r[13] for r in sim.metrics.rows) > 0  # backup_stall_s on the critical path
-    cfg.write_policy = "write_through"
-    wt = simulate(cfg, n=150)
-    assert wt.group.cohorts[0].tree.digest == 0
-
-
-@pytest.mark.parametrize("tp", [2, 4])
-def test_gloo_collective_agrees_exactly_with_simulated(tp, tmp_path):
-    sets = [f"tp={tp}", "workload.num_requests=40"]
-    scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", sets)
-    sim_res = run_scenario(scn, tmp_path / "sim")
-    torch_res = run_scenario(scn, tmp_path / "torch", collective="torch")
-    assert sim_res.summary == torch_res.summary
-    assert sim_res.divergence["collective_calls"] == torch_res.divergence["collective_calls"] > 0
-    for f in ("requests.parquet", "timeseries.parquet", "divergence.json", "summary.json"):
-        assert (tmp_path / "sim" / f).read_bytes() == (tmp_path / "torch" / f).read_bytes()
-
-
-def test_gloo_collective_reports_the_same_hang():
-    scn = load_scenario(ROOT / "scenarios" / "jitter_skip_when_idle.yaml", [])
-    a = run_scenario(scn, None).divergence
-    b = run_scenario(scn, None, collective="torch").divergence
-    assert a["verdict"] == b["verdict"] == "hang"
-    assert a["collective_error"] == b["collective_error"]
-
-
+# ------------------------------------------------------------------ op-traces
 @pytest.mark.parametrize("page", [1, 16])
 def test_recorded_replica_op_traces_replay_exactly(page):
     """Each replica's op-trace, replayed by replay-ops, reaches the engine's exact tree:

@@ -196,13 +196,22 @@ class CostModel:
         computes; what shows is the first layer's load plus every later layer's load
         that its predecessor's compute does not cover.
         """
+        return self._overlap_stall(load_tokens, self._prefill_body(new_tokens, cached_tokens),
+                                   concurrent)
+
+    def batch_load_stall(self, load_tokens, chunks, concurrent: bool = False) -> float:
+        """``load_stall`` for one merged H2D op under a whole prefill batch: ``chunks``
+        are the batch's (new tokens, cached tokens) pairs (sem §6.4: one load op per
+        batch, consumed layer by layer by the batch's forward)."""
+        return self._overlap_stall(load_tokens, self._batch_body(chunks), concurrent)
+
+    def _overlap_stall(self, load_tokens, body_s: float, concurrent: bool) -> float:
         if load_tokens <= 0:
             return 0.0
         total = self.h2d_time(load_tokens, concurrent)
         layers = self.layers
         load_layer = (total - self.t_op) / layers
-        compute_layer = self._prefill_body(new_tokens, cached_tokens) / layers
-        uncovered = load_layer - compute_layer
+        uncovered = load_layer - body_s / layers
         return self.t_op + load_layer + (layers - 1) * (uncovered if uncovered > 0 else 0.0)
 
     # ----------------------------------------------------------------- compute
@@ -216,6 +225,16 @@ class CostModel:
         if new_tokens <= 0:
             return 0.0
         return float(self._pf_fixed + self._prefill_body(new_tokens, cached_tokens))
+
+    def _batch_body(self, chunks) -> float:
+        body = self._prefill_body
+        return sum(body(n, c) for n, c in chunks)
+
+    def prefill_batch_time(self, chunks) -> float:
+        """Seconds for one prefill forward over ``chunks``, the (new tokens, cached
+        tokens) pairs of its requests: the fixed launch cost once, each chunk's body."""
+        body = self._batch_body(chunks)
+        return float(self._pf_fixed + body) if body > 0 else 0.0
 
     def decode_step_time(self, batch_size, total_context_tokens) -> float:
         """Seconds for one decode step of ``batch_size`` sequences with that much context.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Callable
 
 import numpy as np
@@ -22,32 +23,54 @@ class Distribution:
     params: tuple[str, ...]
     sample: Callable[[np.random.Generator, dict, int], np.ndarray]
     doc: str
+    # Inverse CDF: one value from one uniform in (0, 1). Per-event jitter draws use it
+    # (sim.jitter), so that a value depends on its event's key alone, never on how
+    # many values some other stream consumed.
+    quantile: Callable[[float, dict], float]
 
 
 def _lognormal(rng: np.random.Generator, p: dict, n: int) -> np.ndarray:
     # Parametrized by mean and coefficient of variation, which users can reason about:
     # sigma^2 = ln(1 + cv^2), mu = ln(mean) - sigma^2 / 2 gives exactly that mean.
-    mean, cv = float(p["mean"]), float(p["cv"])
-    if cv == 0:
-        return np.full(n, mean)
-    s2 = math.log1p(cv * cv)
-    return rng.lognormal(math.log(mean) - s2 / 2, math.sqrt(s2), n)
+    if float(p["cv"]) == 0:
+        return np.full(n, float(p["mean"]))
+    mu, sigma = _lognormal_params(p)
+    return rng.lognormal(mu, sigma, n)
 
+
+def _lognormal_params(p: dict) -> tuple[float, float]:
+    mean, cv = float(p["mean"]), float(p["cv"])
+    s2 = math.log1p(cv * cv)
+    return math.log(mean) - s2 / 2, math.sqrt(s2)
+
+
+def _lognormal_q(u: float, p: dict) -> float:
+    if float(p["cv"]) == 0:
+        return float(p["mean"])
+    mu, sigma = _lognormal_params(p)
+    return math.exp(mu + sigma * _STD_NORMAL.inv_cdf(u))
+
+
+_STD_NORMAL = NormalDist()
 
 DISTRIBUTIONS: dict[str, Distribution] = {
-    "none": Distribution((), lambda rng, p, n: np.zeros(n), "always 0"),
+    "none": Distribution((), lambda rng, p, n: np.zeros(n), "always 0", lambda u, p: 0.0),
     "constant": Distribution(
-        ("value",), lambda rng, p, n: np.full(n, float(p["value"])), "always `value`"
+        ("value",), lambda rng, p, n: np.full(n, float(p["value"])), "always `value`",
+        lambda u, p: float(p["value"]),
     ),
     "uniform": Distribution(
         ("low", "high"),
         lambda rng, p, n: rng.uniform(float(p["low"]), float(p["high"]), n),
         "uniform on [low, high)",
+        lambda u, p: float(p["low"]) + u * (float(p["high"]) - float(p["low"])),
     ),
     "exponential": Distribution(
-        ("mean",), lambda rng, p, n: rng.exponential(float(p["mean"]), n), "exponential"
+        ("mean",), lambda rng, p, n: rng.exponential(float(p["mean"]), n), "exponential",
+        lambda u, p: -float(p["mean"]) * math.log1p(-u),
     ),
-    "lognormal": Distribution(("mean", "cv"), _lognormal, "lognormal with this mean and CV"),
+    "lognormal": Distribution(("mean", "cv"), _lognormal, "lognormal with this mean and CV",
+                              _lognormal_q),
 }
 
 

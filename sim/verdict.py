@@ -1,0 +1,186 @@
+"""What a run observed about its TP group, and the verdict that follows from it.
+
+The engine reports *events* here: the ground truth (the first step at which some
+rank's tree or batch shape differs from rank 0's), what SGLang's own checks saw (a
+digest assertion, a collective that hangs or mismatches), and how often each
+injected perturbation fired. The verdict is derived from those observations alone,
+never from the configuration:
+
+- ``agree``: no perturbation fired and nothing differed;
+- ``absorbed``: perturbations fired (named, with counts), yet the trees and every
+  collective stayed consistent;
+- ``detected``: the digest assertion fired after a real divergence;
+- ``false_alarm``: the digest assertion fired while the trees were logically equal;
+- ``missed``: the trees diverged and nothing a real server checks noticed;
+- ``hang`` / ``size_mismatch``: a collective would block or get different sizes.
+
+The first failure a real server would hit decides (it stops there). Everything
+recorded is keyed by rank, never by how the engine grouped ranks into replicas, so
+shared and eager runs report identically.
+"""
+
+from __future__ import annotations
+
+VERDICTS = ("agree", "absorbed", "detected", "false_alarm", "missed", "hang", "size_mismatch")
+
+
+def state(tree) -> tuple:
+    """A cheap summary of a replica's logical state: pool occupancy, node counts, the
+    duplicate map, in-flight loads and writes, and the incremental content hash the
+    tree maintains (ids excluded). Allocator state outside the tree (``reserved``)
+    is left out: a late free is not a divergence until it changes a decision."""
+    return (tree.dev_used, tree.host_used, tree.n_nodes, tree.dup_tokens, tree.evictable,
+            tree.protected, len(tree.dups), len(tree.loads), len(tree.pending_writes),
+            tree.content_hash)
+
+
+def groups_by(cohorts, key) -> list[tuple[list[int], object]]:
+    """Ranks grouped by ``key(cohort)``, each group's ranks sorted, groups by first rank."""
+    out: dict = {}
+    for c in cohorts:
+        out.setdefault(key(c), []).extend(c.ranks)
+    return sorted(((sorted(r), k) for k, r in out.items()), key=lambda g: g[0][0])
+
+
+class Observations:
+    """The run's observations, filled in by the engine as they happen."""
+
+    def __init__(self, tp: int, perturbations):
+        self.tp = tp
+        self.perturbations = perturbations
+        self.first_true_divergence: dict | None = None
+        self.digest: dict | None = None
+        self.mismatch_steps = 0
+        self.collective: dict | None = None
+        self.shape: dict | None = None
+        self.untracked_at: dict | None = None
+
+    # ------------------------------------------------------------ ground truth
+    def compare(self, now: float, step: int, cohorts, full: bool = False) -> None:
+        """Record the first step at which some rank's tree differs from rank 0's.
+        ``full`` also compares whole-tree fingerprints (ids excluded)."""
+        if self.first_true_divergence is not None or len(cohorts) < 2:
+            return
+        ref = state(cohorts[0].tree)
+        what = None
+        if any(state(c.tree) != ref for c in cohorts[1:]):
+            what = "tree contents differ"
+            key = lambda c: state(c.tree)  # noqa: E731
+        elif full:
+            fp = cohorts[0].tree.fingerprint()
+            if any(c.tree.fingerprint() != fp for c in cohorts[1:]):
+                what = "tree structure differs"
+                key = lambda c: c.tree.fingerprint()  # noqa: E731
+        if what is None:
+            return
+        groups = groups_by(cohorts, key)
+        self.first_true_divergence = {
+            "t": now, "step": step, "what": what, "ranks": [g for g, _ in groups],
+            "state": {f"ranks {','.join(map(str, g))}": list(state(_tree_of(cohorts, g[0])))[:9]
+                      for g, _ in groups}}
+
+    def final_compare(self, now: float, step: int, cohorts) -> None:
+        self.compare(now, step, cohorts, full=True)
+
+    def shape_divergence(self, now: float, step: int, plans) -> None:
+        """Ranks computed different batch shapes (request ids, prefix and extend
+        lengths) for the same forward: a ground-truth event of its own."""
+        if self.shape is not None:
+            return
+        groups = groups_by([c for c, _ in plans],
+                           lambda c: tuple(next(p.shape for cc, p in plans if cc is c)))
+        ref = dict((rid, (pre, ext)) for rid, pre, ext in groups[0][1])
+        first = None
+        for g, shape in groups[1:]:
+            for rid, pre, ext in shape:
+                if ref.get(rid) != (pre, ext):
+                    first = {"rid": rid, "ranks": g, "prefix": pre, "extend": ext,
+                             "rank0": list(ref[rid]) if rid in ref else None}
+                    break
+            if first:
+                break
+        self.shape = {"t": now, "step": step, "ranks": [g for g, _ in groups],
+                      "first_request": first,
+                      "extend_tokens": {",".join(map(str, g)): sum(e for _, _, e in s)
+                                        for g, s in groups}}
+        if self.first_true_divergence is None:
+            self.first_true_divergence = {"t": now, "step": step, "what": "batch shapes differ",
+                                          "ranks": [g for g, _ in groups], "state": {}}
+
+    def untracked(self, now: float, step: int, why: str) -> None:
+        self.untracked_at = {"t": now, "step": step, "why": why}
+        if self.first_true_divergence is None:
+            self.first_true_divergence = {"t": now, "step": step, "what": why,
+                                          "ranks": [], "state": {}}
+
+    # ------------------------------------------------------------ SGLang's checks
+    def digest_mismatch(self, now, step, lo, hi, digests: dict, message: str) -> bool:
+        """The digest assertion failed on some rank; True the first time."""
+        self.mismatch_steps += 1
+        if self.digest is not None:
+            return False
+        self.digest = {"t": now, "step": step, "min": lo, "max": hi,
+                       "digests": {str(r): d for r, d in sorted(digests.items())},
+                       "message": message}
+        return True
+
+    def collective_error(self, now, step, err) -> None:
+        if self.collective is None:
+            self.collective = {"t": now, "step": step, "kind": err.kind, "site": err.site,
+                               "ranks_in": list(err.ranks_in), "ranks_out": list(err.ranks_out),
+                               "detail": err.detail, "message": err.line}
+
+    # ------------------------------------------------------------ verdict
+    def verdict(self) -> tuple[str, str]:
+        true_div, mismatch = self.first_true_divergence, self.digest
+        failures = []
+        if self.collective:
+            e = self.collective
+            failures.append((e["t"], e["step"], 0, e["kind"],
+                             f"{e['site']} collective: {e['detail']}"))
+        if mismatch:
+            real = true_div is not None and (true_div["step"], true_div["t"]) <= (mismatch["step"], mismatch["t"])
+            failures.append((mismatch["t"], mismatch["step"], 1,
+                             "detected" if real else "false_alarm",
+                             "the digest assertion fired " + (
+                                 f"{mismatch['t'] - true_div['t']:.6g} s after the trees diverged"
+                                 if real else "while the trees were logically equal")))
+        if failures:
+            f = min(failures)
+            return f[3], f[4]
+        if true_div:
+            return "missed", (f"the trees diverged at t={true_div['t']:.6g} s "
+                              f"({true_div['what']}) and no check noticed")
+        fired = {k: v for k, v in self.perturbations.fired.items() if v}
+        if fired:
+            what = ", ".join(f"{k} fired {v} time{'s' if v != 1 else ''}" for k, v in fired.items())
+            return "absorbed", f"{what}; the trees and every collective stayed consistent"
+        configured = self.perturbations.configured
+        return "agree", ("no perturbation fired" + (f" (configured: {', '.join(configured)})"
+                                                    if configured else ""))
+
+    def report(self) -> dict:
+        verdict, reason = self.verdict()
+        true_div, mismatch = self.first_true_divergence, self.digest
+        delay = None
+        if verdict == "detected":
+            delay = mismatch["t"] - true_div["t"]
+        return {
+            "verdict": verdict,
+            "reason": reason,
+            "perturbations": self.perturbations.as_dict(),
+            "first_true_divergence": true_div,
+            "digest_mismatch": mismatch,
+            "detection_delay_s": delay,
+            "mismatch_steps": self.mismatch_steps,
+            "collective_error": self.collective,
+            "shape_divergence": self.shape,
+            "untracked": self.untracked_at,
+        }
+
+
+def _tree_of(cohorts, rank: int):
+    for c in cohorts:
+        if rank in c.ranks:
+            return c.tree
+    raise KeyError(rank)
