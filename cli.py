@@ -61,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as err:
+        # The last guard for a path the user named that the OS refused (a read-only
+        # folder, /proc, a full disk): one line, not a traceback. Paths are checked
+        # where they are named; this only catches what slips past those checks.
+        where = err.filename or "a file"
+        print(f"hicache-sim {args.command}: error: {where}: cannot access "
+              f"({err.strerror or type(err).__name__}); expected a readable or writable path",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -817,9 +817,15 @@ def load_scenario(path, overrides=(), *, flags=(), trace_roots=(), roots=None) -
     for label, key, value in flags:
         if value is None:
             continue
-        data[key] = value
-        overridden.append((key,))
-        labels[(key,)] = label
+        parts = tuple(key.split("."))
+        cur = data
+        for p in parts[:-1]:
+            if not isinstance(cur.get(p), dict):
+                cur[p] = {}
+            cur = cur[p]
+        cur[parts[-1]] = value
+        overridden.append(parts)
+        labels[parts] = label
     base_dir = str(path.resolve().parent)
     return _validate(data, where, lines, overridden, base_dir=base_dir, labels=labels,
                      roots=roots, extra_roots=tuple(trace_roots))
