@@ -110,8 +110,7 @@ def resolve_input(value, roots, what: str) -> str:
         raise PathRejected(f"{value!r:.80} (a symlink leading out of its root: {escaped})",
                            f"{what} inside its root")
     raise PathRejected(f"{value!r:.80} (not found under any root: {names})",
-                       f"{what} in the scenario's folder, data/, the trace cache or a "
-                       "--trace-root DIR")
+                       f"{what} under one of those roots (add one with --trace-root DIR)")
 
 
 def check_relative(value, what: str) -> PurePath:

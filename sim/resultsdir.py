@@ -70,30 +70,7 @@ class ResultsFolder:
         except OSError as err:
             raise _err(f"cannot create its parent folder ({err.strerror or err}); expected a "
                        "writable place for results", out) from None
-        while True:
-            try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as err:
-                raise _err(f"cannot create the lock {self.lock_path} ({err.strerror or err}); "
-                           "expected a writable place for results", out) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                os.close(fd)
-                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise _err(f"is being written by another hicache-sim process (lock "
-                               f"{self.lock_path}); expected one writer at a time", out) from None
-                raise
-            # The previous holder may have removed the file between our open and our
-            # lock: then we hold a lock on a dead inode. Retry on the live one.
-            try:
-                same = os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                self._fd = fd
-                break
-            os.close(fd)
+        self._fd = lock_file(self.lock_path, out)
         self._clear_stale()
         return self
 
@@ -133,11 +110,7 @@ class ResultsFolder:
         if self.tmp.exists():
             shutil.rmtree(self.tmp, ignore_errors=True)
         if self._fd is not None:
-            try:
-                os.unlink(self.lock_path)  # while still held: no one else can be using it
-            except FileNotFoundError:
-                pass
-            os.close(self._fd)
+            unlock_file(self.lock_path, self._fd)
             self._fd = None
 
     def __enter__(self) -> "ResultsFolder":
@@ -145,6 +118,61 @@ class ResultsFolder:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def lock_file(lock_path: Path, out) -> int:
+    """An fd holding an exclusive ``flock`` on ``lock_path``; one line if it is taken."""
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise _err(f"cannot create the lock {lock_path} ({err.strerror or err}); "
+                       "expected a writable place for results", out) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise _err(f"is being written by another hicache-sim process (lock "
+                           f"{lock_path}); expected one writer at a time", out) from None
+            raise
+        # The previous holder may have removed the file between our open and our
+        # lock: then we hold a lock on a dead inode. Retry on the live one.
+        try:
+            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def unlock_file(lock_path: Path, fd: int) -> None:
+    """Release a lock from :func:`lock_file`, removing the file while still holding it."""
+    try:
+        os.unlink(lock_path)  # while still held: no one else can be using it
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+
+
+class FolderLock:
+    """The lock of a folder written in place over several runs (a sweep's output)."""
+
+    def __init__(self, out):
+        self.out = Path(os.path.abspath(out))
+        self.lock_path = self.out.parent / f".{self.out.name}.lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = lock_file(self.lock_path, self.out)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            unlock_file(self.lock_path, self._fd)
+            self._fd = None
 
 
 def _umask() -> int:
