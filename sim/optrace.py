@@ -228,7 +228,7 @@ def parse_line(path, line_no: int, text: str, first: bool) -> dict:
             raise InputFormatError(path, line_no, f"write_policy={_short(wp)}", f"one of {', '.join(WRITE_POLICIES)}")
         optrace_check.check_header(path, line_no, obj)
         return obj
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         raise InputFormatError(path, line_no, f"op={_short(op)}", f"one of {', '.join(OPS)}")
     if "reserved" in obj and (type(obj["reserved"]) is not int or obj["reserved"] < 0):
         raise InputFormatError(path, line_no, f"reserved={_short(obj['reserved'])}",

@@ -106,8 +106,11 @@ def _check_value(v, sub: tuple):
     raise _err(f"{kind} {_show(v)}", "a number, string, boolean, null, list or mapping", sub)
 
 
+_KEY_RE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\Z")
+
+
 def _check_key(key, where: tuple) -> str:
-    if not isinstance(key, str) or not key or any(not p.strip() for p in key.split(".")):
+    if not isinstance(key, str) or not _KEY_RE.match(key):
         raise _err(f"key {_show(key)}", "a dotted scenario key path like host.ratio", where)
     if key == "seed":
         raise _err("key 'seed'", "seeds in the top-level 'seeds:' list", where)

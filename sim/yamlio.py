@@ -94,8 +94,9 @@ def _flat(s) -> str:
 
 def load(text: str, where: str, expected: str = "a YAML mapping"):
     """Parse one YAML document safely; every problem is one UserError line."""
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)  # the reader already rejects control characters here
         node = loader.get_single_node()
         if node is None:
             return None
@@ -114,4 +115,5 @@ def load(text: str, where: str, expected: str = "a YAML mapping"):
         raise UserError(f"found an unreadable value ({_flat(err)[:80]}); expected {expected}",
                         where=where) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

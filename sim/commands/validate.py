@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from sim.errors import UserError
+from sim.errors import UserError, one_line
 
 NAME = "validate"
 HELP = "Validate scenario files and print their resolved device/host capacities."
@@ -58,5 +58,5 @@ def run(args) -> int:
             print(check(path, args.overrides, args.deep, args.trace_roots, args.force))
         except UserError as err:
             failed += 1
-            print(f"hicache-sim validate: error: {err}", file=sys.stderr)
+            print(one_line(f"hicache-sim validate: error: {err}"), file=sys.stderr)
     return 2 if failed else 0

@@ -373,6 +373,7 @@ class GenericReader(_LineReader):
                 self._bad(lineno, bad)
                 continue
             last = arrival
+            self.line = lineno  # where the record just yielded is (for later checks)
             yield arrival / self.rate_scale, blocks, bs, n_in, n_out, session
 
 
