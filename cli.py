@@ -11,7 +11,7 @@ import sys
 
 from sim import __version__
 from sim.commands import COMMANDS
-from sim.errors import DivergenceError, UserError
+from sim.errors import DivergenceError, UserError, one_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,16 +51,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handlers[args.command](args) or 0)
     except UserError as err:
-        print(f"hicache-sim {args.command}: error: {err}", file=sys.stderr)
+        print(one_line(f"hicache-sim {args.command}: error: {err}"), file=sys.stderr)
         return err.exit_code
     except DivergenceError as err:
-        print(f"hicache-sim {args.command}: {err}", file=sys.stderr)
+        print(one_line(f"hicache-sim {args.command}: {err}"), file=sys.stderr)
         return DivergenceError.exit_code
     except KeyboardInterrupt:
         print(f"hicache-sim {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as err:
+        # The last guard for a path the user named that the OS refused (a read-only
+        # folder, /proc, a full disk): one line, not a traceback. Paths are checked
+        # where they are named; this only catches what slips past those checks.
+        where = err.filename or "a file"
+        print(one_line(f"hicache-sim {args.command}: error: {where}: cannot access "
+                       f"({err.strerror or type(err).__name__}); expected a readable or writable "
+                       "path"), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

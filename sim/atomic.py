@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from contextlib import contextmanager
@@ -36,8 +37,21 @@ def write_text(path, text: str) -> None:
         tmp.write_text(text)
 
 
+def strict(obj):
+    """``obj`` with every NaN or infinity replaced by None: strict JSON for any parser."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    return obj
+
+
 def write_json(path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """Strict JSON (``allow_nan=False`` after :func:`strict`), keys sorted."""
+    write_text(path, json.dumps(strict(obj), indent=2, sort_keys=True, default=str,
+                                allow_nan=False) + "\n")
 
 
 def write_parquet(path, df) -> None:

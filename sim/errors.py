@@ -5,6 +5,20 @@ the user for their own mistake.
 """
 
 
+def one_line(text: str) -> str:
+    """``text`` as one printable line: control characters and every Unicode line
+    break (which ``str.splitlines`` and terminals honour) shown as escapes. The CLI
+    prints every error through this, so a found value cannot break the line."""
+    out = []
+    for ch in str(text):
+        o = ord(ch)
+        if o < 0x20 or o == 0x7F or 0x80 <= o < 0xA0 or ch in "\u2028\u2029":
+            out.append(repr(ch)[1:-1])
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 class UserError(Exception):
     """Bad input from the user (a file, a key, a flag). Rendered as one line."""
 

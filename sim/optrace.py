@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from sim import optrace_check, safeio
 from sim.errors import InputFormatError
 from sim.tree import Tree, TreeError
 
@@ -208,10 +209,7 @@ def _short(value) -> str:
 
 def parse_line(path, line_no: int, text: str, first: bool) -> dict:
     """Parse and validate one op-trace line; any problem is a one-line error."""
-    try:
-        obj = json.loads(text)
-    except ValueError as err:
-        raise InputFormatError(path, line_no, f"invalid JSON ({err.msg})", "one JSON object per line") from None
+    obj = optrace_check.load_line(path, line_no, text)
     if not isinstance(obj, dict):
         raise InputFormatError(path, line_no, type(obj).__name__, "a JSON object")
     op = obj.get("op")
@@ -228,8 +226,9 @@ def parse_line(path, line_no: int, text: str, first: bool) -> dict:
         wp = obj.get("write_policy", "write_back")
         if wp not in WRITE_POLICIES:
             raise InputFormatError(path, line_no, f"write_policy={_short(wp)}", f"one of {', '.join(WRITE_POLICIES)}")
+        optrace_check.check_header(path, line_no, obj)
         return obj
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         raise InputFormatError(path, line_no, f"op={_short(op)}", f"one of {', '.join(OPS)}")
     if "reserved" in obj and (type(obj["reserved"]) is not int or obj["reserved"] < 0):
         raise InputFormatError(path, line_no, f"reserved={_short(obj['reserved'])}",
@@ -244,28 +243,27 @@ def parse_line(path, line_no: int, text: str, first: bool) -> dict:
             raise InputFormatError(path, line_no, f"{key}={_short(value)}", f"'{key}' as an int")
         elif kind == "id" and not (type(value) is int or isinstance(value, str)):
             raise InputFormatError(path, line_no, f"{key}={_short(value)}", f"'{key}' as a string or int")
+    optrace_check.check_op(path, line_no, obj)
     return obj
 
 
 def read_trace(path) -> Iterator[tuple[int, int, dict]]:
     """Yield ``(output index, file line number, op)`` for each non-blank line."""
     path = Path(path)
+    # Regular files only, bounded lines, .gz read transparently (sim.safeio).
+    lines = safeio.open_lines(path, "an op-trace file")
+    idx = 0
     try:
-        fh = path.open("r", encoding="utf-8")
-    except OSError as err:
-        raise InputFormatError(path, None, f"an unreadable file ({err.strerror})", "a readable op-trace file") from None
-    with fh:
-        idx = 0
-        try:
-            for line_no, text in enumerate(fh, 1):
-                if not text.strip():
-                    continue
-                yield idx, line_no, parse_line(path, line_no, text, idx == 0)
-                idx += 1
-        except UnicodeDecodeError:
-            raise InputFormatError(path, None, "bytes that are not UTF-8", "a UTF-8 JSON Lines file") from None
-        if idx == 0:
-            raise InputFormatError(path, None, "an empty file", "a header line and operations")
+        for line_no, raw in lines:
+            text = raw.decode("utf-8")
+            if not text.strip():
+                continue
+            yield idx, line_no, parse_line(path, line_no, text, idx == 0)
+            idx += 1
+    except UnicodeDecodeError:
+        raise InputFormatError(path, None, "bytes that are not UTF-8", "a UTF-8 JSON Lines file") from None
+    if idx == 0:
+        raise InputFormatError(path, None, "an empty file", "a header line and operations")
 
 
 def replay(path, **kwargs) -> Iterator[dict]:

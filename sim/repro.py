@@ -1028,13 +1028,16 @@ def load_bundle(path) -> tuple[Path, dict]:
                         where=str(d))
     if not d.is_dir():
         raise UserError("is a file; expected a repro bundle folder", where=str(d))
+    from sim import safeio
+
     meta = d / "bundle.json"
-    if not meta.is_file():
+    if not meta.exists():
         raise UserError("no bundle.json; expected a repro bundle folder (from hicache-sim repro)",
                         where=str(d))
+    text = safeio.read_text(meta, "the bundle's metadata (bundle.json)", safeio.LIMIT_JSON_DOC)
     try:
-        data = json.loads(meta.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as err:
         line = getattr(err, "lineno", None)
         raise UserError(f"found invalid JSON ({type(err).__name__}); expected the bundle's metadata",
                         where=f"{meta}:{line}" if line else str(meta)) from None
@@ -1045,20 +1048,56 @@ def load_bundle(path) -> tuple[Path, dict]:
             raise UserError(f"no '{key}' key; expected a bundle.json written by hicache-sim repro",
                             where=str(meta))
     if data["format"] != BUNDLE_FORMAT:
-        raise UserError(f"found format {data['format']!r}; expected {BUNDLE_FORMAT}", where=str(meta))
+        raise UserError(f"found format {_short(data['format'])}; expected {BUNDLE_FORMAT}", where=str(meta))
+    _check_bundle_fields(data, d, meta)
     if not (d / "scenario.yaml").is_file():
         raise UserError("no scenario.yaml; expected the bundle's minimal scenario", where=str(d))
     return d, data
 
 
-def verify_bundle(path) -> ReplayResult:
-    """Re-run a bundle and check it fails exactly as recorded; NotReproduced if not."""
+def _check_bundle_fields(data: dict, d: Path, meta: Path) -> None:
+    """The types of the fields ``replay`` reads, and every path confined to the bundle."""
+    from sim.paths import PathRejected, confine_in
+
+    def bad(key, found, expected):
+        raise UserError(f"{key}: found {found}; expected {expected}", where=str(meta))
+
+    if not isinstance(data["expect"], dict):
+        bad("expect", f"a JSON {type(data['expect']).__name__}", "an object of recorded outcome fields")
+    if not isinstance(data["verdict"], str):
+        bad("verdict", _short(data["verdict"]), "a verdict string")
+    for key in ("op_traces", "optrace_final_digests"):
+        v = data.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            bad(key, f"a JSON {type(v).__name__}", "an object keyed by rank, or null")
+        for r, x in v.items():
+            if not (r.isdigit() and len(r) <= 4):
+                bad(f"{key}.{_short(r)}", "a key that is not a rank", "rank numbers as keys")
+            if key == "op_traces":
+                if not isinstance(x, str):
+                    bad(f"{key}.{r}", _short(x), "a path inside the bundle")
+                try:
+                    confine_in(d, x, f"rank {r}'s op-trace")
+                except PathRejected as e:
+                    bad(f"{key}.{r}", e.found, e.expected)
+            elif not (type(x) is int or x is None):
+                bad(f"{key}.{r}", _short(x), "an integer digest")
+
+
+def verify_bundle(path, trace_roots=()) -> ReplayResult:
+    """Re-run a bundle and check it fails exactly as recorded; NotReproduced if not.
+
+    The bundle's scenario may name files inside the bundle only (plus any
+    ``trace_roots`` the command line gives, for traces too large to copy in)."""
     from sim.analysis.divergence import replay_trace
     from sim.optrace import read_trace
     from sim.scenario import load_scenario
 
     d, meta = load_bundle(path)
-    scenario = load_scenario(d / "scenario.yaml")
+    scenario = load_scenario(d / "scenario.yaml",
+                             roots=[Path(os.path.abspath(d)), *(Path(r) for r in trace_roots)])
     outcome = run_case(scenario, record=True)
     got, want = expectation(outcome), meta["expect"]
     # JSON turns int keys into strings; compare through the same round trip.
@@ -1072,7 +1111,7 @@ def verify_bundle(path) -> ReplayResult:
         checked.append(key)
     traces = meta.get("op_traces") or {}
     for r, rel in sorted(traces.items(), key=lambda kv: int(kv[0])):
-        p = d / rel
+        p = d / rel  # confined to the bundle by load_bundle
         if not p.is_file():
             raise UserError(f"no {rel}; expected rank {r}'s op-trace", where=str(d))
         trace = [op for _, _, op in read_trace(p)]

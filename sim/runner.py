@@ -2,9 +2,10 @@
 
 The folder holds ``requests.parquet``, ``timeseries.parquet``, ``divergence.json``,
 ``summary.json``, ``scenario.yaml`` (as resolved), ``meta.json`` and, when asked, a
-Perfetto trace. Every file is written atomically and ``meta.json`` last, so a folder
-with a ``meta.json`` is complete (or marked ``partial`` after Ctrl-C). Nothing in it
-depends on the wall clock: the same scenario and seed give byte-identical files.
+Perfetto trace. The folder is written whole: locked, filled in a sibling temporary
+folder and renamed into place (``sim.resultsdir``), so a folder with a ``meta.json``
+is complete (or marked ``partial`` after Ctrl-C) and never mixes two runs. Nothing in
+it depends on the wall clock: the same scenario and seed give byte-identical files.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Callable
 
 from sim import __version__
 from sim.atomic import write_json, write_parquet, write_text
+from sim.errors import UserError
 
 
 @dataclass
@@ -45,6 +47,8 @@ def prepare(scenario, seed: int | None = None, collective: str | None = None):
 
     updates = {}
     if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise UserError(f"found seed {seed!r}; expected an int from 0 to 2**63 - 1", where="seed")
         updates["seed"] = seed
     if updates:
         scenario = scenario.model_copy(update=updates)
@@ -57,12 +61,28 @@ def prepare(scenario, seed: int | None = None, collective: str | None = None):
 def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
                  collective: str | None = None, progress: Callable | None = None,
                  trace_out: str | None = None, record_ops: bool = False) -> RunResult:
-    """Simulate ``scenario`` (a validated ``sim.scenario.Scenario``)."""
-    from sim.events import Simulation
-    from sim.scenario import dump_resolved
+    """Simulate ``scenario`` (a validated ``sim.scenario.Scenario``) and, with
+    ``out_dir``, write its results folder (locked, staged, renamed whole:
+    ``sim.resultsdir``)."""
+    from sim.resultsdir import ResultsFolder
 
     scenario, cfg, cost, workload = prepare(scenario, seed, collective)
     cfg.record_ops = record_ops
+    # Lock (and check) the results folder before simulating: a second writer, or an
+    # -o that is not a results folder, fails at once, not after the run.
+    folder = ResultsFolder(out_dir).acquire() if out_dir is not None else None
+    try:
+        return _run(scenario, cfg, cost, workload, folder, progress, trace_out)
+    finally:
+        if folder is not None:
+            folder.release()
+
+
+def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResult:
+    from sim.events import Simulation
+    from sim.paths import PathRejected, confine_output
+    from sim.scenario import dump_resolved
+
     trace_events = [] if (trace_out or scenario.output.trace_out) else None
     sim = Simulation(cfg, workload, cost, progress=progress, trace_events=trace_events)
     partial = False
@@ -75,22 +95,20 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
     divergence = sim.report()
     summary["verdict"] = divergence["verdict"]
     summary["skipped_trace_lines"] = int(getattr(workload, "skipped", 0) or 0)
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+    if folder is not None:
+        out = folder.stage()
         meta_path = out / "meta.json"
-        if meta_path.exists():
-            meta_path.unlink()  # the folder is incomplete until meta.json is rewritten
         write_parquet(out / "requests.parquet", sim.metrics.requests_df())
         write_parquet(out / "timeseries.parquet", sim.metrics.timeseries_df())
         write_json(out / "divergence.json", divergence)
         write_json(out / "summary.json", summary)
         write_text(out / "scenario.yaml", dump_resolved(scenario))
-        trace_path = trace_out or scenario.output.trace_out
-        if trace_path is not None:
-            tp = Path(trace_path)
-            if not tp.is_absolute() and trace_out is None:
-                tp = out / tp
+        if scenario.output.trace_out is not None and trace_out is None:
+            try:  # a scenario writes only inside its results folder
+                tp = confine_output(scenario.output.trace_out, out, "output.trace_out")
+            except PathRejected as e:
+                raise UserError(f"output.trace_out: found {e.found}; expected {e.expected}",
+                                where=scenario.source) from None
             write_trace(tp, sim, trace_events)
         write_json(meta_path, {
             "hicache_sim": __version__,
@@ -106,7 +124,22 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
             "requests_done": sim.metrics.done,
             "sim_time_s": sim.env.now,
         })
-    return RunResult(Path(out_dir) if out_dir else None, summary, divergence, partial, sim)
+        folder.commit()  # the whole folder at once: old or new, never a mix
+    if trace_out is not None:  # the command line's --trace-out: any file the user names
+        write_user_file(trace_out, lambda p: write_trace(p, sim, trace_events))
+    return RunResult(folder.out if folder else None, summary, divergence, partial, sim)
+
+
+def write_user_file(path, write) -> None:
+    """Write a file the command line names (``write(path)``); OS errors as one line."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError("found a folder; expected a file to write", where=str(p))
+    try:
+        write(p)
+    except OSError as err:
+        raise UserError(f"cannot write ({err.strerror or err}); expected a writable file path",
+                        where=str(p)) from None
 
 
 def write_trace(path: Path, sim, events: list) -> None:

@@ -106,22 +106,15 @@ class _Model(BaseModel):
 
 
 def _resolve_path(value: str, info: ValidationInfo, what: str) -> str:
-    """An existing path, relative to the scenario file's folder; returned absolute."""
-    if not isinstance(value, str) or not value or "\x00" in value:
-        raise _err(_show(value), f"a path to {what}")
-    base = (info.context or {}).get("base_dir")
-    p = Path(value)
-    if not p.is_absolute():
-        p = Path(base or ".") / p
-    p = Path(os.path.abspath(p))
+    """An existing input path inside the documented roots (``sim.paths``); absolute."""
+    from sim.paths import PathRejected, input_roots, resolve_input
+
+    ctx = info.context or {}
+    roots = ctx.get("roots") or input_roots(ctx.get("base_dir") or ".", ctx.get("extra_roots", ()))
     try:
-        ok = p.exists()
-    except (OSError, ValueError):
-        ok = False
-    if not ok:
-        raise _err(f"{value!r} (no such file: {p})",
-                   f"{what} (relative paths start at the scenario file's folder)")
-    return str(p)
+        return resolve_input(value, roots, what)
+    except PathRejected as e:
+        raise _err(e.found, e.expected) from None
 
 
 # ----------------------------------------------------------------------------------
@@ -643,6 +636,20 @@ class Output(_Model):
     timeseries_interval_s: _num(gt=0.0, hi=1e9) = 1.0
     trace_out: str | None = None  # a Perfetto trace file, relative to the results folder
 
+    @field_validator("trace_out")
+    @classmethod
+    def _relative(cls, v):
+        # A scenario writes only inside its results folder (sim.paths); the command
+        # line's --trace-out may name any file.
+        from sim.paths import PathRejected, check_relative
+
+        if v is not None:
+            try:
+                check_relative(v, "a trace file inside the results folder")
+            except PathRejected as e:
+                raise _err(e.found, e.expected) from None
+        return v
+
 
 class Scenario(_Model):
     """One simulation run, fully described. See scenarios/README.md."""
@@ -667,6 +674,15 @@ class Scenario(_Model):
     output: Output = Field(default_factory=Output)
 
     _source: str | None = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, v):
+        from sim.paths import SLUG_RULE, is_slug
+
+        if not is_slug(v):
+            raise _err(_show(v), SLUG_RULE)
+        return v
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -802,22 +818,19 @@ def model_spec(scenario: Scenario):
 # ----------------------------------------------------------------------------------
 
 
-def load_scenario(path, overrides=()) -> Scenario:
-    """Load, override and validate a scenario file. Every problem is one UserError line."""
+def load_scenario(path, overrides=(), *, flags=(), trace_roots=(), roots=None) -> Scenario:
+    """Load, override and validate a scenario file. Every problem is one UserError line.
+
+    ``overrides``: ``--set KEY=VALUE`` strings. ``flags``: ``(label, key, value)`` for
+    command-line flags that set a scenario key (``("--seed", "seed", 7)``), validated
+    by the schema like any key. ``trace_roots``: extra input roots (``--trace-root``);
+    ``roots``: exactly these roots instead of the documented ones (bundles).
+    """
+    from sim import safeio
+
     path = Path(path)
     where = str(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError("no such file; expected a scenario YAML", where=where) from None
-    except OSError as err:
-        raise UserError(f"cannot read ({err.strerror or err}); expected a scenario YAML",
-                        where=where) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UserError(f"found a byte that is not UTF-8 at offset {err.start}; expected UTF-8 text",
-                        where=where) from None
+    text = safeio.read_text(path, "a scenario YAML", safeio.LIMIT_YAML)
     data = _parse_yaml(text, where)
     if data is None:
         raise UserError("found an empty file; expected a mapping of scenario keys "
@@ -826,10 +839,25 @@ def load_scenario(path, overrides=()) -> Scenario:
         raise UserError(f"found a YAML {type(data).__name__}; expected a mapping of scenario keys",
                         where=where)
     lines = _key_lines(text)
-    overridden = []
+    overridden: list[tuple] = []
+    labels: dict[tuple, str] = {}
     for item in overrides:
         overridden.append(_apply_override(data, item, where))
-    return _validate(data, where, lines, overridden, base_dir=str(path.resolve().parent))
+    for label, key, value in flags:
+        if value is None:
+            continue
+        parts = tuple(key.split("."))
+        cur = data
+        for p in parts[:-1]:
+            if not isinstance(cur.get(p), dict):
+                cur[p] = {}
+            cur = cur[p]
+        cur[parts[-1]] = value
+        overridden.append(parts)
+        labels[parts] = label
+    base_dir = str(path.resolve().parent)
+    return _validate(data, where, lines, overridden, base_dir=base_dir, labels=labels,
+                     roots=roots, extra_roots=tuple(trace_roots))
 
 
 def scenario_from_dict(data: dict, base_dir=".", where: str = "<scenario>") -> Scenario:
@@ -839,11 +867,13 @@ def scenario_from_dict(data: dict, base_dir=".", where: str = "<scenario>") -> S
     return _validate(data, where, {}, [], base_dir=str(base_dir))
 
 
-def _validate(data, where, lines, overridden, base_dir) -> Scenario:
+def _validate(data, where, lines, overridden, base_dir, labels=None, roots=None,
+              extra_roots=()) -> Scenario:
+    ctx = {"base_dir": base_dir, "roots": roots, "extra_roots": extra_roots}
     try:
-        s = Scenario.model_validate(data, context={"base_dir": base_dir})
+        s = Scenario.model_validate(data, context=ctx)
     except ValidationError as err:
-        raise _as_user_error(err, data, lines, overridden, where) from None
+        raise _as_user_error(err, data, lines, overridden, where, labels or {}) from None
     except RecursionError:
         raise UserError("found data nested too deep; expected a scenario mapping", where=where) from None
     s._source = where
@@ -851,16 +881,9 @@ def _validate(data, where, lines, overridden, base_dir) -> Scenario:
 
 
 def _parse_yaml(text: str, where: str):
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        loc = f"{where}:{mark.line + 1}" if mark is not None else where
-        problem = getattr(err, "problem", None) or type(err).__name__
-        raise UserError(f"found invalid YAML ({_flat(str(problem))}); expected a YAML mapping",
-                        where=loc) from None
-    except RecursionError:
-        raise UserError("found YAML nested too deep; expected a scenario mapping", where=where) from None
+    from sim.yamlio import load
+
+    return load(text, where, "a YAML mapping")
 
 
 def _flat(s: str) -> str:
@@ -982,12 +1005,9 @@ def _apply_override(data: dict, item: str, where: str) -> tuple:
     if not _KEY_RE.match(key):
         raise UserError(f"found key {_show(key)}; expected a dotted key path like "
                         "workload.rate_scale", where="--set")
-    try:
-        value = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError) as err:
-        problem = getattr(err, "problem", None) or type(err).__name__
-        raise UserError(f"found value {_show(text)} ({_flat(problem)}); expected a YAML value",
-                        where=f"--set {key}") from None
+    from sim.yamlio import load
+
+    value = load(text, f"--set {key}", "a YAML value")
     ann: Any = Scenario
     cur: Any = data
     for i, part in enumerate(parts):
@@ -1120,7 +1140,7 @@ def _get(data, parts):
     return cur
 
 
-def _as_user_error(err: ValidationError, data, lines, overridden, where) -> UserError:
+def _as_user_error(err: ValidationError, data, lines, overridden, where, labels=None) -> UserError:
     best = None
     errors = err.errors(include_url=False)
     for order, e in enumerate(errors):
@@ -1138,7 +1158,8 @@ def _as_user_error(err: ValidationError, data, lines, overridden, where) -> User
     _, sp, found, expected, line, via_set = best
     key = ".".join(sp) or "(top level)"
     if via_set:
-        loc = f"{where} (--set {'.'.join(via_set)})"
+        label = (labels or {}).get(via_set) or f"--set {'.'.join(via_set)}"
+        loc = f"{where} ({label})"
     else:
         loc = f"{where}:{line}" if line is not None else where
     more = len(errors) - 1

@@ -6,7 +6,7 @@ of equal-length lists of values keyed by scenario key paths (the same paths as
 ``--set``), and ``seeds:``::
 
     name: capacity
-    base: ../quickstart.yaml          # relative to this file's folder
+    base: quickstart.yaml             # the sweep's folder, then scenarios/ (no ..)
     set: {workload.num_requests: 200}
     grid: {host.ratio: [1.0, 2.0]}
     zip:
@@ -106,8 +106,11 @@ def _check_value(v, sub: tuple):
     raise _err(f"{kind} {_show(v)}", "a number, string, boolean, null, list or mapping", sub)
 
 
+_KEY_RE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\Z")
+
+
 def _check_key(key, where: tuple) -> str:
-    if not isinstance(key, str) or not key or any(not p.strip() for p in key.split(".")):
+    if not isinstance(key, str) or not _KEY_RE.match(key):
         raise _err(f"key {_show(key)}", "a dotted scenario key path like host.ratio", where)
     if key == "seed":
         raise _err("key 'seed'", "seeds in the top-level 'seeds:' list", where)
@@ -233,6 +236,7 @@ class Point:
     where: dict = field(repr=False, compare=False)  # key path -> (section, value index)
     workload_kind: str = ""
     scenario_digest: str = ""  # hash of the resolved scenario (minus its comment header)
+    trace_roots: tuple = ()
 
     @property
     def results_dir(self) -> str:
@@ -250,7 +254,8 @@ class Point:
     def task(self, out: Path) -> dict:
         """What a worker needs to run this point: plain data, cheap to ship."""
         return {"point_id": self.point_id, "base": self.base_path,
-                "overrides": self.override_args(), "out_dir": str(Path(out, self.results_dir).resolve())}
+                "overrides": self.override_args(), "out_dir": str(Path(out, self.results_dir).resolve()),
+                "trace_roots": [str(r) for r in self.trace_roots]}
 
 
 @dataclass
@@ -263,6 +268,7 @@ class SweepPlan:
     points: list[Point]
     param_columns: list[str]
     text: str  # the sweep file as read
+    trace_roots: tuple = ()  # --trace-root folders, passed to every point
 
 
 def _yaml_text(v) -> str:
@@ -293,36 +299,21 @@ def _body_digest(resolved_text: str) -> str:
 # ----------------------------------------------------------------------------------
 
 
-def load_sweep(path) -> SweepPlan:
+def load_sweep(path, trace_roots=()) -> SweepPlan:
     """Read, validate and expand a sweep file; every point's scenario is validated.
 
     Every problem is one :class:`UserError` line naming the sweep file (and line)
     or the base scenario file, the key path, what was found and what was expected.
     """
+    from sim import safeio, yamlio
     from sim.scenario import _key_lines
 
     path = Path(path)
     where = str(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UserError("no such file; expected a sweep YAML", where=where) from None
-    except IsADirectoryError:
-        raise UserError("is a folder; expected a sweep YAML file", where=where) from None
-    except OSError as err:
-        raise UserError(f"cannot read ({err.strerror or err}); expected a sweep YAML", where=where) from None
-    except UnicodeDecodeError as err:
-        raise UserError(f"found a byte that is not UTF-8 at offset {err.start}; expected UTF-8 text",
-                        where=where) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        loc = f"{where}:{mark.line + 1}" if mark is not None else where
-        problem = " ".join(str(getattr(err, "problem", None) or type(err).__name__).split())
-        raise UserError(f"found invalid YAML ({problem}); expected a YAML mapping", where=loc) from None
-    except RecursionError:
-        raise UserError("found YAML nested too deep; expected a sweep mapping", where=where) from None
+    text = safeio.read_text(path, "a sweep YAML", safeio.LIMIT_YAML)
+    # Duplicate keys, huge integers and alias bombs are refused here (sim.yamlio), so
+    # no later walk (_check_value, pydantic) ever sees an exploding value.
+    data = yamlio.load(text, where, "a sweep mapping")
     keys = ", ".join(f.alias or n for n, f in SweepSpec.model_fields.items())
     if not isinstance(data, dict):
         found = "an empty file" if data is None else f"a YAML {type(data).__name__}"
@@ -334,7 +325,7 @@ def load_sweep(path) -> SweepPlan:
         raise _spec_error(err, lines, where) from None
     except RecursionError:
         raise UserError("found data nested too deep; expected a sweep mapping", where=where) from None
-    plan = _expand(path, spec, lines)
+    plan = _expand(path, spec, lines, tuple(str(Path(r).resolve()) for r in trace_roots))
     plan.text = text
     return plan
 
@@ -381,21 +372,31 @@ def _spec_error(err: ValidationError, lines: dict, where: str) -> UserError:
                      where=f"{where}:{line}" if line is not None else where)
 
 
-def _expand(path: Path, spec: SweepSpec, lines: dict) -> SweepPlan:
+def base_roots(sweep_path: Path, trace_roots=()) -> list[Path]:
+    """Where a sweep's base scenarios may be: the sweep file's folder, the repository's
+    ``scenarios/`` folder, then ``--trace-root`` folders (``sim.paths``)."""
+    from sim.paths import REPO_ROOT
+
+    roots = [sweep_path.resolve().parent, REPO_ROOT / "scenarios", *map(Path, trace_roots)]
+    return list(dict.fromkeys(Path(os.path.abspath(r)) for r in roots))
+
+
+def _expand(path: Path, spec: SweepSpec, lines: dict, trace_roots: tuple = ()) -> SweepPlan:
+    from sim.paths import PathRejected, resolve_input
     from sim.scenario import dump_resolved, load_scenario
 
     where = str(path)
-    folder = path.resolve().parent
     bases = spec.bases or [spec.base]
     base_paths = []
+    roots = base_roots(path, trace_roots)
     for i, base in enumerate(bases):
-        p = Path(os.path.abspath(folder / base))
         sub = ("bases", str(i)) if spec.bases else ("base",)
-        if not p.is_file():
+        try:
+            p = resolve_input(base, roots, "a base scenario YAML")
+        except PathRejected as e:
             line = _line_of(lines, sub)
-            raise UserError(f"{'.'.join(sub)}: found {base!r} (no such file: {p}); expected a scenario "
-                            "YAML (relative paths start at the sweep file's folder)",
-                            where=f"{where}:{line}" if line else where)
+            raise UserError(f"{'.'.join(sub)}: found {e.found}; expected {e.expected}",
+                            where=f"{where}:{line}" if line else where) from None
         base_paths.append(str(p))
     seeds_given = spec.seeds is not None
     n_grid = math.prod(len(v) for v in spec.grid.values())
@@ -409,7 +410,8 @@ def _expand(path: Path, spec: SweepSpec, lines: dict) -> SweepPlan:
     points: list[Point] = []
     ids: dict[str, Point] = {}
     for base, base_path in zip(bases, base_paths):
-        base_scenario = load_scenario(base_path)  # a broken base names its own file and line
+        # a broken base names its own file and line
+        base_scenario = load_scenario(base_path, trace_roots=trace_roots)
         seeds = spec.seeds if seeds_given else [base_scenario.seed]
         for gvals in itertools.product(*(list(enumerate(spec.grid[k])) for k in grid_keys)):
             for zi in range(n_zip):
@@ -424,19 +426,21 @@ def _expand(path: Path, spec: SweepSpec, lines: dict) -> SweepPlan:
                 params = ({"base": base} if spec.bases else {}) | dict(overrides)
                 for seed in seeds:
                     pid = point_id(base, overrides, seed)
-                    pt = Point(len(points), pid, base, base_path, tuple(overrides), seed, params, where_pt)
+                    pt = Point(len(points), pid, base, base_path, tuple(overrides), seed, params, where_pt,
+                               trace_roots=trace_roots)
                     if pid in ids:
                         raise UserError(f"found the point {pt.describe()} twice (also point "
                                         f"{ids[pid].index}); expected distinct values in grid and zip",
                                         where=where)
                     scenario = _validate_point(pt, where, lines)
                     pt = Point(pt.index, pid, base, base_path, pt.overrides, seed, params, where_pt,
-                               _workload_kind(scenario), _body_digest(dump_resolved(scenario)))
+                               _workload_kind(scenario), _body_digest(dump_resolved(scenario)),
+                               trace_roots)
                     ids[pid] = pt
                     points.append(pt)
     columns = (["base"] if spec.bases else []) + list(spec.set_) + grid_keys + zip_keys
     name = spec.name or path.stem
-    return SweepPlan(path, name, spec, points, columns, "")
+    return SweepPlan(path, name, spec, points, columns, "", trace_roots)
 
 
 def _workload_kind(scenario) -> str:
@@ -448,7 +452,7 @@ def _validate_point(pt: Point, where: str, lines: dict):
     from sim.scenario import load_scenario
 
     try:
-        return load_scenario(pt.base_path, pt.override_args())
+        return load_scenario(pt.base_path, pt.override_args(), trace_roots=pt.trace_roots)
     except UserError as err:
         inner = str(err)
         if err.where and inner.startswith(f"{err.where}: "):
@@ -519,7 +523,7 @@ def run_point(task: dict) -> dict:
         (out / "meta.json").unlink(missing_ok=True)
         for tmp in out.glob(".*.tmp"):  # left by a killed atomic write
             tmp.unlink(missing_ok=True)
-        scenario = load_scenario(task["base"], task["overrides"])
+        scenario = load_scenario(task["base"], task["overrides"], trace_roots=task.get("trace_roots", ()))
         res = run_scenario(scenario, out)
         if res.partial:
             result["error"] = "interrupted (meta.json says partial: true)"
@@ -532,12 +536,33 @@ def run_point(task: dict) -> dict:
     return result
 
 
-def _ignore_sigint() -> None:
-    # Ctrl-C goes to the whole process group; the parent decides what to do (stop
-    # the pool), so workers must not die mid-write with their own traceback.
+def _worker_init(parent_pid: int | None = None) -> None:
+    """Pool worker set-up: ignore Ctrl-C, and die with the parent.
+
+    Ctrl-C goes to the whole process group; the parent decides what to do (stop
+    the pool), so workers must not die mid-write with their own traceback. A parent
+    killed outright (SIGKILL, OOM) runs no clean-up, so each worker asks the kernel
+    for SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``) instead of living
+    on as an orphan; a parent already gone by then ends the worker at once.
+    """
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+_ignore_sigint = _worker_init  # the former name
 
 
 # ----------------------------------------------------------------------------------
@@ -561,7 +586,7 @@ def _run_local(tasks: list[dict], done: Callable[[dict], None], workers: int, ad
                         "with --executor ray")
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx,
-                               initializer=_ignore_sigint)
+                               initializer=_worker_init, initargs=(os.getpid(),))
     try:
         futures = {pool.submit(run_point, t): t for t in tasks}
         for fut in as_completed(futures):
@@ -595,6 +620,8 @@ def _run_ray(tasks: list[dict], done: Callable[[dict], None], workers: int, addr
                               "log_to_driver": False, "logging_level": logging.ERROR}
     saved = os.environ.get("PYTHONPATH")
     if address is None:
+        _ray_loopback_only(ray)
+        kwargs["_node_ip_address"] = "127.0.0.1"
         kwargs["num_cpus"] = workers
         # Points write their results to disk and return a small dict: a minimal object
         # store (Ray's default takes 30% of RAM as shared memory) is plenty.
@@ -634,6 +661,22 @@ def _run_ray(tasks: list[dict], done: Callable[[dict], None], workers: int, addr
         ray.shutdown()
 
 
+def _ray_loopback_only(ray) -> None:
+    """Make a local Ray instance listen on 127.0.0.1 only.
+
+    Ray's GCS, raylet and workers listen on every interface unless the node's IP is
+    the loopback address, and on Linux Ray replaces 127.0.0.1 by the machine's
+    routable IP unless clusters are switched off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``
+    = 0, read when Ray is imported; set for child processes too). A user who wants
+    a real cluster passes ``--address`` (docs/RAY.md).
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    try:
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    except AttributeError:
+        pass
+
+
 EXECUTORS: dict[str, Callable] = {"local": _run_local, "ray": _run_ray}
 
 
@@ -666,8 +709,17 @@ def run_sweep(plan: SweepPlan, out, *, executor: str = "local", workers: int | N
 
     if executor not in EXECUTORS:
         raise UserError(f"--executor: found {executor!r}; expected one of {', '.join(EXECUTORS)}")
+    from sim.resultsdir import FolderLock
+
     workers = workers or os.cpu_count() or 1
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError("found a file; expected a sweep output folder", where=str(out))
+    with FolderLock(out):  # one sweep at a time writes a folder
+        return _run_sweep(plan, out, executor, workers, address, progress, write_json, write_text)
+
+
+def _run_sweep(plan, out, executor, workers, address, progress, write_json, write_text) -> SweepOutcome:
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / SWEEP_COPY, plan.text)
     todo, skipped = [], []
@@ -808,7 +860,8 @@ def add_bounds(plan: SweepPlan, out) -> int:
         folder = out / p.results_dir
         if point_status(p, out) != "done" or (folder / "bound.json").exists():
             continue
-        scn = load_scenario(folder / "scenario.yaml")
+        scn = load_scenario(folder / "scenario.yaml",
+                            trace_roots=[Path(p.base_path).parent, *plan.trace_roots])
         key = (scn.workload.model_dump_json(), scn.page_size, resolve_capacities(scn), scn.seed)
         if key not in cache:
             cache[key] = bound_for_scenario(scn)

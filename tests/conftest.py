@@ -13,6 +13,8 @@ if str(ROOT) not in sys.path:
 
 # CI clones the repo with shared/ beside it; HICACHE_SHARED overrides.
 SHARED = Path(os.environ.get("HICACHE_SHARED", ROOT.parent / "shared"))
+# The traces the repository ships (gzip-compressed; data/traces/README.md).
+TRACES = ROOT / "data" / "traces"
 
 # The default CI profile: enough examples to find real bugs, bounded for 2 cores.
 settings.register_profile("ci", max_examples=60, deadline=None,

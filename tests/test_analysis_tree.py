@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import strategies
-from conftest import SHARED
+from conftest import TRACES
 from sim.analysis.replay import compare_lru, mooncake_trace, tree_lru_curve, tree_lru_replay
 from sim.analysis.stack_distance import (
     hit_rate_curve,
@@ -21,7 +21,7 @@ from sim.analysis.stack_distance import (
 )
 from sim.errors import UserError
 
-MOONCAKE = SHARED / "data" / "traces" / "mooncake-fast25"
+MOONCAKE = TRACES / "mooncake-fast25"
 
 
 def prefix_traces(**kw):
@@ -148,12 +148,11 @@ def test_bad_input_is_a_user_error():
         tree_lru_replay([[1, 2], [3, 2]], 16, 1)
 
 
-@pytest.mark.parametrize("name", ["conversation_trace.jsonl", "synthetic_trace.jsonl"])
+@pytest.mark.parametrize("name", ["conversation_trace.jsonl.gz", "synthetic_trace.jsonl.gz"])
 def test_mooncake_tree_matches_split_aware_curve(name):
     path = MOONCAKE / name
     if not path.is_file():
-        pytest.fail(f"Mooncake trace not found at {path}; put shared/ beside the repo "
-                    "or set HICACHE_SHARED")
+        pytest.fail(f"Mooncake trace not found at {path}; the repository ships it under data/traces/")
     full = mooncake_trace(path, 512)
     trace = type(full)(full.paths[:1500], 512, full.input_tokens)
     rows = compare_lru(trace, [500_000, 4_000_000])

@@ -191,7 +191,7 @@ def test_malformed_profile_files_are_one_line_errors(tmp_path, text, fragment):
 
 
 def test_missing_profile_file_and_unknown_name(tmp_path):
-    with pytest.raises(UserError, match="nope.yaml: file not found"):
+    with pytest.raises(UserError, match="nope.yaml: no such file"):
         load_profile(tmp_path / "nope.yaml")
     with pytest.raises(UserError, match="unknown profile 'h300'.*h200-sxm"):
         load_profile("h300")

@@ -1,5 +1,6 @@
 """Offline-optimum bounds against exhaustive search, and their basic shape."""
 
+import gzip
 import json
 
 import pytest
@@ -15,18 +16,17 @@ from sim.analysis.optimum import (
 )
 from sim.analysis.stack_distance import lru_hit_curve, lru_prefix_cache_sim
 import strategies
-from conftest import SHARED
+from conftest import TRACES
 from sim.errors import UserError
 
-MOONCAKE = SHARED / "data" / "traces" / "mooncake-fast25"
+MOONCAKE = TRACES / "mooncake-fast25"
 
 
 def mooncake_file(name):
-    """A Mooncake trace under shared/; a missing one fails (a skip would hide it)."""
+    """A Mooncake trace under data/traces/; a missing one fails (a skip would hide it)."""
     path = MOONCAKE / name
     if not path.is_file():
-        pytest.fail(f"Mooncake trace not found at {path}; put shared/ beside the repo "
-                    "or set HICACHE_SHARED")
+        pytest.fail(f"Mooncake trace not found at {path}; the repository ships it under data/traces/")
     return path
 
 
@@ -162,10 +162,10 @@ def test_bad_parameters_are_rejected():
         optimum_bounds([[0, 1], [2, 1]], 2, 16)
 
 
-@pytest.mark.parametrize("name", ["conversation_trace.jsonl", "synthetic_trace.jsonl"])
+@pytest.mark.parametrize("name", ["conversation_trace.jsonl.gz", "synthetic_trace.jsonl.gz"])
 def test_mooncake_bounds(name):
     requests = []
-    with open(mooncake_file(name)) as f:
+    with gzip.open(mooncake_file(name), "rt") as f:
         for line in f:
             record = json.loads(line)
             requests.append(record["hash_ids"][: record["input_length"] // 512])  # full pages only

@@ -1,5 +1,6 @@
 """The one-pass LRU curve (stack distances) against the plain reference simulation."""
 
+import gzip
 import json
 
 import numpy as np
@@ -15,10 +16,10 @@ from sim.analysis.stack_distance import (
     lru_stack_distances,
 )
 import strategies
-from conftest import SHARED
+from conftest import TRACES
 from sim.errors import UserError
 
-MOONCAKE_CONVERSATION = SHARED / "data" / "traces" / "mooncake-fast25" / "conversation_trace.jsonl"
+MOONCAKE_CONVERSATION = TRACES / "mooncake-fast25" / "conversation_trace.jsonl.gz"
 
 
 def prefix_traces(**kw):
@@ -123,7 +124,7 @@ def test_bad_parameters_are_rejected():
 def read_mooncake(path, limit):
     """Full 512-token blocks of each request (SGLang keeps partial pages out)."""
     requests = []
-    with open(path) as f:
+    with gzip.open(path, "rt") as f:
         for line in f:
             record = json.loads(line)
             requests.append(record["hash_ids"][: record["input_length"] // 512])
@@ -134,8 +135,8 @@ def read_mooncake(path, limit):
 
 def test_mooncake_conversation_prefix_matches_reference():
     if not MOONCAKE_CONVERSATION.is_file():
-        pytest.fail(f"Mooncake trace not found at {MOONCAKE_CONVERSATION}; put shared/ "
-                    "beside the repo or set HICACHE_SHARED")
+        pytest.fail(f"Mooncake trace not found at {MOONCAKE_CONVERSATION}; the repository ships it "
+                    "under data/traces/")
     requests = read_mooncake(MOONCAKE_CONVERSATION, 3000)
     curve = lru_hit_curve(requests)
     assert curve.hits_at[-1] > 0  # the trace does reuse prefixes

@@ -110,7 +110,7 @@ BAD = [
      "sw.yaml:4: zip.cache.host_policy: found 1 values for 'cache.host_policy' but 2 for 'host.ratio'"),
     ("base: base.yaml\nbases: [base.yaml]\n", "sw.yaml:1: base: found both base and bases"),
     ("grid: {host.ratio: [1]}\n", "sw.yaml: base: found neither base nor bases"),
-    ("base: nope.yaml\n", "sw.yaml:1: base: found 'nope.yaml' (no such file"),
+    ("base: nope.yaml\n", "sw.yaml:1: base: found 'nope.yaml' (not found"),
     ("bases:\n  - base.yaml\n  - nope.yaml\n", "sw.yaml:3: bases.1: found 'nope.yaml'"),
     ("base: base.yaml\nseeds: [1, x]\n", "sw.yaml:2: seeds.1: found 'x'; expected a seed"),
     ("base: base.yaml\nseeds: {count: 0}\n", "sw.yaml:2: seeds.count: found 0"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import TRACES
 from sim.errors import InputFormatError, UserError
 from sim.workloads.base import IdSpace
 from sim.workloads.traces import (
@@ -23,8 +25,8 @@ from sim.workloads.traces import (
 
 
 @pytest.fixture(scope="module")
-def traces(shared) -> Path:
-    return shared / "data" / "traces"
+def traces() -> Path:
+    return TRACES
 
 
 def prefix_consistent(reqs) -> bool:
@@ -42,8 +44,8 @@ def prefix_consistent(reqs) -> bool:
 
 
 @pytest.mark.parametrize("name,count,span", [
-    ("conversation_trace.jsonl", 12031, 3537),
-    ("synthetic_trace.jsonl", 3993, 1022),
+    ("conversation_trace.jsonl.gz", 12031, 3537),
+    ("synthetic_trace.jsonl.gz", 3993, 1022),
 ])
 def test_mooncake_real_files(traces, name, count, span):
     path = traces / "mooncake-fast25" / name
@@ -60,14 +62,14 @@ def test_mooncake_real_files(traces, name, count, span):
     assert prefix_consistent(reqs)
     # trace ids are renumbered one to one (no tails were added: every line has ceil ids)
     distinct_trace_ids = set()
-    with open(path) as f:
+    with gzip.open(path, "rt") as f:
         for line in f:
             distinct_trace_ids.update(json.loads(line)["hash_ids"])
     assert len({b for r in reqs for b in r.blocks}) == len(distinct_trace_ids)
 
 
 def test_mooncake_rate_scale_and_shared_id_space(traces):
-    path = traces / "mooncake-fast25" / "synthetic_trace.jsonl"
+    path = traces / "mooncake-fast25" / "synthetic_trace.jsonl.gz"
     ids = IdSpace()
     ids.new_range(1000)  # another source took ids 0..999
     fast = list(MooncakeReader(path, rate_scale=2.0, ids=ids))
@@ -145,11 +147,11 @@ def agentic(traces):
 
 def test_agentic_counts_match_the_files_and_readme(agentic):
     folder, reader, reqs = agentic
-    files = sorted(folder.glob("*.json"))
+    files = sorted(folder.glob("*.json.gz"))
     assert len(files) == 29
     top = sub = 0
     for f in files:
-        for depth, _ in _walk(json.loads(f.read_text())["requests"]):
+        for depth, _ in _walk(json.loads(gzip.decompress(f.read_bytes()))["requests"]):
             top += depth == 0
             sub += depth > 0
     assert (top, sub) == (2885, 121)  # 3,006 requests in all, as the README says
@@ -313,7 +315,7 @@ def test_generic_csv_header_is_checked(tmp_path):
 
 
 def test_trace_timestamps(tmp_path, traces):
-    ts = list(trace_timestamps(traces / "mooncake-fast25" / "synthetic_trace.jsonl", "mooncake"))
+    ts = list(trace_timestamps(traces / "mooncake-fast25" / "synthetic_trace.jsonl.gz", "mooncake"))
     assert len(ts) == 3993 and ts == sorted(ts)
     p = _write(tmp_path, "t.txt", ["0", "1", "x", "2"])
     with pytest.raises(InputFormatError, match=":3: "):
@@ -376,7 +378,7 @@ _EDITS = st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2),
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=_EDITS, skip=st.booleans())
 def test_mutated_mooncake_lines_never_crash(tmp_path, traces, edits, skip):
-    with open(traces / "mooncake-fast25" / "conversation_trace.jsonl") as f:
+    with gzip.open(traces / "mooncake-fast25" / "conversation_trace.jsonl.gz", "rt") as f:
         head = "".join(next(f) for _ in range(6))
     path = tmp_path / "m.jsonl"
     path.write_text(_mutate(head, edits), errors="surrogateescape")

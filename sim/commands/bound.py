@@ -19,6 +19,8 @@ def add_arguments(p) -> None:
     p.add_argument("scenario", help="scenario YAML (see scenarios/)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set limits.max_requests=2000 (repeatable)")
+    p.add_argument("--trace-root", dest="trace_roots", action="append", default=[], metavar="DIR",
+                   help="also resolve the scenario's trace paths under DIR; repeatable")
     p.add_argument("--capacities", nargs="+", default=[], metavar="TOKENS",
                    help="extra single-tier capacities in tokens (e.g. 1e6 2e6 or 1e6,2e6)")
     p.add_argument("--tree", action="store_true",
@@ -74,7 +76,7 @@ def run(args) -> int:
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UserError("found a file; expected a folder for bound.json and bound.csv",
                         where=args.out)
-    scenario = load_scenario(args.scenario, args.sets)
+    scenario = load_scenario(args.scenario, args.sets, trace_roots=args.trace_roots)
     doc = bound_for_scenario(scenario, capacities=capacities, host_weight=weight, tree=args.tree)
     _print(doc)
     if args.out is not None:

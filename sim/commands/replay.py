@@ -16,13 +16,16 @@ HELP = ("Re-run a repro bundle; exit 3 with the one-line failure when it reprodu
 
 def add_arguments(p) -> None:
     p.add_argument("bundle", metavar="BUNDLE_DIR", help="a folder written by hicache-sim repro")
+    p.add_argument("--trace-root", dest="trace_roots", action="append", default=[], metavar="DIR",
+                   help="also resolve the bundle scenario's trace paths under DIR (a bundle's "
+                        "scenario otherwise reads files inside the bundle only); repeatable")
 
 
 def run(args) -> int:
     from sim.errors import DivergenceError
     from sim.repro import verify_bundle
 
-    res = verify_bundle(args.bundle)
+    res = verify_bundle(args.bundle, trace_roots=args.trace_roots)
     n_traces = sum(1 for c in res.checked if c.startswith("optrace"))
     print(f"reproduced {args.bundle}: {res.outcome.failure_class}; checked "
           f"{len(res.checked) - n_traces} outcome fields and {n_traces} rank op-trace(s)")

@@ -24,6 +24,8 @@ def add_arguments(p) -> None:
     p.add_argument("--budget", type=_seconds, metavar="SECONDS",
                    help="stop searching after this much wall time (checked between tries)")
     p.add_argument("--seed", type=_non_negative, help="base seed (default: the scenario's seed)")
+    p.add_argument("--trace-root", dest="trace_roots", action="append", default=[], metavar="DIR",
+                   help="also resolve the scenario's trace paths under DIR; repeatable")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key before searching (repeatable)")
     p.add_argument("--shrink-runs", type=_non_negative, default=300, metavar="N",
@@ -67,7 +69,7 @@ def run(args) -> int:
     from sim import repro
     from sim.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, args.sets)
+    scenario = load_scenario(args.scenario, args.sets, trace_roots=args.trace_roots)
     t0 = time.perf_counter()
 
     def on_try(i, seed, out):
@@ -96,7 +98,7 @@ def run(args) -> int:
         source=args.scenario, search=found, before=before, shrink=info,
         extra={"overrides": list(args.sets)}))
     # A bundle that does not replay is worse than none: check it now.
-    res = repro.verify_bundle(out)
+    res = repro.verify_bundle(out, trace_roots=args.trace_roots)
     print(f"bundle: {out} ({time.perf_counter() - t0:.1f} s); replay: hicache-sim replay {out}")
     print(f"failure: {res.line}")
     return 3

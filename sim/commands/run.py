@@ -12,7 +12,7 @@ HELP = "Simulate a scenario and write a results folder (parquet, JSON, resolved 
 def add_arguments(p) -> None:
     p.add_argument("scenario", help="scenario YAML (see scenarios/)")
     p.add_argument("-o", "--out", help="results folder (default: results/<scenario name>)")
-    p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--seed", type=int, help="override the scenario's seed (0 to 2**63 - 1)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario key, e.g. --set host.ratio=4 (repeatable)")
     p.add_argument("--collective", choices=("simulated", "torch"),
@@ -20,6 +20,16 @@ def add_arguments(p) -> None:
     p.add_argument("--trace-out", metavar="FILE", help="write a Chrome/Perfetto trace of per-rank events")
     p.add_argument("--plots", action="store_true", help="also write the plots into the results folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_input_flags(p)
+
+
+def add_input_flags(p) -> None:
+    """``--trace-root`` and ``--force``: shared by the commands that load scenarios."""
+    p.add_argument("--trace-root", dest="trace_roots", action="append", default=[], metavar="DIR",
+                   help="also resolve the scenario's trace, arrival and profile paths under DIR "
+                        "(besides the scenario's folder, data/ and $HICACHE_TRACE_CACHE); repeatable")
+    p.add_argument("--force", action="store_true",
+                   help="run torch collectives even beyond this machine's cores and memory")
 
 
 def run(args) -> int:
@@ -27,13 +37,20 @@ def run(args) -> int:
     from sim.runner import run_scenario
     from sim.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, args.sets)
-    out = args.out or f"results/{scenario.name}"
+    from sim import resources
+
+    # Command-line values go through the schema like any scenario key.
+    flags = [("--seed", "seed", args.seed), ("--collective", "collective.backend", args.collective)]
+    scenario = load_scenario(args.scenario, args.sets, flags=flags, trace_roots=args.trace_roots)
+    est = resources.check(scenario, force=args.force)
+    if est.large:
+        print(est.line(), file=sys.stderr)
+    out = args.out or f"results/{scenario.name}"  # the name is a slug: stays under results/
     bar = _progress_bar(args.quiet)
     t0 = time.perf_counter()
     try:
-        res = run_scenario(scenario, out, seed=args.seed, collective=args.collective,
-                           progress=bar.update if bar else None, trace_out=args.trace_out)
+        res = run_scenario(scenario, out, progress=bar.update if bar else None,
+                           trace_out=args.trace_out)
     finally:
         if bar:
             bar.close()
@@ -95,13 +112,17 @@ def _progress_bar(quiet: bool):
     return _Bar()
 
 
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+
 def _print_summary(res, out, wall) -> None:
     s, d = res.summary, res.divergence
     rows = [
         ("requests", f"{s['requests']:,}"),
         ("simulated time", f"{s['sim_time_s']:,.1f} s  ({wall:.1f} s wall)"),
         ("hit rate (device + host)", f"{s['hit_rate']:.1%}  ({s['device_hit_rate']:.1%} + {s['host_hit_rate']:.1%})"),
-        ("TTFT p50 / p99", f"{s['ttft_p50_s'] * 1e3:,.1f} / {s['ttft_p99_s'] * 1e3:,.1f} ms"),
+        ("TTFT p50 / p99", _ms(s['ttft_p50_s']) + " / " + _ms(s['ttft_p99_s']) + " ms"),
         ("device / host capacity", f"{s['device_tokens']:,} / {s['host_tokens']:,} tokens per rank"),
         ("mean effective capacity", f"{s['effective_tokens_mean']:,.0f} tokens"),
         ("mean duplicate share", f"{s['duplicate_share_mean']:.1%}"),

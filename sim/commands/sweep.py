@@ -33,6 +33,8 @@ def add_arguments(p) -> None:
                    help="also compute each point's offline-optimal hit rate (bound.json) and "
                         "draw it on the capacity plot")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--trace-root", dest="trace_roots", action="append", default=[], metavar="DIR",
+                   help="also resolve base scenarios and their trace paths under DIR; repeatable")
 
 
 def run(args) -> int:
@@ -46,7 +48,7 @@ def run(args) -> int:
     if args.address is not None and args.executor != "ray":
         raise UserError("--address: found an address with --executor local; expected it only "
                         "with --executor ray")
-    plan = load_sweep(args.sweep)
+    plan = load_sweep(args.sweep, trace_roots=args.trace_roots)
     out = Path(args.out) if args.out else default_out(plan)
     if args.dry_run:
         return _dry_run(plan, out, point_status)

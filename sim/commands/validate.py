@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from sim.errors import UserError
+from sim.errors import UserError, one_line
 
 NAME = "validate"
 HELP = "Validate scenario files and print their resolved device/host capacities."
@@ -22,14 +22,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--deep", action="store_true",
                         help="also stream the whole workload (reads trace files to the end) "
                              "and report its request count")
+    from sim.commands.run import add_input_flags
+
+    add_input_flags(parser)
 
 
-def check(path: str, overrides=(), deep: bool = False) -> str:
+def check(path: str, overrides=(), deep: bool = False, trace_roots=(), force: bool = False) -> str:
     """The OK line for one scenario file; raises UserError on any problem."""
+    from sim import resources
     from sim.scenario import load_scenario, resolve_capacities
     from sim.workloads import build_workload
 
-    s = load_scenario(path, overrides)
+    s = load_scenario(path, overrides, trace_roots=trace_roots)
+    est = resources.check(s, force=force)
     dev, host = resolve_capacities(s)
     stream = build_workload(s)
     note = ""
@@ -41,16 +46,17 @@ def check(path: str, overrides=(), deep: bool = False) -> str:
     else:
         next(iter(stream), None)  # opens the trace and parses its first record
     warn = " (note: host <= device, SGLang warns)" if host <= dev else ""
+    big = f"; {est.line()}" if est.large else ""
     return (f"OK {path}: {s.name}: device {dev} tokens, host {host} tokens per rank, "
-            f"tp {s.tp}, page {s.page_size}, workload {s.workload.kind}{note}{warn}")
+            f"tp {s.tp}, page {s.page_size}, workload {s.workload.kind}{note}{warn}{big}")
 
 
 def run(args) -> int:
     failed = 0
     for path in args.scenarios:
         try:
-            print(check(path, args.overrides, args.deep))
+            print(check(path, args.overrides, args.deep, args.trace_roots, args.force))
         except UserError as err:
             failed += 1
-            print(f"hicache-sim validate: error: {err}", file=sys.stderr)
+            print(one_line(f"hicache-sim validate: error: {err}"), file=sys.stderr)
     return 2 if failed else 0

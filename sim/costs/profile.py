@@ -125,21 +125,11 @@ def load_profile(name_or_path=DEFAULT_PROFILE) -> Profile:
     if isinstance(name_or_path, Profile):
         return name_or_path
     path = profile_path(name_or_path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError("file not found; expected a cost profile YAML", where=str(path)) from None
-    except OSError as err:
-        raise UserError(f"cannot read ({err.strerror}); expected a readable profile YAML",
-                        where=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"found invalid YAML ({problem}); expected a YAML mapping of profile"
-                        " keys", where=where) from None
+    from sim import safeio, yamlio
+
+    # Regular files only, bounded; duplicate keys and alias bombs refused.
+    text = safeio.read_text(path, "a cost profile YAML", safeio.LIMIT_YAML)
+    data = yamlio.load(text, str(path), "a YAML mapping of profile keys")
     if not isinstance(data, dict):
         raise UserError(f"found {type(data).__name__}; expected a mapping of profile keys",
                         where=str(path))

@@ -49,6 +49,7 @@ from typing import Iterator
 
 import numpy as np
 
+from sim import safeio
 from sim.errors import InputFormatError, UserError
 from sim.workloads.base import IdSpace, Request
 
@@ -60,7 +61,9 @@ AGENTIC_BLOCK_SIZE = 64
 # real context, low enough that later arithmetic stays in ordinary ints and floats.
 MAX_TOKENS = 10**9
 
-_INT_RE = re.compile(r"-?[0-9]+\Z")
+# At most 40 digits: Python refuses to parse integers of thousands of digits, and no
+# id or count needs more.
+_INT_RE = re.compile(r"-?[0-9]{1,40}\Z")
 _SPLIT_RE = re.compile(r"[\s,]+")
 
 # (arrival, blocks, block_size, input_len, output_len, session)
@@ -118,7 +121,10 @@ def _num(rec: dict, key: str, lo: float = 0.0, hi: float = 1e12) -> float:
             raise _Bad(f"{key} = {_short(v)}", f"a number {key!r}") from None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _Bad(f"{key} = {_short(v)}", f"a number {key!r}")
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an integer too large for a float
+        raise _Bad(f"{key} = {_short(v)}", f"a finite {key!r} in [{lo:g}, {hi:g}]") from None
     if not (math.isfinite(v) and lo <= v <= hi):
         raise _Bad(f"{key} = {v}", f"a finite {key!r} in [{lo:g}, {hi:g}]")
     return v
@@ -166,16 +172,18 @@ def _block_count_error(n: int, input_len: int, block_size: int) -> _Bad:
 
 
 def _open_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) for each line, decoded lazily (one line in memory)."""
-    try:
-        f = open(path, "rb")
-    except OSError as err:
-        raise UserError(f"cannot open trace file ({err.strerror or err})", where=str(path)) from None
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            # surrogateescape: undecodable bytes survive as lone surrogates and then
-            # fail the field checks, which report the line, instead of aborting here.
-            yield lineno, raw.decode("utf-8", "surrogateescape")
+    """(line number, text) for each line, decoded lazily (one bounded line in memory;
+    regular files only, ``.gz`` decompressed: ``sim.safeio``)."""
+    for lineno, raw in safeio.open_lines(path, "a trace file"):
+        # surrogateescape: undecodable bytes survive as lone surrogates and then
+        # fail the field checks, which report the line, instead of aborting here.
+        yield lineno, raw.decode("utf-8", "surrogateescape")
+
+
+def _empty(path, skipped: int, what: str = "request records") -> InputFormatError:
+    """The error for a trace that gave nothing to simulate."""
+    found = f"no valid {what} ({skipped} bad ones skipped)" if skipped else f"no {what} (an empty trace)"
+    return InputFormatError(path, None, found, f"at least one of the {what}")
 
 
 def _json_obj(text: str) -> dict:
@@ -219,8 +227,11 @@ class _LineReader:
     def __iter__(self) -> Iterator[Request]:
         self.skipped = 0
         self.first_skip = None
+        rid = -1
         for rid, (arrival, blocks, bs, n_in, n_out, session) in enumerate(self.records()):
             yield Request(rid, arrival, tuple(blocks), bs, n_in, n_out, session)
+        if rid < 0:  # nothing to simulate: an error, not a run of 0 requests
+            raise _empty(self.path, self.skipped)
 
 
 class MooncakeReader(_LineReader):
@@ -275,7 +286,7 @@ class GenericReader(_LineReader):
 
     def _rows(self) -> Iterator[tuple[int, dict | _Bad]]:
         lines = _open_lines(self.path)
-        if self.path.suffix.lower() != ".csv":
+        if safeio.suffix(self.path) != ".csv":
             for lineno, line in lines:
                 s = line.strip()
                 if not s or s.startswith("#"):
@@ -362,6 +373,7 @@ class GenericReader(_LineReader):
                 self._bad(lineno, bad)
                 continue
             last = arrival
+            self.line = lineno  # where the record just yielded is (for later checks)
             yield arrival / self.rate_scale, blocks, bs, n_in, n_out, session
 
 
@@ -390,9 +402,11 @@ class AgenticReader(_LineReader):
         self.start, self.start_rate, self.seed = start, start_rate, seed
         self._current: Path | None = None
         if self.path.is_dir():
-            self.files = sorted(self.path.glob("*.json"))
+            self.files = sorted(p for p in self.path.iterdir()
+                                if p.name.endswith((".json", ".json.gz")) and p.is_file())
             if not self.files:
-                raise UserError("no *.json conversation files in folder", where=str(self.path))
+                raise UserError("found no *.json or *.json.gz conversation files in the folder; "
+                                "expected agentic trace files", where=str(self.path))
         elif self.path.is_file():
             self.files = [self.path]
         else:
@@ -414,10 +428,7 @@ class AgenticReader(_LineReader):
         Each event: (t, order, stream, hash_ids, in, out, block_size). Returns None
         when the file is skipped.
         """
-        try:
-            data = path.read_bytes()
-        except OSError as err:
-            raise UserError(f"cannot read ({err.strerror or err})", where=str(path)) from None
+        data = safeio.read_bytes(path, "an agentic conversation JSON", safeio.LIMIT_JSON_DOC)
         try:
             doc = json.loads(data)
         except (ValueError, RecursionError) as err:
@@ -542,8 +553,17 @@ def trace_timestamps(path, fmt: str, *, skip_bad_lines: bool = False) -> Iterato
     """Arrival times in seconds, streamed from a trace (for the ``trace`` arrival process).
 
     ``fmt``: ``mooncake``, ``generic`` (their request arrivals) or ``lines`` (one time
-    in seconds per line; blank and ``#`` lines ignored).
+    in seconds per line; blank and ``#`` lines ignored). A file with no times at all is
+    an error (a run of 0 requests says nothing).
     """
+    n = 0
+    for n, v in enumerate(_timestamps(path, fmt, skip_bad_lines=skip_bad_lines), 1):
+        yield v
+    if n == 0:
+        raise _empty(path, 0, "arrival times")
+
+
+def _timestamps(path, fmt: str, *, skip_bad_lines: bool = False) -> Iterator[float]:
     if fmt in ("mooncake", "generic"):
         key, scale = ("timestamp", 1e-3) if fmt == "mooncake" else ("arrival_s", 1.0)
         rows = GenericReader(path)._rows() if fmt == "generic" else (

@@ -1,0 +1,77 @@
+"""Input checks for op-trace lines beyond the core format (``sim.optrace`` calls them).
+
+What this is for: ``sim.optrace.parse_line`` checks the fields SGLang's format
+defines; the header extensions hicache-sim's bundles write (``ids``,
+``host_policy``, ``eviction_policy``, ``host_alloc_failures``) and the ``skip_ids``
+op were taken as given, so a wrong type or value surfaced as a traceback deep in the
+tree, or silently (a negative ``skip_ids`` gives two nodes one id). Every check
+here raises :class:`InputFormatError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sim.errors import InputFormatError
+
+ID_SCHEMES = ("optrace", "sglang", "rust")
+# Bounds on every count in a trace: far above any real tree, low enough that the
+# tree's arithmetic stays in ordinary ints.
+MAX_COUNT = 10**15
+MAX_ALLOC_FAILURES = 10**7
+
+
+def _short(value) -> str:
+    try:
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    except (ValueError, TypeError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load_line(path, line_no: int, text: str):
+    """One line's JSON value; invalid JSON, huge integers or deep nesting as one line."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InputFormatError(path, line_no, "JSON nested too deep", "one flat JSON object per line") from None
+    except ValueError as err:
+        msg = getattr(err, "msg", None) or " ".join(str(err).split())[:80]
+        raise InputFormatError(path, line_no, f"invalid JSON ({msg})", "one JSON object per line") from None
+
+
+def check_header(path, line_no: int, obj: dict) -> None:
+    """The header's extension fields and the size of its counts."""
+    from sim.policies.eviction import EVICTION_POLICIES
+    from sim.policies.host import HOST_POLICIES
+
+    for key in ("device_capacity", "host_capacity", "page_size", "load_back_threshold"):
+        v = obj.get(key)
+        if type(v) is int and v > MAX_COUNT:
+            raise InputFormatError(path, line_no, f"{key}={_short(v)}", f"'{key}' of at most {MAX_COUNT}")
+    for key, names in (("ids", ID_SCHEMES), ("host_policy", tuple(HOST_POLICIES)),
+                       ("eviction_policy", tuple(EVICTION_POLICIES))):
+        if key in obj and (not isinstance(obj[key], str) or obj[key] not in names):
+            raise InputFormatError(path, line_no, f"{key}={_short(obj[key])}", f"'{key}' one of {', '.join(names)}")
+    if "host_alloc_failures" in obj:
+        v = obj["host_alloc_failures"]
+        expected = "'host_alloc_failures' as a list of [op index, attempt] pairs of non-negative ints"
+        if not isinstance(v, list) or len(v) > MAX_ALLOC_FAILURES:
+            raise InputFormatError(path, line_no, f"host_alloc_failures={_short(v)}", expected)
+        for pair in v:
+            if not (isinstance(pair, list) and len(pair) == 2
+                    and all(type(x) is int and 0 <= x <= MAX_COUNT for x in pair)):
+                raise InputFormatError(path, line_no, f"host_alloc_failures element {_short(pair)}", expected)
+
+
+def check_op(path, line_no: int, obj: dict) -> None:
+    """Counts of an operation line: non-negative where negative makes no sense, bounded."""
+    n = obj.get("n")
+    if type(n) is int and abs(n) > MAX_COUNT:
+        raise InputFormatError(path, line_no, f"n={_short(n)}", f"'n' of at most {MAX_COUNT}")
+    if obj.get("op") == "skip_ids" and type(n) is int and n < 0:
+        # Going back would hand out ids that live nodes already have.
+        raise InputFormatError(path, line_no, f"n={n}", "'n' >= 0 (ids only move forward)")
+    r = obj.get("reserved")
+    if type(r) is int and r > MAX_COUNT:
+        raise InputFormatError(path, line_no, f"reserved={_short(r)}", f"'reserved' of at most {MAX_COUNT}")

@@ -1,0 +1,659 @@
+"""Hostile and careless input, end to end: every bad input gets one line and exit 2.
+
+For each input (a scenario file, a ``--set``, a trace of each format, an op-trace, a
+bundle, a sweep file, a command-line value) the command line is run in-process and
+the suite asserts: the exit code, ONE line on stderr that names the location, no
+traceback, no file written outside the output folder (nor left in the working
+folder), and termination. Termination is guarded by an anti-hang watchdog
+(``faulthandler``) of a generous 120 s per call: it catches hangs only, it is not a
+speed check.
+
+Two kinds of cases: hypothesis strategies that mutate valid inputs (a mutation may
+happen to be valid, so those accept exit 0 too, but never a traceback or a stray
+file), and the explicit cases of the hardening issue, which must exit 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import gzip
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cli
+from conftest import ROOT
+
+HANG_TIMEOUT_S = 120  # anti-hang only
+SCN = ROOT / "scenarios"
+BUNDLE = ROOT / "bundles" / "request_order"  # the smallest shipped bundle (3 requests)
+# FUZZ_EXAMPLES raises the count for a deeper local run; CI keeps it small.
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "30")), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+MINIMAL = {
+    "name": "fz", "seed": 1, "model": {"preset": "llama-3.1-8b"}, "tp": 2, "page_size": 64,
+    "device": {"tokens": 4096}, "host": {"ratio": 2.0},
+    "workload": {"kind": "multi_turn_chat", "num_requests": 5, "block_size": 64,
+                 "arrival": {"process": "poisson", "rate": 2.0}},
+}
+
+
+# ----------------------------------------------------------------------------------
+# The harness
+# ----------------------------------------------------------------------------------
+
+
+def _snapshot(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def call(argv, box: Path, out: Path | None = None) -> tuple[int, str]:
+    """Run ``hicache-sim argv`` in-process from ``box/cwd``; check the invariants that
+    hold for every input. Returns (exit code, stderr)."""
+    cwd = box / "cwd"
+    cwd.mkdir(exist_ok=True)
+    before = _snapshot(box)
+    err, outbuf = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    faulthandler.dump_traceback_later(HANG_TIMEOUT_S, exit=True)
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(outbuf):
+            try:
+                rc = cli.main([str(a) for a in argv])
+            except SystemExit as e:  # argparse
+                rc = e.code
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        os.chdir(old)
+    text = err.getvalue()
+    assert "Traceback" not in text, text
+    new = _snapshot(box) - before
+    allowed = str(out.relative_to(box)) if out is not None else None
+    stray = [p for p in new if allowed is None or not (p == allowed or p.startswith(allowed + os.sep))]
+    assert not stray, f"files written outside the output folder: {sorted(stray)[:5]}"
+    if rc == 2:
+        lines = text.strip().splitlines()
+        assert len(lines) == 1, text
+        assert lines[0].startswith("hicache-sim"), text
+    return rc, text
+
+
+def bad(argv, box: Path, where: str, out: Path | None = None) -> str:
+    """An input that must be refused: exit 2, one line naming ``where``."""
+    rc, text = call(argv, box, out)
+    assert rc == 2, (rc, text)
+    assert where in text, (where, text)
+    return text
+
+
+def _box():
+    return tempfile.TemporaryDirectory(prefix="fz-")
+
+
+def write_scenario(folder: Path, data=None, text: str | None = None, name="s.yaml") -> Path:
+    p = folder / name
+    p.write_text(text if text is not None else yaml.safe_dump(data or MINIMAL, sort_keys=False))
+    return p
+
+
+# ----------------------------------------------------------------------------------
+# Strategies
+# ----------------------------------------------------------------------------------
+
+HOSTILE = st.one_of(
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.sampled_from([10**5000, -1, 0, 2**63, 2**70, float("inf"), float("nan"), True, None,
+                     "/etc/passwd", "../../../x", "..", "/", "/proc/self/mem", "/dev/zero",
+                     "a\x00b", "x\x1b[31m", "", " ", "é" * 300, [], {}, [[[[]]]]]),
+    st.text(max_size=30),
+    st.lists(st.integers(-5, 5), max_size=4),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+)
+
+
+def _paths(d, prefix=()):
+    for k, v in d.items():
+        yield prefix + (k,)
+        if isinstance(v, dict):
+            yield from _paths(v, prefix + (k,))
+
+
+SCENARIO_PATHS = sorted(_paths(MINIMAL)) + [("output", "trace_out"), ("cost", "profile"),
+                                            ("workload", "arrival", "path"), ("limits", "max_requests")]
+
+
+def _set(d: dict, path: tuple, value) -> dict:
+    d = json.loads(json.dumps(d))
+    cur = d
+    for k in path[:-1]:
+        if not isinstance(cur.get(k), dict):
+            cur[k] = {}
+        cur = cur[k]
+    cur[path[-1]] = value
+    return d
+
+
+def _dump(data) -> str:
+    try:
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return "name: x\n"
+
+
+_CHARS = st.sampled_from(list('{}[]",:0123456789-.eE \n\t#&*!|>\'%@`anx\x00\xff'))
+
+
+def mutate(text: str, edits) -> str:
+    for pos, mode, ch in edits:
+        i = pos % (len(text) + 1)
+        text = text[:i] + ch + text[i + (mode == 1):] if mode < 2 else text[:i] + text[i + 1:]
+    return text
+
+
+EDITS = st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2), _CHARS), min_size=1, max_size=6)
+
+
+# ----------------------------------------------------------------------------------
+# Fuzzed: scenario YAML, --set, traces, op-traces, bundles, sweep files
+# ----------------------------------------------------------------------------------
+
+
+@FUZZ
+@given(path=st.sampled_from(SCENARIO_PATHS), value=HOSTILE, edits=st.none() | EDITS)
+def test_fuzzed_scenarios(path, value, edits):
+    with _box() as d:
+        box = Path(d)
+        text = _dump(_set(MINIMAL, path, value))
+        if edits:
+            text = mutate(text, edits)
+        p = box / "s.yaml"
+        p.write_text(text, errors="surrogateescape")
+        rc, err = call(["validate", p], box)
+        assert rc in (0, 2), err
+        if rc == 2:
+            assert "s.yaml" in err, err
+
+
+@FUZZ
+@given(key=st.sampled_from([".".join(p) for p in SCENARIO_PATHS] + ["seed", "nope.x", "tp.0", "a..b", ""]),
+       value=st.one_of(st.text(max_size=20), st.sampled_from(["9" * 5000, "&a [*a]", "{a: 1, a: 2}",
+                                                             "[[[[[[[[", "!!python/object:os.system x"])))
+def test_fuzzed_set_overrides(key, value):
+    with _box() as d:
+        box = Path(d)
+        p = write_scenario(box)
+        rc, err = call(["validate", p, "--set", f"{key}={value}"], box)
+        assert rc in (0, 2), err
+        if rc == 2:
+            assert "--set" in err or "s.yaml" in err, err
+
+
+MOONCAKE = ('{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]}\n'
+            '{"timestamp": 10, "input_length": 600, "output_length": 5, "hash_ids": [1, 3]}\n')
+GENERIC = ('{"arrival_s": 0, "input_len": 100, "output_len": 2, "blocks": [1, 2]}\n'
+           '{"arrival_s": 1.5, "input_len": 70, "output_len": 0, "blocks": "1 3"}\n')
+CSV = "arrival_s,input_len,output_len,blocks\n0,100,2,1 2\n1.5,70,0,1 3\n"
+AGENTIC = json.dumps({"block_size": 64, "requests": [
+    {"t": 0, "type": "n", "in": 130, "out": 2, "hash_ids": [1, 2]},
+    {"t": 1, "type": "subagent", "requests": [{"t": 0, "in": 64, "out": 1, "hash_ids": [7]}]}]})
+LINES = "0\n0.5\n1.25\n"
+TRACE_FORMATS = {  # name -> (file name, sample, workload)
+    "mooncake": ("t.jsonl", MOONCAKE, {"kind": "trace", "format": "mooncake", "path": "t.jsonl",
+                                       "block_size": 512}),
+    "generic": ("t.jsonl", GENERIC, {"kind": "trace", "format": "generic", "path": "t.jsonl",
+                                     "block_size": 64}),
+    "csv": ("t.csv", CSV, {"kind": "trace", "format": "generic", "path": "t.csv", "block_size": 64}),
+    "agentic": ("t.json", AGENTIC, {"kind": "trace", "format": "agentic", "path": "t.json"}),
+    "lines": ("t.txt", LINES, {"kind": "uniform", "num_requests": 5, "block_size": 64,
+                               "arrival": {"process": "trace", "format": "lines", "path": "t.txt"}}),
+}
+
+
+def trace_case(box: Path, fmt: str, content: str | bytes, gz: bool = False) -> Path:
+    name, _, workload = TRACE_FORMATS[fmt]
+    data = content.encode("utf-8", "surrogateescape") if isinstance(content, str) else content
+    if gz:
+        name += ".gz"
+        data = gzip.compress(data, mtime=0)
+        workload = json.loads(json.dumps(workload).replace(TRACE_FORMATS[fmt][0], name))
+    (box / name).write_bytes(data)
+    page = 512 if fmt == "mooncake" else 64
+    return write_scenario(box, dict(MINIMAL, page_size=page, device={"tokens": 65536}, workload=workload))
+
+
+@FUZZ
+@given(fmt=st.sampled_from(sorted(TRACE_FORMATS)), edits=EDITS, gz=st.booleans())
+def test_fuzzed_traces(fmt, edits, gz):
+    with _box() as d:
+        box = Path(d)
+        p = trace_case(box, fmt, mutate(TRACE_FORMATS[fmt][1], edits), gz)
+        rc, err = call(["validate", "--deep", p], box)
+        assert rc in (0, 2), err
+        if rc == 2:
+            assert "t." in err or "s.yaml" in err, err
+
+
+OPTRACE = [{"op": "header", "device_capacity": 64, "host_capacity": 64, "page_size": 1,
+            "write_policy": "write_back"},
+           {"op": "insert", "tokens": [1, 2, 3]}, {"op": "match", "tokens": [1, 2]},
+           {"op": "lock", "tokens": [1, 2], "id": "a"}, {"op": "evict_device", "n": 2},
+           {"op": "unlock", "id": "a"}, {"op": "skip_ids", "n": 1}, {"op": "dump"}]
+OPTRACE_KEYS = [(0, "ids"), (0, "host_alloc_failures"), (0, "host_policy"), (0, "eviction_policy"),
+                (0, "device_capacity"), (0, "page_size"), (1, "tokens"), (4, "n"), (6, "n"),
+                (3, "id"), (2, "reserved"), (1, "op")]
+
+
+@FUZZ
+@given(which=st.sampled_from(OPTRACE_KEYS), value=HOSTILE, edits=st.none() | EDITS)
+def test_fuzzed_op_traces(which, value, edits):
+    with _box() as d:
+        box = Path(d)
+        ops = json.loads(json.dumps(OPTRACE))
+        ops[which[0]][which[1]] = value
+        try:
+            text = "".join(json.dumps(o) + "\n" for o in ops)
+        except ValueError:
+            text = json.dumps(OPTRACE[0]) + "\n"
+        if edits:
+            text = mutate(text, edits)
+        p = box / "t.jsonl"
+        p.write_text(text, errors="surrogateescape")
+        out = box / "o.jsonl"
+        rc, err = call(["replay-ops", p, "-o", out], box, out)
+        assert rc in (0, 2), err
+        if rc == 2:
+            assert "t.jsonl" in err, err
+
+
+BUNDLE_KEYS = ["expect", "op_traces", "optrace_final_digests", "verdict", "format"]
+
+
+@settings(FUZZ, max_examples=max(5, FUZZ.max_examples // 2))
+@given(key=st.sampled_from(BUNDLE_KEYS), value=HOSTILE)
+def test_fuzzed_bundles(key, value):
+    with _box() as d:
+        box = Path(d)
+        b = box / "b"
+        shutil.copytree(BUNDLE, b)
+        meta = json.loads((b / "bundle.json").read_text())
+        meta[key] = value
+        try:
+            (b / "bundle.json").write_text(json.dumps(meta))
+        except ValueError:
+            return
+        rc, err = call(["replay", b], box)
+        assert rc in (1, 2, 3), err
+        assert len(err.strip().splitlines()) == 1, err
+
+
+SWEEP = {"name": "sw", "base": "s.yaml", "set": {"workload.num_requests": 5},
+         "grid": {"host.ratio": [1.0, 2.0]}, "seeds": [1]}
+
+
+@FUZZ
+@given(key=st.sampled_from(["name", "base", "bases", "set", "grid", "zip", "seeds", "nope"]),
+       value=HOSTILE, edits=st.none() | EDITS)
+def test_fuzzed_sweep_files(key, value, edits):
+    with _box() as d:
+        box = Path(d)
+        write_scenario(box)
+        text = _dump(dict(SWEEP, **{key: value}))
+        if edits:
+            text = mutate(text, edits)
+        p = box / "sw.yaml"
+        p.write_text(text, errors="surrogateescape")
+        out = box / "out"
+        rc, err = call(["sweep", p, "--dry-run", "-o", out], box, out)
+        assert rc in (0, 2), err
+        if rc == 2:
+            assert "sw.yaml" in err or "s.yaml" in err, err
+
+
+# ----------------------------------------------------------------------------------
+# The issue's cases: each must be refused with one line
+# ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def box(tmp_path):
+    return tmp_path
+
+
+@pytest.mark.parametrize("value", ["/tmp/x.json", "../x.json", "a/../../x.json", "t\x01.json"])
+def test_trace_out_cannot_leave_the_results_folder(box, value):
+    p = write_scenario(box, _set(MINIMAL, ("output", "trace_out"), value))
+    bad(["validate", p], box, "output.trace_out")
+    out = box / "o"
+    bad(["run", p, "-o", out, "--quiet"], box, "output.trace_out", out)
+
+
+@pytest.mark.parametrize("name", ["../../../x", "a/b", "x\x07y", ".hidden", "..", "a b"])
+def test_names_are_slugs(box, name):
+    p = write_scenario(box, dict(MINIMAL, name=name))
+    bad(["run", p, "--quiet"], box, "name")
+
+
+def test_scenario_input_paths_stay_in_the_roots(box):
+    for value in ["/etc/passwd", "../../../../etc/passwd", "sub/../../x"]:
+        wl = {"kind": "trace", "format": "mooncake", "path": value}
+        p = write_scenario(box, dict(MINIMAL, workload=wl))
+        err = bad(["validate", p], box, "workload.path")
+        assert "root:" not in err  # nothing of the file is read
+    (box / "link.jsonl").symlink_to("/etc/passwd")
+    p = write_scenario(box, dict(MINIMAL, workload={"kind": "trace", "format": "mooncake",
+                                                    "path": "link.jsonl"}))
+    bad(["validate", p], box, "symlink")
+
+
+def test_an_explicit_trace_root_is_needed_for_other_folders(box):
+    other = box / "elsewhere"
+    other.mkdir()
+    (other / "t.jsonl").write_text(MOONCAKE)
+    wl = {"kind": "trace", "format": "mooncake", "path": "t.jsonl"}
+    p = write_scenario(box, dict(MINIMAL, page_size=512, device={"tokens": 65536}, workload=wl))
+    bad(["validate", p], box, "not found under any root")
+    rc, err = call(["validate", p, "--trace-root", other], box)
+    assert rc == 0, err
+
+
+def test_a_trace_root_holding_a_device_file_is_refused(box):
+    wl = {"kind": "trace", "format": "mooncake", "path": "zero"}
+    p = write_scenario(box, dict(MINIMAL, workload=wl))
+    bad(["validate", "--deep", p, "--trace-root", "/dev"], box, "character device")
+
+
+def _bundle(box: Path) -> Path:
+    b = box / "b"
+    shutil.copytree(BUNDLE, b)
+    return b
+
+
+def _edit_bundle(b: Path, **fields) -> None:
+    meta = json.loads((b / "bundle.json").read_text())
+    meta.update(fields)
+    (b / "bundle.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("fields,where", [
+    ({"op_traces": {"0": "../../../../etc/passwd"}}, "op_traces.0"),
+    ({"op_traces": {"0": "/etc/passwd"}}, "op_traces.0"),
+    ({"op_traces": ["ranks/rank0.optrace.jsonl"]}, "op_traces"),
+    ({"expect": "detected"}, "expect"),
+    ({"optrace_final_digests": "0"}, "optrace_final_digests"),
+    ({"optrace_final_digests": {"x": 1}}, "optrace_final_digests"),
+])
+def test_bundle_fields_are_typed_and_confined(box, fields, where):
+    b = _bundle(box)
+    _edit_bundle(b, **fields)
+    bad(["replay", b], box, where)
+
+
+def test_a_bundle_scenario_reads_inside_the_bundle_only(box):
+    b = _bundle(box)
+    text = (b / "scenario.yaml").read_text()
+    text = text.replace("  arrival:\n    process: poisson\n    rate: 3.0\n",
+                        "  arrival:\n    process: trace\n    format: lines\n    path: /etc/passwd\n")
+    assert "/etc/passwd" in text
+    (b / "scenario.yaml").write_text(text)
+    err = bad(["replay", b], box, "workload.arrival.path")
+    assert "root:" not in err
+
+
+def test_the_shipped_bundle_still_replays(box):
+    rc, err = call(["replay", _bundle(box)], box)
+    assert rc == 3, err
+
+
+@pytest.mark.parametrize("header,where", [
+    ({"ids": 5}, "ids"), ({"ids": "nope"}, "ids"), ({"host_policy": "nope"}, "host_policy"),
+    ({"host_alloc_failures": "x"}, "host_alloc_failures"),
+    ({"host_alloc_failures": [[1]]}, "host_alloc_failures"),
+    ({"host_alloc_failures": [[-1, 0]]}, "host_alloc_failures"),
+    ({"device_capacity": 10**40}, "device_capacity"),
+])
+def test_op_trace_header_extensions(box, header, where):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps({**OPTRACE[0], **header}) + "\n" + json.dumps(OPTRACE[1]) + "\n")
+    bad(["replay-ops", p], box, f"{p}:1")
+    bad(["replay-ops", p], box, where)
+
+
+@pytest.mark.parametrize("line,where", [
+    ("[" * 100_000 + "]" * 100_000, ":2"),
+    (json.dumps({"op": "skip_ids", "n": -1}), ":2"),
+    ('{"op": "insert", "tokens": [' + "9" * 5000 + "]}", ":2"),
+])
+def test_op_trace_lines(box, line, where):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps(OPTRACE[0]) + "\n" + line + "\n")
+    bad(["replay-ops", p], box, f"t.jsonl{where}")
+
+
+def test_huge_integers(box):
+    p = write_scenario(box, text=_dump(MINIMAL).replace("seed: 1", "seed: " + "9" * 5000))
+    bad(["validate", p], box, "s.yaml:2")
+    bad(["validate", write_scenario(box), "--set", "tp=" + "9" * 5000], box, "--set tp")
+    p = trace_case(box, "mooncake", MOONCAKE.replace('"timestamp": 10', '"timestamp": 1' + "0" * 400))
+    bad(["validate", "--deep", p], box, "t.jsonl:2")
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**70), "x"])
+def test_seed_goes_through_the_schema(box, seed):
+    bad(["run", write_scenario(box), "--seed", seed, "--quiet"], box, "seed")
+
+
+def test_output_paths(box):
+    p = write_scenario(box)
+    f = box / "afile"
+    f.write_text("keep")
+    bad(["run", p, "-o", f, "--quiet"], box, "afile")
+    assert f.read_text() == "keep"
+    bad(["run", p, "-o", "/", "--quiet"], box, "/")
+    bad(["run", p, "-o", "/proc/hicache-x", "--quiet"], box, "/proc/hicache-x")
+    keep = box / "mine"
+    keep.mkdir()
+    (keep / "thesis.tex").write_text("keep")
+    bad(["run", p, "-o", keep, "--quiet"], box, "not a results folder")
+    assert (keep / "thesis.tex").read_text() == "keep"
+    out = box / "o"
+    bad(["run", p, "-o", out, "--trace-out", box, "--quiet"], box, "found a folder", out)
+
+
+def test_special_files_are_refused(box):
+    bad(["validate", "/dev/zero"], box, "character device")
+    fifo = box / "fifo.yaml"
+    os.mkfifo(fifo)
+    bad(["validate", fifo], box, "FIFO")
+    bad(["sweep", fifo, "--dry-run"], box, "FIFO")
+    big = box / "big.yaml"
+    with open(big, "wb") as fh:
+        fh.truncate(5 << 20)
+    bad(["validate", big], box, "over 4 MiB")
+
+
+ALIAS_BOMB = textwrap.dedent("""\
+    a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+    c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+    d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+    e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+    f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
+    g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]
+    h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]
+    i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h, *h]
+""")
+
+
+@pytest.mark.parametrize("section", ["set", "grid"])
+def test_alias_bombs_in_sweeps(box, section):
+    write_scenario(box)
+    body = ALIAS_BOMB.replace("\n", "\n  ").rstrip()
+    key = "workload.num_requests" if section == "set" else "host.ratio"
+    text = f"base: s.yaml\nx:\n  {body}\n{section}:\n  {key}: [*i]\n"
+    p = box / "sw.yaml"
+    p.write_text(text)
+    bad(["sweep", p, "--dry-run"], box, "sw.yaml")
+
+
+def test_alias_bomb_and_self_alias_in_a_scenario(box):
+    p = write_scenario(box, text=_dump(MINIMAL) + "description:\n  " + ALIAS_BOMB.replace("\n", "\n  "))
+    bad(["validate", p], box, "expand to over")
+    p = write_scenario(box, text=_dump(MINIMAL) + "description: &a [*a]\n")
+    bad(["validate", p], box, "s.yaml")
+
+
+def test_duplicate_keys(box):
+    p = write_scenario(box, text=_dump(MINIMAL).replace("tp: 2\n", "tp: 2\ntp: 4\n"))
+    err = bad(["validate", p], box, "s.yaml:6")
+    assert "'tp' twice" in err
+    sw = box / "sw.yaml"
+    sw.write_text("base: s.yaml\nseeds: [1]\nseeds: [2]\n")
+    bad(["sweep", sw, "--dry-run"], box, "sw.yaml:3")
+
+
+@pytest.mark.parametrize("fmt", sorted(TRACE_FORMATS))
+@pytest.mark.parametrize("content", ["", "\n\n", "# only a comment\n"])
+def test_empty_traces_are_errors(box, fmt, content):
+    if fmt == "agentic":
+        content = json.dumps({"block_size": 64, "requests": []}) if content else ""
+    if fmt == "csv" and content:
+        content = "arrival_s,input_len,output_len,blocks\n"
+    p = trace_case(box, fmt, content)
+    out = box / "o"
+    bad(["run", p, "-o", out, "--quiet"], box, "t.", out)
+    assert not out.exists()
+
+
+def test_a_run_with_no_finished_request_writes_strict_json(box):
+    p = write_scenario(box, _set(MINIMAL, ("limits", "duration_s"), 1e-9))
+    out = box / "o"
+    rc, err = call(["run", p, "-o", out, "--quiet"], box, out)
+    assert rc == 0, err
+    text = (out / "summary.json").read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+
+
+def test_generic_block_size_errors_name_the_line(box):
+    p = trace_case(box, "generic", GENERIC.replace('"output_len": 0,', '"output_len": 0, "block_size": 48,'))
+    bad(["validate", "--deep", p], box, "t.jsonl:2")
+
+
+def test_resource_estimates_and_torch_refusal(box):
+    p = write_scenario(box, _set(MINIMAL, ("workload", "num_requests"), 10**9))
+    rc, _ = call(["validate", p], box)
+    assert rc == 0
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        cli.main(["validate", str(p)])
+    assert "estimate: 1,000,000,000 requests" in buf.getvalue()
+    big = dict(MINIMAL, tp=64, model={"preset": "llama-3.1-8b"}, collective={"backend": "torch"})
+    p = write_scenario(box, big)
+    bad(["validate", p], box, "collective.backend")
+    bad(["run", write_scenario(box, name="t.yaml"), "--collective", "torch", "--set", "tp=64",
+         "--quiet"], box, "collective.backend")
+
+
+# ----------------------------------------------------------------------------------
+# Results integrity
+# ----------------------------------------------------------------------------------
+
+
+def test_a_second_writer_fails_with_one_line(box):
+    from sim.resultsdir import ResultsFolder
+
+    p = write_scenario(box)
+    out = box / "o"
+    with ResultsFolder(out):
+        bad(["run", p, "-o", out, "--quiet"], box, "another hicache-sim process")
+    rc, err = call(["run", p, "-o", out, "--quiet"], box, out)
+    assert rc == 0, err
+    assert not [n for n in os.listdir(box) if n.startswith(".")]  # no lock or staging left
+
+
+def test_stale_temporaries_are_cleaned_and_the_folder_is_replaced_whole(box):
+    p = write_scenario(box)
+    out = box / "o"
+    rc, err = call(["run", p, "-o", out, "--quiet"], box, out)
+    assert rc == 0, err
+    first = sorted(os.listdir(out))
+    (out / ".summary.json.abc.tmp").write_text("half")  # a killed file-by-file writer
+    (out / "stray-from-an-old-run.txt").write_text("x")
+    (box / ".o.tmp-99999").mkdir()  # a killed run's staging folder
+    (box / ".o.tmp-99999" / "requests.parquet").write_text("half")
+    # the stray file makes it "not a results folder" only without meta.json
+    rc, err = call(["run", p, "-o", out, "--quiet"], box, out)
+    assert rc == 0, err
+    assert sorted(os.listdir(out)) == first  # the old folder's leftovers went with it
+    assert not [n for n in os.listdir(box) if n.startswith(".")]
+
+
+def test_an_interrupted_run_is_renamed_and_marked_partial(box, monkeypatch):
+    from sim.events import Simulation
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Simulation, "run", interrupted)
+    p = write_scenario(box)
+    out = box / "o"
+    rc, err = call(["run", p, "-o", out, "--quiet"], box, out)
+    assert rc == 130, err
+    assert json.loads((out / "meta.json").read_text())["partial"] is True
+    assert not [n for n in os.listdir(box) if n.startswith(".")]
+
+
+def test_pool_workers_die_with_their_parent(box):
+    script = textwrap.dedent("""
+        import multiprocessing, os, sys, time
+        from concurrent.futures import ProcessPoolExecutor
+        from sim.sweep import _worker_init
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_worker_init, initargs=(os.getpid(),))
+        print(pool.submit(os.getpid).result(), flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        worker = int(proc.stdout.readline())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + HANG_TIMEOUT_S  # anti-hang bound, not a speed check
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(worker, signal.SIGKILL)
+    pytest.fail("a pool worker outlived its killed parent")
+
+
+def test_a_local_ray_instance_is_configured_for_loopback(monkeypatch):
+    import types
+
+    from sim.sweep import _ray_loopback_only
+
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    consts = types.SimpleNamespace(ENABLE_RAY_CLUSTER=True)
+    fake = types.SimpleNamespace(_private=types.SimpleNamespace(ray_constants=consts))
+    _ray_loopback_only(fake)
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert consts.ENABLE_RAY_CLUSTER is False
