@@ -25,7 +25,8 @@ Resume: the runner writes ``meta.json`` last, so a point folder whose ``meta.jso
 says ``partial: false`` and whose resolved scenario is the one asked for is done and
 skipped; anything else (killed mid-write, interrupted, or a base scenario edited
 since) runs again. Points run in worker processes (``local``) or Ray tasks (``ray``),
-both calling :func:`run_point`; a Python exception in one point is recorded in
+both calling :func:`run_point` (``sim.census`` runs its seeds through the same
+executors with its own task function); a Python exception in one point is recorded in
 ``OUT/failures.json`` and the others keep going (a divergence halt is a result, not
 a failure). Afterwards :func:`gather` writes ``OUT/sweep.parquet``: one row per
 point with the swept key paths as columns, ``seed``, ``point_id``, ``results_dir``
@@ -571,13 +572,20 @@ _ignore_sigint = _worker_init  # the former name
 
 
 def _failed(task: dict, err: BaseException) -> dict:
+    """The result of a task whose worker died (the task's own function never returns)."""
     return {"point_id": task["point_id"], "ok": False,
             "error": " ".join(f"{type(err).__name__}: {err}".split()) or type(err).__name__,
             "traceback": "".join(traceback.format_exception(err)), "verdict": None, "halted": None}
 
 
-def _run_local(tasks: list[dict], done: Callable[[dict], None], workers: int, address) -> None:
-    """A spawn-context process pool: fresh interpreters, no state shared with the parent."""
+def _run_local(tasks: list[dict], done: Callable[[dict], None], workers: int, address,
+               fn: Callable[[dict], dict] = run_point) -> None:
+    """A spawn-context process pool: fresh interpreters, no state shared with the parent.
+
+    ``fn`` (a module-level function, so workers can import it) runs one task: a dict
+    with a ``point_id``; it returns a result dict with that ``point_id`` and ``ok``.
+    :func:`run_point` for sweeps; ``sim.census`` passes its own.
+    """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -588,7 +596,7 @@ def _run_local(tasks: list[dict], done: Callable[[dict], None], workers: int, ad
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx,
                                initializer=_worker_init, initargs=(os.getpid(),))
     try:
-        futures = {pool.submit(run_point, t): t for t in tasks}
+        futures = {pool.submit(fn, t): t for t in tasks}
         for fut in as_completed(futures):
             try:
                 done(fut.result())
@@ -607,8 +615,10 @@ def _run_local(tasks: list[dict], done: Callable[[dict], None], workers: int, ad
     pool.shutdown(wait=True)
 
 
-def _run_ray(tasks: list[dict], done: Callable[[dict], None], workers: int, address) -> None:
-    """Ray tasks calling :func:`run_point`; ``address`` None starts a local instance."""
+def _run_ray(tasks: list[dict], done: Callable[[dict], None], workers: int, address,
+             fn: Callable[[dict], dict] = run_point) -> None:
+    """Ray tasks calling ``fn`` (as in :func:`_run_local`); ``address`` None starts a
+    local instance."""
     import logging
 
     try:
@@ -642,7 +652,7 @@ def _run_ray(tasks: list[dict], done: Callable[[dict], None], workers: int, addr
                     os.environ.pop("PYTHONPATH", None)
                 else:
                     os.environ["PYTHONPATH"] = saved
-        remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
+        remote = ray.remote(num_cpus=1, max_retries=0)(fn)
         refs = {remote.remote(t): t for t in tasks}
         pending = list(refs)
         try:
@@ -760,13 +770,13 @@ def _run_sweep(plan, out, executor, workers, address, progress, write_json, writ
                         sorted(halted, key=lambda i: by_id[i].index), len(table))
 
 
-def _bar(total: int, initial: int, enabled: bool):
+def _bar(total: int, initial: int, enabled: bool, desc: str = "sweep", unit: str = "point"):
     if not enabled or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="point", dynamic_ncols=True, file=sys.stderr,
-                desc="sweep", smoothing=0.1)
+    return tqdm(total=total, initial=initial, unit=unit, dynamic_ncols=True, file=sys.stderr,
+                desc=desc, smoothing=0.1)
 
 
 # ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ COMMANDS = (
     "plot",
     "report",
     "sweep",
+    "census",
     "calibrate",
     "repro",
     "replay",
