@@ -181,6 +181,7 @@ class Simulation:
         self.arrivals_done = False
         self.finished = False
         self.halted: str | None = None
+        self.stuck: str | None = None
         self.step_no = 0
         self.batch_no = 0
         self._user_error = None
@@ -260,6 +261,10 @@ class Simulation:
             self.collective.close()
         if self._user_error is not None:
             raise self._user_error
+        if not self.finished and self.halted is None:
+            # The event queue ran dry with work left: nothing can ever wake the loop.
+            self.stuck = (f"no event left with {len(self.waiting)} waiting and "
+                          f"{len(self.running)} running requests")
         self.obs.final_compare(self.env.now, self.step_no, self.group.cohorts)
         self.metrics.sample(self.env.now, self.group.cohorts[0].tree, final=True)
 

@@ -119,7 +119,9 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResul
             "cost_profile": scenario.cost.profile,
             "cost": cost.describe() if hasattr(cost, "describe") else None,
             "collective": cfg.collective,
-            "partial": partial,
+            # a run that neither drained nor halted is not a complete result
+            "partial": partial or sim.stuck is not None,
+            "stuck": sim.stuck,
             "halted": sim.halted,
             "requests_done": sim.metrics.done,
             "sim_time_s": sim.env.now,
