@@ -315,10 +315,11 @@ def _worker_env(device: str, iface: str | None) -> dict[str, str]:
     return env
 
 
-def _watch_parent() -> None:
+def _watch_parent(tmpdir: str) -> None:
     """Exit when the parent process dies, even while the main thread is stuck in a
-    collective. (Not prctl(PR_SET_PDEATHSIG): that fires when the *thread* that spawned
-    the worker exits, which kills a healthy group created from a short-lived thread.)"""
+    collective, and remove the group's files the parent can no longer remove. (Not
+    prctl(PR_SET_PDEATHSIG): that fires when the *thread* that spawned the worker exits,
+    which kills a healthy group created from a short-lived thread.)"""
     import multiprocessing
     import threading
     from multiprocessing.connection import wait
@@ -329,6 +330,7 @@ def _watch_parent() -> None:
 
     def watch():
         wait([parent.sentinel])
+        shutil.rmtree(tmpdir, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
@@ -350,7 +352,7 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
     fd = os.open(os.path.join(tmpdir, f"rank{rank}.stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
     os.close(fd)
-    _watch_parent()
+    _watch_parent(tmpdir)
     os.environ.update(_worker_env(device, iface))
 
     import torch

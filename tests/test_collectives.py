@@ -392,11 +392,13 @@ def test_workers_die_with_their_parent():
               "from sim.collectives import make_collective\n"
               "if __name__ == '__main__':\n"
               "    c = make_collective('torch', 2, timeout_s=2)\n"
-              "    print(*c.pids, flush=True)\n"
+              "    print(c._tmpdir, *c.pids, flush=True)\n"
               "    os.kill(os.getpid(), signal.SIGKILL)  # no close(), no atexit\n")
     p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == -signal.SIGKILL, p.stderr
-    pids = [int(x) for x in p.stdout.split()]
+    tmp, *pids = p.stdout.split()
+    pids = [int(x) for x in pids]
     assert len(pids) == 2
     wait_until(lambda: not [q for q in pids if alive(q)], "the orphaned workers to exit")
+    assert not os.path.exists(tmp)  # they removed the group's files on their way out
