@@ -1,199 +1,690 @@
-"""The cross-rank MIN all_reduce that SGLang runs once per scheduler step.
+"""The collectives a TP group runs: the per-step MIN all_reduce of the HiCache sync
+(sem §5.2) and the forward pass's TP all_reduce.
 
-Two backends behind one interface:
+Two backends behind one interface (``Collective``):
 
-- ``simulated``: an in-process element-wise MIN over the ranks' vectors.
-- ``torch``: real ``torch.distributed`` with one OS process per rank; gloo on CPU
-  tensors (SGLang runs this all_reduce on its CPU group, `tp_cpu_group`), or NCCL on
-  CUDA tensors when asked and one GPU per rank exists.
+- ``simulated``: an in-process element-wise MIN. It knows what a real group would do
+  with a skipped call or mismatched sizes, and raises ``CollectiveError`` carrying the
+  line a real server would die with (``LINES`` below).
+- ``torch``: real ``torch.distributed``, one spawned process per rank, each running only
+  its own rank's calls. A skipped call really blocks the other ranks inside gloo (or
+  NCCL), and mismatched sizes really go over the wire; the error reported is what the
+  library did, detected by its own timeout.
 
-Before any reduction, the call log checks that every rank issued the same
-collective with the same shape. A rank that skips a call, or a call whose sizes
-differ, is what real hardware turns into a hang (the gloo/NCCL watchdog) or a size
-mismatch; it raises ``CollectiveError`` instead of being reduced as if it were fine.
+The engine gives each call the scheduler step and a call-site name, and the ranks that
+entered it: a rank of ``range(world)`` missing from ``inputs`` skipped the call.
 """
 
 from __future__ import annotations
 
+import math
 import os
-import socket
-from dataclasses import dataclass
+import shutil
+import signal
+import tempfile
+import time
+import weakref
+from datetime import timedelta
 
 from sim.errors import UserError
 
+# ----------------------------------------------------------------------------------
+# The lines a real server dies with
+# ----------------------------------------------------------------------------------
+# Every message the simulated backend prints, in one place. The gloo ones are verbatim
+# what the torch backend observed with the pinned torch==2.13.0 CPU wheel, whose gloo is
+# built from /__w/pytorch/pytorch/third_party/gloo (tests/test_collectives.py checks the
+# torch backend still prints them):
+#
+# - gloo_timeout: gloo/transport/tcp/unbound_buffer.cc:78, raised as a RuntimeError by
+#   the collective in every rank that entered a call a peer skipped, after the group's
+#   timeout (at world 4 one rank reports the same text for its "send operation", :129).
+# - gloo_size: gloo/transport/tcp/pair.cc:456, a GLOO_ENFORCE on the receive path. It
+#   throws on gloo's transport thread, so it is no Python exception: the receiving
+#   process aborts (SIGABRT) printing "terminate called after throwing an instance of
+#   'gloo::EnforceNotMet'" and then "  what():  " + this line. Its peers then fail with
+#   "Connection reset by peer" (pair.cc:537) or "Connection closed by peer" (:553).
+#   When gloo checks nothing (see gloo_size_check), the line is gloo_timeout instead.
+# - nccl_timeout: ProcessGroupNCCL.cpp, WorkNCCL::checkTimeout, logged by the watchdog
+#   before it aborts the communicator and takes the process down. Not observable here
+#   (no GPU): the template follows the torch 2.x source, where the prefix is logPrefix()
+#   ("[PG ID <id> PG GUID <guid>(<desc>) Rank <rank>] "; older torch printed "[Rank 0] ")
+#   and the work prints as WorkNCCL(SeqNum=, OpType=, NumelIn=, NumelOut=, Timeout(ms)=).
+#   The default group's prefix is used; a server's TP sub-group has its own id and desc.
+#   NCCL never checks sizes: ranks with different numel wedge in the same kernel (sglang
+#   PR #33442), so a size mismatch under NCCL is this same timeout.
+LINES = {
+    "gloo_timeout": ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+                     "unbound_buffer.cc:78] Timed out waiting {ms}ms for recv operation to complete"),
+    "gloo_size": ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+                  "pair.cc:456] op.preamble.length <= op.nbytes. {sent} vs {expected}. Received data "
+                  "size doesn't match expected size. Is there a distributed collective mismatch in "
+                  "your code?"),
+    "nccl_timeout": ("[PG ID 0 PG GUID 0(default_pg) Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
+                     "OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, Timeout(ms)={ms}) ran for "
+                     "{ran} milliseconds before timing out."),
+}
 
+# What a real server's group times out after. SGLang's --dist-timeout ("timeout for
+# torch.distributed") is unset by default, so torch's defaults apply
+# (torch/distributed/constants.py: default_pg_timeout = 30 min for gloo,
+# default_pg_nccl_timeout = 10 min).
+SERVER_TIMEOUT_S = {"gloo": 1800.0, "nccl": 600.0}
+# The NCCL watchdog polls every kWatchdogThreadSleepMillis (100 ms in torch 2.x's
+# ProcessGroupNCCL.cpp), so "ran for" is the timeout plus up to one poll; printing the
+# timeout plus one poll keeps outputs deterministic.
+NCCL_WATCHDOG_POLL_MS = 100
+
+# The sync vector is int64 (sem §5.2): 8 bytes an element in gloo's size checks.
+SYNC_ITEMSIZE = 8
+
+# The torch backend's forward all_reduce sends a float32 zeros tensor of the batch's
+# token count. Only equality across ranks matters, so counts above this cap are not
+# sent as they are (1<<20 float32 = 4 MiB per call bounds memory and time): see
+# _forward_sizes.
+FORWARD_NUMEL_CAP = 1 << 20
+
+# How many recent calls ``Collective.log`` keeps (enough to show the lead-up to an error).
+LOG_CALLS = 64
+
+
+def gloo_segments(numel: int, world: int) -> list[int]:
+    """Elements per segment of gloo's ring allreduce (gloo/allreduce.cc) for one rank's
+    tensor: 2 * world segments of ceil(numel / (2 * world)) elements, the tail ones
+    shorter or empty."""
+    seg = math.ceil(numel / (2 * world))
+    return [max(0, min(seg, numel - i * seg)) for i in range(2 * world)]
+
+
+def gloo_size_check(numels, world: int, itemsize: int) -> tuple[int, int] | None:
+    """What gloo does with these per-rank element counts: ``(sent, expected)`` bytes for
+    pair.cc's size enforce, or None where it checks nothing and blocks instead.
+
+    Ranks exchange segment by segment. A receiver whose segment is smaller than the one
+    its peer sends fails the enforce; at the first segment where two ranks both have
+    data of different sizes, that happens. Empty segments are never exchanged, so where
+    sizes differ only by who has a segment at all (4 vs 2 int64 at world 2), the
+    shorter rank returns (a wrong result) and the longer one waits for segments that
+    never come: a timeout. Reproduces all 15 cases measured with real gloo at world 2,
+    3 and 4 (tests/test_collectives.py lists them)."""
+    segs = [gloo_segments(n, world) for n in numels]
+    for i in range(2 * world):
+        sizes = {s[i] for s in segs if s[i]}
+        if len(sizes) > 1:
+            return max(sizes) * itemsize, min(sizes) * itemsize
+    return None
+
+
+# ----------------------------------------------------------------------------------
+# Errors and the call log
+# ----------------------------------------------------------------------------------
 class CollectiveError(Exception):
-    """A collective that would hang or fail on real hardware."""
+    """A collective that hangs or fails on real hardware.
 
-    def __init__(self, kind: str, call: int, tag: str, detail: str):
-        super().__init__(f"{kind} at collective #{call} ({tag}): {detail}")
-        self.kind = kind  # "hang" or "size_mismatch"
-        self.call = call
-        self.tag = tag
+    ``kind``: "hang" or "size_mismatch". ``step``: the scheduler step (None only through
+    the compat ``all_reduce_min(tag, vectors)`` call, which has none). ``site``: the call
+    site ("sync", "write_check", "load_check", "forward", ...). ``ranks_in`` entered the
+    call, ``ranks_out`` skipped it. ``detail``: what went wrong, from the inputs alone, so
+    it is identical across backends. ``line``: the one line a real server dies with (the
+    simulated backend's model of it, or what torch.distributed printed)."""
+
+    def __init__(self, kind: str, step: int | None, site: str, ranks_in: list[int],
+                 ranks_out: list[int], detail: str, line: str, call: int = 0):
+        at = f"collective #{call}" if step is None else f"step {step}, collective #{call}"
+        super().__init__(f"{kind} at {at} ({site}): {detail}")
+        self.kind = kind
+        self.step = step
+        self.site = site
+        self.ranks_in = ranks_in
+        self.ranks_out = ranks_out
         self.detail = detail
+        self.line = line
+        self.call = call
 
 
-@dataclass
-class CallRecord:
-    call: int
-    tag: str
-    shapes: dict  # rank -> vector length, for the ranks that joined
+class CallLog(list):
+    """The last ``LOG_CALLS`` calls, oldest first: one dict per call."""
 
-
-class CallLog:
-    """Checks that all ranks issue the same sequence of collectives."""
-
-    def __init__(self, world: int):
-        self.world = world
+    def __init__(self):
+        super().__init__()
+        # Every call ever recorded, not only those kept. It lives here because the
+        # engine reads ``collective.log.calls``: compat, removed once it reads
+        # ``Collective.calls``.
         self.calls = 0
 
-    def check(self, tag: str, vectors: dict[int, list[int]]) -> None:
+    def record(self, entry: dict) -> None:
         self.calls += 1
-        missing = [r for r in range(self.world) if r not in vectors]
-        if missing:
-            joined = sorted(vectors)
-            raise CollectiveError(
-                "hang", self.calls, tag,
-                f"ranks {joined} entered all_reduce, ranks {missing} skipped it; "
-                "the joined ranks block until the watchdog fires")
-        sizes = {r: len(v) for r, v in vectors.items()}
-        if len(set(sizes.values())) > 1:
-            raise CollectiveError("size_mismatch", self.calls, tag,
-                                  f"tensor sizes differ across ranks: {sizes}")
+        self.append(entry)
+        if len(self) > LOG_CALLS:
+            del self[0]
 
 
+def _skip_detail(ranks_in, ranks_out) -> str:
+    return (f"ranks {ranks_in} entered all_reduce, ranks {ranks_out} skipped it; "
+            "the joined ranks block until the watchdog fires")
+
+
+# ----------------------------------------------------------------------------------
+# The interface
+# ----------------------------------------------------------------------------------
 class Collective:
-    """Interface: ``all_reduce_min(tag, vectors) -> reduced`` where ``vectors`` maps
-    rank -> list of ints (one per joined rank) and the result is what every rank
-    gets back."""
+    """A TP group's collectives. Subclasses implement ``_min`` and ``_forward``."""
 
     name = "base"
 
-    def __init__(self, world: int):
+    def __init__(self, world: int, device: str = "cpu", timeout_s: float | None = None):
         self.world = world
-        self.log = CallLog(world)
+        self.device = device
+        # What a real server's call would run on; the engine prices sync cost by it.
+        self.transport = "nccl" if device == "cuda" else "gloo"
+        self.timeout_s = timeout_s
+        self.log = CallLog()
 
-    def all_reduce_min(self, tag: str, vectors: dict[int, list[int]]) -> list[int]:
-        self.log.check(tag, vectors)
-        return self._reduce(vectors)
+    @property
+    def calls(self) -> int:
+        """Collectives issued so far (for divergence.json)."""
+        return self.log.calls
 
-    def _reduce(self, vectors):  # pragma: no cover - interface
-        raise NotImplementedError
+    def all_reduce_min(self, step, site=None, inputs=None) -> list[int]:
+        """The per-step sync: element-wise MIN of the entering ranks' int64 vectors.
+
+        ``inputs`` maps each rank that entered the call to its vector; a rank of
+        ``range(world)`` absent from it skipped the call. Returns what every entering
+        rank receives. Raises ``CollectiveError``: "hang" on a skip, "size_mismatch" on
+        differing lengths (the torch backend reports what gloo did instead)."""
+        if inputs is None and isinstance(step, str):
+            # compat: removed once the engine uses all_reduce_min(step, site, inputs)
+            step, site, inputs = None, step, site
+        ranks_in, ranks_out = self._split(inputs)
+        call = self.log.calls + 1
+        sizes = {r: len(inputs[r]) for r in ranks_in}
+        self.log.record({"call": call, "step": step, "site": site, "ranks_in": ranks_in,
+                         "sizes": sizes})
+        return self._min(call, step, site, inputs, ranks_in, ranks_out, sizes)
+
+    def forward(self, step: int, numels: dict[int, int]) -> None:
+        """The forward pass's TP all_reduce: each entering rank's activation tensor has
+        numel = its batch's token count. Equal everywhere: fine. Different: the real
+        kernel gets different element counts (sglang PR #33442: both ranks wedge in the
+        same all-reduce kernel) -> CollectiveError, "size_mismatch" or "hang" as the
+        backend observes it. A rank absent from ``numels`` skipped it: "hang"."""
+        ranks_in, ranks_out = self._split(numels)
+        call = self.log.calls + 1
+        self.log.record({"call": call, "step": step, "site": "forward", "ranks_in": ranks_in,
+                         "sizes": {r: numels[r] for r in ranks_in}})
+        self._forward(call, step, numels, ranks_in, ranks_out)
 
     def close(self) -> None:
-        pass
+        """Release the group; safe to call twice and after an error."""
+
+    def _split(self, inputs) -> tuple[list[int], list[int]]:
+        if not inputs:
+            raise ValueError("a collective needs at least one entering rank")
+        bad = [r for r in inputs if not (isinstance(r, int) and 0 <= r < self.world)]
+        if bad:
+            raise ValueError(f"ranks {bad} are not in range({self.world})")
+        ranks_in = sorted(inputs)
+        return ranks_in, [r for r in range(self.world) if r not in inputs]
+
+    def _min(self, call, step, site, inputs, ranks_in, ranks_out, sizes):  # pragma: no cover
+        raise NotImplementedError
+
+    def _forward(self, call, step, numels, ranks_in, ranks_out):  # pragma: no cover
+        raise NotImplementedError
 
 
+# ----------------------------------------------------------------------------------
+# Simulated backend
+# ----------------------------------------------------------------------------------
 class SimulatedCollective(Collective):
+    """In-process: the MIN itself, and a model of how a real group fails."""
+
     name = "simulated"
 
-    def _reduce(self, vectors):
-        it = iter(vectors.values())
+    def _server_ms(self, transport: str) -> int:
+        s = self.timeout_s if self.timeout_s is not None else SERVER_TIMEOUT_S[transport]
+        return int(round(s * 1000))
+
+    def _nccl_line(self, call, rank, numel) -> str:
+        ms = self._server_ms("nccl")
+        return LINES["nccl_timeout"].format(rank=rank, seq=call, numel=numel, ms=ms,
+                                            ran=ms + NCCL_WATCHDOG_POLL_MS)
+
+    def _hang_line(self, call, rank, numel) -> str:
+        if self.transport == "nccl":
+            return self._nccl_line(call, rank, numel)
+        return LINES["gloo_timeout"].format(ms=self._server_ms("gloo"))
+
+    def _size_line(self, call, sizes, itemsize) -> str:
+        if self.transport == "nccl":
+            r0 = min(sizes)
+            return self._nccl_line(call, r0, sizes[r0])
+        check = gloo_size_check(sizes.values(), self.world, itemsize)
+        if check is None:  # gloo checks nothing: the longer ranks wait for their peers
+            return LINES["gloo_timeout"].format(ms=self._server_ms("gloo"))
+        return LINES["gloo_size"].format(sent=check[0], expected=check[1])
+
+    def _min(self, call, step, site, inputs, ranks_in, ranks_out, sizes):
+        if ranks_out:
+            r0 = ranks_in[0]
+            raise CollectiveError("hang", step, site, ranks_in, ranks_out,
+                                  _skip_detail(ranks_in, ranks_out),
+                                  self._hang_line(call, r0, sizes[r0]), call)
+        if len(set(sizes.values())) > 1:
+            raise CollectiveError("size_mismatch", step, site, ranks_in, ranks_out,
+                                  f"tensor sizes differ across ranks: {sizes}",
+                                  self._size_line(call, sizes, SYNC_ITEMSIZE), call)
+        it = iter(inputs[r] for r in ranks_in)
         out = list(next(it))
         for vec in it:
             out = [a if a <= b else b for a, b in zip(out, vec)]
         return out
 
+    def _forward(self, call, step, numels, ranks_in, ranks_out):
+        # A real server's forward all_reduce runs on the GPU group (NCCL) whatever the
+        # sync's transport, so its failures are the NCCL watchdog's.
+        r0 = ranks_in[0]
+        line = self._nccl_line(call, r0, numels[r0])
+        if ranks_out:
+            raise CollectiveError("hang", step, "forward", ranks_in, ranks_out,
+                                  _skip_detail(ranks_in, ranks_out), line, call)
+        if len(set(numels.values())) > 1:
+            raise CollectiveError("size_mismatch", step, "forward", ranks_in, ranks_out,
+                                  f"forward all_reduce numel differs across ranks: "
+                                  f"{dict(sorted(numels.items()))}", line, call)
 
-# ---------------------------------------------------------------- torch backend
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+# ----------------------------------------------------------------------------------
+# Torch backend
+# ----------------------------------------------------------------------------------
+def _loopback_iface() -> str | None:
+    """The loopback interface's name, when the OS has one called "lo" (Linux)."""
+    return "lo" if os.path.isdir("/sys/class/net/lo") else None
 
 
-def _worker(rank: int, world: int, port: int, device: str, conn) -> None:
-    """One rank's process: joins the group, then serves all_reduce requests."""
+def _worker_env(device: str, iface: str | None) -> dict[str, str]:
+    """Environment a worker sets before importing torch: keep every socket on loopback."""
+    env = {"OMP_NUM_THREADS": "1"}  # one rank per core at most; no oversubscription
+    if iface:
+        # gloo's TCP transport binds its listening socket to this interface's address.
+        env["GLOO_SOCKET_IFNAME"] = iface
+    if device == "cuda":
+        # NCCL's bootstrap (and socket transport, if it falls back to it) listen here.
+        # NCCL exists on Linux only, where loopback is "lo".
+        env["NCCL_SOCKET_IFNAME"] = iface or "lo"
+    return env
+
+
+def _watch_parent(tmpdir: str) -> None:
+    """Exit when the parent process dies, even while the main thread is stuck in a
+    collective, and remove the group's files the parent can no longer remove. (Not
+    prctl(PR_SET_PDEATHSIG): that fires when the *thread* that spawned the worker exits,
+    which kills a healthy group created from a short-lived thread.)"""
+    import multiprocessing
+    import threading
+    from multiprocessing.connection import wait
+
+    parent = multiprocessing.parent_process()
+    if parent is None:  # pragma: no cover - always set for spawned children
+        return
+
+    def watch():
+        wait([parent.sentinel])
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
+            timeout_s: float, conn) -> None:
+    """One rank's process: joins the group, then runs the calls the parent sends it."""
+    # Ctrl-C is the parent's: it closes the group. (SIGINT is also blocked from before
+    # this process existed, see TorchCollective._start.)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # gloo's size enforce aborts the process from a C++ thread, printing to fd 2: keep
+    # it in a file the parent reads to report it, and off the user's terminal.
+    fd = os.open(os.path.join(tmpdir, f"rank{rank}.stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 2)
+    os.close(fd)
+    _watch_parent(tmpdir)
+    os.environ.update(_worker_env(device, iface))
+
     import torch
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(tmpdir, "store"), world)  # no TCP rendezvous
+    timeout = timedelta(seconds=timeout_s)
     if device == "cuda":
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world,
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=timeout,
                                 device_id=torch.device("cuda", rank))
+
+        def all_reduce(t, op):
+            t = t.cuda()
+            dist.all_reduce(t, op=op)
+            return t.cpu()  # waits for the kernel: a wedged one never returns
+    elif iface:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+
+        def all_reduce(t, op):
+            dist.all_reduce(t, op=op)
+            return t
     else:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-    conn.send(("ready", None))
-    try:
-        while True:
+        # No interface named "lo": build gloo's device on 127.0.0.1 explicitly (the
+        # default device binds whatever the hostname resolves to).
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        pg = dist.ProcessGroupGloo(store, rank, world, opts)
+
+        def all_reduce(t, op):
+            o = dist.AllreduceOptions()
+            o.reduceOp = op
+            pg.allreduce([t], o).wait()
+            return t
+
+    conn.send(("ready", os.getpid()))
+    msg = ()
+    while True:
+        try:
             msg = conn.recv()
-            if msg is None:
-                break
-            t = torch.tensor(msg, dtype=torch.int64)
-            if device == "cuda":
-                t = t.cuda()
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
-            conn.send(("ok", t.cpu().tolist()))
-    finally:
+        except EOFError:  # the parent went away
+            break
+        if msg is None:
+            break
+        what, arg = msg
+        try:
+            if what == "min":
+                t = all_reduce(torch.tensor(arg, dtype=torch.int64), dist.ReduceOp.MIN)
+                conn.send(("ok", t.tolist()))
+            else:  # "forward": only the element count matters
+                all_reduce(torch.zeros(arg, dtype=torch.float32), dist.ReduceOp.SUM)
+                conn.send(("ok", None))
+        except Exception as err:  # noqa: BLE001 - every failure goes back to the parent
+            # Stay up (the parent sends nothing more and terminates the group): exiting
+            # would close this rank's sockets, and peers still waiting in the same call
+            # would fail with "Connection closed by peer" instead of their own timeout,
+            # depending on who timed out first.
+            conn.send(("error", _first_line(err)))
+    if msg is None and dist.is_initialized():
         dist.destroy_process_group()
-        conn.close()
+    conn.close()
+
+
+def _forward_sizes(numels: dict[int, int]) -> dict[int, int]:
+    """The tensor sizes the torch backend's forward sends: each numel as it is up to
+    ``FORWARD_NUMEL_CAP``; each distinct larger one becomes CAP + 1, CAP + 2, ... (at
+    most CAP + world), so equal stays equal and different stays different."""
+    big = sorted({n for n in numels.values() if n > FORWARD_NUMEL_CAP})
+    return {r: n if n <= FORWARD_NUMEL_CAP else FORWARD_NUMEL_CAP + 1 + big.index(n)
+            for r, n in numels.items()}
+
+
+def _is_timeout(msg: str) -> bool:
+    return "Timed out" in msg or "Watchdog caught" in msg
 
 
 class TorchCollective(Collective):
-    """Real torch.distributed: one spawned process per rank, driven over pipes."""
+    """Real torch.distributed: one spawned process per rank, driven over pipes.
+
+    A call goes only to the ranks that entered it, so a skip really blocks the others;
+    gloo's own timeout (``timeout_s``, given to ``init_process_group``) ends the wait and
+    a parent-side deadline a little longer catches a rank that never returns at all.
+    After any error the group is unusable: ``close()`` terminates every worker."""
 
     name = "torch"
+    DEFAULT_TIMEOUT_S = 10.0
+    # Start-up is interpreter + torch import per rank: seconds on an idle machine, much
+    # longer on an oversubscribed one.
+    START_TIMEOUT_S = 600.0
 
-    def __init__(self, world: int, device: str = "cpu"):
-        super().__init__(world)
+    def __init__(self, world: int, device: str = "cpu", timeout_s: float | None = None,
+                 *, _iface: str | None = "auto"):
+        super().__init__(world, device, self.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
         try:
-            import torch  # noqa: F401
-            import torch.multiprocessing as mp
+            import torch
+            import torch.multiprocessing  # noqa: F401
         except ImportError:
             raise UserError("collective backend 'torch' needs torch; install it with "
                             "`pip install torch==2.13.0`") from None
-        if device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available() or torch.cuda.device_count() < world:
-                raise UserError(f"collective device 'cuda' needs {world} GPUs (NCCL rejects "
-                                f"two ranks on one GPU); found {torch.cuda.device_count()}",
-                                where="collective.device")
-        ctx = mp.get_context("spawn")
-        port = _free_port()
+        if device == "cuda" and (not torch.cuda.is_available() or torch.cuda.device_count() < world):
+            raise UserError(f"collective device 'cuda' needs {world} GPUs (NCCL rejects "
+                            f"two ranks on one GPU); found {torch.cuda.device_count()}",
+                            where="collective.device")
+        # _iface is for tests: None forces the explicit 127.0.0.1 gloo device.
+        self._iface = _loopback_iface() if _iface == "auto" else _iface
+        self._broken = False
+        self._tmpdir = tempfile.mkdtemp(prefix="hicache-coll-")
         self._conns, self._procs = [], []
-        for rank in range(world):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(rank, world, port, device, child), daemon=True)
-            proc.start()
-            self._conns.append(parent)
-            self._procs.append(proc)
-        for conn in self._conns:
-            # Start-up is interpreter + torch import per rank: seconds on an idle
-            # machine, much longer on an oversubscribed one.
-            if not conn.poll(600):
-                self.close()
-                raise RuntimeError("torch.distributed workers did not start within 600 s")
-            conn.recv()
+        # A group dropped without close() (or left at exit) is still torn down.
+        self._finalizer = weakref.finalize(self, _teardown, self._procs, self._conns,
+                                           self._tmpdir, True)
+        try:
+            self._start()
+        except BaseException:  # including Ctrl-C during start-up
+            self.close()
+            raise
 
-    def _reduce(self, vectors):
-        for rank, conn in enumerate(self._conns):
-            conn.send(list(vectors[rank]))
-        results = [conn.recv()[1] for conn in self._conns]
-        first = results[0]
-        assert all(r == first for r in results), "ranks got different all_reduce results"
-        return first
+    def _start(self) -> None:
+        import torch.multiprocessing as mp
+        from multiprocessing.connection import wait
+
+        ctx = mp.get_context("spawn")
+        # Block SIGINT while spawning: the mask is inherited through fork and exec, so a
+        # Ctrl-C from the terminal (sent to the whole process group) cannot interrupt a
+        # worker before it ignores SIGINT; the parent gets it when the mask is restored.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for rank in range(self.world):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_worker, daemon=True, name=f"hicache-rank{rank}",
+                                   args=(rank, self.world, self.device, self._iface, self._tmpdir,
+                                         self.timeout_s, child))
+                proc.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(proc)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        pending = {c: r for r, c in enumerate(self._conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(self._procs)}
+        while pending:
+            ready = wait(list(pending) + list(sentinels), timeout=self.START_TIMEOUT_S)
+            if not ready:
+                raise RuntimeError(f"torch.distributed workers did not start within "
+                                   f"{self.START_TIMEOUT_S:.0f} s")
+            for obj in ready:
+                if obj in pending:
+                    try:
+                        obj.recv()
+                    except EOFError:
+                        continue  # it died; its sentinel says so below
+                    del pending[obj]
+                elif obj in sentinels and self._conns[sentinels[obj]] in pending:
+                    r = sentinels[obj]
+                    self._procs[r].join(2)
+                    raise RuntimeError(f"torch.distributed rank {r} died during start-up (exit "
+                                       f"code {self._procs[r].exitcode}): {self._stderr_tail(r)}")
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids, rank order."""
+        return [p.pid for p in self._procs]
+
+    def _stderr(self, rank: int) -> str:
+        try:
+            with open(os.path.join(self._tmpdir, f"rank{rank}.stderr"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def _stderr_tail(self, rank: int) -> str:
+        lines = [x for x in self._stderr(rank).splitlines() if x.strip()]
+        return lines[-1].strip() if lines else "(no output)"
+
+    def _death_line(self, rank: int) -> str | None:
+        """The line a dead worker's C++ side printed: gloo's enforce or NCCL's watchdog."""
+        for line in self._stderr(rank).splitlines():
+            if "enforce fail at" in line:  # "  what():  [enforce fail at ...] ..."
+                return line.split("what():", 1)[-1].strip()
+            if "Watchdog caught" in line:
+                # "[rank0]:[E<date> ProcessGroupNCCL.cpp:<n>] [PG ID 0 ... Rank 0] Watchdog ...":
+                # drop glog's prefix, keep torch's own
+                at = line.index("Watchdog caught")
+                start = max(line.rfind("[PG ", 0, at), line.rfind("[Rank ", 0, at))
+                return line[start if start >= 0 else at:].strip()
+        return None
+
+    def _call(self, what: str, args: dict[int, object], ranks_in: list[int]) -> dict[int, tuple]:
+        """Send one call to the entering ranks and collect each one's outcome:
+        ("ok", value), ("error", message), ("died", line or None) or ("stuck", None)."""
+        from multiprocessing.connection import wait
+
+        if self._broken:
+            raise RuntimeError("the torch collective group is closed, or unusable after an "
+                               "earlier error")
+        self._broken = True  # until every entering rank has answered ok
+        for r in ranks_in:
+            self._conns[r].send((what, args[r]))
+        out: dict[int, tuple] = {}
+        waiting = {self._conns[r]: r for r in ranks_in}
+        sentinels = {self._procs[r].sentinel: r for r in ranks_in}
+        # gloo raises at timeout_s; the margin covers a loaded machine, and a rank that
+        # is still silent after it is reported as stuck rather than waited on forever.
+        deadline = time.monotonic() + self.timeout_s + max(5.0, self.timeout_s / 2)
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for obj in wait(list(waiting) + [s for s, r in sentinels.items() if r not in out],
+                            timeout=left):
+                r = waiting[obj] if obj in waiting else sentinels[obj]
+                if r in out:
+                    continue
+                if obj in waiting:
+                    try:
+                        out[r] = obj.recv()
+                        continue
+                    except EOFError:
+                        pass  # the pipe closed: the process is dying
+                self._procs[r].join(2)  # let its last words reach the stderr file
+                out[r] = ("died", self._death_line(r))
+            waiting = {c: x for c, x in waiting.items() if x not in out}
+        for r in ranks_in:
+            out.setdefault(r, ("stuck", None))
+        if all(o[0] == "ok" for o in out.values()):
+            self._broken = False
+        return out
+
+    def _line(self, outcomes: dict[int, tuple], call: int, numel: int, rank: int) -> str:
+        """The one line to report: a dead rank's own last words first (that process is
+        what took the server down), else the lowest rank's exception, else the line the
+        library would print had it raised."""
+        for kind, val in outcomes.values():
+            if kind == "died" and val:
+                return val
+        for r in sorted(outcomes):
+            kind, val = outcomes[r]
+            if kind == "error":
+                return val
+        ms = int(round(self.timeout_s * 1000))
+        if self.transport == "nccl":
+            return LINES["nccl_timeout"].format(rank=rank, seq=call, numel=numel, ms=ms,
+                                                ran=ms + NCCL_WATCHDOG_POLL_MS)
+        return LINES["gloo_timeout"].format(ms=ms)
+
+    def _raise(self, call, step, site, ranks_in, ranks_out, sizes, outcomes, detail) -> None:
+        """Turn the entering ranks' outcomes into the error the group showed."""
+        r0 = ranks_in[0]
+        line = self._line(outcomes, call, sizes[r0], r0)
+        if ranks_out:
+            raise CollectiveError("hang", step, site, ranks_in, ranks_out,
+                                  _skip_detail(ranks_in, ranks_out), line, call)
+        failed = [o for o in outcomes.values() if o[0] != "ok"]
+        if not failed:
+            # The sizes differed and yet every rank returned: report it all the same.
+            raise CollectiveError("size_mismatch", step, site, ranks_in, ranks_out,
+                                  f"{detail}; {self.transport} returned without an error", line, call)
+        # A rank that failed for another reason than a timeout (gloo's size enforce,
+        # or its peers' "Connection reset by peer") saw the sizes; ranks that only
+        # timed out saw a hang.
+        blocked = all(o[0] == "stuck" or (o[0] == "error" and _is_timeout(o[1]))
+                      or (o[0] == "died" and o[1] and _is_timeout(o[1])) for o in failed)
+        if blocked:
+            raise CollectiveError("hang", step, site, ranks_in, ranks_out,
+                                  f"{detail}; {self.transport} blocked instead of failing on it",
+                                  line, call)
+        raise CollectiveError("size_mismatch", step, site, ranks_in, ranks_out, detail, line, call)
+
+    def _min(self, call, step, site, inputs, ranks_in, ranks_out, sizes):
+        outcomes = self._call("min", {r: list(inputs[r]) for r in ranks_in}, ranks_in)
+        if not ranks_out and all(o[0] == "ok" for o in outcomes.values()) and len(set(sizes.values())) == 1:
+            results = [outcomes[r][1] for r in ranks_in]
+            if any(x != results[0] for x in results):
+                raise RuntimeError(f"ranks got different all_reduce results: {results}")
+            return results[0]
+        self._broken = True
+        self._raise(call, step, site, ranks_in, ranks_out, sizes, outcomes,
+                    f"tensor sizes differ across ranks: {sizes}")
+
+    def _forward(self, call, step, numels, ranks_in, ranks_out):
+        outcomes = self._call("forward", _forward_sizes(numels), ranks_in)
+        if not ranks_out and all(o[0] == "ok" for o in outcomes.values()) and len(set(numels.values())) == 1:
+            return
+        self._broken = True
+        self._raise(call, step, "forward", ranks_in, ranks_out, {r: numels[r] for r in ranks_in},
+                    outcomes, f"forward all_reduce numel differs across ranks: "
+                              f"{dict(sorted(numels.items()))}")
 
     def close(self) -> None:
-        for conn in getattr(self, "_conns", []):
+        self._finalizer.detach()
+        _teardown(self._procs, self._conns, self._tmpdir, self._broken)
+        self._broken = True  # no call after close
+
+
+def _teardown(procs, conns, tmpdir, broken) -> None:
+    """Stop every worker and remove the group's files; never blocks for long. A healthy
+    group is asked to leave; a broken one (workers may sit inside gloo) is terminated."""
+    if not broken:
+        for conn in conns:
             try:
                 conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-        for proc in getattr(self, "_procs", []):
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-        self._conns, self._procs = [], []
+        for proc in procs:
+            proc.join(timeout=5)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(timeout=2)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=2)
+    for conn in conns:
+        conn.close()
+    procs.clear()
+    conns.clear()
+    shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 COLLECTIVES = {"simulated": SimulatedCollective, "torch": TorchCollective}
 
 
-def make_collective(backend: str, world: int, device: str = "cpu") -> Collective:
+def make_collective(backend: str, world: int, device: str = "cpu",
+                    timeout_s: float | None = None) -> Collective:
+    """The named backend for a group of ``world`` ranks. ``timeout_s``: for "torch",
+    how long a blocked call waits before it is reported (default 10 s); for
+    "simulated", the timeout printed in the lines it reports (default: a real server's,
+    ``SERVER_TIMEOUT_S``)."""
     from sim.policies import resolve
 
     cls = resolve(COLLECTIVES, backend, "collective backend", where="collective.backend")
-    return cls(world, device) if cls is TorchCollective else cls(world)
+    return cls(world, device, timeout_s)

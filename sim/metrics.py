@@ -79,7 +79,10 @@ class Metrics:
         df = self.requests_df()
         ts = self.timeseries_df()
         inp = self.input_tokens
-        ttft = df["ttft_s"].to_numpy()
+        ttft = df["ttft_s"].to_numpy() if len(df) else np.array([])
+        # A run interrupted before any request finished has no TTFT: None (strict
+        # JSON), without numpy's "All-NaN slice" warning on the user's terminal.
+        ttft = ttft[~np.isnan(ttft)]
         occupied = ts["device_used"] + ts["host_used"] if len(ts) else pd.Series([0])
         s = tree.stats
         return {
@@ -91,8 +94,8 @@ class Metrics:
             "host_hit_rate": self.host_hit / inp if inp else 0.0,
             "miss_rate": 1 - self.hit_rate if inp else 0.0,
             # No request finished (every arrival after limits.duration_s): no TTFT.
-            "ttft_p50_s": float(np.nanpercentile(ttft, 50)) if len(ttft) else None,
-            "ttft_p99_s": float(np.nanpercentile(ttft, 99)) if len(ttft) else None,
+            "ttft_p50_s": float(np.percentile(ttft, 50)) if len(ttft) else None,
+            "ttft_p99_s": float(np.percentile(ttft, 99)) if len(ttft) else None,
             "effective_tokens_mean": float(ts["effective_tokens"].mean()) if len(ts) else 0.0,
             "duplicate_share_mean": float((ts["duplicate_tokens"] / occupied.where(occupied > 0)).fillna(0).mean())
             if len(ts) else 0.0,

@@ -116,3 +116,19 @@ def test_a_bad_trace_record_mid_run_is_a_one_line_error(tmp_path):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "t.jsonl:2" in lines[0] and "arrival_s" in lines[0], p.stderr
+
+
+def test_a_summary_with_no_finished_request_is_quiet():
+    # Ctrl-C before the first request finishes: the summary has no TTFT, and numpy must
+    # not print an "All-NaN slice" warning next to the one "interrupted" line.
+    import math
+    import warnings
+
+    from sim.config import SimConfig
+    from sim.events import Simulation
+
+    sim = Simulation(SimConfig(tp=1), [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = sim.metrics.summary(sim.group.cohorts[0].tree)
+    assert math.isnan(summary["ttft_p50_s"]) and math.isnan(summary["ttft_p99_s"])
