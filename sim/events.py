@@ -94,6 +94,15 @@ class FixedCosts:
     def decode_step_time(self, batch_size, total_context_tokens):
         return 10e-3
 
+    def decode_run(self, batch_size, context_tokens, max_steps, t0, extra_s, stop):
+        t, k = t0, 0
+        while k < max_steps:
+            t += extra_s + self.decode_step_time(batch_size, context_tokens + k * batch_size)
+            k += 1
+            if t >= stop:
+                break
+        return t, k
+
     def sync_time(self, world, backend="gloo"):
         return 0.0 if world <= 1 else 200e-6
 
@@ -175,6 +184,7 @@ class Simulation:
         self.trace = trace_events
         self.workload = iter(workload)
         self.gpu = simpy.Resource(self.env, capacity=1)  # the TP group's forward passes
+        self._gpu_hold = None
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []     # decoding, in admission order
         self.chunked: Req | None = None  # the request whose prefill continues next batch
@@ -305,6 +315,7 @@ class Simulation:
         while True:
             yield from self._settle()
             if self._drained():
+                self._release_gpu()
                 self.finished = True
                 return
             self.step_no += 1
@@ -323,8 +334,21 @@ class Simulation:
             if self._drained():
                 self.finished = True
                 return
+            self._release_gpu()
             self._wake = self.env.event()
             yield self._wake
+
+    def _hold_gpu(self):
+        """The loop's forwards hold the GPU back to back while it is busy; it lets go
+        when the loop goes idle (one request per busy period, not per forward)."""
+        if self._gpu_hold is None:
+            self._gpu_hold = self.gpu.request()
+            yield self._gpu_hold
+
+    def _release_gpu(self) -> None:
+        if self._gpu_hold is not None:
+            self.gpu.release(self._gpu_hold)
+            self._gpu_hold = None
 
     def _sample(self) -> None:
         now = self.env.now
@@ -370,6 +394,16 @@ class Simulation:
             c = group.cohorts[0]
             self._pop(c, c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now))
             return
+        if len(group.cohorts) == 1 and disc != "pre_26921":
+            c = group.cohorts[0]
+            if (all(a.delays is None for a in c.write_q)
+                    and all(a.delays is None for a in c.load_q)):
+                # Every rank shares one replica and sees the same acks: one vector.
+                w, l_ = c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now)
+                d = c.tree.digest
+                red = self.collective.all_reduce_uniform(self.step_no, "sync", [w, l_, d, -d])
+                self._pop(c, red[0], red[1])
+                return
         counts: dict[int, tuple[int, int]] = {}
         digest: dict[int, int] = {}
         for c in group.cohorts:
@@ -642,7 +676,10 @@ class Simulation:
         now = env.now
         stalls = [env.process(self._stall(c, p)) for c, p in plans]
         yield simpy.AllOf(env, stalls)
-        numels = {r: sum(e for _, _, e in p.shape) for c, p in plans for r in c.ranks}
+        if len(plans) == 1:
+            numels = sum(e for _, _, e in plans[0][1].shape)
+        else:
+            numels = {r: sum(e for _, _, e in p.shape) for c, p in plans for r in c.ranks}
         self._forward(numels)
         rids = [rq.r.rid for rq in plans[0][1].reqs]
         if any([rq.r.rid for rq in p.reqs] != rids for _, p in plans[1:]):
@@ -653,18 +690,17 @@ class Simulation:
             self.halted = "untracked"
             raise _Halt()
         c0, p0 = plans[0]
-        with self.gpu.request() as req:
-            yield req
-            starts = [p.started for _, p in plans if p.started is not None]
-            if starts:
-                yield simpy.AllOf(env, starts)
-            # lockstep: the slowest rank's compute (and its loads' visible stall)
-            dur = max(cost.prefill_batch_time(p.chunks)
-                      + (cost.batch_load_stall(p.load_tokens, p.chunks) if p.load_tokens else 0.0)
-                      for _, p in plans) + self._sync_s
-            yield env.timeout(dur)
+        yield from self._hold_gpu()
+        starts = [p.started for _, p in plans if p.started is not None]
+        if starts:
+            yield simpy.AllOf(env, starts)
+        # lockstep: the slowest rank's compute (and its loads' visible stall)
+        dur = max(cost.prefill_batch_time(p.chunks)
+                  + (cost.batch_load_stall(p.load_tokens, p.chunks) if p.load_tokens else 0.0)
+                  for _, p in plans) + self._sync_s
+        yield env.timeout(dur)
         self._trace("prefill", "forward", list(range(self.cfg.tp)), now, env.now - now,
-                    requests=len(p0.reqs), tokens=numels[0] if 0 in numels else 0)
+                    requests=len(p0.reqs), tokens=sum(e for _, _, e in p0.shape))
         self._after_prefill(plans)
         yield from self._result_scan_time()
 
@@ -698,11 +734,15 @@ class Simulation:
             p.started = env.event()
             env.process(self._copy(c, c.h2d, c.d2h, ack, cost.h2d_time, p.started))
 
-    def _forward(self, numels: dict[int, int]) -> None:
+    def _forward(self, numels: dict[int, int] | int) -> None:
+        """The forward's TP all_reduce: per-rank token counts, or one count for all."""
         if self._solo and self.collective.name == "simulated":
             return
         try:
-            self.collective.forward(self.step_no, numels)
+            if isinstance(numels, int):
+                self.collective.forward_uniform(self.step_no, numels)
+            else:
+                self.collective.forward(self.step_no, numels)
         except CollectiveError as err:
             self._collective_failed(err)
 
@@ -758,21 +798,11 @@ class Simulation:
         b = len(batch)
         ctx = sum(rq.ctx for rq in batch)
         k_max = min(rq.remaining for rq in batch)
-        stop = self._next_mark()
         now = env.now
-        t, k = now, 0
-        step_s = cost.decode_step_time
-        sync = self._sync_s
-        while k < k_max:
-            t += sync + step_s(b, ctx)
-            ctx += b
-            k += 1
-            if t >= stop:
-                break
-        self._forward({r: b for r in range(self.cfg.tp)})
-        with self.gpu.request() as req:
-            yield req
-            yield env.timeout(t - now)
+        t, k = cost.decode_run(b, ctx, k_max, now, self._sync_s, self._next_mark())
+        self._forward(b)
+        yield from self._hold_gpu()
+        yield env.timeout(t - now)
         self.step_no += k - 1  # the first of these steps is this iteration
         done = []
         for rq in batch:
