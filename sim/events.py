@@ -391,7 +391,7 @@ class Simulation:
                 lid = f"r{req.rid}"
                 self._op(c, {"op": "load_back", "key": rq.key, "id": lid})
                 res = tree.load_back(m, lid)
-                if not isinstance(res, str):
+                if res.ok:
                     loaded = res.tokens
                     # the request's lock moves down to the loaded anchor
                     self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}.l"})
