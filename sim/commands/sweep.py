@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 import time
 
+from sim.fmt import duration
+
 NAME = "sweep"
 HELP = "Run a parameter sweep (grid/zip x seeds) locally or on Ray; resumable; writes sweep.parquet."
 
@@ -75,7 +77,7 @@ def run(args) -> int:
     wall = time.perf_counter() - t0
     print(f"sweep {plan.name}: {res.total} point(s): {len(res.ran)} ran, {len(res.skipped)} "
           f"already complete, {len(res.failures)} failed; {len(res.halted)} halted on divergence "
-          f"({wall:.1f} s wall)")
+          f"({duration(wall)} wall)")
     print(f"table: {out / 'sweep.parquet'} ({res.rows} row(s))")
     for f in res.failures:
         print(f"hicache-sim sweep: point {f['point_id']} failed: {f['error']}", file=sys.stderr)
