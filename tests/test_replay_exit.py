@@ -7,7 +7,7 @@ import types
 
 import cli
 import sim.repro as repro
-from sim.errors import one_line
+
 
 
 def _result(verdict, failure_class, line):
@@ -22,7 +22,7 @@ def test_a_reproduced_failure_exits_0_and_prints_the_recorded_failure(monkeypatc
     out, err = capsys.readouterr()
     assert "reproduced some/bundle: recorded verdict detected (digest)" in out
     assert "2 outcome fields and 1 rank op-trace(s)" in out
-    assert one_line(err) == f"hicache-sim replay: {line}"
+    assert err == f"hicache-sim replay: {line}\n"
 
 
 def test_a_bundle_that_does_not_reproduce_exits_1(monkeypatch, capsys):
