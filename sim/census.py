@@ -285,6 +285,24 @@ BASE_COLUMNS = (
     ("batch_mismatch_t_s", "float64"), ("batch_mismatch_step", "Int64"),
     ("batch_mismatch_where", "string"),
 )
+# Each column's unit (sim.units), in census.parquet's metadata: times are simulated
+# seconds, steps count scheduler steps; perturbation_<name>_count columns are counts.
+BASE_UNITS = {
+    "seed": "id", "verdict": "text", "halted": "text", "steps": "1", "detection_delay_s": "s",
+    "digest_after_true_divergence": "bool",
+    "first_true_divergence_t_s": "s", "first_true_divergence_step": "1",
+    "digest_mismatch_t_s": "s", "digest_mismatch_step": "1",
+    "collective_error_t_s": "s", "collective_error_step": "1", "collective_error_kind": "text",
+    "batch_mismatch_t_s": "s", "batch_mismatch_step": "1", "batch_mismatch_where": "text",
+}
+
+
+def table_units(table) -> dict:
+    """The unit of every column of a census table (a column missing here is a bug that
+    ``write_parquet`` reports)."""
+    units = dict(BASE_UNITS)
+    units.update({c: "1" for c in table.columns if c.startswith(PERTURBATION_PREFIX)})
+    return units
 
 
 def _row(rec: dict, names: list[str]) -> dict:
@@ -504,7 +522,7 @@ def run_census(plan: CensusPlan, *, jobs: int | None = None, executor: str = "lo
     records = [r for r in (read_record(plan, s) for s in plan.seeds) if r is not None]
     table = build_table(records)
     agg = aggregate(table, plan, [f["seed"] for f in failures])
-    write_parquet(plan.out / TABLE_FILE, table)
+    write_parquet(plan.out / TABLE_FILE, table, table_units(table))
     write_strict_json(plan.out / AGGREGATE_FILE, agg)
     files = [plan.out / TABLE_FILE, plan.out / AGGREGATE_FILE]
     if plots:

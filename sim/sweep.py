@@ -852,7 +852,9 @@ def gather(plan: SweepPlan, out):
     data = {c: _column([r.get(c) for r in rows]) for c in columns}
     table = pd.DataFrame(data, columns=columns)
     table.attrs["parameter_columns"] = params
-    write_parquet(out / SWEEP_TABLE, table)
+    from sim.units import guess_unit
+
+    write_parquet(out / SWEEP_TABLE, table, {c: guess_unit(c, table[c]) for c in table.columns})
     return table
 
 
