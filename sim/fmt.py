@@ -43,8 +43,10 @@ def duration(seconds) -> str:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], *,
-          footer: Sequence[Sequence[str]] = (), indent: str = "", rule: bool = True) -> str:
-    """Rows as plain aligned text: the first column left-aligned, the others right.
+          footer: Sequence[Sequence[str]] = (), indent: str = "", rule: bool = True,
+          align: str | None = None) -> str:
+    """Rows as plain aligned text: by default the first column left-aligned and the
+    others right (numbers); ``align`` gives one ``l`` or ``r`` per column instead.
 
     ``rule`` draws a line under the header (and above ``footer`` rows, e.g. a total).
     Cells are strings already formatted by the caller; trailing spaces are trimmed.
@@ -57,10 +59,13 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], *,
         if len(r) != len(header):
             raise ValueError(f"a table row has {len(r)} cells; expected {len(header)}")
     widths = [max(len(r[i]) for r in every) for i in range(len(header))]
+    align = align or "l" + "r" * (len(header) - 1)
+    if len(align) != len(header) or set(align) - {"l", "r"}:
+        raise ValueError(f"align {align!r}: expected one 'l' or 'r' per column")
 
     def line(cells) -> str:
-        return (indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(cells, widths)))).rstrip()
+        return (indent + "  ".join(c.ljust(w) if a == "l" else c.rjust(w)
+                                   for c, w, a in zip(cells, widths, align))).rstrip()
 
     sep = indent + "-" * (sum(widths) + 2 * (len(widths) - 1))
     out = [line(header)]
