@@ -12,7 +12,9 @@ results themselves establish, from the counters every results folder records:
   had nothing to choose;
 * ``duplicate_first`` vs ``duplicate_first_single_pass``: they differ only in the D-leaf
   duplicates pass 1 spares (the single pass takes them in map order at once, duplicate
-  first only in pass 2). With ``reclaim_pass2_tokens = 0`` pass 2 never ran;
+  first only in pass 2). With ``reclaim_pass2_tokens = 0`` pass 2 never ran, and equal
+  reclaimed totals say the single pass took no victim the other spared (different
+  totals say the victims differed, without changing the outcome);
 * otherwise: which counters are equal, and that the results do not establish why.
 
 Everything is read from results folders (``reports.load``), never from the simulator.
@@ -131,6 +133,11 @@ def _span(values) -> str:
     return _fmt(known[0]) if len(known) == 1 else f"{_fmt(known[0])} to {_fmt(known[-1])}"
 
 
+def _reclaimed(c: Case) -> float | None:
+    p1, p2 = c.numbers.get("reclaim_pass1_tokens"), c.numbers.get("reclaim_pass2_tokens")
+    return None if p1 is None or p2 is None else p1 + p2
+
+
 def explain(f: Finding) -> str:
     """The reason the results establish, or a plain statement that they do not."""
     n = len(f.pairs)
@@ -144,9 +151,7 @@ def explain(f: Finding) -> str:
                     "policy only acts when the host pool must free space, so the two had "
                     "nothing to choose")
         reclaiming = [p for p in host if p in RECLAIMING]
-        freed = [c.numbers.get("reclaim_pass1_tokens", 0) + c.numbers.get("reclaim_pass2_tokens", 0)
-                 if c.numbers.get("reclaim_pass1_tokens") is not None else None
-                 for c in every if c.params.get("cache.host_policy") in RECLAIMING]
+        freed = [_reclaimed(c) for c in every if c.params.get("cache.host_policy") in RECLAIMING]
         if reclaiming and _all(freed, lambda v: v == 0):
             return (f"the duplicate reclaim never freed a token {where} "
                     "(reclaim_pass1_tokens = reclaim_pass2_tokens = 0): host evictions "
@@ -154,14 +159,20 @@ def explain(f: Finding) -> str:
                     "both policies share")
         if set(host) == {"duplicate_first", "duplicate_first_single_pass"}:
             p2 = _values(f, "duplicate_first", "reclaim_pass2_tokens")
-            p1 = [c.numbers.get("reclaim_pass1_tokens") for c in every]
-            if _all(p2, lambda v: v == 0):
-                return (f"pass 2 never ran in the duplicate_first run{'s' if n > 1 else ''}: "
-                        "reclaim_pass2_tokens = 0, so the two policies took the same victims "
-                        f"(reclaim_pass1_tokens {_span(p1)} in each pair, equal). They part "
-                        "only when pass 1's non-D-leaf duplicates cannot cover a reclaim: "
-                        "then duplicate_first's pass 2 takes the D-leaves it spared, which "
-                        "the single pass takes in map order from the start")
+            totals = [(_reclaimed(a), _reclaimed(b)) for a, b in f.pairs]
+            same_totals = all(x is not None and x == y for x, y in totals)
+            if _all(p2, lambda v: v == 0) and same_totals:
+                return (f"pass 2 never ran in the duplicate_first run{'s' if n > 1 else ''} "
+                        "(reclaim_pass2_tokens = 0) and each pair reclaimed the same number "
+                        f"of tokens ({_span([x for x, _ in totals])}), so the two policies "
+                        "took the same victims as far as the counters show: the single pass "
+                        "never had to release a D-leaf duplicate that duplicate_first's pass "
+                        "1 spares (they part only when such a duplicate comes early in the "
+                        "duplicate map, see tests/test_host_policies_differ.py)")
+            if not same_totals and all(x is not None and y is not None for x, y in totals):
+                return ("the two reclaimed different numbers of tokens "
+                        f"({'; '.join(f'{_fmt(x)} vs {_fmt(y)}' for x, y in totals[:4])}), "
+                        "so their victims differed, without changing the hit rates or TTFTs")
             return ("duplicate_first's pass 2 freed tokens (reclaim_pass2_tokens "
                     f"{_span(p2)}), so the policies could have chosen differently; the "
                     "results do not establish why they did not")
