@@ -1,9 +1,12 @@
-"""Simulated requests per wall-second, TP=1 vs TP=8, jitter off and on.
+"""Simulated requests per wall-second, TP=1 vs TP=8, jitter off and on; and what
+sharing replicas saves, per jitter class.
 
-Usage: python benchmarks/bench_sim.py [--requests 10000] [--profile]
+Usage: python benchmarks/bench_sim.py [--requests 10000] [--profile] [--no-classes]
 The workload is quickstart.yaml's multi-turn chat generator at 10k requests. Jitter
 "on" delays every rank's acks (exponential, mean 2 ms): under SGLang's synced ack
 discipline that is absorbed, so it measures the cost of per-rank ack bookkeeping.
+Then every shipped jitter scenario runs with ``engine.replicas`` shared and eager
+(results are byte-identical by construction; only the wall time differs).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--profile", action="store_true", help="cProfile the TP=8 jitter-off run")
+    ap.add_argument("--no-classes", action="store_true", help="skip the shared-vs-eager table")
     args = ap.parse_args()
     if args.profile:
         prof = cProfile.Profile()
@@ -60,6 +64,23 @@ def main():
                   f"{res.summary['hit_rate']:>6.1%} {res.divergence['verdict']:>9} {res.divergence['steps']:>7}")
     print(f"TP8/TP1 wall-time ratio, jitter off: {rates[8, False] / rates[1, False]:.2f}")
     print(f"TP8/TP1 wall-time ratio, jitter on:  {rates[8, True] / rates[1, True]:.2f}")
+    if not args.no_classes:
+        replicas()
+
+
+def replicas():
+    """Shared vs eager replicas on every shipped jitter scenario, as shipped."""
+    print()
+    print(f"{'scenario':<36} {'tp':>3} {'verdict':>13} {'shared s':>9} {'eager s':>8} {'eager/shared':>13}")
+    for path in sorted((ROOT / "scenarios").glob("jitter_*.yaml")):
+        walls = {}
+        for mode in ("shared", "eager"):
+            scn = load_scenario(path, [f"engine.replicas={mode}"])
+            t0 = time.perf_counter()
+            res = run_scenario(scn, None)
+            walls[mode] = time.perf_counter() - t0
+        print(f"{path.stem:<36} {scn.tp:>3} {res.divergence['verdict']:>13} {walls['shared']:>9.2f} "
+              f"{walls['eager']:>8.2f} {walls['eager'] / walls['shared']:>13.2f}")
 
 
 if __name__ == "__main__":

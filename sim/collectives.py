@@ -214,6 +214,17 @@ class Collective:
                          "sizes": {r: numels[r] for r in ranks_in}})
         self._forward(call, step, numels, ranks_in, ranks_out)
 
+    def all_reduce_uniform(self, step: int, site: str, vector: list[int]) -> list[int]:
+        """``all_reduce_min`` where every rank enters with the same ``vector``: the
+        engine's call when all ranks share one replica and see the same acks. A
+        backend may skip the arithmetic (the MIN of equal vectors is the vector); it
+        still records the call."""
+        return self.all_reduce_min(step, site, {r: vector for r in range(self.world)})
+
+    def forward_uniform(self, step: int, numel: int) -> None:
+        """``forward`` where every rank's batch has ``numel`` tokens."""
+        self.forward(step, {r: numel for r in range(self.world)})
+
     def close(self) -> None:
         """Release the group; safe to call twice and after an error."""
 
@@ -263,6 +274,20 @@ class SimulatedCollective(Collective):
         if check is None:  # gloo checks nothing: the longer ranks wait for their peers
             return LINES["gloo_timeout"].format(ms=self._server_ms("gloo"))
         return LINES["gloo_size"].format(sent=check[0], expected=check[1])
+
+    def all_reduce_uniform(self, step: int, site: str, vector: list[int]) -> list[int]:
+        # The fast path of an optimisation that must not change results: the same
+        # log entry as all_reduce_min's, no per-rank arithmetic.
+        n = len(vector)
+        self.log.record({"call": self.log.calls + 1, "step": step, "site": site,
+                         "ranks_in": list(range(self.world)),
+                         "sizes": dict.fromkeys(range(self.world), n)})
+        return list(vector)
+
+    def forward_uniform(self, step: int, numel: int) -> None:
+        self.log.record({"call": self.log.calls + 1, "step": step, "site": "forward",
+                         "ranks_in": list(range(self.world)),
+                         "sizes": dict.fromkeys(range(self.world), numel)})
 
     def _min(self, call, step, site, inputs, ranks_in, ranks_out, sizes):
         if ranks_out:

@@ -39,6 +39,10 @@ SUMMARY_UNITS = {
     "reclaim_pass2_tokens": "tokens", "drop_tokens": "tokens", "sim_time_s": "s",
     "verdict": "text", "skipped_trace_lines": "1", "bound_hit_rate": "1",
     "seed": "id", "point_id": "id", "results_dir": "text",
+    # data-parallel runs (sim.cluster): a sweep keeps lists and mappings as YAML text
+    "dp": "1", "router": "text", "router_decisions": "text", "instances": "text",
+    "utilisation": "1", "queue_wait_p50_s": "s", "prefill_service_p50_s": "s",
+    "overload_warning": "text",
 }
 
 # Scenario keys whose last part does not say its unit by the rules below.

@@ -407,3 +407,29 @@ def test_model_spec_is_hashable_and_frozen():
     with pytest.raises(Exception):
         m.layers = 3  # type: ignore[misc]
     assert math.isclose(m.params_total, 8.03e9)
+
+
+def test_decode_run_is_bit_identical_to_stepping_one_by_one():
+    """The engine's fast path over runs of decode steps gives the plain loop's times."""
+    import numpy as np
+
+    from sim.costs import CostModel, load_profile
+    from sim.costs.models import resolve_model
+
+    for model in ("llama-3.1-8b", "deepseek-v3"):
+        _decode_run_matches(CostModel(load_profile("h100-sxm"), resolve_model(model), 8, 16),
+                            np.random.default_rng(3))
+
+
+def _decode_run_matches(cost, rng):
+    for _ in range(200):
+        b, ctx, k_max = int(rng.integers(1, 300)), int(rng.integers(0, 10**6)), int(rng.integers(0, 50))
+        t0, extra = float(rng.uniform(0, 1e4)), float(rng.uniform(0, 1e-3))
+        stop = t0 + float(rng.uniform(0, 0.5))
+        t, k = t0, 0
+        while k < k_max:
+            t += extra + cost.decode_step_time(b, ctx + k * b)
+            k += 1
+            if t >= stop:
+                break
+        assert cost.decode_run(b, ctx, k_max, t0, extra, stop) == (t, k)

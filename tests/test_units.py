@@ -79,8 +79,11 @@ def test_every_summary_field_has_a_unit():
     stats = types.SimpleNamespace(load_tokens=0, backup_tokens=0, reclaim_pass1_tokens=0,
                                   reclaim_pass2_tokens=0, drop_tokens=0)
     tree = types.SimpleNamespace(stats=stats, device_capacity=64, host_capacity=128)
-    summary = Metrics(cfg=None).summary(tree)
-    summary.update(verdict="agree", skipped_trace_lines=0)  # added by sim.runner
+    from sim.metrics import summarize
+
+    summary = summarize([Metrics(cfg=None)], [tree], [1.0])  # with busy times: every field
+    summary.update(verdict="agree", skipped_trace_lines=0, dp=2, router="round_robin",
+                   router_decisions={})  # added by sim.runner and sim.cluster
     assert [k for k in summary if k not in SUMMARY_UNITS] == []
     assert all(u in VOCABULARY for u in SUMMARY_UNITS.values())
 

@@ -54,7 +54,8 @@ def run(args) -> int:
     try:
         res = run_scenario(scenario, out, progress=bar.update if bar else None,
                            trace_out=args.trace_out)
-        final = (res.sim.metrics, not res.partial and res.sim.stuck is None and not res.sim.halted)
+        # the engine (sim.cluster.Cluster) counts done and rejected requests itself
+        final = (res.sim, not res.partial and res.sim.stuck is None and not res.sim.halted)
     finally:
         if bar:
             bar.close(*(final or (None, False)))
@@ -162,9 +163,12 @@ def rejected_line(summary: dict, pool_tokens: int | None = None) -> str:
 
 
 def _pool_tokens(res) -> int | None:
+    """The smallest device pool of any replica: the engine rejects against it."""
+    sim = res.sim
+    groups = [i.group for i in getattr(sim, "instances", ())] or [getattr(sim, "group", None)]
     try:
-        return min(c.tree.device_capacity for c in res.sim.group.cohorts)
-    except (AttributeError, ValueError):
+        return min(c.tree.device_capacity for g in groups for c in g.cohorts)
+    except (AttributeError, ValueError, TypeError):
         return None
 
 

@@ -252,6 +252,33 @@ class CostModel:
         compute = batch_size * self._dc_linear + total_context_tokens * self._dc_attn
         return float(self._dc_fixed + (memory if memory > compute else compute))
 
+    def decode_run(self, batch_size, context_tokens, max_steps, t0, extra_s, stop):
+        """Advance consecutive decode steps of one batch from time ``t0``.
+
+        Each step costs ``decode_step_time`` at the current context plus ``extra_s``
+        (the loop's own per-iteration cost) and grows the context by ``batch_size``.
+        Stops after ``max_steps``, or after the first step that ends at or past
+        ``stop``. Returns (end time, steps). The arithmetic is ``decode_step_time``'s,
+        operation for operation, so the times are bit-identical to stepping one by one.
+        """
+        if batch_size <= 0 or max_steps <= 0:
+            return t0, 0
+        weights = batch_size * self._dc_active_w_s
+        if weights > self._dc_total_w_s:
+            weights = self._dc_total_w_s
+        lin = batch_size * self._dc_linear
+        kv, attn, fixed = self._dc_kv_s, self._dc_attn, self._dc_fixed
+        t, k, ctx = t0, 0, context_tokens
+        while k < max_steps:
+            memory = weights + ctx * kv
+            compute = lin + ctx * attn
+            t += extra_s + (fixed + (memory if memory > compute else compute))
+            ctx += batch_size
+            k += 1
+            if t >= stop:
+                break
+        return t, k
+
     # ----------------------------------------------------------------- CPU-side
     def sync_time(self, world, backend: str = "gloo") -> float:
         """Seconds for one HiCache MIN all_reduce over ``world`` ranks (gloo by default)."""
