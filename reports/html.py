@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from reports.identical import find_identical, run_cases, sweep_cases
 from reports.load import Results, Run, Sweep, as_results, flatten
 from reports.plots import (build_plots, device_capacity_tokens, figure_bytes,
                            host_capacity_tokens)
@@ -284,7 +285,23 @@ def _sweep_section(sweep: Sweep) -> str:
         rows = [[str(len(table))] + [fmt(means[c]) for c, _, fmt in metrics]]
     header = varying + ["seeds"] + [name for _, name, _ in metrics]
     parts.append(_table(header, rows, numeric=set(range(len(varying), len(header)))))
+    same = _identical_section(find_identical(sweep_cases(sweep)), "point")
+    if same:
+        parts.append("<p><b>Policies with identical results</b> (points that differ only "
+                     "in these policy keys):</p>" + same)
     return "".join(parts)
+
+
+def _identical_section(findings, what: str) -> str:
+    """Policy pairs with identical results, each with the reason the results give."""
+    items = []
+    for f in findings:
+        pairs = ", ".join(f"{_e(a.label)} = {_e(b.label)}" for a, b in f.pairs[:6])
+        more = f" and {len(f.pairs) - 6} more" if len(f.pairs) > 6 else ""
+        items.append(f"<li><b>{_e(f.title())}</b>: identical hit rates and TTFTs in "
+                     f"{len(f.pairs)} {what} pair(s) ({pairs}{more}). <i>Why:</i> "
+                     f"{_e(f.reason)}.</li>")
+    return ('<ul class="identical">' + "".join(items) + "</ul>") if items else ""
 
 
 def render_report(runs, *, notes: list[str] | None = None, title: str | None = None) -> str:
@@ -308,6 +325,10 @@ def render_report(runs, *, notes: list[str] | None = None, title: str | None = N
         out.append(_runs_table(results.runs))
         out.append("<h2>How the scenarios differ</h2>")
         out.append(_differences_section(results.runs))
+        same = _identical_section(find_identical(run_cases(results.runs)), "run")
+        if same:
+            out.append('<h2 id="identical-results">Policies with identical results</h2>')
+            out.append(same)
     if results.sweeps:
         out.append("<h2>Sweeps</h2>")
         out.extend(_sweep_section(s) for s in results.sweeps)

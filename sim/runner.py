@@ -20,6 +20,7 @@ from typing import Callable
 from sim import __version__
 from sim.atomic import write_json, write_parquet, write_text
 from sim.errors import UserError
+from sim.metrics import REQUEST_UNITS, TIMESERIES_UNITS
 
 
 @dataclass
@@ -97,8 +98,8 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResul
     if folder is not None:
         out = folder.stage()
         meta_path = out / "meta.json"
-        write_parquet(out / "requests.parquet", sim.requests_df())
-        write_parquet(out / "timeseries.parquet", sim.timeseries_df())
+        write_parquet(out / "requests.parquet", sim.requests_df(), REQUEST_UNITS)
+        write_parquet(out / "timeseries.parquet", sim.timeseries_df(), TIMESERIES_UNITS)
         write_json(out / "divergence.json", divergence)
         write_json(out / "summary.json", summary)
         write_text(out / "scenario.yaml", dump_resolved(scenario))

@@ -63,8 +63,8 @@ def test_repro_finds_shrinks_and_replays_each_failing_class(name, tmp_path, caps
     res = repro.run_case(load_scenario(out / "scenario.yaml"))
     assert res.failure_class == meta["failure_class"]
     assert res.divergence["digests"] == meta["expect"]["digests"]
-    # replay reproduces it exactly and prints the one-line failure
-    assert cli.main(["replay", str(out)]) == 3
+    # replay reproduces it exactly (exit 0) and prints the recorded one-line failure
+    assert cli.main(["replay", str(out)]) == 0
     captured = capsys.readouterr()
     assert one_line(captured.err) == f"hicache-sim replay: {meta['failure']}"
     assert "reproduced" in captured.out
@@ -96,7 +96,7 @@ def test_shipped_bundles_replay(name, capsys):
     path = BUNDLES / name
     meta = json.loads((path / "bundle.json").read_text())
     assert meta["jitter_class"] == name and meta["verdict"] == FAILING[name]
-    assert cli.main(["replay", str(path)]) == 3
+    assert cli.main(["replay", str(path)]) == 0
     assert one_line(capsys.readouterr().err) == f"hicache-sim replay: {meta['failure']}"
 
 
@@ -123,7 +123,7 @@ def test_write_through_bundles_replay_without_op_traces(tmp_path, capsys):
     meta = json.loads((out / "bundle.json").read_text())
     assert meta["op_traces"] is None and not (out / "ranks").exists()
     assert "write_through" in json.loads((out / "report.json").read_text())["op_traces"]
-    assert cli.main(["replay", str(out)]) == 3
+    assert cli.main(["replay", str(out)]) == 0
 
 
 def test_search_budget_is_checked_between_tries():

@@ -17,4 +17,6 @@ COMMANDS = (
     "repro",
     "replay",
     "bound",
+    "schema",
+    "traces",
 )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+from sim.fmt import duration
+
 NAME = "repro"
 HELP = ("Search seeds until a TP divergence failure appears, shrink it (Hypothesis), and write a "
         "replayable bundle (exit 3: bundled; 0: no divergence within budget).")
@@ -99,6 +101,6 @@ def run(args) -> int:
         extra={"overrides": list(args.sets)}))
     # A bundle that does not replay is worse than none: check it now.
     res = repro.verify_bundle(out, trace_roots=args.trace_roots)
-    print(f"bundle: {out} ({time.perf_counter() - t0:.1f} s); replay: hicache-sim replay {out}")
+    print(f"bundle: {out} ({duration(time.perf_counter() - t0)}); replay: hicache-sim replay {out}")
     print(f"failure: {res.line}")
     return 3
