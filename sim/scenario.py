@@ -1226,6 +1226,8 @@ def dump_resolved(scenario: Scenario) -> str:
     keeps a shared and an eager run's folders byte-identical."""
     dev, host = resolve_capacities(scenario)
     data = _tags_first(scenario.model_dump(mode="python", exclude_none=True, exclude={"engine"}))
+    if scenario.router.policy != "cache_aware":  # its thresholds would not load back
+        data["router"] = {"policy": scenario.router.policy}
     head = (f"# resolved by hicache-sim {__version__}\n"
             f"# per rank: device {dev} tokens, host {host} tokens "
             f"({scenario.model.spec().bytes_per_token(scenario.tp)} bytes/token at tp {scenario.tp})\n")

@@ -833,7 +833,8 @@ def gather(plan: SweepPlan, out):
         row.update(seed=p.seed, point_id=p.point_id, results_dir=p.results_dir)
         for k, v in summary.items():
             if k not in row:
-                row[k] = v
+                # nested fields (per-instance rows) as JSON text: one cell, parseable
+                row[k] = json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
         if "verdict" not in row:
             div = json.loads((folder / "divergence.json").read_text())
             row["verdict"] = div.get("verdict")

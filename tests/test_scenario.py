@@ -63,8 +63,10 @@ def test_every_required_scenario_is_shipped():
     names = {p.stem for p in SCENARIOS}
     assert {
         "quickstart", "capacity_wb_vs_wt", "host_pressure_reclaim", "jitter_ack_delay",
-        "jitter_ack_local", "jitter_skip_when_idle", "jitter_host_alloc_failure",
+        "jitter_ack_local", "jitter_pre_26921", "jitter_host_alloc_failure",
         "jitter_host_capacity_skew", "jitter_id_drift", "jitter_request_order",
+        "jitter_device_capacity_skew", "jitter_device_free_delay",
+        "jitter_write_through_alloc_failure",
         "mooncake_conversation", "mooncake_synthetic", "agentic_claude_code",
     } <= names
     readme = (ROOT / "scenarios" / "README.md").read_text()
