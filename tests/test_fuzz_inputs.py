@@ -604,12 +604,12 @@ def test_stale_temporaries_are_cleaned_and_the_folder_is_replaced_whole(box):
 
 
 def test_an_interrupted_run_is_renamed_and_marked_partial(box, monkeypatch):
-    from sim.events import Simulation
+    from sim.cluster import Cluster
 
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Simulation, "run", interrupted)
+    monkeypatch.setattr(Cluster, "run", interrupted)
     p = write_scenario(box)
     out = box / "o"
     rc, err = call(["run", p, "-o", out, "--quiet"], box, out)
