@@ -110,7 +110,7 @@ def estimate(scenario) -> Estimate:
 
 def _jittered(s) -> bool:
     j = s.jitter
-    return (j.ack_delay.dist != "none" or j.ack_discipline != "synced"
+    return (j.ack_delay.dist != "none" or s.collective.discipline != "synced"
             or j.host_alloc_failure.probability > 0 or bool(j.host_capacity_skew)
             or j.id_drift is not None or j.request_order.swap_probability > 0)
 
