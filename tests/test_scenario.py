@@ -96,7 +96,7 @@ def test_validate_command_reports_each_error_and_exits_2(tmp_path, capsys):
     rc = cli.main(["validate", str(bad), str(good)])
     cap = capsys.readouterr()
     assert rc == 2
-    assert cap.out.startswith(f"OK {good}") and "device 16384 tokens" in cap.out
+    assert cap.out.startswith(f"OK {good}") and "(16,384 tokens)" in cap.out
     err = cap.err.strip().splitlines()
     assert len(err) == 1 and f"{bad}:4: tp:" in err[0]
 
@@ -293,7 +293,7 @@ def test_dump_resolved_round_trips(tmp_path, path):
     again = load_scenario(write(tmp_path, text, "resolved.yaml"))
     assert again.model_dump() == s.model_dump()
     assert resolve_capacities(again) == resolve_capacities(s)
-    assert f"device {resolve_capacities(s)[0]} tokens" in text.splitlines()[1]
+    assert f"({resolve_capacities(s)[0]:,} tokens)" in text.splitlines()[1]
 
 
 def test_scenario_from_dict_matches_the_file(tmp_path):
