@@ -17,4 +17,5 @@ COMMANDS = (
     "repro",
     "replay",
     "bound",
+    "plan",
 )
