@@ -64,6 +64,10 @@ class JitterConfig:
 @dataclass
 class SimConfig:
     tp: int = 1
+    # Data-parallel instances (each a TP group) and the router in front of them.
+    dp: int = 1
+    router: str = "round_robin"
+    router_params: dict = field(default_factory=dict)
     page_size: int = 1
     device_tokens: int = 1 << 20   # per rank
     host_tokens: int = 2 << 20     # per rank
@@ -139,6 +143,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
         replicas=scn.engine.replicas,
+        dp=scn.dp, router=scn.router.policy, router_params=scn.router.params(),
         on_divergence=scn.on_divergence, seed=scn.seed,
         max_requests=scn.limits.max_requests, duration_s=scn.limits.duration_s,
         timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,

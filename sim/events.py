@@ -61,6 +61,18 @@ from sim.workloads.keys import output_key, page_key
 ORDER_WINDOW = 1024
 
 
+class _Late(simpy.Event):
+    """Fires after every normal-priority event due at the same instant, those that
+    processing them schedules at that instant included (SimPy orders a time's events
+    by priority first): a loop that waits on one sees the settled state of ``now``."""
+
+    def __init__(self, env: simpy.Environment):
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, priority=simpy.events.NORMAL + 1)
+
+
 class _Halt(Exception):
     """Stops the run where a real server would stop (or the run cannot follow)."""
 
@@ -169,20 +181,26 @@ class _Plan:
 class Simulation:
     """A TP group serving a request stream with HiCache, in simulated time."""
 
-    def __init__(self, cfg: SimConfig, workload: Iterable, cost=None, *,
-                 progress: Callable | None = None, trace_events: list | None = None):
+    def __init__(self, cfg: SimConfig, workload: Iterable | None, cost=None, *,
+                 progress: Callable | None = None, trace_events: list | None = None,
+                 env: simpy.Environment | None = None, instance: int = 0):
+        """``workload``: the request stream; None when a ``sim.cluster.Cluster`` feeds
+        this group through ``submit`` (one data-parallel instance of several, on the
+        cluster's ``env``)."""
         self.cfg = cfg
         self.cost = cost if cost is not None else FixedCosts()
-        self.env = simpy.Environment()
-        self.jitter = Jitter(cfg.jitter, cfg.tp, cfg.seed)
+        self.env = env if env is not None else simpy.Environment()
+        self.instance = instance
+        self.jitter = Jitter(cfg.jitter, cfg.tp, cfg.seed, rank_base=instance * cfg.tp)
         self.group = RankGroup(cfg, self.env, self.jitter)
         self.collective = make_collective(cfg.collective, cfg.tp, cfg.collective_device,
                                           timeout_s=cfg.collective_timeout_s)
-        self.metrics = Metrics(cfg, self.cost.bytes_per_token)
+        self.metrics = Metrics(cfg, self.cost.bytes_per_token, instance)
         self.obs = Observations(cfg.tp, self.jitter.perturbations)
         self.progress = progress
         self.trace = trace_events
-        self.workload = iter(workload)
+        self.workload = None if workload is None else iter(workload)
+        self.busy_s = 0.0                # GPU time spent in forwards
         self.gpu = simpy.Resource(self.env, capacity=1)  # the TP group's forward passes
         self._gpu_hold = None
         self.waiting: deque[Req] = deque()
@@ -234,16 +252,15 @@ class Simulation:
     def _settle(self):
         """Let every other event due now run first: a step sees the state at ``now``
         whatever order SimPy happens to process simultaneous events in."""
-        env = self.env
-        while env.peek() <= env.now:
-            yield env.timeout(0)
+        if self.env.peek() <= self.env.now:
+            yield _Late(self.env)
 
     def _trace(self, name, cat, ranks, t, dur, **args):
         if self.trace is None:
             return
         for r in ranks:
             ev = {"name": name, "cat": cat, "ph": "X", "ts": round(t * 1e6, 3),
-                  "pid": 0, "tid": r, "args": args}
+                  "pid": self.instance, "tid": r, "args": args}
             if dur:
                 ev["dur"] = round(dur * 1e6, 3)
             else:
@@ -261,14 +278,22 @@ class Simulation:
 
     # ------------------------------------------------------------ processes
     def run(self) -> None:
+        """Serve ``workload`` to the end (a standalone TP group)."""
         self.env.process(self._arrivals())
-        self.env.process(self._loop())
+        self.start()
         try:
             self.env.run()
         except _Halt:
             pass
         finally:
             self.collective.close()
+        self.wrap_up()
+
+    def start(self) -> None:
+        self.env.process(self._loop())
+
+    def wrap_up(self) -> None:
+        """After the event loop: a stuck run is named, the ground truth confirmed."""
         if self._user_error is not None:
             raise self._user_error
         if not self.finished and self.halted is None:
@@ -276,7 +301,22 @@ class Simulation:
             self.stuck = (f"no event left with {len(self.waiting)} waiting and "
                           f"{len(self.running)} running requests")
         self.obs.final_compare(self.env.now, self.step_no, self.group.cohorts)
-        self.metrics.sample(self.env.now, self.group.cohorts[0].tree, final=True)
+        self._sample(final=True)
+
+    def submit(self, req) -> None:
+        """A request arrives now (the cluster's router chose this instance)."""
+        self.waiting.append(Req(req, page_key(req.blocks, req.block_size, self._ps,
+                                              req.input_len)))
+        self._kick()
+
+    def end_arrivals(self) -> None:
+        self.arrivals_done = True
+        self._kick()
+
+    @property
+    def load(self) -> int:
+        """Requests routed here and not finished: what a router balances."""
+        return len(self.waiting) + len(self.running) + (self.chunked is not None)
 
     def _arrivals(self):
         cfg = self.cfg
@@ -290,17 +330,14 @@ class Simulation:
                 if req.arrival > self.env.now:
                     self._mark(req.arrival)
                     yield self.env.timeout(req.arrival - self.env.now)
-                self.waiting.append(Req(req, page_key(req.blocks, req.block_size, self._ps,
-                                                      req.input_len)))
+                self.submit(req)
                 n += 1
-                self._kick()
         except UserError as err:
             # A bad trace record: keep the error object itself (SimPy would re-create
             # it from its args) and stop; run() raises it once the loop has unwound.
             self._user_error = err
             raise _Halt() from None
-        self.arrivals_done = True
-        self._kick()
+        self.end_arrivals()
 
     def _in_flight(self) -> bool:
         return any(c.load_q or c.write_q or self._pending_writes.get(id(c))
@@ -350,12 +387,13 @@ class Simulation:
             self.gpu.release(self._gpu_hold)
             self._gpu_hold = None
 
-    def _sample(self) -> None:
+    def _sample(self, final: bool = False) -> None:
         now = self.env.now
-        if now >= self._next_sample:
+        if now >= self._next_sample or final:
             # Sampled at scheduler activity, on a grid of timeseries_interval_s: an idle
-            # stretch (nothing changes) costs nothing.
-            self.metrics.sample(now, self.group.cohorts[0].tree)
+            # stretch (nothing changes) costs nothing. One row per rank.
+            trees = {r: c.tree for c in self.group.cohorts for r in c.ranks}
+            self.metrics.sample(now, [trees[r] for r in range(self.cfg.tp)], final=final)
             dt = self.cfg.timeseries_interval_s
             self._next_sample = (math.floor(now / dt) + 1) * dt
 
@@ -698,6 +736,7 @@ class Simulation:
         dur = max(cost.prefill_batch_time(p.chunks)
                   + (cost.batch_load_stall(p.load_tokens, p.chunks) if p.load_tokens else 0.0)
                   for _, p in plans) + self._sync_s
+        self.busy_s += dur
         yield env.timeout(dur)
         self._trace("prefill", "forward", list(range(self.cfg.tp)), now, env.now - now,
                     requests=len(p0.reqs), tokens=sum(e for _, _, e in p0.shape))
@@ -802,6 +841,7 @@ class Simulation:
         t, k = cost.decode_run(b, ctx, k_max, now, self._sync_s, self._next_mark())
         self._forward(b)
         yield from self._hold_gpu()
+        self.busy_s += t - now
         yield env.timeout(t - now)
         self.step_no += k - 1  # the first of these steps is this iteration
         done = []

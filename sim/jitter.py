@@ -68,10 +68,13 @@ class Perturbations:
 class Jitter:
     """The configured perturbations of one run, as per-event draws."""
 
-    def __init__(self, cfg: JitterConfig, tp: int, seed: int):
+    def __init__(self, cfg: JitterConfig, tp: int, seed: int, rank_base: int = 0):
         self.cfg = cfg
         self.tp = tp
         self.seed = seed if cfg.seed is None else cfg.seed
+        # Draws are keyed by global rank (data-parallel instance i's rank r is
+        # i * tp + r), so that two instances never share a draw.
+        self.base = rank_base
         configured = []
         if cfg.ack_delay != "none":
             self._ack_dist = DISTRIBUTIONS[cfg.ack_delay]
@@ -119,16 +122,17 @@ class Jitter:
             return None
         q, p, seed = self._ack_dist.quantile, c.ack_delay_params, self.seed
         stream = STREAM_ACK + (kind == "write")
-        return {r: q(uniform(seed, stream, r, n), p) for r in self.ack_ranks}
+        b = self.base
+        return {r: q(uniform(seed, stream, b + r, n), p) for r in self.ack_ranks}
 
     def host_alloc_fails(self, rank: int, n: int) -> bool:
         """Whether ``rank``'s ``n``-th host allocation attempt fails."""
-        return uniform(self.seed, STREAM_HOST_ALLOC, rank, n) < self.cfg.host_alloc_failure_p
+        return uniform(self.seed, STREAM_HOST_ALLOC, self.base + rank, n) < self.cfg.host_alloc_failure_p
 
     def free_delay(self, rank: int, n: int) -> float:
         """Delay of ``rank``'s ``n``-th device free of a finished request."""
         c = self.cfg
-        return self._free_dist.quantile(uniform(self.seed, STREAM_FREE, rank, n),
+        return self._free_dist.quantile(uniform(self.seed, STREAM_FREE, self.base + rank, n),
                                         c.device_free_delay_params)
 
     def admission_order(self, rank: int, batch_no: int, n: int) -> list[int] | None:
@@ -139,10 +143,10 @@ class Jitter:
             return None
         order = list(range(n))
         w = max(2, c.request_order_window)
-        key = batch_no * 4096
+        key, g = batch_no << 24, self.base + rank
         for i in range(n - 1):
-            if uniform(self.seed, STREAM_ORDER, rank, key + 2 * i) < c.request_order_swap_p:
-                u = uniform(self.seed, STREAM_ORDER, rank, key + 2 * i + 1)
+            if uniform(self.seed, STREAM_ORDER, g, key + 2 * i) < c.request_order_swap_p:
+                u = uniform(self.seed, STREAM_ORDER, g, key + 2 * i + 1)
                 k = min(n - 1, i + 1 + int(u * (w - 1)))
                 order[i], order[k] = order[k], order[i]
         return order if order != list(range(n)) else None

@@ -1,7 +1,9 @@
 """Per-request rows and time series of one run, and the run's headline numbers.
 
 Rows are appended as plain tuples (cheap on the hot path) and turned into pandas
-frames once, at the end. Rank 0's replica is the reference for occupancy.
+frames once, at the end. Each data-parallel instance keeps its own ``Metrics``; the
+time series has one row per rank and sample, so every replica's occupancy is there
+(``instance``, ``rank`` columns); headline numbers take each instance's rank 0.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import pandas as pd
 REQUEST_COLUMNS = [
     "rid", "session", "arrival", "start", "first_token", "finish", "input_tokens",
     "device_hit_tokens", "host_hit_tokens", "miss_tokens", "load_back_tokens",
-    "load_back_bytes", "load_back_s", "backup_stall_s", "prefill_s", "ttft_s",
+    "load_back_bytes", "load_back_s", "backup_stall_s", "prefill_s", "ttft_s", "instance",
 ]
 TIMESERIES_COLUMNS = [
-    "t", "device_used", "device_reserved", "host_used", "duplicate_tokens",
+    "t", "instance", "rank", "device_used", "device_reserved", "host_used", "duplicate_tokens",
     "effective_tokens", "device_capacity", "host_capacity", "evicted_tokens",
     "backup_tokens", "reclaim_pass1_tokens", "reclaim_pass2_tokens", "host_evict_tokens",
     "drop_tokens", "load_back_tokens", "requests_done", "hit_rate",
@@ -25,9 +27,12 @@ TIMESERIES_COLUMNS = [
 
 
 class Metrics:
-    def __init__(self, cfg, bytes_per_token: int = 0):
+    """One TP group's (data-parallel instance's) rows and counters."""
+
+    def __init__(self, cfg, bytes_per_token: int = 0, instance: int = 0):
         self.cfg = cfg
         self.bytes_per_token = bytes_per_token
+        self.instance = instance
         self.rows: list[tuple] = []
         self.ts: list[tuple] = []
         self.done = 0
@@ -53,59 +58,113 @@ class Metrics:
             r.rid, r.session, r.arrival, rq.start, rq.first_token, rq.finish, r.input_len,
             rq.device_hit, rq.loaded, r.input_len - hit, rq.loaded,
             rq.loaded * self.bytes_per_token, rq.load_s, rq.stall_s, rq.prefill_s,
-            rq.first_token - r.arrival,
+            rq.first_token - r.arrival, self.instance,
         ))
 
-    def sample(self, t: float, tree, final: bool = False) -> None:
+    def sample(self, t: float, trees: list, final: bool = False) -> None:
+        """One row per rank (``trees[r]`` is rank r's replica) at time ``t``."""
         if final and self.ts and self.ts[-1][0] == t:
             return
-        s = tree.stats
-        self.ts.append((
-            t, tree.dev_used, tree.reserved, tree.host_used, tree.dup_tokens,
-            tree.dev_used + tree.host_used - tree.dup_tokens, tree.device_capacity,
-            tree.host_capacity, s.demote_tokens + s.drop_tokens + s.delete_tokens,
-            s.backup_tokens, s.reclaim_pass1_tokens, s.reclaim_pass2_tokens,
-            s.host_evict_tokens, s.drop_tokens, s.load_tokens, self.done, self.hit_rate,
-        ))
+        inst, done, hit = self.instance, self.done, self.hit_rate
+        for rank, tree in enumerate(trees):
+            s = tree.stats
+            self.ts.append((
+                t, inst, rank, tree.dev_used, tree.reserved, tree.host_used, tree.dup_tokens,
+                tree.dev_used + tree.host_used - tree.dup_tokens, tree.device_capacity,
+                tree.host_capacity, s.demote_tokens + s.drop_tokens + s.delete_tokens,
+                s.backup_tokens, s.reclaim_pass1_tokens, s.reclaim_pass2_tokens,
+                s.host_evict_tokens, s.drop_tokens, s.load_tokens, done, hit,
+            ))
 
     def requests_df(self) -> pd.DataFrame:
-        df = pd.DataFrame(self.rows, columns=REQUEST_COLUMNS)
-        return df.sort_values("rid", kind="stable").reset_index(drop=True)
+        return requests_frame([self])
 
     def timeseries_df(self) -> pd.DataFrame:
-        return pd.DataFrame(self.ts, columns=TIMESERIES_COLUMNS)
+        return timeseries_frame([self])
 
     def summary(self, tree) -> dict:
-        df = self.requests_df()
-        ts = self.timeseries_df()
-        inp = self.input_tokens
-        ttft = df["ttft_s"].to_numpy() if len(df) else np.array([])
-        # A run interrupted before any request finished has no TTFT: None (strict
-        # JSON), without numpy's "All-NaN slice" warning on the user's terminal.
-        ttft = ttft[~np.isnan(ttft)]
-        occupied = ts["device_used"] + ts["host_used"] if len(ts) else pd.Series([0])
-        s = tree.stats
-        return {
-            "requests": int(self.done),
-            "rejected_requests": int(self.rejected),
-            "input_tokens": int(inp),
-            "hit_rate": self.hit_rate,
-            "device_hit_rate": self.device_hit / inp if inp else 0.0,
-            "host_hit_rate": self.host_hit / inp if inp else 0.0,
-            "miss_rate": 1 - self.hit_rate if inp else 0.0,
-            # No request finished (every arrival after limits.duration_s): no TTFT.
-            "ttft_p50_s": float(np.percentile(ttft, 50)) if len(ttft) else None,
-            "ttft_p99_s": float(np.percentile(ttft, 99)) if len(ttft) else None,
-            "effective_tokens_mean": float(ts["effective_tokens"].mean()) if len(ts) else 0.0,
-            "duplicate_share_mean": float((ts["duplicate_tokens"] / occupied.where(occupied > 0)).fillna(0).mean())
-            if len(ts) else 0.0,
-            "device_tokens": int(tree.device_capacity),
-            "host_tokens": int(tree.host_capacity),
-            "load_back_bytes": int(s.load_tokens * self.bytes_per_token),
-            "backup_bytes": int(s.backup_tokens * self.bytes_per_token),
-            "backup_stall_s": float(df["backup_stall_s"].sum()) if len(df) else 0.0,
-            "reclaim_pass1_tokens": int(s.reclaim_pass1_tokens),
-            "reclaim_pass2_tokens": int(s.reclaim_pass2_tokens),
-            "drop_tokens": int(s.drop_tokens),
-            "sim_time_s": float(ts["t"].max()) if len(ts) else 0.0,
-        }
+        return summarize([self], [tree])
+
+
+def requests_frame(metrics: list[Metrics]) -> pd.DataFrame:
+    rows = [row for m in metrics for row in m.rows]
+    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    return df.sort_values("rid", kind="stable").reset_index(drop=True)
+
+
+def timeseries_frame(metrics: list[Metrics]) -> pd.DataFrame:
+    rows = [row for m in metrics for row in m.ts]
+    df = pd.DataFrame(rows, columns=TIMESERIES_COLUMNS)
+    return df.sort_values(["t", "instance", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _pct(a, q):
+    return float(np.percentile(a, q)) if len(a) else None
+
+
+def summarize(metrics: list[Metrics], trees: list, busy_s: list[float] | None = None) -> dict:
+    """The run's headline numbers over its instances (``trees[i]``: instance i's rank-0
+    replica; ``busy_s[i]``: its GPU time in forwards)."""
+    df = requests_frame(metrics)
+    ts = timeseries_frame(metrics)
+    ref = ts[ts["rank"] == 0] if len(ts) else ts
+    inp = sum(m.input_tokens for m in metrics)
+    hit = sum(m.hit_tokens for m in metrics)
+    dev_hit = sum(m.device_hit for m in metrics)
+    host_hit = sum(m.host_hit for m in metrics)
+    ttft = df["ttft_s"].to_numpy() if len(df) else np.array([])
+    # A run interrupted before any request finished has no TTFT: None (strict
+    # JSON), without numpy's "All-NaN slice" warning on the user's terminal.
+    ttft = ttft[~np.isnan(ttft)]
+    occupied = ref["device_used"] + ref["host_used"] if len(ref) else pd.Series([0])
+    stat = lambda name: int(sum(getattr(t.stats, name) for t in trees))  # noqa: E731
+    bpt = metrics[0].bytes_per_token
+    sim_time = float(ts["t"].max()) if len(ts) else 0.0
+    out = {
+        "requests": int(sum(m.done for m in metrics)),
+        "rejected_requests": int(sum(m.rejected for m in metrics)),
+        "input_tokens": int(inp),
+        "hit_rate": hit / inp if inp else 0.0,
+        "device_hit_rate": dev_hit / inp if inp else 0.0,
+        "host_hit_rate": host_hit / inp if inp else 0.0,
+        "miss_rate": 1 - hit / inp if inp else 0.0,
+        # No request finished (every arrival after limits.duration_s): no TTFT.
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p99_s": _pct(ttft, 99),
+        "effective_tokens_mean": float(ref["effective_tokens"].mean()) if len(ref) else 0.0,
+        "duplicate_share_mean": float((ref["duplicate_tokens"] / occupied.where(occupied > 0)).fillna(0).mean())
+        if len(ref) else 0.0,
+        "device_tokens": int(trees[0].device_capacity),
+        "host_tokens": int(trees[0].host_capacity),
+        "load_back_bytes": stat("load_tokens") * bpt,
+        "backup_bytes": stat("backup_tokens") * bpt,
+        "backup_stall_s": float(df["backup_stall_s"].sum()) if len(df) else 0.0,
+        "reclaim_pass1_tokens": stat("reclaim_pass1_tokens"),
+        "reclaim_pass2_tokens": stat("reclaim_pass2_tokens"),
+        "drop_tokens": stat("drop_tokens"),
+        "sim_time_s": sim_time,
+    }
+    out.update(_load(metrics, df, busy_s, sim_time))
+    return out
+
+
+def _load(metrics, df, busy_s, sim_time) -> dict:
+    """Utilisation per instance, and whether queueing dominates TTFT."""
+    if busy_s is None or sim_time <= 0:
+        return {}
+    per = []
+    for m, busy in zip(metrics, busy_s):
+        per.append({"instance": m.instance, "requests": int(m.done),
+                    "hit_rate": m.hit_rate, "utilisation": busy / sim_time})
+    wait = (df["start"] - df["arrival"]).to_numpy() if len(df) else np.array([])
+    service = (df["first_token"] - df["start"]).to_numpy() if len(df) else np.array([])
+    wait_p50, service_p50 = _pct(wait, 50), _pct(service, 50)
+    warning = None
+    if wait_p50 is not None and service_p50 is not None and wait_p50 > service_p50:
+        warning = (f"arrivals outrun service: the median request waits {wait_p50:.3g} s in the "
+                   f"queue, more than its {service_p50:.3g} s of prefill, so TTFT measures "
+                   "queueing; add instances (dp) or lower the arrival rate")
+    return {"instances": per,
+            "utilisation": float(np.mean([p["utilisation"] for p in per])),
+            "queue_wait_p50_s": wait_p50, "prefill_service_p50_s": service_p50,
+            "overload_warning": warning}

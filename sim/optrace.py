@@ -125,18 +125,18 @@ class Replayer:
                 "nodes": t.n_nodes}
 
     def _op_insert(self, op):
-        prefix, new = self.tree.insert(self.units(op["tokens"]))
-        return {"prefix_len": prefix, "new": new}
+        res = self.tree.insert(self.units(op["tokens"]))
+        return {"prefix_len": res.prefix_tokens, "new": res.new_device_tokens}
 
     def _op_match(self, op):
         m = self.tree.match_prefix(self.units(op["tokens"]))
         return {"device_len": m.device_len, "host_len": m.host_len}
 
     def _op_evict_device(self, op):
-        return {"freed": self.tree.evict_device(op["n"])}
+        return {"freed": self.tree.evict_device(op["n"]).freed}
 
     def _op_evict_host(self, op):
-        return {"freed": self.tree.evict_host(op["n"])}
+        return {"freed": self.tree.evict_host(op["n"]).freed}
 
     def _op_load_back(self, op):
         lid = op["id"]
@@ -145,10 +145,10 @@ class Replayer:
         m = self.tree.match_prefix(self.units(op["tokens"]))
         res = self.tree.load_back(m, lid)
         out = {"device_len": m.device_len, "host_len": m.host_len}
-        if isinstance(res, str):
-            out.update(started=False, loaded=0, reason=res)
-        else:
+        if res.ok:
             out.update(started=True, loaded=res.tokens)
+        else:
+            out.update(started=False, loaded=0, reason=res.reason)
         return out
 
     def _op_load_back_ack(self, op):

@@ -113,8 +113,7 @@ def generate(
             lid = f"B{serial}"
             seq = tokens()
             m = shadow.match_prefix(units(seq))
-            res = shadow.load_back(m, lid)
-            if not isinstance(res, str):
+            if shadow.load_back(m, lid).ok:
                 loads.append(lid)
             emit({"op": "load_back", "tokens": seq, "id": lid})
         elif kind == "lock":

@@ -79,19 +79,18 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
 
 
 def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResult:
-    from sim.events import Simulation
+    from sim.cluster import Cluster
     from sim.paths import PathRejected, confine_output
     from sim.scenario import dump_resolved
 
     trace_events = [] if (trace_out or scenario.output.trace_out) else None
-    sim = Simulation(cfg, workload, cost, progress=progress, trace_events=trace_events)
+    sim = Cluster(cfg, workload, cost, progress=progress, trace_events=trace_events)
     partial = False
     try:
         sim.run()
     except KeyboardInterrupt:
         partial = True
-    tree0 = sim.group.cohorts[0].tree
-    summary = sim.metrics.summary(tree0)
+    summary = sim.summary()
     divergence = sim.report()
     summary["verdict"] = divergence["verdict"]
     summary["skipped_trace_lines"] = int(getattr(workload, "skipped", 0) or 0)
@@ -102,8 +101,8 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResul
     if folder is not None:
         out = folder.stage()
         meta_path = out / "meta.json"
-        write_parquet(out / "requests.parquet", sim.metrics.requests_df())
-        write_parquet(out / "timeseries.parquet", sim.metrics.timeseries_df())
+        write_parquet(out / "requests.parquet", sim.requests_df())
+        write_parquet(out / "timeseries.parquet", sim.timeseries_df())
         write_json(out / "divergence.json", divergence)
         write_json(out / "summary.json", summary)
         write_text(out / "scenario.yaml", dump_resolved(scenario))
@@ -127,7 +126,7 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResul
             "partial": partial or sim.stuck is not None,
             "stuck": sim.stuck,
             "halted": sim.halted,
-            "requests_done": sim.metrics.done,
+            "requests_done": sim.done,
             "sim_time_s": sim.env.now,
         })
         folder.commit()  # the whole folder at once: old or new, never a mix
@@ -150,8 +149,11 @@ def write_user_file(path, write) -> None:
 
 def write_trace(path: Path, sim, events: list) -> None:
     """A Chrome/Perfetto trace: one thread per rank, plus the scheduler's syncs."""
-    meta = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "TP group"}}]
-    meta += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
-             for r in range(sim.cfg.tp)]
+    meta = []
+    for i in range(sim.cfg.dp):  # one process per data-parallel instance
+        meta.append({"name": "process_name", "ph": "M", "pid": i,
+                     "args": {"name": f"TP group {i}" if sim.cfg.dp > 1 else "TP group"}})
+        meta += [{"name": "thread_name", "ph": "M", "pid": i, "tid": r,
+                  "args": {"name": f"rank {r}"}} for r in range(sim.cfg.tp)]
     write_text(path, json.dumps({"traceEvents": meta + (events or []),
                                  "displayTimeUnit": "ms"}, separators=(",", ":")))

@@ -417,6 +417,40 @@ class Collective(_Model):
     timeout_s: _num(gt=0.0, hi=3600.0) = 10.0
 
 
+class Router(_Model):
+    """How requests are spread over the ``dp`` instances (``sim.router``).
+
+    ``cache_aware`` is sgl-router's cache-aware policy; its defaults are the router's
+    (`--cache-threshold 0.3 --balance-abs-threshold 64 --balance-rel-threshold 1.5`,
+    sgl-model-gateway docs, load balancing). ``max_tree_tokens``: the size its
+    approximate trees are trimmed to (`--max-tree-size` is 2**26 characters; at about
+    4 characters a token that is 2**24 tokens). Those four apply to ``cache_aware``
+    only: setting one with another policy is an error, since it would change nothing.
+    """
+
+    policy: Literal["round_robin", "least_load", "cache_aware"] = "round_robin"
+    cache_threshold: Probability = 0.3
+    balance_abs_threshold: _int(0, 10**9) = 64
+    balance_rel_threshold: _num(1.0, 1e6) = 1.5
+    max_tree_tokens: _int(1, 10**12) = 1 << 24
+
+    @model_validator(mode="after")
+    def _cache_aware_only(self):
+        extra = sorted(set(self.model_fields_set) - {"policy"})
+        if extra and self.policy != "cache_aware":
+            raise _err(f"{extra[0]} with policy {self.policy!r}",
+                       "it only with policy 'cache_aware' (it changes nothing otherwise)", extra[0])
+        return self
+
+    def params(self) -> dict:
+        if self.policy != "cache_aware":
+            return {}
+        return {"cache_threshold": self.cache_threshold,
+                "balance_abs_threshold": self.balance_abs_threshold,
+                "balance_rel_threshold": self.balance_rel_threshold,
+                "max_tree_tokens": self.max_tree_tokens}
+
+
 class Engine(_Model):
     """How the simulator keeps the ranks' replicas. ``shared``: ranks share one tree
     until a rank-specific event forks one off; ``eager``: one tree per rank from the
@@ -733,6 +767,7 @@ class Scenario(_Model):
     seed: _int(0, 2**63 - 1) = 0
     model: ModelConfig
     tp: _int(1, 64) = 1
+    dp: _int(1, 256) = 1  # data-parallel instances, each a TP group of `tp` ranks
     page_size: _int(1, 1 << 16)
     device: Device
     host: Host = Field(default_factory=Host)
@@ -740,6 +775,7 @@ class Scenario(_Model):
     cache: Cache = Field(default_factory=Cache)
     cost: Cost = Field(default_factory=Cost)
     collective: Collective = Field(default_factory=Collective)
+    router: Router = Field(default_factory=Router)
     engine: Engine = Field(default_factory=Engine)
     jitter: Jitter = Field(default_factory=Jitter)
     workload: Workload

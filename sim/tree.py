@@ -10,6 +10,17 @@ itself at page size 1). Working in pages keeps every walk page-granular, as SGLa
 is, and costs one comparison per page instead of per token. Token counts are
 ``units * page_size``.
 
+Every public operation returns one small result object (``Match``, ``Insert``,
+``Eviction``, ``HostEviction``, ``LoadResult``, ``Backup``) saying exactly what it
+did: the backups it issued, what it freed, how much of the duplicate map it scanned.
+The engine charges time from these. The op's internal steps fill that one object in
+place, so a public op allocates one result (two when it also evicts from host), never
+one per step. ``stats`` keeps monotone counters for metrics only.
+
+Host policies (``sim/policies/host.py``) see the tree through its public host-policy
+API (``duplicates``, ``is_evictable_dleaf``, ``reclaimable``, ``release_duplicate``,
+``forget_duplicate``, ``sweep_stale``) and return their own ``Reclaim`` result.
+
 Eviction heaps are kept across calls ("lazy heaps") instead of being rebuilt from the
 leaf sets on every call as SGLang does. Both give the same pops: between two pushes
 of a node its priority cannot change, and an entry is only valid while it is the
@@ -27,6 +38,16 @@ from sim.policies import resolve
 from sim.policies.eviction import EVICTION_POLICIES
 from sim.policies.host import HOST_POLICIES
 from sim.policies.write import WRITE_POLICIES
+
+
+_M64 = (1 << 64) - 1
+
+
+def _content(node) -> int:
+    """A node's term of ``Tree.content_hash`` (0 for a node holding no KV)."""
+    if node.dev or node.host:
+        return hash((node.key[0], len(node.key), node.dev, node.host))
+    return 0
 
 
 class TreeError(Exception):
@@ -81,15 +102,17 @@ class Node:
 
 
 class Match:
-    """Result of ``match_prefix`` (sem §3.2), in tokens."""
+    """Result of ``match_prefix`` (sem §3.2), in tokens. ``split``: the match split
+    the node it stopped in (``best`` is then the new upper fragment)."""
 
-    __slots__ = ("device_len", "host_len", "last_device", "best")
+    __slots__ = ("device_len", "host_len", "last_device", "best", "split")
 
-    def __init__(self, device_len, host_len, last_device, best):
+    def __init__(self, device_len, host_len, last_device, best, split=False):
         self.device_len = device_len
         self.host_len = host_len
         self.last_device = last_device
         self.best = best
+        self.split = split
 
 
 class HostLock:
@@ -129,8 +152,188 @@ class PendingWrite:
         self.tokens = tokens
 
 
+# ---------------------------------------------------------------- op results
+# One result object per public op, filled in place by the op's internal steps (no
+# allocation per step). Results are read-only to callers: the tree never touches a
+# result after returning it. Token fields are tokens; fields documented as counts
+# count nodes or duplicate-map entries.
+
+
+class HostEviction:
+    """What host eviction freed: one ``evict_host`` call, or the sum of every host
+    eviction a device-side op ran to make room for its D->H backups (sem §3.4).
+
+    ``freed == reclaimed_pass1 + reclaimed_pass2 + lru_evicted`` (tokens);
+    ``scanned``: duplicate-map entries the reclaim visited, over both passes (the
+    engine charges ``reclaim_scan_time`` for them); ``swept``: stale map entries the
+    reclaim removed (a count).
+    """
+
+    __slots__ = ("freed", "reclaimed_pass1", "reclaimed_pass2", "lru_evicted", "scanned", "swept")
+
+    def __init__(self):
+        self.freed = 0
+        self.reclaimed_pass1 = 0
+        self.reclaimed_pass2 = 0
+        self.lru_evicted = 0
+        self.scanned = 0
+        self.swept = 0
+
+    def __repr__(self) -> str:
+        return (f"HostEviction(freed={self.freed}, pass1={self.reclaimed_pass1}, "
+                f"pass2={self.reclaimed_pass2}, lru={self.lru_evicted}, scanned={self.scanned}, "
+                f"swept={self.swept})")
+
+
+class _NoHostEviction(HostEviction):
+    """The one shared, read-only empty ``HostEviction``: the ``host`` of every op that
+    evicted nothing from host (most of them), which saves an allocation per op. An op
+    swaps in a fresh ``HostEviction`` the first time it evicts from host."""
+
+    __slots__ = ()
+
+    def __init__(self):
+        for name in HostEviction.__slots__:
+            object.__setattr__(self, name, 0)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("NO_HOST_EVICTION is shared and read-only")
+
+
+NO_HOST_EVICTION = _NoHostEviction()
+
+
+class Insert:
+    """Result of ``insert`` (sem §3.1).
+
+    ``prefix_tokens``: tokens of the key already in the tree (either tier);
+    ``new_device_tokens``: tokens newly on device (new leaf plus host-only nodes
+    re-allocated on device); ``node``: the insert's target node (the request's new
+    lock point; the root for an empty key); ``writes``: the write-through
+    ``PendingWrite``s this insert issued, in issue order (each has ``ack_id`` and
+    ``tokens``; they stay in flight until ``finish_write_through``);
+    ``backups_failed``: write-through backups abandoned for lack of host room (a
+    count); ``host``: the host evictions those backups ran to make room;
+    ``split``: whether the walk split a node.
+    """
+
+    __slots__ = ("prefix_tokens", "new_device_tokens", "node", "writes", "backups_failed", "host",
+                 "split")
+
+    def __init__(self, node: "Node"):
+        self.prefix_tokens = 0
+        self.new_device_tokens = 0
+        self.node = node
+        self.writes: list[PendingWrite] = []
+        self.backups_failed = 0
+        self.host: HostEviction = NO_HOST_EVICTION
+        self.split = False
+
+    def __repr__(self) -> str:
+        return (f"Insert(prefix={self.prefix_tokens}, new={self.new_device_tokens}, "
+                f"node={self.node!r}, writes={len(self.writes)}, failed={self.backups_failed})")
+
+
+class Eviction:
+    """Result of ``evict_device`` (sem §3.3).
+
+    ``freed == demoted + deleted + dropped`` (device tokens). ``demoted``: victims
+    that kept (or just got) a host copy; ``deleted``: write_through victims with no
+    host copy; ``dropped``: write_back victims that could not be backed up, deleted
+    with their host-only subtrees, whose host tokens are ``dropped_host``.
+    ``declined``: victims whose drop was refused (locked or pinned below), a count;
+    they free nothing and stay D-leaves. ``backups``: the tokens of each blocking
+    write_back D->H backup, in issue order (the engine charges ``d2h_time`` for
+    each); ``backups_failed``: backups refused for lack of host room (a count).
+    ``host``: the host evictions those backups ran to make room, summed.
+    """
+
+    __slots__ = ("freed", "demoted", "deleted", "dropped", "dropped_host", "declined", "backups",
+                 "backups_failed", "host")
+
+    def __init__(self):
+        self.freed = 0
+        self.demoted = 0
+        self.deleted = 0
+        self.dropped = 0
+        self.dropped_host = 0
+        self.declined = 0
+        self.backups: list[int] = []
+        self.backups_failed = 0
+        self.host: HostEviction = NO_HOST_EVICTION
+
+    @property
+    def reclaim_scanned(self) -> int:
+        """Duplicate-map entries the reclaims of this eviction's backups scanned."""
+        return self.host.scanned
+
+    def __repr__(self) -> str:
+        return (f"Eviction(freed={self.freed}, demoted={self.demoted}, deleted={self.deleted}, "
+                f"dropped={self.dropped}, declined={self.declined}, backups={self.backups}, "
+                f"host={self.host!r})")
+
+
+class LoadResult:
+    """Result of ``load_back`` (sem §3.6).
+
+    ``ok``: the load started; then ``load`` is the in-flight ``LoadBack``, ``tokens``
+    the tokens it moves H->D and ``anchor`` the node the request's lock moves to.
+    Otherwise ``reason`` is one of ``"no_host_tail"``, ``"below_threshold"``,
+    ``"pinned_by_other"``, ``"no_device_space"``, ``tokens`` is 0 and ``load`` and
+    ``anchor`` are None. ``eviction``: the device eviction run to make room, or None
+    when none ran; it is set even when the load then failed with
+    ``"no_device_space"``, because its backups happened and cost time.
+    """
+
+    __slots__ = ("ok", "reason", "load", "tokens", "anchor", "eviction")
+
+    def __init__(self, reason: str | None, load: "LoadBack | None", eviction: "Eviction | None"):
+        self.ok = load is not None
+        self.reason = reason
+        self.load = load
+        self.tokens = 0 if load is None else load.tokens
+        self.anchor = None if load is None else load.anchor
+        self.eviction = eviction
+
+    def __repr__(self) -> str:
+        what = f"tokens={self.tokens}" if self.ok else f"reason={self.reason!r}"
+        return f"LoadResult(ok={self.ok}, {what}, eviction={self.eviction!r})"
+
+
+class _Rejected(LoadResult):
+    """A shared, read-only LoadResult for a rejection that did nothing: most
+    load-back attempts find no host tail, and sharing saves an allocation each."""
+
+    __slots__ = ()
+
+    def __init__(self, reason: str):
+        for name, value in (("ok", False), ("reason", reason), ("load", None), ("tokens", 0),
+                            ("anchor", None), ("eviction", None)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("shared rejection results are read-only")
+
+
+_REJECTED = {r: _Rejected(r) for r in ("no_host_tail", "below_threshold", "pinned_by_other")}
+
+
+class Backup:
+    """Result of ``backup_node``: ``ok`` when the node has a host copy afterwards;
+    ``tokens`` copied D->H by this call (0 when it already had one, or on failure);
+    ``host``: the host eviction run to make room."""
+
+    __slots__ = ("ok", "tokens", "host")
+
+    def __init__(self):
+        self.ok = False
+        self.tokens = 0
+        self.host: HostEviction = NO_HOST_EVICTION
+
+
 class Stats:
-    """Monotone counters the engine reads as deltas to charge time and plot traffic."""
+    """Monotone counters since the tree was built, for metrics and plots. What one op
+    did is in its result object; nothing needs deltas of these."""
 
     __slots__ = (
         "backups", "backup_tokens", "backup_failures", "demote_tokens",
@@ -215,6 +418,8 @@ class Tree:
         self.device_capacity = device_capacity
         self.host_capacity = host_capacity
         self.write = resolve(WRITE_POLICIES, write_policy, "write policy")
+        # Read on every host eviction: a plain attribute, not the policy's property.
+        self._reclaims_dups = self.write.reclaims_duplicates
         self.host_policy = resolve(HOST_POLICIES, host_policy, "host policy")()
         prio = resolve(EVICTION_POLICIES, eviction_policy, "eviction policy")
         if ids not in ("optrace", "sglang", "rust"):
@@ -227,7 +432,6 @@ class Tree:
         # at admission and adopted by the tree at insert. Counted in every free check.
         self.reserved = 0
         # Sizes of the D->H backups issued since the engine last drained it (None: off).
-        self.backup_log: list | None = None
         # Rank-local host allocation failure (a physical fault on one rank, sem §5.4.b).
         self.host_alloc_fail: Callable[[], bool] | None = None
 
@@ -250,6 +454,10 @@ class Tree:
         self.protected = 0
         self.dup_tokens = 0  # tokens on both tiers
         self.n_nodes = 0
+        # A hash of every node's (first unit, length, tiers), summed: updated where a
+        # node's residency or extent changes, so two replicas compare in O(1). With
+        # the engine's prefix-unique page ids a node's first unit names its path.
+        self.content_hash = 0
         self.dheap = _LeafHeap(prio, "dtok")
         self.hheap = _LeafHeap(prio, "htok")
         self.d_leaves = self.dheap.members
@@ -257,8 +465,6 @@ class Tree:
         # full_host_duplicates: insertion-ordered, "insert if absent" (sem §2.4).
         self.dups: dict[int, Node] = {}
         self.pending_writes: dict[int, PendingWrite] = {}  # write-through acks, issue order
-        self._issued_writes: list[int] = []  # ack ids issued since the engine last looked
-        self.last_node = self.root  # the target node of the last insert
         self.loads: dict = {}  # in-flight load-backs by id
         self.stats = Stats()
         self.rec: list | None = [] if record else None
@@ -300,7 +506,9 @@ class Tree:
     # ---------------------------------------------- the one place for each count
     def _set_dev(self, node: Node, on: bool) -> None:
         t = len(node.key) * self.page_size
+        old = _content(node)
         node.dev = on
+        self.content_hash = (self.content_hash - old + _content(node)) & _M64
         sign = 1 if on else -1
         self.dev_used += sign * t
         if node.host:
@@ -312,7 +520,9 @@ class Tree:
         node.parent.n_dev_children += sign
 
     def _set_host(self, node: Node, on: bool) -> None:
+        old = _content(node)
         node.host = on
+        self.content_hash = (self.content_hash - old + _content(node)) & _M64
         t = (1 if on else -1) * len(node.key) * self.page_size
         self.host_used += t
         if node.dev:
@@ -423,6 +633,7 @@ class Tree:
         """`_split_node(child, p)`: a new upper fragment takes the new id and becomes
         the parent; the original keeps its id, its lower key and its map position."""
         parent = child.parent
+        old = _content(child)
         up = self._new_node(child.key[:p], parent)
         up.creation = child.creation
         up.hit_count = child.hit_count
@@ -442,6 +653,7 @@ class Tree:
         child.parent = up
         up.children[child.key[0]] = child
         up.n_dev_children = 1 if child.dev else 0
+        self.content_hash = (self.content_hash - old + _content(up) + _content(child)) & _M64
         self.n_nodes += 1
         self.stats.splits += 1
         self._set_time(child, self._tick())
@@ -477,19 +689,20 @@ class Tree:
             return Match(0, 0, self.root, self.root)
         node, pos, n = self.root, 0, len(key)
         last_dev, dev_pos = self.root, 0
+        split = False
         while pos < n:
             child = node.children.get(key[pos])
             if child is None or not (child.dev or child.host):
                 break
             p = self._common(key, pos, child.key)
-            partial = p < len(child.key)
-            if partial:
+            split = p < len(child.key)
+            if split:
                 child = self._split(child, p)
             pos += p
             node = child
             if child.dev:
                 last_dev, dev_pos = child, pos
-            if partial:
+            if split:
                 break
         t = self._tick()
         stamp = node
@@ -498,21 +711,20 @@ class Tree:
             t -= C.MATCH_ANCESTOR_STEP
             stamp = stamp.parent
         ps = self.page_size
-        return Match(dev_pos * ps, (pos - dev_pos) * ps, last_dev, node)
+        return Match(dev_pos * ps, (pos - dev_pos) * ps, last_dev, node, split)
 
-    def insert(self, key: list) -> tuple[int, int]:
-        """`insert` (sem §3.1): returns (tokens already in the tree, tokens newly on
-        device). Raises TreeError("device_full") without changing anything when the
-        new device tokens do not fit: inserts never evict."""
+    def insert(self, key: list) -> Insert:
+        """`insert` (sem §3.1). Raises TreeError("device_full") without changing
+        anything when the new device tokens do not fit: inserts never evict."""
         ps = self.page_size
         new = (len(key) - self.device_prefix_len(key)) * ps
         if new > self.device_capacity - self.dev_used - self.reserved:
             raise TreeError("device_full")
         root = self.root
         self._set_time(root, self._tick())
-        self.last_node = root
+        res = Insert(root)
         if not key:
-            return 0, 0
+            return res
         wt = self.write.hit_threshold
         node, pos, n = root, 0, len(key)
         while pos < n:
@@ -523,6 +735,7 @@ class Tree:
             p = self._common(key, pos, child.key)
             if p < len(child.key):
                 child = self._split(child, p)
+                res.split = True
             if not child.dev:
                 self._set_dev(child, True)
                 self._refresh(child)
@@ -534,11 +747,11 @@ class Tree:
             if wt is not None:
                 child.hit_count += 1
                 if not child.host and child.hit_count >= wt:
-                    self._write_through_chain(child)
+                    self._write_through_chain(child, res)
             node = child
             pos += p
-        prefix = pos * ps
-        self.last_node = node
+        res.prefix_tokens = pos * ps
+        res.new_device_tokens = new
         if pos < n:
             leaf = self._new_node(key[pos:], node)
             node.children[key[pos]] = leaf
@@ -546,20 +759,21 @@ class Tree:
             self._set_dev(leaf, True)
             self._refresh(leaf)
             self._refresh(node)
-            self.last_node = leaf
+            node = leaf
             if self.rec is not None:
                 self._ev("new", leaf, n=len(leaf.key) * ps)
             if wt is not None:
                 leaf.hit_count = 1
                 if leaf.hit_count >= wt:
-                    self._write_through_chain(leaf)
-        return prefix, new
+                    self._write_through_chain(leaf, res)
+        res.node = node
+        return res
 
     # --------------------------------------------------------- write-through
-    def _write_through_chain(self, node: Node) -> None:
+    def _write_through_chain(self, node: Node, res: Insert) -> None:
         """Back up ``node`` and its ancestors lacking a host copy, root-first; each
         holds a device path lock until its ack. A failed host allocation abandons the
-        rest of the chain (sem §3.5)."""
+        rest of the chain (sem §3.5). Reports into the insert's result."""
         chain = []
         x = node
         while x is not self.root and not x.host:
@@ -567,25 +781,21 @@ class Tree:
             x = x.parent
         for x in reversed(chain):
             k = len(x.key) * self.page_size
-            if not self._host_room(k):
+            if not self._host_room(k, res):
                 self.stats.backup_failures += 1
+                res.backups_failed += 1
                 return
             self._set_host(x, True)
-            if self.backup_log is not None:
-                self.backup_log.append(k)
             self.inc_lock(x)
             x.wt_pending = x.id
-            self.pending_writes[x.id] = PendingWrite(x.id, x, k)
-            self._issued_writes.append(x.id)
+            pw = PendingWrite(x.id, x, k)
+            self.pending_writes[x.id] = pw
+            res.writes.append(pw)
             self.stats.backups += 1
             self.stats.backup_tokens += k
             if self.rec is not None:
                 self._ev("backup", x, n=k)
 
-    def pending_writes_new(self) -> list[int]:
-        """Ack ids of the write-through backups issued since the last call."""
-        out, self._issued_writes = self._issued_writes, []
-        return out
 
     def finish_write_through(self, ack_id: int) -> None:
         """`finish_write_through`: unpin and register the published nodes, then
@@ -597,24 +807,29 @@ class Tree:
                 self._track(x)
         self.dec_lock(pw.locked)
 
-    def _host_room(self, k: int) -> bool:
+    def _host_room(self, k: int, res) -> bool:
         """Make room for ``k`` host tokens: evict exactly the shortfall, and fail if
-        that frees less than asked (sem §3.3 step 1.2)."""
+        that frees less than asked (sem §3.3 step 1.2). The host eviction is added to
+        ``res.host`` (``res``: the public op's result, an Insert, Eviction or Backup)."""
         avail = self.host_capacity - self.host_used
         if avail < k:
             need = k - avail
-            if self.evict_host(need) < need:
+            he = res.host
+            if he is NO_HOST_EVICTION:
+                he = res.host = HostEviction()
+            if self._evict_host(need, he) < need:
                 return False
         # The all-or-nothing host allocation itself can fail on one rank only.
         return self.host_alloc_fail is None or not self.host_alloc_fail()
 
     # ------------------------------------------------------- device eviction
-    def evict_device(self, n: int) -> int:
+    def evict_device(self, n: int) -> Eviction:
         """Free at least ``n`` device tokens from LRU D-leaves (sem §3.3)."""
+        res = Eviction()
         if n <= 0:
-            return 0
-        freed = 0
-        declined = []
+            return res
+        freed = demoted = 0
+        declined = None  # built on first use: declines are rare
         ps = self.page_size
         write_back = self.write.write_back
         while freed < n:
@@ -624,26 +839,38 @@ class Tree:
             k = len(x.key) * ps
             if x.host:
                 self._demote(x)
-                freed += k
+                demoted += k
             elif not write_back:
                 self.stats.delete_tokens += k
                 if self.rec is not None:
                     self._ev("delete", x, n=k)
                 self._delete(x)
-                freed += k
-            elif self._backup_write_back(x):
+                res.deleted += k
+            elif self._backup_write_back(x, res):
+                res.backups.append(k)
                 self._demote(x)
-                freed += k
-            elif self._drop(x):
-                freed += k
+                demoted += k
             else:
-                declined.append(x)
-                self.stats.drop_declined += 1
-                if self.rec is not None:
-                    self._ev("drop_declined", x)
-        for x in declined:  # popped, so not retried in this walk; still D-leaves
-            self.dheap.push(x)
-        return freed
+                res.backups_failed += 1
+                if self._drop(x, res):
+                    res.dropped += k
+                else:
+                    if declined is None:
+                        declined = [x]
+                    else:
+                        declined.append(x)
+                    self.stats.drop_declined += 1
+                    if self.rec is not None:
+                        self._ev("drop_declined", x)
+                    continue
+            freed += k
+        if declined is not None:
+            res.declined = len(declined)
+            for x in declined:  # popped, so not retried in this walk; still D-leaves
+                self.dheap.push(x)
+        res.freed = freed
+        res.demoted = demoted
+        return res
 
     def _demote(self, x: Node) -> None:
         """Free the device copy; the node stays host-only and its map entry, if any,
@@ -656,31 +883,34 @@ class Tree:
         self._refresh(x)
         self._refresh(x.parent)
 
-    def _backup_write_back(self, x: Node) -> bool:
+    def _backup_write_back(self, x: Node, res) -> bool:
         """The blocking single-node D->H backup of a write_back victim; registered as
-        a duplicate at its (synchronous) ack, right before the demote."""
+        a duplicate at its (synchronous) ack, right before the demote. Host room is
+        made into ``res.host``; the caller records the backup in ``res``."""
         k = len(x.key) * self.page_size
-        if not self._host_room(k):
+        if not self._host_room(k, res):
             self.stats.backup_failures += 1
             return False
         self._set_host(x, True)
         self.stats.backups += 1
         self.stats.backup_tokens += k
-        if self.backup_log is not None:
-            self.backup_log.append(k)
         if self.rec is not None:
             self._ev("backup", x, n=k)
         self._track(x)
         return True
 
-    def backup_node(self, x: Node) -> bool:
+    def backup_node(self, x: Node) -> Backup:
         """`backup_node_for_write_back`: the same blocking single-node backup without
         the demote, leaving ``x`` a registered duplicate (sem §3.3, aux tombstoning)."""
+        res = Backup()
         if x.host or not x.dev:
-            return x.host
-        return self._backup_write_back(x)
+            res.ok = x.host
+        elif self._backup_write_back(x, res):
+            res.ok = True
+            res.tokens = len(x.key) * self.page_size
+        return res
 
-    def _drop(self, x: Node) -> bool:
+    def _drop(self, x: Node, res: Eviction) -> bool:
         """`drop_subtree_no_host`: delete an unbackable victim and its host-only
         subtree, unless anything in it is locked or pinned (sem §3.3)."""
         if x.lb_pending is not None or x.lock_ref or x.host_lock_ref:
@@ -699,7 +929,9 @@ class Tree:
                 for y in sorted(below, key=self.path_units):
                     self._ev("drop_host", y, n=len(y.key) * ps)
             for y in reversed(below):  # reversed DFS pre-order: children before parents
-                self.stats.drop_host_tokens += len(y.key) * ps
+                k = len(y.key) * ps
+                self.stats.drop_host_tokens += k
+                res.dropped_host += k
                 self._delete(y, cascade=False)
         k = len(x.key) * ps
         if self.rec is not None:
@@ -737,15 +969,33 @@ class Tree:
         self._refresh(parent)
 
     # --------------------------------------------------------- host eviction
-    def evict_host(self, n: int) -> int:
+    def evict_host(self, n: int) -> HostEviction:
         """`drive_host_eviction(FULL, n)`: duplicate reclaim first (write_back, the
         configured policy), then LRU H-leaves, sharing one counter (sem §3.4)."""
-        if n <= 0:
-            return 0
+        res = HostEviction()
+        if n > 0:
+            self._evict_host(n, res)
+        return res
+
+    def _evict_host(self, n: int, res: HostEviction) -> int:
+        """One host eviction of ``n`` tokens, added into ``res``; returns the tokens
+        this call freed (the caller's shortfall test needs this call's alone)."""
         freed = 0
-        if self.write.reclaims_duplicates and self.host_policy.reclaims and not self.skip_reclaim:
-            freed = self.host_policy.reclaim(self, n)
+        if self._reclaims_dups and self.host_policy.reclaims and not self.skip_reclaim:
+            r = self.host_policy.reclaim(self, n)
+            # Fold into the op's result; most reclaims scan a few entries and free
+            # nothing, so only the non-zero parts are added.
+            if r.scanned:
+                res.scanned += r.scanned
+                self.stats.reclaim_scanned += r.scanned
+                freed = r.freed
+                if freed:
+                    res.reclaimed_pass1 += r.pass1
+                    res.reclaimed_pass2 += r.pass2
+                if r.swept:
+                    res.swept += r.swept
         ps = self.page_size
+        lru = 0
         while freed < n:
             x = self.hheap.pop()
             if x is None:
@@ -756,11 +1006,38 @@ class Tree:
             self.stats.host_evict_tokens += k
             self._delete(x)
             freed += k
+            lru += k
+        if freed:
+            res.lru_evicted += lru
+            res.freed += freed
         return freed
 
-    def _release_duplicate(self, node: Node, pass_no: int) -> int:
+    # The host-policy API (sim/policies/host.py): the duplicate map and the
+    # primitives a reclaim is built from. A reclaim walks ``duplicates()``, releases
+    # what it picks with ``release_duplicate``, then, after the walk (the map must
+    # not change under it), ``forget_duplicate``s what it released and
+    # ``sweep_stale``s the stale entries it met.
+    def duplicates(self):
+        """The duplicate map's nodes in map (registration) order: a live view that
+        may hold stale entries (nodes no longer on both tiers, swept lazily)."""
+        return self.dups.values()
+
+    def is_evictable_dleaf(self, node: Node) -> bool:
+        """``node`` is an unlocked device leaf: the next device eviction could demote
+        it without a backup (what pass 1 of the reclaim spares)."""
+        return node in self.d_leaves
+
+    @staticmethod
+    def reclaimable(node: Node) -> bool:
+        """The live re-check at release time: ``node`` is on both tiers and neither
+        pinned by a load-back, awaiting a write-through ack nor host-locked."""
+        return (node.dev and node.host and node.lb_pending is None and node.wt_pending is None
+                and not node.host_lock_ref)
+
+    def release_duplicate(self, node: Node, pass_no: int) -> int:
         """`_release_full_host_duplicate`: free only the host copy and fold the victim
-        into the digest (sem §4.4). Leaf sets do not change."""
+        into the digest (sem §4.4); returns the tokens freed. Leaf sets and the map do
+        not change (the caller forgets the entry after its walk)."""
         k = len(node.key) * self.page_size
         self._set_host(node, False)
         event = (node.id + 1) * self._digest_stride + self._digest_offset
@@ -774,20 +1051,29 @@ class Tree:
             self._ev("dup_reclaim", node, n=k, **{"pass": pass_no})
         return k
 
-    def _sweep(self, nodes: Iterable[Node]) -> None:
+    def forget_duplicate(self, node: Node) -> None:
+        """Drop ``node``'s map entry (after ``release_duplicate``); a no-op if absent."""
+        self.dups.pop(node.id, None)
+
+    def sweep_stale(self, nodes: Iterable[Node]) -> int:
+        """Drop the map entries of stale ``nodes``, in the order given (each is an
+        event); returns how many entries were removed."""
+        swept = 0
         for node in nodes:
             if self.dups.pop(node.id, None) is not None:
-                self.stats.swept += 1
+                swept += 1
                 if self.rec is not None:
                     self._ev("dup_sweep", node)
+        self.stats.swept += swept
+        return swept
 
     # -------------------------------------------------------------- load-back
-    def load_back(self, match: Match, lid) -> LoadBack | str:
-        """`init_load_back` after a match: returns the in-flight LoadBack, or the
-        reason it was not started (sem §3.6; op-trace §6 load_back)."""
+    def load_back(self, match: Match, lid) -> LoadResult:
+        """`init_load_back` after a match: starts the H->D load of the host-only tail,
+        or says why not (sem §3.6; op-trace §6 load_back)."""
         anchor = match.best
         if anchor is self.root or anchor.dev:
-            return "no_host_tail"
+            return _REJECTED["no_host_tail"]
         holder = self.host_lock(anchor)
         self.inc_lock(anchor)
         nodes = []
@@ -800,20 +1086,21 @@ class Tree:
         if m < max(1, self.load_back_threshold):
             self.dec_lock(anchor)
             self.host_unlock(holder)
-            return "below_threshold"
+            return _REJECTED["below_threshold"]
         # A node pinned by another anchor rejects the spec; for FULL it cannot be
         # among the evicted nodes walked (it has a device value), so this is a guard.
         if any(x.lb_pending is not None for x in nodes):
             self.dec_lock(anchor)
             self.host_unlock(holder)
-            return "pinned_by_other"
+            return _REJECTED["pinned_by_other"]
         free = self.device_capacity - self.dev_used - self.reserved
+        ev = None
         if free < m:
-            self.evict_device(m - free)
+            ev = self.evict_device(m - free)
             if self.device_capacity - self.dev_used - self.reserved < m:
                 self.dec_lock(anchor)
                 self.host_unlock(holder)
-                return "no_device_space"
+                return LoadResult("no_device_space", None, ev)
         self.dec_lock(anchor)
         lb = LoadBack(lid, anchor, holder, nodes, m)
         pin = self.write.pins_load_back
@@ -830,7 +1117,7 @@ class Tree:
         self.inc_lock(anchor)
         self.loads[lid] = lb
         self.stats.load_tokens += m
-        return lb
+        return LoadResult(None, lb, ev)
 
     def finish_load_back(self, lid) -> None:
         """The load ack: release both anchor locks, then unpin and register the nodes
@@ -906,9 +1193,6 @@ class Tree:
         new.h_leaves = new.hheap.members
         new.stats = copy.copy(self.stats)
         new.rec = None if self.rec is None else []
-        new._issued_writes = list(self._issued_writes)
-        new.last_node = m(self.last_node) or new.root
-        new.backup_log = None if self.backup_log is None else []
         new.host_alloc_fail = None
         new.host_policy = type(self.host_policy)()
         return new

@@ -25,9 +25,9 @@ def settle(tree, *keys):
     tree.evict_device(tree.dev_used)
     for key in keys:
         m = tree.match_prefix(key)
-        lb = tree.load_back(m, f"lb{key}")
-        assert not isinstance(lb, str), lb
-        tree.finish_load_back(lb.lid)
+        res = tree.load_back(m, f"lb{key}")
+        assert res.ok, res
+        tree.finish_load_back(res.load.lid)
     return m.best
 
 
@@ -57,9 +57,9 @@ def test_digest_worked_example(ids, first, second):
     t.backup_node(t.root.children[1])
     t.insert([1, 2, 7, 7])
     assert len(t.dups) == 2
-    assert t.evict_host(2) == 2
+    assert t.evict_host(2).freed == 2
     assert t.digest == first
-    assert t.evict_host(1) == 2  # overshoot: whole nodes are released
+    assert t.evict_host(1).freed == 2  # overshoot: whole nodes are released
     assert t.digest == second and not t.dups
 
 
@@ -84,9 +84,9 @@ def test_pass1_skips_evictable_dleaf_pass2_takes_it():
     t.insert([1, 2, 3, 4, 5, 6])
     a, b = settle(t, [1, 2, 3, 4, 5, 6]).parent, node_at(t, [1, 2, 3, 4, 5, 6])
     assert list(t.dups) == [b.id, a.id] and b in t.d_leaves and a not in t.d_leaves
-    assert t.evict_host(2) == 4  # pass 1: spares D-leaf b, takes internal a
+    assert t.evict_host(2).freed == 4  # pass 1: spares D-leaf b, takes internal a
     assert a.host is False and b.host is True
-    assert t.evict_host(1) == 2  # only D-leaves left: pass 2 takes b
+    assert t.evict_host(1).freed == 2  # only D-leaves left: pass 2 takes b
     assert b.host is False and t.stats.reclaim_pass2_tokens == 2
 
 
@@ -96,7 +96,7 @@ def test_device_locked_duplicate_is_reclaimed_in_pass1():
     x = settle(t, [1, 2, 3])
     t.inc_lock(x)  # a running request's prefix: not a D-leaf, lock does not block reclaim
     assert x not in t.d_leaves
-    assert t.evict_host(1) == 3 and t.stats.reclaim_pass1_tokens == 3
+    assert t.evict_host(1).freed == 3 and t.stats.reclaim_pass1_tokens == 3
 
 
 def test_pinned_duplicate_skipped_until_ack():
@@ -104,13 +104,13 @@ def test_pinned_duplicate_skipped_until_ack():
     t.insert([1, 2, 3])
     t.evict_device(3)
     m = t.match_prefix([1, 2, 3])
-    lb = t.load_back(m, "p")
+    lb = t.load_back(m, "p").load
     x = m.best
     assert x.dev and x.host and x.lb_pending is lb
-    assert t.evict_host(3) == 0 and x.host
+    assert t.evict_host(3).freed == 0 and x.host
     t.finish_load_back("p")
     assert x.lb_pending is None and x.id in t.dups
-    assert t.evict_host(3) == 3 and not x.host
+    assert t.evict_host(3).freed == 3 and not x.host
 
 
 def test_split_of_tracked_duplicate_appends_upper_fragment():
@@ -124,7 +124,7 @@ def test_split_of_tracked_duplicate_appends_upper_fragment():
     up = p.parent
     assert up.key == [1, 2, 3] and p.key == [4, 5, 6]
     assert list(t.dups) == [p.id, q.id, up.id]  # lower keeps its slot, upper goes last
-    assert t.evict_host(3) == 3 and not up.host  # the internal fragment, in pass 1
+    assert t.evict_host(3).freed == 3 and not up.host  # the internal fragment, in pass 1
     t.check()
 
 
@@ -147,7 +147,7 @@ def test_stale_entry_swept_and_revived_entry_keeps_position():
     # revive b first, then a: order stays [a, b]
     for key in ([2, 2], [1, 1]):
         m = t.match_prefix(key)
-        t.finish_load_back(t.load_back(m, str(key)).lid)
+        t.finish_load_back(t.load_back(m, str(key)).load.lid)
     assert list(t.dups) == [a.id, b.id]
     t.evict_device(2)  # stale again: a (LRU)... whichever; then a reclaim walk sweeps it
     stale = [x for x in t.dups.values() if not x.dev]
@@ -171,7 +171,7 @@ def test_write_back_insert_never_backs_up():
 def test_write_back_eviction_backs_up_then_demotes():
     t = wb()
     t.insert([1, 2, 3])
-    assert t.evict_device(1) == 3
+    assert t.evict_device(1).freed == 3
     x = t.root.children[1]
     assert not x.dev and x.host and x in t.h_leaves
     assert x.id in t.dups  # registered at the ack, stale right after the demote
@@ -186,10 +186,10 @@ def test_drop_fallback_and_declined():
     t.dec_lock(x)
     t.match_prefix([9])  # make [1..6] the LRU victim
     host_lock = t.host_lock(x)
-    assert t.evict_device(6) == 1 and t.stats.drop_declined == 1  # declined, walk moves on
+    assert t.evict_device(6).freed == 1 and t.stats.drop_declined == 1  # declined, walk moves on
     assert x.dev
     t.host_unlock(host_lock)
-    assert t.evict_device(6) == 6 and t.stats.drops == 1
+    assert t.evict_device(6).freed == 6 and t.stats.drops == 1
     assert not x.dev and 1 not in t.root.children
     t.check()
 
@@ -199,8 +199,8 @@ def test_drop_frees_host_only_subtree():
     t.insert([1, 2, 3])
     t.insert([1, 2, 3, 4, 5])
     child = node_at(t, [1, 2, 3, 4, 5])
-    assert t.evict_device(2) == 2 and child.host and not child.dev  # fits 2 host tokens
-    assert t.evict_device(3) == 3  # parent needs 3 > 2 host: host evicts child, still short: drop
+    assert t.evict_device(2).freed == 2 and child.host and not child.dev  # fits 2 host tokens
+    assert t.evict_device(3).freed == 3  # parent needs 3 > 2 host: host evicts child, still short: drop
     assert t.n_nodes == 0 and t.host_used == 0 and t.dev_used == 0
     t.check()
 
@@ -216,8 +216,8 @@ def test_write_through_deletes_unbacked_leaf_and_backs_up_on_insert():
     t.insert([5, 5])  # backup needs 2 host tokens, 1 free, no H-leaf: chain abandoned
     assert t.host_used == 3 and t.stats.backup_failures == 1
     t.match_prefix([1, 2, 3])
-    assert t.evict_device(2) == 2 and 5 not in t.root.children  # deleted (no host copy)
-    assert t.evict_host(3) == 0  # write_through never reclaims duplicates
+    assert t.evict_device(2).freed == 2 and 5 not in t.root.children  # deleted (no host copy)
+    assert t.evict_host(3).freed == 0  # write_through never reclaims duplicates
 
 
 def test_locks_move_tokens_between_evictable_and_protected():
@@ -226,7 +226,7 @@ def test_locks_move_tokens_between_evictable_and_protected():
     x = node_at(t, [1, 2, 3, 4])
     t.inc_lock(x)
     assert (t.evictable, t.protected) == (0, 4)
-    assert t.evict_device(4) == 0
+    assert t.evict_device(4).freed == 0
     t.dec_lock(x)
     assert (t.evictable, t.protected) == (4, 0)
 
@@ -234,13 +234,13 @@ def test_locks_move_tokens_between_evictable_and_protected():
 def test_load_back_reasons():
     t = wb(device_capacity=8, load_back_threshold=2)
     t.insert([1, 2, 3, 4])
-    assert t.load_back(t.match_prefix([1, 2, 3, 4]), "a") == "no_host_tail"
+    assert t.load_back(t.match_prefix([1, 2, 3, 4]), "a").reason == "no_host_tail"
     t.evict_device(4)
     t.insert([5, 5, 5, 5, 5, 5, 5, 5])
     t.inc_lock(node_at(t, [5] * 8))
-    assert t.load_back(t.match_prefix([1, 2, 3, 4]), "b") == "no_device_space"
+    assert t.load_back(t.match_prefix([1, 2, 3, 4]), "b").reason == "no_device_space"
     t.match_prefix([1])  # split: a 1-token host-only fragment
-    assert t.load_back(t.match_prefix([1]), "c") == "below_threshold"
+    assert t.load_back(t.match_prefix([1]), "c").reason == "below_threshold"
     t.check()
 
 
@@ -253,10 +253,10 @@ def test_host_lock_follows_splits():
     t.match_prefix([1, 2])
     up = x.parent
     assert up.host_lock_ref == 1 and holder.top is up
-    assert up not in t.h_leaves and t.evict_host(4) == 0
+    assert up not in t.h_leaves and t.evict_host(4).freed == 0
     t.host_unlock(holder)
     assert up.host_lock_ref == 0 and x.host_lock_ref == 0
-    assert t.evict_host(4) == 4 and t.n_nodes == 0
+    assert t.evict_host(4).freed == 4 and t.n_nodes == 0
 
 
 def test_host_policy_variants_order():
@@ -280,7 +280,7 @@ def test_host_policy_variants_order():
     t.evict_host(1)
     assert not node_at(t, [ids[0][1]] * 2).host
     t = tree_with_three("lru")
-    assert t.evict_host(1) == 0  # no H-leaf, and no reclaim
+    assert t.evict_host(1).freed == 0  # no H-leaf, and no reclaim
 
 
 def test_single_pass_does_not_spare_dleaves():
@@ -300,9 +300,9 @@ def test_skip_reclaim_flag_is_read_per_call():
     t.insert([1, 1, 2])
     t.backup_node(node_at(t, [1, 1]))
     t.skip_reclaim = True
-    assert t.evict_host(1) == 0
+    assert t.evict_host(1).freed == 0
     t.skip_reclaim = False
-    assert t.evict_host(1) == 2
+    assert t.evict_host(1).freed == 2
 
 
 def test_insert_that_does_not_fit_changes_nothing():

@@ -43,10 +43,10 @@ class TreeMachine(RuleBasedStateMachine):
         # the eviction may have taken the key's own (unlocked) prefix
         need = (len(key) - t.device_prefix_len(key)) * self.page_size
         try:
-            prefix, new = t.insert(key)
+            res = t.insert(key)
         except TreeError:
             return
-        assert new == need and prefix <= len(key) * self.page_size
+        assert res.new_device_tokens == need and res.prefix_tokens <= len(key) * self.page_size
 
     @rule(pages=st.lists(ALPHABET, min_size=1, max_size=8))
     def match(self, pages):
@@ -67,8 +67,8 @@ class TreeMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 40))
     def evict_device(self, n):
         before = self.tree.dev_used
-        freed = self.tree.evict_device(n)
-        assert before - self.tree.dev_used == freed
+        res = self.tree.evict_device(n)
+        assert before - self.tree.dev_used == res.freed == res.demoted + res.deleted + res.dropped
 
     @rule(n=st.integers(1, 40))
     def evict_host(self, n):
@@ -79,7 +79,7 @@ class TreeMachine(RuleBasedStateMachine):
         self.serial += 1
         m = self.tree.match_prefix(self.units(pages))
         res = self.tree.load_back(m, self.serial)
-        if not isinstance(res, str):
+        if res.ok:
             self.loads.append(self.serial)
 
     @precondition(lambda self: self.loads)

@@ -183,11 +183,10 @@ def tree_lru_replay(
     for r, path in enumerate(paths):
         key = list(path)
         occupancy.append(tree.dev_used // ps)
-        splits = stats.splits
         m = tree.match_prefix(key)
         hit = m.device_len // ps
         per_request.append(hit)
-        if stats.splits != splits:
+        if m.split:
             # The match split the node it stopped in: the new upper fragment is
             # ``m.best`` and its only child, the lower fragment, was just refreshed.
             (fragment,) = m.best.children.values()
@@ -199,7 +198,7 @@ def tree_lru_replay(
         if need > free:
             asked = need - free
             nodes = tree.n_nodes
-            freed = tree.evict_device(asked)
+            freed = tree.evict_device(asked).freed
             evictions += 1
             evicted_nodes += nodes - tree.n_nodes  # eviction only removes nodes
             over = max(0, freed - asked)
@@ -208,13 +207,13 @@ def tree_lru_replay(
             free = cap - tree.dev_used
         fit = hit + min(len(key) - hit, free // ps)
         truncated += (len(key) - fit) * ps
-        splits = stats.splits
+        split = False
         if unit_nodes:
             for end in range(hit + 1, fit + 1):
-                tree.insert(key[:end])
+                split |= tree.insert(key[:end]).split
         elif fit:
-            tree.insert(key[:fit])
-        if stats.splits != splits:  # a theorem, not an input condition
+            split = tree.insert(key[:fit]).split
+        if split:  # a theorem, not an input condition
             raise AssertionError(f"request {r}: insert split a node after the match")
         tree.dec_lock(lock)
     hit_units = sum(per_request)

@@ -1,11 +1,35 @@
 """Host-pressure policies: which host copies go first when the host pool is short.
 
 A policy's ``reclaim(tree, n)`` runs at the start of every write_back host eviction
-(``Tree.evict_host``), before the H-leaf LRU walk, and returns the host tokens it
-freed. The LRU walk then continues with the same counter (sem §3.4).
+(``Tree.evict_host``), before the H-leaf LRU walk, and returns a ``Reclaim``: what
+it freed and scanned, which the tree folds into the op's ``HostEviction`` at once.
+The LRU walk then continues with the same counter (sem §3.4).
+
+A reclaim is an internal step of a host eviction, and runs once per backup that
+needs host room, so it allocates nothing: each policy instance (one per tree)
+returns its own ``Reclaim``, overwritten by its next call.
+
+Policies use only the tree's public host-policy API: ``duplicates()``,
+``is_evictable_dleaf(node)``, ``reclaimable(node)``, ``release_duplicate(node,
+pass_no)``, ``forget_duplicate(node)`` and ``sweep_stale(nodes)``.
 """
 
 from __future__ import annotations
+
+
+class Reclaim:
+    """What one ``reclaim`` call did: ``freed == pass1 + pass2`` (host tokens released
+    in each pass), ``scanned`` (map entries visited, over both passes) and ``swept``
+    (stale entries removed). Valid until the policy's next ``reclaim``."""
+
+    __slots__ = ("freed", "pass1", "pass2", "scanned", "swept")
+
+    def __init__(self):
+        self.freed = self.pass1 = self.pass2 = self.scanned = self.swept = 0
+
+    def __repr__(self) -> str:
+        return (f"Reclaim(freed={self.freed}, pass1={self.pass1}, pass2={self.pass2}, "
+                f"scanned={self.scanned}, swept={self.swept})")
 
 
 class HostPolicy:
@@ -14,8 +38,12 @@ class HostPolicy:
     name = "lru"
     reclaims = False
 
-    def reclaim(self, tree, n: int) -> int:
-        return 0
+    def __init__(self):
+        self.result = Reclaim()  # this policy's result, rewritten by every call
+        self.nothing = Reclaim()  # the result of a reclaim with nothing to scan; never written
+
+    def reclaim(self, tree, n: int) -> Reclaim:
+        return self.nothing
 
 
 class DuplicateFirst(HostPolicy):
@@ -32,40 +60,64 @@ class DuplicateFirst(HostPolicy):
     passes: tuple[int, ...] = (1, 2)
     spare_dleaves = True
 
-    def entries(self, tree):
-        return tree.dups.values()
+    by_id = False  # walk in ascending node id instead of map order
 
-    def reclaim(self, tree, n: int) -> int:
-        freed = 0
-        stale: dict = {}  # node id -> (map position, node): swept after the walk
-        released = []
-        d_leaves = tree.d_leaves
-        scanned = 0
+    def reclaim(self, tree, n: int) -> Reclaim:
+        # The map does not change during the walk (releases are forgotten after it),
+        # so both passes walk the same entries.
+        entries = tree.duplicates()
+        if not entries:
+            return self.nothing
+        if self.by_id:
+            entries = sorted(entries, key=_node_id)
+        freed = pass1 = pass2 = scanned = 0
+        # Built on first use: most reclaims release nothing and meet no stale entry.
+        stale: dict | None = None  # node id -> (map position, node): swept after the walk
+        released: list | None = None
         for pass_no in self.passes:
             if freed >= n:
                 break
             spare = self.spare_dleaves and pass_no == 1
-            for pos, node in enumerate(self.entries(tree)):
+            before = freed
+            for pos, node in enumerate(entries):
                 if freed >= n:
                     break
                 scanned += 1
                 if not (node.dev and node.host):
-                    if node.id not in stale:
+                    if stale is None:
+                        stale = {node.id: (pos, node)}
+                    elif node.id not in stale:
                         stale[node.id] = (pos, node)
                     continue
-                if spare and node in d_leaves:
+                if spare and tree.is_evictable_dleaf(node):
                     continue
-                if node.lb_pending is not None or node.wt_pending is not None or node.host_lock_ref:
+                if not tree.reclaimable(node):
                     continue  # live re-check: pinned or host-locked entries stay
-                freed += tree._release_duplicate(node, pass_no)
-                released.append(node)
-        tree.stats.reclaim_scanned += scanned
-        for node in released:
-            tree.dups.pop(node.id, None)
-            stale.pop(node.id, None)  # released in pass 1, seen again as stale in pass 2
+                freed += tree.release_duplicate(node, pass_no)
+                if released is None:
+                    released = [node]
+                else:
+                    released.append(node)
+            if pass_no == 1:  # release_duplicate books any other pass as pass 2
+                pass1 += freed - before
+            else:
+                pass2 += freed - before
+        # The map must not change under the walk: forget and sweep after it.
+        if released is not None:
+            for node in released:
+                tree.forget_duplicate(node)
+                if stale is not None:  # released in pass 1, seen again as stale in pass 2
+                    stale.pop(node.id, None)
+        swept = 0
         if stale:
-            tree._sweep(node for _, node in sorted(stale.values(), key=lambda e: e[0]))
-        return freed
+            swept = tree.sweep_stale(node for _, node in sorted(stale.values(), key=lambda e: e[0]))
+        r = self.result
+        r.freed = freed
+        r.pass1 = pass1
+        r.pass2 = pass2
+        r.scanned = scanned
+        r.swept = swept
+        return r
 
 
 class DuplicateFirstSinglePass(DuplicateFirst):
@@ -81,9 +133,11 @@ class DuplicateFirstById(DuplicateFirst):
     (sem §8 item 13); insensitive to registration order, not to id drift."""
 
     name = "duplicate_first_by_id"
+    by_id = True
 
-    def entries(self, tree):
-        return [tree.dups[i] for i in sorted(tree.dups)]
+
+def _node_id(node) -> int:
+    return node.id
 
 
 HOST_POLICIES = {
