@@ -18,16 +18,19 @@ DEVICE_SHARE_LOW = 0.5
 HOST_FULL = 0.95
 
 
-def tier_fields(summary: dict, timeseries, tree, scenario) -> dict:
+def tier_fields(summary: dict, timeseries, trees, scenario) -> dict:
     """Fields ``run`` adds to ``summary.json``: GB sizes, bytes per token, the sizing
-    provenance, per-tier page counts (time-series means), failed host allocations
-    and the diagnosis."""
+    provenance, per-tier page counts (time-series means of rank 0, over the samples
+    of every instance: per instance, per rank), failed host allocations (summed over
+    the instances' rank-0 trees) and the diagnosis."""
     from sim.scenario import resolve_sizing
 
     info = resolve_sizing(scenario)
     bpt = info["bytes_per_token"]
     page = scenario.page_size
     ts = timeseries
+    if len(ts) and "rank" in ts.columns:
+        ts = ts[ts["rank"] == 0]
     out = {
         "bytes_per_token": bpt,
         "device_gb": summary["device_tokens"] * bpt / 1e9,
@@ -51,8 +54,9 @@ def tier_fields(summary: dict, timeseries, tree, scenario) -> dict:
         out.update({"device_pages_mean": 0.0, "host_pages_mean": 0.0,
                     "duplicate_pages_mean": 0.0, "unique_pages_mean": 0.0,
                     "host_occupancy_mean": 0.0})
-    failures = getattr(getattr(tree, "stats", None), "backup_failures", None)
-    out["backup_failures"] = int(failures) if isinstance(failures, int) else None
+    counts = [getattr(getattr(t, "stats", None), "backup_failures", None) for t in trees]
+    out["backup_failures"] = int(sum(counts)) if counts and all(isinstance(c, int) for c in counts) \
+        else None
     out["diagnosis"] = diagnose(
         device_hit_rate=summary["device_hit_rate"], host_hit_rate=summary["host_hit_rate"],
         device_tokens=summary["device_tokens"], host_tokens=summary["host_tokens"],

@@ -97,7 +97,8 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResul
     from sim.diagnostics import tier_fields
 
     # GB sizes, bytes per token, per-tier pages and the diagnosis (sim.diagnostics).
-    summary.update(tier_fields(summary, sim.metrics.timeseries_df(), tree0, scenario))
+    summary.update(tier_fields(summary, sim.timeseries_df(),
+                               [i.group.cohorts[0].tree for i in sim.instances], scenario))
     if folder is not None:
         out = folder.stage()
         meta_path = out / "meta.json"

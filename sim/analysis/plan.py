@@ -129,7 +129,6 @@ class EnginePoint:
 def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int,
                  warm: int, bpt: int) -> EnginePoint:
     """One engine run of ``scenario`` with this host size and policy pair."""
-    from sim.diagnostics import tier_fields
     from sim.runner import run_scenario
     from sim.scenario import Host
 
@@ -140,7 +139,7 @@ def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int
                                                    "host_policy": host_policy}),
     })
     res = run_scenario(s)
-    df = res.sim.metrics.requests_df()
+    df = res.sim.requests_df()
     df = df[df["rid"] >= warm]
     inp = float(df["input_tokens"].sum())
     dev = float(df["device_hit_tokens"].sum()) / inp if inp else 0.0
@@ -148,8 +147,7 @@ def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int
     hit = float((df["input_tokens"] - df["miss_tokens"]).sum()) / inp if inp else 0.0
     ttft = df["ttft_s"].to_numpy(dtype=float)
     ttft = ttft[np.isfinite(ttft)]
-    tree = res.sim.group.cohorts[0].tree
-    fields = tier_fields(res.summary, res.sim.metrics.timeseries_df(), tree, s)
+    fields = res.summary  # run_scenario adds the per-tier fields (sim.diagnostics)
     extra = {k: fields[k] for k in ("device_pages_mean", "host_pages_mean", "duplicate_pages_mean",
                                     "unique_pages_mean", "backup_failures")}
     extra["verdict"] = res.summary.get("verdict")
