@@ -87,10 +87,12 @@ def draw_plan(plan) -> Figure:
         top.set_xlim(0, g[-1])
         handles, labels = top.get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8)
-        errs = [f"{r['write_policy']}+{r['host_policy']}: {100 * r['model_vs_engine_max_abs_error']:.1f}"
+        errs = [f"{r['write_policy']}+{r['host_policy']} {100 * r['model_vs_engine_max_abs_error']:.1f}"
                 for r in d["policies"] if r["model_vs_engine_max_abs_error"] is not None]
-        err_line = ("model vs engine, max |Δ hit rate| (points): " + ", ".join(errs)) if errs else \
-            "no engine check: model only"
+        n_pts = len(plan.engine)
+        err_line = (f"model vs engine at {n_pts} runs, max |Δ hit rate| in points: "
+                    + ", ".join(errs[:2]) + (",\n" + ", ".join(errs[2:]) if len(errs) > 2 else "")) \
+            if errs else "no engine check: model only"
         fig.suptitle(f"{d['scenario']}: host capacity plan, {d['ranks_per_node']} ranks per node, "
                      f"device {d['device_gb_per_rank']:.1f} GB per rank\n{err_line}", fontsize=10.5)
         return fig

@@ -98,6 +98,23 @@ def knee(x: np.ndarray, y: np.ndarray, fraction: float = KNEE_FRACTION) -> int |
     return int(peak + below[0]) if len(below) else len(x) - 1
 
 
+def check_sizes(x: np.ndarray, y: np.ndarray, n: int) -> list[float]:
+    """``n`` host sizes for engine checks: 0, then where ``y`` first reaches evenly
+    spaced shares (up to 95%) of its rise over ``x``; duplicates dropped."""
+    if n <= 0:
+        return []
+    if n == 1:
+        return [float(x[-1])]
+    lo, hi = float(y[0]), float(y[-1])
+    out = [0.0]
+    for f in np.linspace(0.0, 0.95, n)[1:]:
+        at = smallest_meeting(x, y, lo + f * (hi - lo)) if hi > lo else None
+        v = float(x[-1]) if at is None else at
+        if v not in out:
+            out.append(v)
+    return out
+
+
 def smallest_meeting(x: np.ndarray, y: np.ndarray, target: float, *, rising: bool = True) -> float | None:
     """The smallest x where ``y`` reaches ``target`` (>= when rising, <= otherwise),
     linearly interpolated between grid points; None when no point does."""
@@ -231,12 +248,19 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         if was:
             gc.enable()
 
-    # Engine check points: evenly spaced over the grid, 0 GB (no host) included.
+    # Engine check points where the shape is: 0 GB (no host), then the host sizes at
+    # which the write_back model has climbed evenly spaced shares (up to 95%) of its
+    # rise over the range; the scenario's own policy pair also runs at its own host.
     engine: list[EnginePoint] = []
+    own = (scenario.cache.write_policy, scenario.cache.host_policy)
+    xs = check_sizes(grid, model["write_back"], check_points)
     if check_points:
-        xs = np.linspace(0.0, max_host_gb, check_points) if check_points > 1 else np.array([max_host_gb])
-        jobs_args = [(scenario, wp, hp, host_tokens_for_gb(g, bpt, ps), warm, bpt)
-                     for wp, hp in policies for g in xs]
+        jobs_args = []
+        for wp, hp in policies:
+            sizes = [host_tokens_for_gb(g, bpt, ps) for g in xs]
+            if (wp, hp) == own and H0 not in sizes:
+                sizes = sorted(sizes + [H0])
+            jobs_args += [(scenario, wp, hp, t, warm, bpt) for t in sizes]
         engine = _run_jobs(jobs_args, jobs, progress)
 
     planning, errors, ttft = {}, {}, {}
@@ -276,7 +300,6 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
                 grid, ttft[(wp, hp)], target_ttft_p99_s, rising=False)
         rows.append(row)
 
-    own = (scenario.cache.write_policy, scenario.cache.host_policy)
     own_row = next((r for r in rows if (r["write_policy"], r["host_policy"]) == own), rows[0])
     from sim.diagnostics import diagnose
 
@@ -285,11 +308,14 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
     # else the model's split.
     dev_rate = float(dev_hit)
     all_rate = float(np.interp(H0 * bpt / 1e9, grid, planning[(own_row["write_policy"], own_row["host_policy"])]))
+    at_own = next((e for e in own_engine if e.host_tokens == H0), None)
+    if at_own is not None:  # the engine's own split at the scenario's configuration
+        dev_rate, all_rate = at_own.device_hit_rate, at_own.hit_rate
     diagnosis = diagnose(
         device_hit_rate=dev_rate, host_hit_rate=max(all_rate - dev_rate, 0.0), device_tokens=D,
         host_tokens=H0, write_policy=own[0],
-        backup_failures=(min(own_engine, key=lambda e: abs(e.host_tokens - H0)).extra.get("backup_failures")
-                         if own_engine else None),
+        backup_failures=next((e.extra.get("backup_failures") for e in own_engine
+                              if e.host_tokens == H0), None),
         below_knee=(own_row["knee_gb_per_rank"] is not None
                     and H0 * bpt / 1e9 < own_row["knee_gb_per_rank"]),
         knee_gb=own_row["knee_gb_per_rank"], age_at_hit_s=age_hit, age_at_eviction_s=age_evict)

@@ -142,7 +142,9 @@ def _print_summary(res, out, wall) -> None:
         ("load-back / backup traffic", f"{s['load_back_bytes'] / 2**30:,.2f} / {s['backup_bytes'] / 2**30:,.2f} GiB per rank"),
         ("reclaimed (pass 1 / pass 2)", f"{s['reclaim_pass1_tokens']:,} / {s['reclaim_pass2_tokens']:,} tokens"),
         ("diagnosis", s["diagnosis"]),
-        ("TP verdict", f"{d['verdict']} ({d['tp']} ranks, {len(d['cohorts'])} replica(s))"),
+        # divergence.json lists cohorts only in some versions of the engine's report.
+        ("TP verdict", f"{d['verdict']} ({d['tp']} ranks"
+         + (f", {len(d['cohorts'])} replica(s))" if "cohorts" in d else ")")),
         ("results", str(out)),
     ]
     width = max(len(k) for k, _ in rows)
