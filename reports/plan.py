@@ -32,9 +32,11 @@ def draw_plan(plan) -> Figure:
         fig = Figure(figsize=(9.5, 8.2), layout="constrained")
         top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
         g = plan.grid_gb
-        for wp in ("write_back", "write_through"):
-            top.plot(g, plan.model[wp], color="#888888", linestyle=MODEL_STYLE[wp], linewidth=1.1,
-                     label=f"model (one-pass LRU), {wp}")
+        for key, curve in plan.model.items():
+            if key == "dev":
+                continue
+            top.plot(g, curve, color="#888888", linestyle=MODEL_STYLE.get(key, "-"), linewidth=1.1,
+                     label=f"model (one-pass LRU), {key.replace('_', ' ')}")
         for (wp, hp), curve in plan.planning.items():
             color = POLICY_COLORS.get((wp, hp), "#555555")
             top.plot(g, curve, color=color, linewidth=1.8, label=f"planning: {_label(wp, hp)}")
@@ -57,7 +59,8 @@ def draw_plan(plan) -> Figure:
         if plan.opt:
             top.plot([a for a, _ in plan.opt], [b for _, b in plan.opt], color="#111111",
                      linestyle=":", marker="s", markersize=4, linewidth=1.3,
-                     label="offline optimum OPT(D+H) (bound)")
+                     label="offline optimum (bound): " + ("OPT(D+H)" if d.get("tier", "host") == "host"
+                                                          else "OPT(device)"))
         _marks(top, d)
         _marks(bottom, d, labels=False)
         target = d["targets"]["hit_rate"]
@@ -70,11 +73,13 @@ def draw_plan(plan) -> Figure:
             bottom.axhline(tt, color="#2a9d3a", linewidth=1.0, linestyle="-.")
         top.set_ylim(0, 1)
         top.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-        top.set_ylabel(f"hit rate (device + host)\nafter {d['warmup_fraction']:.0%} warm-up")
+        top.set_ylabel(("hit rate (device + host)" if d.get("tier", "host") == "host" else "hit rate")
+                       + f"\nafter {d['warmup_fraction']:.0%} warm-up")
         top.set_title("Hit rate  (lines: model shape + engine residual; dots: engine runs; "
                       "diamonds: knee)", fontsize=9.5)
         bottom.set_ylabel("TTFT p99 (s)")
-        bottom.set_xlabel("host KV pool per rank (GB = 1e9 bytes)")
+        tier = d.get("tier", "host")
+        bottom.set_xlabel(f"{tier} KV pool per rank (GB = 1e9 bytes)")
         bottom.set_title("TTFT p99 from the engine runs (straight lines between them: "
                          "interpolated)", fontsize=9.5)
         if not plan.engine:
@@ -83,7 +88,7 @@ def draw_plan(plan) -> Figure:
         bottom.set_ylim(bottom=0)
         sec = top.secondary_xaxis("top", functions=(lambda x: x * 1e9 / bpt / 1e6,
                                                      lambda t: t * 1e6 * bpt / 1e9))
-        sec.set_xlabel("host KV pool per rank (million tokens)")
+        sec.set_xlabel(f"{tier} KV pool per rank (million tokens)")
         top.set_xlim(0, g[-1])
         handles, labels = top.get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8)
@@ -93,18 +98,23 @@ def draw_plan(plan) -> Figure:
         err_line = (f"model vs engine at {n_pts} runs, max |Δ hit rate| in points: "
                     + ", ".join(errs[:2]) + (",\n" + ", ".join(errs[2:]) if len(errs) > 2 else "")) \
             if errs else "no engine check: model only"
-        fig.suptitle(f"{d['scenario']}: host capacity plan, {d['ranks_per_node']} ranks per node, "
-                     f"device {d['device_gb_per_rank']:.1f} GB per rank\n{err_line}", fontsize=10.5)
+        what = (f"host capacity plan, device {d['device_gb_per_rank']:.1f} GB per rank"
+                if tier == "host" else "single-tier cache curve (host off)")
+        fig.suptitle(f"{d['scenario']}: {what}, {d['ranks_per_node']} ranks per node\n{err_line}",
+                     fontsize=10.5)
         return fig
 
 
 def _marks(ax, d, labels: bool = True) -> None:
     """Vertical marks: host = device, the scenario's host, the node's RAM limit."""
-    marks = [(d["device_gb_per_rank"], "#555555", f"host = device ({d['device_gb_per_rank']:.1f} GB)"),
-             (d["scenario_host_gb_per_rank"], "#9467bd",
-              f"scenario host ({d['scenario_host_gb_per_rank']:.1f} GB)")]
+    tier = d.get("tier", "host")
+    marks = [(d["scenario_size_gb_per_rank"], "#9467bd",
+              f"scenario {tier} ({d['scenario_size_gb_per_rank']:.1f} GB)")]
+    if tier == "host":
+        marks.insert(0, (d["device_gb_per_rank"], "#555555",
+                         f"host = device ({d['device_gb_per_rank']:.1f} GB)"))
     node = d.get("node")
-    if node:
+    if node and tier == "host":
         marks.append((node["host_budget_gb_per_rank"], "#d62728",
                       f"node RAM limit ({node['host_budget_gb_per_rank']:.1f} GB per rank)"))
     for x, color, text in marks:

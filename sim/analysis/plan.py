@@ -62,6 +62,7 @@ class PlanTrace:
 
     paths: list
     input_len: np.ndarray
+    output_len: np.ndarray
     arrival: np.ndarray
     page_size: int
 
@@ -71,14 +72,16 @@ def plan_trace(scenario) -> PlanTrace:
     from sim.workloads.keys import page_key
 
     ps = scenario.page_size
-    paths, lens, arrivals = [], [], []
+    paths, lens, outs, arrivals = [], [], [], []
     for r in build_workload(scenario):
         paths.append(page_key(r.blocks, r.block_size, ps, r.input_len))
         lens.append(r.input_len)
+        outs.append(r.output_len)
         arrivals.append(r.arrival)
     if not paths:
         raise UserError("found no requests; expected a workload with at least one", where=scenario.source)
-    return PlanTrace(paths, np.asarray(lens, dtype=np.int64), np.asarray(arrivals, dtype=float), ps)
+    return PlanTrace(paths, np.asarray(lens, dtype=np.int64), np.asarray(outs, dtype=np.int64),
+                     np.asarray(arrivals, dtype=float), ps)
 
 
 def warm_requests(n: int, warmup: float) -> int:
@@ -99,14 +102,14 @@ def knee(x: np.ndarray, y: np.ndarray, fraction: float = KNEE_FRACTION) -> int |
 
 
 def check_sizes(x: np.ndarray, y: np.ndarray, n: int) -> list[float]:
-    """``n`` host sizes for engine checks: 0, then where ``y`` first reaches evenly
-    spaced shares (up to 95%) of its rise over ``x``; duplicates dropped."""
+    """``n`` sizes for engine checks: the range's start, then where ``y`` first reaches
+    evenly spaced shares (up to 95%) of its rise over ``x``; duplicates dropped."""
     if n <= 0:
         return []
     if n == 1:
         return [float(x[-1])]
     lo, hi = float(y[0]), float(y[-1])
-    out = [0.0]
+    out = [float(x[0])]
     for f in np.linspace(0.0, 0.95, n)[1:]:
         at = smallest_meeting(x, y, lo + f * (hi - lo)) if hi > lo else None
         v = float(x[-1]) if at is None else at
@@ -144,17 +147,21 @@ class EnginePoint:
 
 
 def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int,
-                 warm: int, bpt: int) -> EnginePoint:
-    """One engine run of ``scenario`` with this host size and policy pair."""
+                 warm: int, bpt: int, tier: str = "host") -> EnginePoint:
+    """One engine run of ``scenario`` with this size of ``tier`` (tokens) and policy pair."""
     from sim.runner import run_scenario
-    from sim.scenario import Host
+    from sim.scenario import Device, Host
 
-    s = scenario.model_copy(update={
-        "host": Host(tokens=host_tokens),
+    update = {
         "node": None,  # the plan reports the node limit itself, per size
         "cache": scenario.cache.model_copy(update={"write_policy": write_policy,
                                                    "host_policy": host_policy}),
-    })
+    }
+    if tier == "device":
+        update.update(device=Device(tokens=host_tokens), host=Host(tokens=0))
+    else:
+        update["host"] = Host(tokens=host_tokens)
+    s = scenario.model_copy(update=update)
     res = run_scenario(s)
     df = res.sim.requests_df()
     df = df[df["rid"] >= warm]
@@ -174,8 +181,7 @@ def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int
 
 
 def _engine_job(args):
-    scenario, wp, hp, tokens, warm, bpt = args
-    return engine_point(scenario, wp, hp, tokens, warm, bpt)
+    return engine_point(*args)
 
 
 @dataclass
@@ -201,11 +207,27 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
     info = resolve_sizing(scenario)
     D, H0, bpt = info["device_tokens"], info["host_tokens"], info["bytes_per_token"]
     ps = scenario.page_size
-    policies = list(policies or [(w, h) for w in WRITE_POLICIES for h in HOST_POLICIES])
+    # ``host: off``: a single tier, so the plan varies the device instead (a pure
+    # cache curve: hit rate against cache capacity, as published curves draw it).
+    tier = "device" if scenario.host.off else "host"
+    own = (scenario.cache.write_policy, scenario.cache.host_policy)
+    if tier == "device":
+        policies = [own]
+    else:
+        policies = list(policies or [(w, h) for w in WRITE_POLICIES for h in HOST_POLICIES])
     trace = plan_trace(scenario)
     n = len(trace.paths)
     warm = warm_requests(n, warmup)
     measured_input = int(trace.input_len[warm:].sum())
+    if tier == "device":
+        # device.gib-like, in GB; the epsilon keeps a GB figure made from tokens on its page.
+        tokens_for = lambda g: int(g * 1e9 / bpt + 1e-6) // ps * ps  # noqa: E731
+        # A device below the largest request (input + output) rejects it: start there.
+        biggest = int((trace.input_len + trace.output_len).max())
+        lo_gb = -(-biggest // ps) * ps * bpt / 1e9
+    else:
+        tokens_for = lambda g: host_tokens_for_gb(g, bpt, ps)  # noqa: E731
+        lo_gb = 0.0
     # The analysis builds big arrays over millions of small objects: a full GC pass over
     # the trace's lists in the middle costs seconds and frees nothing.
     was = gc.isenabled()
@@ -217,55 +239,64 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         d_units = D // ps
         full_units = len(hits) - 1  # every reuse hits from here on
         if max_host_gb is None:
-            # Up to where write_back's union reaches 99% of the reachable hits, at least
-            # twice the scenario's host and once the device.
+            # Up to where the union (write_back: D + H; one tier: the device) reaches 99%
+            # of the reachable hits, at least twice the scenario's size of the tier.
             top = hits[-1]
             c99 = int(np.searchsorted(hits, 0.99 * top)) if top else 0
-            h_units = max(c99 - d_units, 2 * (H0 // ps), d_units, 1)
-            max_host_gb = h_units * ps * bpt / 1e9
-        if not max_host_gb > 0:
-            raise UserError(f"found {max_host_gb!r}; expected a host size > 0 GB", where="--max-host-gb")
-        grid = np.linspace(0.0, max_host_gb, grid_points)
-        grid_tokens = np.array([host_tokens_for_gb(g, bpt, ps) for g in grid], dtype=np.int64)
-        grid_units = grid_tokens // ps
+            if tier == "device":
+                units = max(c99, 2 * d_units, 1)
+            else:
+                units = max(c99 - d_units, 2 * (H0 // ps), d_units, 1)
+            max_host_gb = max(units * ps * bpt / 1e9, 2 * lo_gb)
+        if not max_host_gb > lo_gb:
+            raise UserError(f"found {max_host_gb!r}; expected a size > {lo_gb:.3g} GB",
+                            where="--max-host-gb")
+        grid = np.linspace(lo_gb, max_host_gb, grid_points)
+        grid_units = np.array([tokens_for(g) for g in grid], dtype=np.int64) // ps
         rate = (lambda u: u * ps / measured_input) if measured_input else (lambda u: u * 0.0)
-        dev_hit = rate(lp.hit_units(d_units, hits=hits))
-        model = {
-            "write_back": rate(lp.hit_units(d_units + grid_units, hits=hits).astype(float)),
-            "write_through": rate(lp.hit_units(np.maximum(d_units, grid_units), hits=hits).astype(float)),
-        }
-        # The offline optimum (union bound, any write policy) at a few host sizes.
+        if tier == "device":
+            model = {"single_tier": rate(lp.hit_units(grid_units, hits=hits).astype(float))}
+            dev_hit = rate(lp.hit_units(d_units, hits=hits))
+            union = lambda g: tokens_for(g) // ps  # noqa: E731
+            cap0 = d_units
+        else:
+            dev_hit = rate(lp.hit_units(d_units, hits=hits))
+            model = {
+                "write_back": rate(lp.hit_units(d_units + grid_units, hits=hits).astype(float)),
+                "write_through": rate(lp.hit_units(np.maximum(d_units, grid_units), hits=hits).astype(float)),
+            }
+            union = lambda g: d_units + tokens_for(g) // ps  # noqa: E731
+            cap0 = d_units + H0 // ps if own[0] != "write_through" else max(d_units, H0 // ps)
+        # The offline optimum (union bound, any write policy) at a few sizes.
         nxt = curves.next_uses(comp)
         opt = []
         if opt_points:
-            for g in np.linspace(0.0, max_host_gb, opt_points):
-                u = d_units + host_tokens_for_gb(g, bpt, ps) // ps
-                opt.append((float(g), rate(curves.optimum_units(comp, u, nxt, warm))))
-        wp0 = scenario.cache.write_policy if scenario.cache.write_policy in model else "write_back"
-        cap0 = d_units + H0 // ps if wp0 == "write_back" else max(d_units, H0 // ps)
+            for g in np.linspace(lo_gb, max_host_gb, opt_points):
+                opt.append((float(g), rate(curves.optimum_units(comp, union(g), nxt, warm))))
         age_hit, age_evict = lp.ages(cap0, warm)
     finally:
         if was:
             gc.enable()
 
-    # Engine check points where the shape is: 0 GB (no host), then the host sizes at
-    # which the write_back model has climbed evenly spaced shares (up to 95%) of its
-    # rise over the range; the scenario's own policy pair also runs at its own host.
+    # Engine check points where the shape is: the range's start (0 GB: no host), then
+    # the sizes at which the model has climbed evenly spaced shares (up to 95%) of its
+    # rise over the range; the scenario's own policy pair also runs at its own size.
     engine: list[EnginePoint] = []
-    own = (scenario.cache.write_policy, scenario.cache.host_policy)
-    xs = check_sizes(grid, model["write_back"], check_points)
+    shape = model["single_tier" if tier == "device" else "write_back"]
+    xs = check_sizes(grid, shape, check_points)
+    own_size = D if tier == "device" else H0
     if check_points:
         jobs_args = []
         for wp, hp in policies:
-            sizes = [host_tokens_for_gb(g, bpt, ps) for g in xs]
-            if (wp, hp) == own and H0 not in sizes:
-                sizes = sorted(sizes + [H0])
-            jobs_args += [(scenario, wp, hp, t, warm, bpt) for t in sizes]
+            sizes = [tokens_for(g) for g in xs]
+            if (wp, hp) == own and own_size not in sizes and own_size >= tokens_for(lo_gb):
+                sizes = sorted(sizes + [own_size])
+            jobs_args += [(scenario, wp, hp, t, warm, bpt, tier) for t in sizes]
         engine = _run_jobs(jobs_args, jobs, progress)
 
     planning, errors, ttft = {}, {}, {}
     for wp, hp in policies:
-        m = model.get(wp, model["write_back"])
+        m = model.get(wp, model.get("single_tier", model.get("write_back")))
         pts = [e for e in engine if (e.write_policy, e.host_policy) == (wp, hp)]
         if pts:
             px = np.array([e.host_gb for e in pts])
@@ -288,7 +319,7 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
             "knee_gb_per_rank": None if k is None else float(grid[k]),
             "knee_hit_rate": None if k is None else float(curve[k]),
             "model_vs_engine_max_abs_error": errors.get((wp, hp)),
-            "hit_rate_at_scenario_host": float(np.interp(H0 * bpt / 1e9, grid, curve)),
+            "hit_rate_at_scenario_host": float(np.interp(own_size * bpt / 1e9, grid, curve)),
         }
         if target_hit_rate is not None:
             row["target_hit_rate_gb_per_rank"] = smallest_meeting(grid, curve, target_hit_rate)
@@ -307,20 +338,22 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
     # The scenario's own configuration: its engine point nearest its host size, if any,
     # else the model's split.
     dev_rate = float(dev_hit)
-    all_rate = float(np.interp(H0 * bpt / 1e9, grid, planning[(own_row["write_policy"], own_row["host_policy"])]))
-    at_own = next((e for e in own_engine if e.host_tokens == H0), None)
+    all_rate = float(np.interp(own_size * bpt / 1e9, grid,
+                               planning[(own_row["write_policy"], own_row["host_policy"])]))
+    at_own = next((e for e in own_engine if e.host_tokens == own_size), None)
     if at_own is not None:  # the engine's own split at the scenario's configuration
         dev_rate, all_rate = at_own.device_hit_rate, at_own.hit_rate
     diagnosis = diagnose(
         device_hit_rate=dev_rate, host_hit_rate=max(all_rate - dev_rate, 0.0), device_tokens=D,
         host_tokens=H0, write_policy=own[0],
         backup_failures=next((e.extra.get("backup_failures") for e in own_engine
-                              if e.host_tokens == H0), None),
+                              if e.host_tokens == own_size), None) if tier == "host" else None,
         below_knee=(own_row["knee_gb_per_rank"] is not None
-                    and H0 * bpt / 1e9 < own_row["knee_gb_per_rank"]),
+                    and own_size * bpt / 1e9 < own_row["knee_gb_per_rank"]),
         knee_gb=own_row["knee_gb_per_rank"], age_at_hit_s=age_hit, age_at_eviction_s=age_evict)
     doc = {
         "scenario": scenario.name,
+        "tier": tier,
         "requests": n,
         "warmup_fraction": warmup,
         "warmup_requests": warm,
@@ -331,6 +364,8 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         "device_gb_per_rank": D * bpt / 1e9,
         "scenario_host_tokens_per_rank": H0,
         "scenario_host_gb_per_rank": H0 * bpt / 1e9,
+        # The size the x-axis varies (host, or the device when the host is off).
+        "scenario_size_gb_per_rank": own_size * bpt / 1e9,
         "ranks_per_node": ranks,
         "node": info["node"],
         "max_host_gb_per_rank": float(max_host_gb),
@@ -379,32 +414,40 @@ def plan_table(plan: Plan):
     d = plan.doc
     rows = []
     bpt = d["bytes_per_token"]
-    for wp in WRITE_POLICIES:
-        for g, h in zip(plan.grid_gb, plan.model[wp]):
-            rows.append({"series": "model", "write_policy": wp, "host_policy": "",
-                         "host_gb_per_rank": float(g), "hit_rate": float(h),
+    for key, curve in plan.model.items():
+        if key == "dev":
+            continue
+        for g, h in zip(plan.grid_gb, curve):
+            rows.append({"series": "model", "write_policy": key, "host_policy": "",
+                         "size_gb_per_rank": float(g), "hit_rate": float(h),
                          "device_hit_rate": float(plan.model["dev"][0]), "is_bound": False})
     for (wp, hp), curve in plan.planning.items():
         for g, h in zip(plan.grid_gb, curve):
             rows.append({"series": "planning", "write_policy": wp, "host_policy": hp,
-                         "host_gb_per_rank": float(g), "hit_rate": float(h), "is_bound": False})
+                         "size_gb_per_rank": float(g), "hit_rate": float(h), "is_bound": False})
     for g, h in plan.opt:
         rows.append({"series": "offline_optimum", "write_policy": "", "host_policy": "",
-                     "host_gb_per_rank": g, "hit_rate": h, "is_bound": True})
+                     "size_gb_per_rank": g, "hit_rate": h, "is_bound": True})
     for e in plan.engine:
         rows.append({"series": "engine", "write_policy": e.write_policy, "host_policy": e.host_policy,
-                     "host_gb_per_rank": e.host_gb, "hit_rate": e.hit_rate,
+                     "size_gb_per_rank": e.host_gb, "hit_rate": e.hit_rate,
                      "device_hit_rate": e.device_hit_rate, "host_hit_rate": e.host_hit_rate,
                      "ttft_p50_s": e.ttft_p50_s, "ttft_p99_s": e.ttft_p99_s,
                      "requests_measured": e.requests, "is_bound": False,
                      **{k + ("" if k in ("backup_failures", "verdict") else ""): v
                         for k, v in e.extra.items()}})
     df = pd.DataFrame(rows)
-    df["host_tokens_per_rank"] = [
-        _tokens(g, bpt, d["page_size"]) for g in df["host_gb_per_rank"]]
-    df["host_gb_per_node"] = df["host_gb_per_rank"] * d["ranks_per_node"]
-    cols = ["series", "write_policy", "host_policy", "host_gb_per_rank", "host_tokens_per_rank",
-            "host_gb_per_node", "hit_rate", "device_hit_rate", "host_hit_rate", "ttft_p50_s",
+    # The tier the plan varies: the host, or the device when the host is off.
+    tier = d["tier"]
+    df = df.rename(columns={"size_gb_per_rank": f"{tier}_gb_per_rank"})
+    if tier == "host":
+        df["host_tokens_per_rank"] = [_tokens(g, bpt, d["page_size"]) for g in df["host_gb_per_rank"]]
+    else:
+        df["device_tokens_per_rank"] = [int(g * 1e9 / bpt) // d["page_size"] * d["page_size"]
+                                        for g in df["device_gb_per_rank"]]
+    df[f"{tier}_gb_per_node"] = df[f"{tier}_gb_per_rank"] * d["ranks_per_node"]
+    cols = ["series", "write_policy", "host_policy", f"{tier}_gb_per_rank", f"{tier}_tokens_per_rank",
+            f"{tier}_gb_per_node", "hit_rate", "device_hit_rate", "host_hit_rate", "ttft_p50_s",
             "ttft_p99_s", "requests_measured", "device_pages_mean", "host_pages_mean",
             "duplicate_pages_mean", "unique_pages_mean", "backup_failures", "verdict", "is_bound"]
     for c in cols:

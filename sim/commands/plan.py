@@ -159,11 +159,14 @@ def _gb(v) -> str:
 def print_plan(plan) -> None:
     d = plan.doc
     n = d["ranks_per_node"]
+    tier = d["tier"]
     print(f"{d['scenario']}: {d['requests']:,} requests ({d['warmup_requests']:,} warm-up), device "
           f"{d['device_gb_per_rank']:.1f} GB ({d['device_tokens_per_rank']:,} tokens) per rank, "
-          f"{d['bytes_per_token']:,} bytes/token, {n} ranks per node; host range 0-"
-          f"{d['max_host_gb_per_rank']:,.1f} GB per rank")
-    header = ["policy", "knee (per rank)", "hit at knee", "hit at scenario host", "model-engine max |Δ|"]
+          f"{d['bytes_per_token']:,} bytes/token, {n} ranks per node; {tier} range up to "
+          f"{d['max_host_gb_per_rank']:,.1f} GB per rank"
+          + ("" if tier == "host" else " (host off: the plan varies the device)"))
+    header = ["policy", "knee (per rank)", "hit at knee", f"hit at scenario {tier}",
+              "model-engine max |Δ|"]
     if d["targets"]["hit_rate"] is not None:
         header.append(f"hit >= {d['targets']['hit_rate']:.0%}: per rank / per node")
     if d["targets"]["ttft_p99_s"] is not None:
@@ -188,7 +191,7 @@ def print_plan(plan) -> None:
         print("offline optimum (bound, any policy): " + ", ".join(
             f"{g:,.1f} GB -> {h:.1%}" for g, h in plan.opt))
     print(f"diagnosis ({d['scenario_policy']['write_policy']} + "
-          f"{d['scenario_policy']['host_policy']} at {d['scenario_host_gb_per_rank']:.1f} GB): "
+          f"{d['scenario_policy']['host_policy']} at {tier} {d['scenario_size_gb_per_rank']:.1f} GB): "
           f"{d['diagnosis']}")
     own = next(r for r in d["policies"] if (r["write_policy"], r["host_policy"]) ==
                (d["scenario_policy"]["write_policy"], d["scenario_policy"]["host_policy"])) \
@@ -200,12 +203,12 @@ def print_plan(plan) -> None:
             v = own[key]
             pol = f"{own['write_policy']} + {own['host_policy']}"
             if v is None:
-                print(f"answer: no host size up to {d['max_host_gb_per_rank']:,.1f} GB per rank "
+                print(f"answer: no {tier} size up to {d['max_host_gb_per_rank']:,.1f} GB per rank "
                       f"gives {what} with {pol}")
             else:
                 node = d.get("node")
                 fits = "" if not node else (
                     " (fits the node)" if v <= node["host_budget_gb_per_rank"] else
                     f" (more than the node allows: {node['host_budget_gb_per_rank']:,.1f} GB per rank)")
-                print(f"answer: {pol} needs {v:,.1f} GB of host KV per rank, {v * n:,.1f} GB per "
+                print(f"answer: {pol} needs {v:,.1f} GB of {tier} KV per rank, {v * n:,.1f} GB per "
                       f"node of {n} ranks, for {what}{fits}")
