@@ -385,12 +385,15 @@ def aggregate(table, plan: CensusPlan, failed: Sequence[int] = ()) -> dict:
                 "seeds_reporting": len(counts), "seeds_fired": sum(1 for x in counts if x > 0),
                 "total": int(sum(counts)),
                 "mean_per_seed": (sum(counts) / len(counts)) if counts else None}
+    from sim.jitter import Jitter
+
     cfg, _ = from_scenario(plan.scenario)
     return {
         "format": AGGREGATE_FORMAT, "version": RECORD_VERSION,
         "scenario": plan.name, "scenario_file": plan.source, "overrides": list(plan.overrides),
         "scenario_digest": plan.digest, "tp": plan.scenario.tp,
-        "jitter_active": bool(cfg.jitter.active), "jitter_seed_pinned": plan.pinned_jitter_seed,
+        "perturbations_configured": Jitter(cfg.jitter, cfg.tp, cfg.seed).perturbations.configured,
+        "jitter_seed_pinned": plan.pinned_jitter_seed,
         "seeds": {"count": len(plan.seeds), "first": plan.seeds[0], "last": plan.seeds[-1]},
         "completed": total, "failed_seeds": sorted(failed),
         "verdict_order": order, "verdicts": rows, "all": _group_stats(table, "all", total),

@@ -740,7 +740,7 @@ class Simulation:
         yield env.timeout(dur)
         self._trace("prefill", "forward", list(range(self.cfg.tp)), now, env.now - now,
                     requests=len(p0.reqs), tokens=sum(e for _, _, e in p0.shape))
-        self._after_prefill(plans)
+        self._after_prefill(plans, now)
         yield from self._result_scan_time()
 
     def _result_scan_time(self):
@@ -785,7 +785,7 @@ class Simulation:
         except CollectiveError as err:
             self._collective_failed(err)
 
-    def _after_prefill(self, plans) -> None:
+    def _after_prefill(self, plans, began: float) -> None:
         """`process_batch_result_prefill`: chunked requests cache their progress,
         finished prefills join the running batch (or finish)."""
         env, cost = self.env, self.cost
@@ -801,7 +801,7 @@ class Simulation:
                 rq.slots[id(c)].done += extend
             s0 = rq.slots[cid0]
             if math.isnan(rq.start):
-                rq.start = now
+                rq.start = began  # admitted: its first batch began forming
                 admitted.add(req.rid)
             rq.prefill_s += cost.prefill_time(p0.shape[i][2], p0.shape[i][1])
             if s0.done < req.input_len:

@@ -99,12 +99,14 @@ def estimate(scenario) -> Estimate:
     dev, host = resolve_capacities(scenario)
     nodes = (dev + host) // scenario.page_size
     # Every rank's replica may diverge (copy-on-divergence); jitter makes it likely.
-    replicas = tp if _jittered(scenario) else 1
+    # Each data-parallel instance is a TP group of its own.
+    dp = scenario.dp
+    replicas = dp * (tp if _jittered(scenario) else 1)
     mem = BASE_BYTES + nodes * NODE_BYTES * replicas + (n or 0) * ROW_BYTES
     procs = 1
     if torch:
-        mem += tp * TORCH_RANK_BYTES
-        procs += tp
+        mem += dp * tp * TORCH_RANK_BYTES
+        procs += dp * tp
     return Estimate(n, wall, int(mem), procs)
 
 
@@ -112,6 +114,7 @@ def _jittered(s) -> bool:
     j = s.jitter
     return (j.ack_delay.dist != "none" or s.collective.discipline != "synced"
             or j.host_alloc_failure.probability > 0 or bool(j.host_capacity_skew)
+            or bool(j.device_capacity_skew) or j.device_free_delay.dist != "none"
             or j.id_drift is not None or j.request_order.swap_probability > 0)
 
 
@@ -121,13 +124,13 @@ def check(scenario, *, force: bool = False) -> Estimate:
     if scenario.collective.backend != "torch" or force:
         return est
     cores, avail = machine()
-    tp = scenario.tp
+    tp = scenario.tp * scenario.dp  # torch ranks: every instance's
     if tp > cores * TORCH_RANKS_PER_CORE:
-        raise UserError(f"collective.backend: found torch with tp {tp} ({tp} processes) on "
+        raise UserError(f"collective.backend: found torch with {tp} ranks (dp x tp processes) on "
                         f"{cores} core(s); expected at most {cores * TORCH_RANKS_PER_CORE} ranks "
                         "here (use the simulated collective, or --force)", where=scenario.source)
     if avail is not None and tp * TORCH_RANK_BYTES > avail // 2:
-        raise UserError(f"collective.backend: found torch with tp {tp}, about "
+        raise UserError(f"collective.backend: found torch with {tp} ranks, about "
                         f"{tp * TORCH_RANK_BYTES / (1 << 30):.1f} GiB for its processes; expected at "
                         f"most half the {avail / (1 << 30):.1f} GiB available (use the simulated "
                         "collective, or --force)", where=scenario.source)

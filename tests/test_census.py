@@ -159,8 +159,10 @@ def test_perturbation_counts_when_the_engine_reports_them(tmp_path, monkeypatch)
 
     def with_counts(scenario, seed):
         div = real(scenario, seed)
-        if seed != 2:  # seed 2 as an older engine: no field at all
+        if seed != 2:
             div["perturbations"] = {"host_capacity_skew": seed + 1} | ({"extra": 5} if seed == 0 else {})
+        else:  # seed 2 as a record written before the field existed
+            div.pop("perturbations")
         return div
 
     monkeypatch.setattr(census_mod, "_simulate", with_counts)
@@ -177,7 +179,7 @@ def test_a_scenario_without_jitter_always_agrees(tmp_path):
     table = census(QUICK, 3, overrides=("limits.max_requests=30",), out=tmp_path, jobs=1, plots=False)
     assert table["verdict"].tolist() == ["agree"] * 3
     agg = table.attrs["aggregate"]
-    assert agg["jitter_active"] is False
+    assert agg["perturbations_configured"] == []
     assert [(r["verdict"], r["seeds"]) for r in agg["verdicts"]] == [("agree", 3)]
     assert agg["all"]["detection_delay_s"] == {"n": 0, "p50": None, "p90": None, "p99": None, "max": None}
 

@@ -84,10 +84,11 @@ def halt_message(div: dict) -> str:
         return f"AssertionError at t={m['t']:.6f}s (step {m['step']}): {DIGEST_MISMATCH_MESSAGE}"
     if div.get("collective_error"):
         e = div["collective_error"]
-        return f"collective {e['kind']} at t={e['t']:.6f}s: {e['message']}"
-    b = div["batch_mismatch"]
-    return (f"collective hang at t={b['t']:.6f}s (step {b['step']}): ranks took different "
-            f"{b['where']} decisions ({b['detail']}), so the forward's TP collectives disagree")
+        return (f"collective {e['kind']} at t={e['t']:.6f}s (step {e['step']}, {e['site']}): "
+                f"{e['message']}")
+    u = div["untracked"]
+    return (f"ranks diverged at t={u['t']:.6f}s (step {u['step']}): {u['why']}; "
+            "the simulation cannot follow them further")
 
 
 class _Bar:
@@ -142,11 +143,14 @@ def _print_summary(res, out, wall) -> None:
         ("load-back / backup traffic", f"{s['load_back_bytes'] / 2**30:,.2f} / {s['backup_bytes'] / 2**30:,.2f} GiB per rank"),
         ("reclaimed (pass 1 / pass 2)", f"{s['reclaim_pass1_tokens']:,} / {s['reclaim_pass2_tokens']:,} tokens"),
         ("diagnosis", s["diagnosis"]),
-        # divergence.json lists cohorts only in some versions of the engine's report.
-        ("TP verdict", f"{d['verdict']} ({d['tp']} ranks"
-         + (f", {len(d['cohorts'])} replica(s))" if "cohorts" in d else ")")),
+        ("TP verdict", f"{d['verdict']} ({d['tp']} ranks): {d['reason']}"),
         ("results", str(out)),
     ]
+    if "utilisation" in s:
+        rows.insert(-1, ("GPU utilisation", f"{s['utilisation']:.0%}"
+                         + (f" over {s['dp']} instances" if s.get("dp", 1) > 1 else "")))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    if s.get("overload_warning"):
+        print(f"warning: {s['overload_warning']}", file=sys.stderr)
