@@ -378,6 +378,10 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         "targets": {"hit_rate": target_hit_rate, "ttft_p99_s": target_ttft_p99_s},
         "policies": rows,
         "diagnosis": diagnosis,
+        # The engine at the scenario's own size and policy pair: the per-tier numbers.
+        "scenario_engine": None if at_own is None else {
+            "device_hit_rate": at_own.device_hit_rate, "host_hit_rate": at_own.host_hit_rate,
+            "hit_rate": at_own.hit_rate, "ttft_p99_s": at_own.ttft_p99_s, **at_own.extra},
         "scenario_policy": {"write_policy": own[0], "host_policy": own[1]},
     }
     return Plan(doc, grid, {"dev": np.full_like(grid, dev_rate), **model}, planning, opt, engine)

@@ -190,6 +190,13 @@ def print_plan(plan) -> None:
     if plan.opt:
         print("offline optimum (bound, any policy): " + ", ".join(
             f"{g:,.1f} GB -> {h:.1%}" for g, h in plan.opt))
+    e = d.get("scenario_engine")
+    if e:
+        fails = "-" if e["backup_failures"] is None else f"{e['backup_failures']:,}"
+        print(f"engine at the scenario's size: device hit {e['device_hit_rate']:.1%}, host hit "
+              f"{e['host_hit_rate']:.1%}; pages held device {e['device_pages_mean']:,.0f} / host "
+              f"{e['host_pages_mean']:,.0f} / both {e['duplicate_pages_mean']:,.0f} (unique "
+              f"{e['unique_pages_mean']:,.0f}); failed host allocations {fails}")
     print(f"diagnosis ({d['scenario_policy']['write_policy']} + "
           f"{d['scenario_policy']['host_policy']} at {tier} {d['scenario_size_gb_per_rank']:.1f} GB): "
           f"{d['diagnosis']}")
