@@ -32,6 +32,7 @@ test: $(STAMP) browser
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_tree.py
 	$(BIN)/python benchmarks/bench_sim.py
+	$(BIN)/python benchmarks/bench_plan.py
 
 clean:
 	rm -rf $(VENV) results

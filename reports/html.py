@@ -184,10 +184,21 @@ def _ttft(run: Run, q: float) -> float:
     return float(np.quantile(ttft, q)) if len(ttft) else float("nan")
 
 
+def _capacity(tokens, run: Run) -> str:
+    """``12.3 GB (300,032 tokens)`` when the run knows its bytes per token, else tokens."""
+    from reports.plots import bytes_per_token
+    from sim.sizing import fmt_capacity
+
+    bpt = bytes_per_token(run)
+    if bpt is None or not isinstance(tokens, (int, float)) or tokens != tokens:
+        return _tokens(tokens)
+    return _e(fmt_capacity(int(tokens), bpt))
+
+
 def _runs_table(runs: list[Run]) -> str:
     header = ["run", "scenario", "write policy", "host policy", "eviction policy",
-              "device capacity (tokens)",
-              "host capacity (tokens)", "requests", "hit rate", "device hit", "host hit",
+              "device capacity per rank",
+              "host capacity per rank", "requests", "hit rate", "device hit", "host hit",
               "miss", "TTFT p50", "TTFT p99", "digest verdict"]
     rows = []
     for run in runs:
@@ -202,7 +213,7 @@ def _runs_table(runs: list[Run]) -> str:
             _e(flat.get("cache.write_policy", MISSING)),
             _e(flat.get("cache.host_policy", MISSING)),
             _e(flat.get("cache.eviction_policy", MISSING)),
-            _tokens(device_capacity_tokens(run)), _tokens(host_capacity_tokens(run)),
+            _capacity(device_capacity_tokens(run), run), _capacity(host_capacity_tokens(run), run),
             _tokens(requests),
             _pct(_rate(run, "hit_rate", None)),
             _pct(_rate(run, "device_hit_rate", "device_hit_tokens")),
@@ -253,7 +264,8 @@ def _differences_section(runs: list[Run]) -> str:
     return note + _table(header, rows)
 
 
-SWEEP_METRICS = (("hit_rate", "hit rate", _pct), ("device_hit_rate", "device hit", _pct),
+SWEEP_METRICS = (("host_gb", "host GB per rank", lambda v: f"{v:,.3g}"),
+                 ("hit_rate", "hit rate", _pct), ("device_hit_rate", "device hit", _pct),
                  ("host_hit_rate", "host hit", _pct), ("miss_rate", "miss", _pct),
                  ("bound_hit_rate", "offline bound", _pct),
                  ("ttft_p50_s", "TTFT p50", _seconds), ("ttft_p99_s", "TTFT p99", _seconds))

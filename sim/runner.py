@@ -95,6 +95,11 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResul
     divergence = sim.report()
     summary["verdict"] = divergence["verdict"]
     summary["skipped_trace_lines"] = int(getattr(workload, "skipped", 0) or 0)
+    from sim.diagnostics import tier_fields
+
+    # GB sizes, bytes per token, per-tier pages and the diagnosis (sim.diagnostics).
+    summary.update(tier_fields(summary, sim.timeseries_df(),
+                               [i.group.cohorts[0].tree for i in sim.instances], scenario))
     if folder is not None:
         out = folder.stage()
         meta_path = out / "meta.json"

@@ -17,6 +17,7 @@ COMMANDS = (
     "repro",
     "replay",
     "bound",
+    "plan",
     "schema",
     "traces",
 )

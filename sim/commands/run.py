@@ -45,6 +45,10 @@ def run(args) -> int:
     flags = [("--seed", "seed", args.seed), ("--collective", "collective.backend", args.collective)]
     scenario = load_scenario(args.scenario, args.sets, flags=flags, trace_roots=args.trace_roots)
     est = resources.check(scenario, force=args.force)
+    from sim.scenario import resolve_sizing
+
+    for w in resolve_sizing(scenario)["warnings"]:  # node.on_exceed: warn
+        print(f"warning: {w}", file=sys.stderr)
     if est.large:
         print(est.line(), file=sys.stderr)
     out = args.out or f"results/{scenario.name}"  # the name is a slug: stays under results/
@@ -174,18 +178,28 @@ def _pool_tokens(res) -> int | None:
 
 
 def _print_summary(res, out, wall) -> None:
+    from sim.sizing import fmt_capacity
+
     s, d = res.summary, res.divergence
+    bpt = s["bytes_per_token"]
     rows = [
         ("requests", f"{s['requests']:,}"),
         *([("rejected", rejected_line(s, _pool_tokens(res)))] if s.get("rejected_requests") else []),
         ("simulated time", f"{duration(s['sim_time_s'])}  ({duration(wall)} wall)"),
         ("hit rate (device + host)", f"{s['hit_rate']:.1%}  ({s['device_hit_rate']:.1%} + {s['host_hit_rate']:.1%})"),
         ("TTFT p50 / p99", f"{duration(s['ttft_p50_s'])} / {duration(s['ttft_p99_s'])}"),
-        ("device / host capacity", f"{s['device_tokens']:,} / {s['host_tokens']:,} tokens per rank"),
-        ("mean effective capacity", f"{s['effective_tokens_mean']:,.0f} tokens"),
+        ("device capacity", fmt_capacity(s['device_tokens'], bpt) + " per rank"),
+        ("host capacity", (fmt_capacity(s['host_tokens'], bpt) + " per rank") if s['host_tokens']
+         else "off (no host tier)"),
+        ("mean effective capacity", fmt_capacity(round(s['effective_tokens_mean']), bpt)),
+        ("pages held (device / host / both)", f"{s['device_pages_mean']:,.0f} / "
+         f"{s['host_pages_mean']:,.0f} / {s['duplicate_pages_mean']:,.0f} (unique "
+         f"{s['unique_pages_mean']:,.0f}); failed host allocations "
+         f"{'-' if s['backup_failures'] is None else format(s['backup_failures'], ',')}"),
         ("mean duplicate share", f"{s['duplicate_share_mean']:.1%}"),
         ("load-back / backup traffic", f"{s['load_back_bytes'] / 2**30:,.2f} / {s['backup_bytes'] / 2**30:,.2f} GiB per rank"),
         ("reclaimed (pass 1 / pass 2)", f"{s['reclaim_pass1_tokens']:,} / {s['reclaim_pass2_tokens']:,} tokens"),
+        ("diagnosis", s["diagnosis"]),
         ("TP verdict", f"{d['verdict']} ({d['tp']} ranks): {d['reason']}"),
         ("results", str(out)),
     ]
