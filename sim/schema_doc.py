@@ -83,6 +83,12 @@ def json_schema() -> dict:
                 "title": node.get("title", name), "description": node.get("description", ""),
                 "anyOf": [{"type": "number", "minimum": 0,
                            "description": "a constant: {dist: constant, value: N}"}, obj]}
+    # ``host: off`` (which YAML reads as false) means no host tier (sim.scenario._host_off).
+    host = schema.get("properties", {}).get("host")
+    if host is not None:
+        schema["properties"]["host"] = {
+            "anyOf": [host, {"const": False, "description": "host: off, no host tier"},
+                      {"const": "off", "description": "no host tier"}]}
     return {"$schema": JSON_SCHEMA_DIALECT, **schema}
 
 
