@@ -168,3 +168,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, where):
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert "\n" not in err and where in err and "expected" in err
+
+
+def test_data_parallel_instances_each_cache_their_own_stream(tmp_path):
+    """With dp > 1 the model is the sum of one LRU per instance, over the requests the
+    router gave it (a single cache over the whole stream would count reuse across
+    instances that never happens)."""
+    from sim.analysis.plan import _instance_parts, make_plan, plan_trace
+    from sim.scenario import load_scenario
+
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    two = load_scenario(p, ["dp=2"])  # round robin: request r goes to instance r % 2
+    trace = plan_trace(two)
+    n = len(trace.paths)
+    parts = _instance_parts(two, n)
+    assert [x.tolist() for x in parts] == [list(range(0, n, 2)), list(range(1, n, 2))]
+    plan = make_plan(two, check_points=0, grid_points=8, opt_points=2)
+    d = plan.doc
+    ps, d_units = d["page_size"], d["device_tokens_per_rank"] // d["page_size"]
+    per = [curves.lru_pass(curves.compress([trace.paths[k] for k in idx.tolist()]),
+                           trace.arrival[idx]).hits_at(0) for idx in parts]
+    at = lambda h, c: h[min(c, len(h) - 1)]  # noqa: E731
+    want0 = sum(at(h, d_units) for h in per) * ps / d["measured_input_tokens"]
+    assert plan.model["write_back"][0] == pytest.approx(want0)  # host 0: the devices alone
+    whole = curves.lru_pass(curves.compress(trace.paths), trace.arrival).hits_at(0)
+    assert sum(h[-1] for h in per) < whole[-1]  # reuse across instances is lost

@@ -84,6 +84,26 @@ def plan_trace(scenario) -> PlanTrace:
                      np.asarray(arrivals, dtype=float), ps)
 
 
+def _instance_parts(scenario, n: int) -> list[np.ndarray]:
+    """The requests each data-parallel instance serves, as sorted request indices.
+
+    One instance: all of them. Several: the router decides at run time from the
+    instances' loads, so one engine run of the scenario as it is records the
+    assignment (``requests.parquet``'s ``instance``); each instance then caches only
+    its own stream. Requests that run never served (rejected, past a limit) go
+    round robin: they are never cached either way."""
+    dp = scenario.dp
+    if dp <= 1:
+        return [np.arange(n)]
+    from sim.runner import run_scenario
+
+    df = run_scenario(scenario, None).sim.requests_df()
+    inst = np.arange(n) % dp
+    served = df[df["rid"] < n]
+    inst[served["rid"].to_numpy()] = served["instance"].to_numpy()
+    return [np.flatnonzero(inst == i) for i in range(dp) if (inst == i).any()]
+
+
 def warm_requests(n: int, warmup: float) -> int:
     """Requests excluded by ``warmup`` (a fraction in [0, 1))."""
     return min(n - 1, math.floor(n * warmup)) if n else 0
@@ -233,9 +253,21 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
     was = gc.isenabled()
     gc.disable()
     try:
-        comp = curves.compress(trace.paths)
-        lp = curves.lru_pass(comp, trace.arrival)
-        hits = lp.hits_at(warm)
+        parts = _instance_parts(scenario, n)
+        per = []  # (compressed trace, LRU pass, warm-up requests) per instance
+        for idx in parts:
+            sub = trace.paths if len(parts) == 1 else [trace.paths[k] for k in idx.tolist()]
+            comp_i = curves.compress(sub)
+            per.append((comp_i, curves.lru_pass(comp_i, trace.arrival[idx]),
+                        int(np.searchsorted(idx, warm))))
+        # Each instance caches only what it was routed; per capacity the hit units add.
+        part_hits = [lp_i.hits_at(w_i) for _, lp_i, w_i in per]
+        size = max(len(h) for h in part_hits)
+        hits = np.zeros(size, dtype=np.int64)
+        for h in part_hits:
+            hits[: len(h)] += h
+            hits[len(h):] += h[-1]
+        _, lp, warm_big = max(per, key=lambda x: len(x[0].starts))
         d_units = D // ps
         full_units = len(hits) - 1  # every reuse hits from here on
         if max_host_gb is None:
@@ -268,12 +300,14 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
             union = lambda g: d_units + tokens_for(g) // ps  # noqa: E731
             cap0 = d_units + H0 // ps if own[0] != "write_through" else max(d_units, H0 // ps)
         # The offline optimum (union bound, any write policy) at a few sizes.
-        nxt = curves.next_uses(comp)
+        nxts = [curves.next_uses(c_i) for c_i, _, _ in per]
         opt = []
         if opt_points:
             for g in np.linspace(lo_gb, max_host_gb, opt_points):
-                opt.append((float(g), rate(curves.optimum_units(comp, union(g), nxt, warm))))
-        age_hit, age_evict = lp.ages(cap0, warm)
+                units = sum(curves.optimum_units(c_i, union(g), nx, w_i)
+                            for (c_i, _, w_i), nx in zip(per, nxts))
+                opt.append((float(g), rate(units)))
+        age_hit, age_evict = lp.ages(cap0, warm_big)  # the busiest instance's
     finally:
         if was:
             gc.enable()
