@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 
 from sim.errors import InputFormatError
+from sim.tree import ID_SCHEMES  # one list of id schemes: the tree's
 
-ID_SCHEMES = ("optrace", "sglang", "rust")
 # Bounds on every count in a trace: far above any real tree, low enough that the
 # tree's arithmetic stays in ordinary ints.
 MAX_COUNT = 10**15

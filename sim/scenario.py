@@ -363,8 +363,10 @@ class Cache(_Model):
     load_back_threshold: _int(0, 10**9) = LOAD_BACK_THRESHOLD
     # The tree core: python (the reference, bit-exact) or rust (its digest/id variant, sem §4.6).
     backend: Literal["python", "rust"] = "python"
-    # Node ids: as SGLang assigns them (sentinels consumed), or as op-traces number them.
-    ids: Literal["sglang", "optrace"] = "sglang"
+    # Node ids: as a started 0.5.23 server has them (first node 10, so digests in
+    # divergence.json are the values the server would print), as a bare SGLang tree core
+    # has them (first node 5), or as op-traces number them (first node 1).
+    ids: Literal["server", "sglang", "optrace"] = "server"
 
 
 def _cost_names():

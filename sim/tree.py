@@ -42,6 +42,11 @@ from sim.policies.write import WRITE_POLICIES
 
 _M64 = (1 << 64) - 1
 
+# Node-id schemes: "optrace" (root 0, nodes 1, 2, ...: the op-trace contract),
+# "sglang" (a bare Python core: sentinels 1-4, first node 5), "server" (a real 0.5.23
+# server, whose core is reset twice: first node 10), "rust" (the Rust core's handles).
+ID_SCHEMES = ("optrace", "sglang", "server", "rust")
+
 
 def _content(node) -> int:
     """A node's term of ``Tree.content_hash`` (0 for a node holding no KV)."""
@@ -394,7 +399,8 @@ class Tree:
     """A HiCache radix tree replica: device + host tiers of the FULL KV component.
 
     ``ids``: ``"optrace"`` numbers the root 0 and nodes 1, 2, ... (the op-trace
-    contract); ``"sglang"`` reproduces a fresh SGLang process, where ``reset()``'s LRU
+    contract); ``"server"`` a started 0.5.23 server (first node 10, ``ID_SCHEMES``);
+    ``"sglang"`` reproduces a fresh SGLang process, where ``reset()``'s LRU
     sentinels take ids 1-4 (sem §1.3); ``"rust"`` numbers like optrace and folds the
     Rust core's digest event (sem §4.6).
     """
@@ -422,7 +428,7 @@ class Tree:
         self._reclaims_dups = self.write.reclaims_duplicates
         self.host_policy = resolve(HOST_POLICIES, host_policy, "host policy")()
         prio = resolve(EVICTION_POLICIES, eviction_policy, "eviction policy")
-        if ids not in ("optrace", "sglang", "rust"):
+        if ids not in ID_SCHEMES:
             raise ValueError(f"unknown id scheme {ids!r}")
         self.ids = ids
         self.load_back_threshold = load_back_threshold
@@ -437,9 +443,15 @@ class Tree:
 
         self._clock = C.CLOCK_START
         self._next_id = 0
+        if ids == "server":
+            # A real server resets the tree core twice (UnifiedRadixCache.__init__ calls
+            # reset() after the core's constructor did, sem §1.3): the first reset's
+            # root and sentinels consume ids and clock draws before this root.
+            for _ in range(1 + C.SENTINEL_IDS_PER_COMPONENT):
+                self._new_node([], None)
         self.root = self._new_node([], None)
         self.root.lock_ref = 1  # never a leaf, never evicted
-        if ids == "sglang":
+        if ids in ("sglang", "server"):
             # reset() builds a device and a host LRU list (head + tail sentinel) per
             # component after the root; each sentinel is a node: an id and two draws.
             for _ in range(C.SENTINEL_IDS_PER_COMPONENT):

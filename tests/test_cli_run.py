@@ -95,7 +95,13 @@ def test_ctrl_c_on_the_command_line(tmp_path):
     out = tmp_path / "ag"
     proc = subprocess.Popen(CLI + ["run", str(SCN / "agentic_claude_code.yaml"), "-o", str(out), "--quiet"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # past start-up (imports, trace loading), well before the end
+    # The results folder's lock is taken right before the simulation starts; the
+    # deadline only keeps a broken run from hanging the suite.
+    lock = out.parent / f".{out.name}.lock"
+    deadline = time.monotonic() + 120
+    while not lock.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # into the run (the agentic traces take far longer than this)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate()
     assert proc.returncode == 130, err
