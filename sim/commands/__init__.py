@@ -15,6 +15,6 @@ COMMANDS = (
     "census",
     "calibrate",
     "repro",
-    "replay",
+    "verify_bundle",  # the `replay BUNDLE` command
     "bound",
 )

@@ -8,6 +8,7 @@ written), 2 for bad input.
 
 from __future__ import annotations
 
+import json
 import time
 
 NAME = "repro"
@@ -101,4 +102,9 @@ def run(args) -> int:
     res = repro.verify_bundle(out, trace_roots=args.trace_roots)
     print(f"bundle: {out} ({time.perf_counter() - t0:.1f} s); replay: hicache-sim replay {out}")
     print(f"failure: {res.line}")
+    meta = json.loads((out / "bundle.json").read_text())
+    ev = meta["first_divergent_event"]
+    if ev is not None:
+        print(f"first divergent event: {ev['kind']} at t={ev['t']:.6f}s (step {ev['step']}): "
+              f"{ev['summary']} [{ev['sglang']}]")
     return 3

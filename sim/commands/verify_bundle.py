@@ -1,6 +1,11 @@
-"""`hicache-sim replay BUNDLE_DIR`: re-run a repro bundle and check it fails exactly as
-recorded (verdict, first divergence time and step, digests, forks), then replay each
-rank's op-trace and check its final digest.
+"""`hicache-sim replay BUNDLE_DIR`: verify a repro bundle (``sim.repro.verify_bundle``).
+
+Re-runs the bundle's scenario and checks it fails exactly as recorded (verdict, the
+first true divergence, the shape divergence, the digest mismatch, the collective
+error, every rank's digest, the step count), that each rank's op-trace is what the
+re-run recorded, and that each op-trace re-runs alone to its final digest. The
+user-facing name stays ``replay``; the module is named for what it does, apart from
+``replay-ops`` (op-trace replay, ``sim.optrace``).
 
 Exit codes: 3 when the failure reproduces (the failure is printed as one line, as the
 real server would fail); 1 when it does not (one line saying what differs); 2 for a
@@ -23,7 +28,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from sim.errors import DivergenceError
-    from sim.repro import verify_bundle
+    from sim.repro.bundle import verify_bundle
 
     res = verify_bundle(args.bundle, trace_roots=args.trace_roots)
     n_traces = sum(1 for c in res.checked if c.startswith("optrace"))
