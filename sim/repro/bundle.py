@@ -34,6 +34,10 @@ from sim.repro.shrink import fix_router
 # 2: rank-keyed outcome fields (the engine no longer reports forks or cohorts) and
 # op-traces for write_through runs too (explicit write acks).
 BUNDLE_FORMAT = 2
+# Op-traces larger than this are written gzipped (``ranks/rank<R>.optrace.jsonl.gz``):
+# page-size-64 traces spell out every token and compress about 50x; read_trace and
+# replay-ops read .gz transparently. Smaller ones stay plain, for reading.
+GZIP_TRACES_OVER = 1 << 20
 # Trace files up to this size are copied into a bundle; larger ones stay absolute.
 COPY_INPUT_LIMIT = 32 << 20
 # The outcome fields verify_bundle compares, in this order (the first that differs
@@ -211,8 +215,15 @@ def _fill_bundle(tmp: Path, outcome: Outcome, info: BundleInfo) -> None:
     write_text(tmp / "scenario.yaml", text)
     write_text(tmp / "schedule.jsonl", _jsonl(schedule_lines(outcome)))
     traces = rank_traces(outcome)
+    names = {}
     for r, trace in traces.items():
-        write_text(tmp / "ranks" / f"rank{r}.optrace.jsonl", _jsonl(trace))
+        text = _jsonl(trace)
+        names[r] = f"ranks/rank{r}.optrace.jsonl"
+        if len(text) > GZIP_TRACES_OVER:
+            names[r] += ".gz"
+            _write_gzip(tmp / names[r], text)
+        else:
+            write_text(tmp / names[r], text)
     report = analyse(outcome, traces)
     if report["optrace_final_digests"] != div["digests"]:
         # A bundle whose op-traces do not re-run to the engine's trees is worse than none.
@@ -242,7 +253,7 @@ def _fill_bundle(tmp: Path, outcome: Outcome, info: BundleInfo) -> None:
             "exhausted": info.shrink.exhausted, "original": info.shrink.original,
             "case": info.shrink.case},
         "expect": expectation(outcome),
-        "op_traces": {str(r): f"ranks/rank{r}.optrace.jsonl" for r in traces},
+        "op_traces": {str(r): names[r] for r in traces},
         "optrace_final_digests": report["optrace_final_digests"],
         "inputs_copied": copied,
         "host_alloc_failures": any("host_alloc_failures" in t[0] for t in traces.values()),
@@ -251,6 +262,21 @@ def _fill_bundle(tmp: Path, outcome: Outcome, info: BundleInfo) -> None:
     }
     write_text(tmp / "report.md", render_report(bundle, report))
     write_json(tmp / "bundle.json", bundle)  # last: a folder with bundle.json is complete
+
+
+def _write_gzip(path: Path, text: str) -> None:
+    """Deterministic gzip (no file name, mtime 0), written atomically."""
+    import gzip
+    import io
+
+    from sim.atomic import atomic_path
+
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as gz:
+        gz.write(text.encode())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(buf.getvalue())
 
 
 # ----------------------------------------------------------------------------------

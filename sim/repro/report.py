@@ -133,12 +133,14 @@ KIND_ORDER = {"ack_pops": 0, "alloc_failure": 1, "op": 2, "collective_inputs": 3
 DIGEST_AT = {"sync": (2, 4), "load_check": (1, 3)}
 
 
-def _groups(outcome: Outcome) -> list[list[int]]:
-    """Ranks grouped by identical recorded ops and op times (what they did), rank order."""
+def _groups(outcome: Outcome, traces: dict) -> list[list[int]]:
+    """Ranks grouped by identical op-traces (their header too: a rank's own pool sizes
+    and failed allocations) and op times: what they did. Rank order."""
     sim = outcome.sim
     seen: dict = {}
     for r, ops in outcome.rank_ops().items():
-        key = json.dumps([[op, sim.op_at[id(op)][1:]] for op in ops], sort_keys=True)
+        head = {k: v for k, v in traces[r][0].items() if k != "note"}
+        key = json.dumps([head, [[op, sim.op_at[id(op)][1:]] for op in ops]], sort_keys=True)
         seen.setdefault(key, []).append(r)
     return sorted(seen.values())
 
@@ -271,7 +273,7 @@ def _bare(op: dict) -> dict:
     return {k: v for k, v in op.items() if k != "reserved"}
 
 
-def _op_summary(pair: dict, ops: dict) -> str:
+def _op_summary(pair: dict, ops: dict, traces: dict) -> str:
     """What differs at the first divergent op: the op itself, its result, or its time;
     and the ranks' allocators when they differ (late frees, skewed pools)."""
     i = pair["op_index"]
@@ -302,10 +304,23 @@ def _op_summary(pair: dict, ops: dict) -> str:
     if None not in res and res[0] != res[1]:
         text += (f" (their allocators differ: {res[0]} vs {res[1]} device tokens held outside "
                  f"the tree on {who(sides[0])} vs {who(sides[1])})")
+    heads = [traces[x["ranks"][0]][0] for x in sides]
+    for key, pool in (("device_capacity", "device"), ("host_capacity", "host")):
+        if heads[0][key] != heads[1][key]:
+            text += (f" (their {pool} pools differ: {heads[0][key]} vs {heads[1][key]} tokens on "
+                     f"{who(sides[0])} vs {who(sides[1])})")
     return text
 
 
-def _op_site(op: dict | None, out: dict | None) -> dict:
+HOST_KINDS = ("dup_reclaim", "dup_sweep", "host_evict", "drop_host")
+
+
+def _op_site(op: dict | None, out: dict | None, other: dict | None = None,
+             other_out: dict | None = None) -> dict:
+    """The SGLang function behind one side of the first divergent op. Where both
+    ranks ran the same eviction and got different victims, the first victim that
+    differs says which pool decided: a host-side one (a reclaim, a host eviction)
+    is ``evict_host``, otherwise the device eviction (``evict_for_alloc``)."""
     if op is None:
         return SITES["admit"]
     kind = op["op"]
@@ -313,9 +328,13 @@ def _op_site(op: dict | None, out: dict | None) -> dict:
         return SITES["admit"]
     if kind == "insert":
         return SITES["insert"]
-    if out and any(e["k"] in ("dup_reclaim", "dup_sweep", "host_evict") for e in out.get("events", ())) \
-            and kind in ("evict_device", "evict_host"):
-        return SITES["evict_host"]
+    if kind in ("evict_device", "evict_host") and other is not None and _bare(op) == _bare(other):
+        ea = [(e["k"], e.get("path")) for e in (out or {}).get("events", ())]
+        eb = [(e["k"], e.get("path")) for e in (other_out or {}).get("events", ())]
+        k = next((k for k, (x, y) in enumerate(zip(ea, eb)) if x != y), min(len(ea), len(eb)))
+        kinds = {x[k][0] for x in (ea, eb) if k < len(x)}
+        if kinds & set(HOST_KINDS):
+            return SITES["evict_host"]
     return SITES.get(kind, SITES["admit"])
 
 
@@ -356,7 +375,7 @@ def analyse(outcome: Outcome, traces: dict[int, list[dict]]) -> dict:
         "digest_mismatch": div["digest_mismatch"], "collective_error": div["collective_error"],
         "shape_divergence": div["shape_divergence"], "untracked": div["untracked"],
     }
-    groups = _groups(outcome)
+    groups = _groups(outcome, traces)
     report["rank_groups"] = groups  # ranks whose ops were identical, op for op
     ops = outcome.rank_ops()
     reps = {g[0]: rerun_ops(traces[g[0]]) for g in groups}
@@ -372,7 +391,9 @@ def analyse(outcome: Outcome, traces: dict[int, list[dict]]) -> dict:
         if i is None:
             continue
         entry = {"ranks": [ref, g], "op_index": i, "sides": []}
-        for grp, rep in ((ref, a), (g, b)):
+        pair_ops = [ops[x[0]][i - 1] if i <= len(ops[x[0]]) else None for x in (ref, g)]
+        pair_out = [rep.outputs[i] if i < len(rep.outputs) else None for rep in (a, b)]
+        for k, (grp, rep) in enumerate(((ref, a), (g, b))):
             rops = ops[grp[0]]
             op = rops[i - 1] if i <= len(rops) else None
             tick, t, step = sim.op_at[id(op)] if op is not None else (None, None, None)
@@ -387,7 +408,7 @@ def analyse(outcome: Outcome, traces: dict[int, list[dict]]) -> dict:
                 "ranks": grp, "order": tick, "t": t, "step": step, "op": summarise_op(op),
                 "output": None if out is None else {k: v for k, v in out.items() if k != "events"},
                 "victims": [] if out is None else victims(out, ps), "window": window,
-                "sglang": _op_site(op, out)})
+                "sglang": _op_site(op, out, pair_ops[1 - k], pair_out[1 - k])})
         entry["tree_diff_at_divergence"] = tree_diff(rerun_ops(traces[ref[0]], upto=i).tree,
                                                      rerun_ops(traces[g[0]], upto=i).tree)
         ftd = div["first_true_divergence"]
@@ -418,7 +439,7 @@ def analyse(outcome: Outcome, traces: dict[int, list[dict]]) -> dict:
             "kind": "op", "order": when(e), "t": first_side["t"], "step": first_side["step"],
             "op_index": e["op_index"], "sides": sides,
             "per_rank": {str(r): x["op"] for x in e["sides"] for r in x["ranks"]},
-            "summary": _op_summary(e, ops), "sglang": first_side["sglang"]})
+            "summary": _op_summary(e, ops, traces), "sglang": first_side["sglang"]})
     # Ties in order: an allocation failure happens inside the op recorded just before
     # it (the cause, listed first); see _alloc_events.
     events.sort(key=lambda e: (e["order"], KIND_ORDER[e["kind"]]))
