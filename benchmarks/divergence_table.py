@@ -63,7 +63,7 @@ def row(path: Path, seeds: int, jobs: int, out_root: Path) -> dict:
     if (bdir / "bundle.json").is_file():
         meta = json.loads((bdir / "bundle.json").read_text())
         b, a = meta["sizes"]["before"], meta["sizes"]["after"]
-        bundle = f"`bundles/{name}` ({meta['verdict']})"
+        bundle = f"`bundles/{name}` (seed {meta['seeds']['scenario']}: {meta['verdict']})"
         size = (f"{b['requests']} / {b['ranks']} / {b['events']} -> "
                 f"{a['requests']} / {a['ranks']} / {a['events']}")
     return {"class": f"`{name}`", "what": scenario.description.rstrip("."), "dist": dist,
