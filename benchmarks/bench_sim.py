@@ -66,6 +66,20 @@ def main():
     print(f"TP8/TP1 wall-time ratio, jitter on:  {rates[8, True] / rates[1, True]:.2f}")
     if not args.no_classes:
         replicas()
+    cluster()
+
+
+def cluster():
+    """The whole Mooncake conversation trace at dp 8 x tp 8 (64 ranks), as shipped."""
+    scn = load_scenario(ROOT / "scenarios" / "mooncake_conversation.yaml", [])
+    t0 = time.perf_counter()
+    res = run_scenario(scn, None)
+    wall = time.perf_counter() - t0
+    s = res.summary
+    print()
+    print(f"mooncake_conversation, dp {scn.dp} x tp {scn.tp} ({scn.dp * scn.tp} ranks), "
+          f"{s['requests']:,} requests: {wall:.2f} s wall (target 20 s: {wall / 20:.2f} of it), "
+          f"TTFT p50 {s['ttft_p50_s']:.3f} s, hit rate {s['hit_rate']:.1%}")
 
 
 def replicas():

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from reports.identical import find_identical, run_cases, sweep_cases
 from reports.load import Results, Run, Sweep, as_results, flatten
 from reports.plots import (build_plots, device_capacity_tokens, figure_bytes,
                            host_capacity_tokens)
@@ -183,10 +184,21 @@ def _ttft(run: Run, q: float) -> float:
     return float(np.quantile(ttft, q)) if len(ttft) else float("nan")
 
 
+def _capacity(tokens, run: Run) -> str:
+    """``12.3 GB (300,032 tokens)`` when the run knows its bytes per token, else tokens."""
+    from reports.plots import bytes_per_token
+    from sim.sizing import fmt_capacity
+
+    bpt = bytes_per_token(run)
+    if bpt is None or not isinstance(tokens, (int, float)) or tokens != tokens:
+        return _tokens(tokens)
+    return _e(fmt_capacity(int(tokens), bpt))
+
+
 def _runs_table(runs: list[Run]) -> str:
     header = ["run", "scenario", "write policy", "host policy", "eviction policy",
-              "device capacity (tokens)",
-              "host capacity (tokens)", "requests", "hit rate", "device hit", "host hit",
+              "device capacity per rank",
+              "host capacity per rank", "requests", "hit rate", "device hit", "host hit",
               "miss", "TTFT p50", "TTFT p99", "digest verdict"]
     rows = []
     for run in runs:
@@ -201,7 +213,7 @@ def _runs_table(runs: list[Run]) -> str:
             _e(flat.get("cache.write_policy", MISSING)),
             _e(flat.get("cache.host_policy", MISSING)),
             _e(flat.get("cache.eviction_policy", MISSING)),
-            _tokens(device_capacity_tokens(run)), _tokens(host_capacity_tokens(run)),
+            _capacity(device_capacity_tokens(run), run), _capacity(host_capacity_tokens(run), run),
             _tokens(requests),
             _pct(_rate(run, "hit_rate", None)),
             _pct(_rate(run, "device_hit_rate", "device_hit_tokens")),
@@ -252,7 +264,8 @@ def _differences_section(runs: list[Run]) -> str:
     return note + _table(header, rows)
 
 
-SWEEP_METRICS = (("hit_rate", "hit rate", _pct), ("device_hit_rate", "device hit", _pct),
+SWEEP_METRICS = (("host_gb", "host GB per rank", lambda v: f"{v:,.3g}"),
+                 ("hit_rate", "hit rate", _pct), ("device_hit_rate", "device hit", _pct),
                  ("host_hit_rate", "host hit", _pct), ("miss_rate", "miss", _pct),
                  ("bound_hit_rate", "offline bound", _pct),
                  ("ttft_p50_s", "TTFT p50", _seconds), ("ttft_p99_s", "TTFT p99", _seconds))
@@ -284,7 +297,23 @@ def _sweep_section(sweep: Sweep) -> str:
         rows = [[str(len(table))] + [fmt(means[c]) for c, _, fmt in metrics]]
     header = varying + ["seeds"] + [name for _, name, _ in metrics]
     parts.append(_table(header, rows, numeric=set(range(len(varying), len(header)))))
+    same = _identical_section(find_identical(sweep_cases(sweep)), "point")
+    if same:
+        parts.append("<p><b>Policies with identical results</b> (points that differ only "
+                     "in these policy keys):</p>" + same)
     return "".join(parts)
+
+
+def _identical_section(findings, what: str) -> str:
+    """Policy pairs with identical results, each with the reason the results give."""
+    items = []
+    for f in findings:
+        pairs = ", ".join(f"{_e(a.label)} = {_e(b.label)}" for a, b in f.pairs[:6])
+        more = f" and {len(f.pairs) - 6} more" if len(f.pairs) > 6 else ""
+        items.append(f"<li><b>{_e(f.title())}</b>: identical hit rates and TTFTs in "
+                     f"{len(f.pairs)} {what} pair(s) ({pairs}{more}). <i>Why:</i> "
+                     f"{_e(f.reason)}.</li>")
+    return ('<ul class="identical">' + "".join(items) + "</ul>") if items else ""
 
 
 def render_report(runs, *, notes: list[str] | None = None, title: str | None = None) -> str:
@@ -308,6 +337,10 @@ def render_report(runs, *, notes: list[str] | None = None, title: str | None = N
         out.append(_runs_table(results.runs))
         out.append("<h2>How the scenarios differ</h2>")
         out.append(_differences_section(results.runs))
+        same = _identical_section(find_identical(run_cases(results.runs)), "run")
+        if same:
+            out.append('<h2 id="identical-results">Policies with identical results</h2>')
+            out.append(same)
     if results.sweeps:
         out.append("<h2>Sweeps</h2>")
         out.extend(_sweep_section(s) for s in results.sweeps)

@@ -210,7 +210,7 @@ def _points_from_runs(runs: Sequence[Run]) -> tuple[pd.DataFrame, list[str]]:
             row["bound_hit_rate"] = float(run.summary["bound_hit_rate"])
         bpt = bytes_per_token(run)
         if bpt is not None:
-            row["host_bytes"] = row["host_tokens"] * bpt
+            row["host_gb"] = row["host_tokens"] * bpt / 1e9
         if isinstance(flat.get("host.ratio"), (int, float)):
             row["host.ratio"] = float(flat["host.ratio"])
         rows.append(row)
@@ -237,6 +237,16 @@ def _points_from_sweep(sweep: Sweep) -> tuple[pd.DataFrame, list[str]]:
     table = sweep.table.copy()
     if "host_tokens" not in table.columns:
         table["host_tokens"] = np.nan
+    # GB on the axis when the runs say their size in GB (summary.json's host_gb), or
+    # when the sweep varies a GB key (host.size_gb, SGLang's --hicache-size).
+    if "host_gb" not in table.columns or table["host_gb"].isna().any():
+        if "bytes_per_token" in table.columns and table["bytes_per_token"].notna().all() \
+                and table["host_tokens"].notna().all():
+            table["host_gb"] = table["host_tokens"] * table["bytes_per_token"] / 1e9
+        elif "host.size_gb" in table.columns and table["host.size_gb"].notna().all():
+            table["host_gb"] = table["host.size_gb"].astype(float)
+        elif "host_gb" in table.columns:
+            table = table.drop(columns=["host_gb"])
     panel_keys = [c for c in sweep.parameter_columns
                   if not c.startswith("host.") and table[c].astype(str).nunique() > 1]
     if not panel_keys:
@@ -281,8 +291,8 @@ def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> F
         raise NoData("no rows")
     panel_keys = _order_panel_keys(panel_keys)
     has_tokens = points["host_tokens"].notna().any()
-    use_bytes = "host_bytes" in points.columns and points["host_bytes"].notna().all()
-    x_col = "host_bytes" if use_bytes else ("host_tokens" if has_tokens else "host.ratio")
+    use_gb = "host_gb" in points.columns and points["host_gb"].notna().all()
+    x_col = "host_gb" if use_gb else ("host_tokens" if has_tokens else "host.ratio")
     if x_col not in points.columns or points[x_col].isna().all():
         raise NoData("no host capacity recorded (host_tokens or host.ratio)")
     points = points.assign(_panel=[_panel_title(dict(zip(panel_keys, values)))
@@ -294,9 +304,8 @@ def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> F
     width = max(7.0, 3.9 * ncols + 0.6)  # room for the legend below a single panel
     fig = Figure(figsize=(width, 3.3 * nrows + 1.3), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
-    if x_col == "host_bytes":
-        unit, div = _byte_unit(float(points[x_col].max()))
-        xfmt, xlabel = (lambda v: f"{v / div:.3g} {unit}"), "host capacity per rank"
+    if x_col == "host_gb":
+        xfmt, xlabel = (lambda v: f"{v:.3g} GB"), "host capacity per rank (GB = 1e9 bytes)"
     elif x_col == "host_tokens":
         xfmt, xlabel = _fmt_count, "host capacity (tokens)"
     else:
@@ -342,13 +351,20 @@ def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> F
         if "partial" in sub.columns:
             partial = sub.groupby(x_col)["partial"].any().reindex(mean.index)
             ticks = [f"{t}\n(partial)" if p else t for t, p in zip(ticks, partial)]
-        if x_col in ("host_tokens", "host_bytes") and "host.ratio" in sub.columns:
+        if x_col in ("host_tokens", "host_gb") and "host.ratio" in sub.columns:
             ratios = sub.groupby(x_col)["host.ratio"].first().reindex(mean.index)
             # "96K" -> "96K\n(2× dev)", before any "(partial)" line.
             ticks = [t if not np.isfinite(r) else
                      t.replace("\n", f"\n({r:g}× dev)\n", 1) if "\n" in t
                      else f"{t}\n({r:g}× dev)"
                      for t, r in zip(ticks, ratios.to_numpy(dtype=float))]
+        if x_col == "host_gb" and has_tokens:
+            # Tokens beside the GB: "12.3 GB" -> "12.3 GB\n300K tok".
+            tok = sub.groupby(x_col)["host_tokens"].first().reindex(mean.index)
+            ticks = [t if not np.isfinite(k) else
+                     t.replace("\n", f"\n{_fmt_count(k)} tok\n", 1) if "\n" in t
+                     else f"{t}\n{_fmt_count(k)} tok"
+                     for t, k in zip(ticks, tok.to_numpy(dtype=float))]
         ax.set_xticks(xs, ticks)
         # At least three bar slots wide, so one or two bars are not stretched.
         half, centre = max(len(xs), 3) / 2, (len(xs) - 1) / 2
@@ -444,6 +460,13 @@ def plot_effective_capacity(results: Results) -> list[Plot]:
     labels.append("device + host capacity")
     top.set_ylabel("effective capacity\n(unique tokens, both tiers)")
     top.yaxis.set_major_formatter(FuncFormatter(_fmt_count))
+    bpts = {bytes_per_token(r) for _, r in runs}
+    if len(bpts) == 1 and None not in bpts:
+        # The same axis in GB per rank (one bytes-per-token for every run drawn).
+        bpt = bpts.pop()
+        sec = top.secondary_yaxis("right", functions=(lambda t, b=bpt: t * b / 1e9,
+                                                       lambda g, b=bpt: g * 1e9 / b))
+        sec.set_ylabel("GB per rank (1e9 bytes)")
     top.set_ylim(bottom=0)
     top.set_title("Effective capacity")
     bottom.set_ylabel("duplicate share\n(copies / tokens held)")

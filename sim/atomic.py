@@ -54,6 +54,21 @@ def write_json(path, obj) -> None:
                                 allow_nan=False) + "\n")
 
 
-def write_parquet(path, df) -> None:
+def write_parquet(path, df, units: dict | None = None) -> None:
+    """The one parquet writer: ``df`` without its index, ``df.attrs`` kept (as pandas
+    keeps them), and with ``units`` (column -> unit, ``sim.units``) every column's unit
+    in the schema metadata under ``hicache_sim.units``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sim.units import UNITS_KEY, units_for
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    if df.attrs:  # what pandas' own writer adds, so read_parquet restores them
+        meta[b"PANDAS_ATTRS"] = json.dumps(df.attrs).encode()
+    if units is not None:
+        meta[UNITS_KEY] = json.dumps(units_for(list(df.columns), units)).encode()
+    table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp:
-        df.to_parquet(tmp, index=False)
+        pq.write_table(table, tmp, compression="snappy")

@@ -285,6 +285,24 @@ BASE_COLUMNS = (
     ("batch_mismatch_t_s", "float64"), ("batch_mismatch_step", "Int64"),
     ("batch_mismatch_where", "string"),
 )
+# Each column's unit (sim.units), in census.parquet's metadata: times are simulated
+# seconds, steps count scheduler steps; perturbation_<name>_count columns are counts.
+BASE_UNITS = {
+    "seed": "id", "verdict": "text", "halted": "text", "steps": "1", "detection_delay_s": "s",
+    "digest_after_true_divergence": "bool",
+    "first_true_divergence_t_s": "s", "first_true_divergence_step": "1",
+    "digest_mismatch_t_s": "s", "digest_mismatch_step": "1",
+    "collective_error_t_s": "s", "collective_error_step": "1", "collective_error_kind": "text",
+    "batch_mismatch_t_s": "s", "batch_mismatch_step": "1", "batch_mismatch_where": "text",
+}
+
+
+def table_units(table) -> dict:
+    """The unit of every column of a census table (a column missing here is a bug that
+    ``write_parquet`` reports)."""
+    units = dict(BASE_UNITS)
+    units.update({c: "1" for c in table.columns if c.startswith(PERTURBATION_PREFIX)})
+    return units
 
 
 def _row(rec: dict, names: list[str]) -> dict:
@@ -409,36 +427,27 @@ def aggregate(table, plan: CensusPlan, failed: Sequence[int] = ()) -> dict:
 # ----------------------------------------------------------------------------------
 
 
-def _fmt_s(x) -> str:
-    return "-" if x is None else f"{x:.4g}"
-
-
 def format_table(agg: dict) -> str:
-    """The aggregate as plain aligned text (``rich`` is not a dependency)."""
-    header = ["verdict", "seeds", "share", "delay n", "p50 (s)", "p90 (s)", "p99 (s)", "max (s)",
-              "1st div n", "p50 (s)", "p90 (s)"]
+    """The aggregate as plain aligned text (``sim.fmt.table``; ``rich`` is not a
+    dependency). Times are simulated, shown in ms, s, min or h (``sim.fmt.duration``)."""
+    from sim.fmt import duration, percent, table
+
+    header = ["verdict", "seeds", "share", "delay n", "p50", "p90", "p99", "max",
+              "1st div n", "p50", "p90"]
     lines = []
     for row in agg["verdicts"] + [agg["all"]]:
         d, f = row["detection_delay_s"], row["first_true_divergence_t_s"]
-        lines.append([row["verdict"], str(row["seeds"]),
-                      "-" if row["share"] is None else f"{row['share']:.1%}",
-                      str(d["n"]), _fmt_s(d["p50"]), _fmt_s(d["p90"]), _fmt_s(d["p99"]),
-                      _fmt_s(d["max"]), str(f["n"]), _fmt_s(f["p50"]), _fmt_s(f["p90"])])
-    widths = [max(len(r[i]) for r in [header] + lines) for i in range(len(header))]
-
-    def fmt(cells):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
+        lines.append([row["verdict"], str(row["seeds"]), percent(row["share"]),
+                      str(d["n"]), duration(d["p50"]), duration(d["p90"]), duration(d["p99"]),
+                      duration(d["max"]), str(f["n"]), duration(f["p50"]), duration(f["p90"])])
     s = agg["seeds"]
     title = (f"census {agg['scenario']}: seeds {s['first']}..{s['last']} ({s['count']}), "
              f"{agg['completed']} completed")
     if agg["failed_seeds"]:
         title += f", {len(agg['failed_seeds'])} failed"
-    rule = "-" * len(fmt(header))
-    out = [title, fmt(header), rule] + [fmt(r) for r in lines[:-1]] + [rule, fmt(lines[-1])]
+    out = [title, table(header, lines[:-1], footer=lines[-1:])]
     out.append("delay: digest mismatch minus first true divergence (seeds where the digest "
-               "fired after one); 1st div: time of the first true divergence; simulated s")
+               "fired after one); 1st div: time of the first true divergence; simulated time")
     if agg.get("perturbations"):
         fired = ", ".join(f"{k} {v['total']} in {v['seeds_fired']}/{v['seeds_reporting']} seeds"
                           for k, v in agg["perturbations"].items())
@@ -516,7 +525,7 @@ def run_census(plan: CensusPlan, *, jobs: int | None = None, executor: str = "lo
     records = [r for r in (read_record(plan, s) for s in plan.seeds) if r is not None]
     table = build_table(records)
     agg = aggregate(table, plan, [f["seed"] for f in failures])
-    write_parquet(plan.out / TABLE_FILE, table)
+    write_parquet(plan.out / TABLE_FILE, table, table_units(table))
     write_strict_json(plan.out / AGGREGATE_FILE, agg)
     files = [plan.out / TABLE_FILE, plan.out / AGGREGATE_FILE]
     if plots:

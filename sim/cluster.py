@@ -15,7 +15,7 @@ from __future__ import annotations
 import simpy
 
 from sim.errors import UserError
-from sim.events import Simulation, _Halt
+from sim.events import Simulation, _Halt, feed, within_limits
 from sim.metrics import requests_frame, summarize, timeseries_frame
 from sim.router import ROUTERS
 from sim.verdict import VERDICTS
@@ -55,29 +55,18 @@ class Cluster:
             inst.wrap_up()
 
     def _arrivals(self):
-        cfg, env, insts = self.cfg, self.env, self.instances
-        n = 0
-        try:
-            for req in self.workload:
-                if cfg.max_requests is not None and n >= cfg.max_requests:
-                    break
-                if cfg.duration_s is not None and req.arrival > cfg.duration_s:
-                    break
-                if req.arrival > env.now:
-                    for inst in insts:
-                        inst._mark(req.arrival)
-                    yield env.timeout(req.arrival - env.now)
-                i = self.router.choose(req, [inst.load for inst in insts]) if len(insts) > 1 else 0
-                self.router.routed(req, i)
-                self.routed[i] += 1
-                insts[i].submit(req)
-                n += 1
-        except UserError as err:
-            # A bad trace record: keep the error itself and stop the run.
-            self._user_error = err
-            raise _Halt() from None
-        for inst in insts:
-            inst.end_arrivals()
+        yield from feed(self.env, within_limits(self.workload, self.cfg), self.instances,
+                        self._route, self._fail)
+
+    def _route(self, req) -> int:
+        insts = self.instances
+        i = self.router.choose(req, [inst.load for inst in insts]) if len(insts) > 1 else 0
+        self.router.routed(req, i)
+        self.routed[i] += 1
+        return i
+
+    def _fail(self, err: UserError) -> None:
+        self._user_error = err
 
     def _progress(self, now, _metrics) -> None:
         self._progress_cb(now, self)

@@ -51,3 +51,46 @@ SKIP_RECLAIM_TRUE_VALUES = ("true", "1", "yes", "y")
 
 # --hicache-size is in GB of 1e9 bytes: host size = floor(GB * 1e9 / size_per_token) (sem §6.2).
 HICACHE_SIZE_BYTES_PER_GB = 10**9
+
+# --- Device pool sizing (SGLang 0.5.23) ----------------------------------------------
+# KV budget: mem_cache/kv_cache_configurator.py KVCacheConfigurator._profile_available_bytes:
+#   rest_memory = available_gpu_memory - pre_model_load_memory * (1 - mem_fraction_static)
+# (GiB, from torch.cuda.mem_get_info after / before the weights load), then
+# model_executor/pool_configurator.py DefaultPoolConfigurator.calculate_pool_sizes:
+#   max_total_num_tokens = available_bytes // cell_size // page_size * page_size.
+# The default mem_fraction_static: arg_groups/memory_hook.py handle_gpu_memory_settings
+# (the non-post-capture branch; SGLANG_ENABLE_POST_CAPTURE_KV_SIZING defaults to False,
+# environ.py), all figures in MiB:
+#   reserved = 512 + max(chunked_prefill_size, 2048) * 1.5 + tp * pp / 8 * 1024
+#              + reserve_for_graph_mb (decode max_bs * 2, prefill graph len(bs) * 8 or
+#                1.5 GiB with MLA), at least 10 GiB on a GPU over 60 GiB;
+#   mem_fraction_static = round((gpu_mem - reserved) / gpu_mem, 3)
+MEM_FRACTION_BASE_MB = 512
+MEM_FRACTION_ACTIVATION_MB_PER_TOKEN = 1.5
+MEM_FRACTION_MIN_ACTIVATION_TOKENS = 2048
+MEM_FRACTION_TP_MB_PER_8_RANKS = 1024
+MEM_FRACTION_DECODE_GRAPH_MB_PER_BS = 2
+MEM_FRACTION_PREFILL_GRAPH_MB_PER_BS = 8
+MEM_FRACTION_PREFILL_GRAPH_MLA_MB = 1.5 * 1024
+MEM_FRACTION_FLOOR_MB = 10 * 1024  # applies when gpu_mem > 60 GiB
+MEM_FRACTION_FLOOR_ABOVE_MB = 60 * 1024
+# Decode CUDA-graph max batch size by GPU memory (MiB upper bound, tp < 4, tp >= 4),
+# memory_hook.handle_gpu_memory_settings; above the last bound: 512.
+DECODE_GRAPH_MAX_BS = ((20 * 1024, 8, 8), (35 * 1024, 48, 160), (60 * 1024, 32, 160),
+                       (90 * 1024, 256, 512), (160 * 1024, 256, 512))
+DECODE_GRAPH_MAX_BS_LARGE = 512
+# SGLang's chunked_prefill_size when unset on GPUs of 35-160 GiB (memory_hook).
+CHUNKED_PREFILL_DEFAULT = 8192
+
+# --- Host pool sizing (SGLang 0.5.23) ------------------------------------------------
+# mem_cache/pool_host/base.py HICACHE_HOST_MEMORY_RESERVE_BYTES: host RAM kept free;
+# host_memory_budget_bytes = (available host RAM - reserve) // ranks_per_host, and
+# HostKVCache._allocate_host_buffer raises "Not enough host memory available" when a
+# rank's pool (size * size_per_token) exceeds it (sem §6.2).
+HOST_MEMORY_RESERVE_BYTES = 10 * (1 << 30)
+# --hicache-host-memory-fraction default (arg_groups/fields/memory.py); applies only when
+# neither --hicache-ratio nor --hicache-size is set (hicache_hook.handle_hicache_ratio_default).
+HICACHE_HOST_MEMORY_FRACTION_DEFAULT = 0.8
+# mem_cache/hicache_auto_size.py _ALLOCATION_SLACK_FRACTION: the auto-sized ratio is
+# min(requested, budget * fraction * (1 - slack) / device_pool_bytes).
+HICACHE_AUTO_SIZE_SLACK = 0.05

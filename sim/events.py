@@ -178,6 +178,35 @@ class _Plan:
         self.started = None                          # event: the merged H2D op began
 
 
+def within_limits(workload, cfg):
+    """The stream's requests within the run's limits (``max_requests``, ``duration_s``)."""
+    for n, req in enumerate(workload):
+        if cfg.max_requests is not None and n >= cfg.max_requests:
+            return
+        if cfg.duration_s is not None and req.arrival > cfg.duration_s:
+            return
+        yield req
+
+
+def feed(env, requests, instances, choose, fail):
+    """The arrival process: each request, at its arrival time, to ``choose(req)``'s
+    instance. Every arrival is a relevant time for every instance, so a decode run
+    stops at the step boundary after it, where a real scheduler would see it. A bad
+    trace record goes to ``fail`` and stops the run."""
+    try:
+        for req in requests:
+            if req.arrival > env.now:
+                for inst in instances:
+                    inst._mark(req.arrival)
+                yield env.timeout(req.arrival - env.now)
+            instances[choose(req)].submit(req)
+    except UserError as err:
+        fail(err)
+        raise _Halt() from None
+    for inst in instances:
+        inst.end_arrivals()
+
+
 class Simulation:
     """A TP group serving a request stream with HiCache, in simulated time."""
 
@@ -319,25 +348,13 @@ class Simulation:
         return len(self.waiting) + len(self.running) + (self.chunked is not None)
 
     def _arrivals(self):
-        cfg = self.cfg
-        n = 0
-        try:
-            for req in self.workload:
-                if cfg.max_requests is not None and n >= cfg.max_requests:
-                    break
-                if cfg.duration_s is not None and req.arrival > cfg.duration_s:
-                    break
-                if req.arrival > self.env.now:
-                    self._mark(req.arrival)
-                    yield self.env.timeout(req.arrival - self.env.now)
-                self.submit(req)
-                n += 1
-        except UserError as err:
-            # A bad trace record: keep the error object itself (SimPy would re-create
-            # it from its args) and stop; run() raises it once the loop has unwound.
-            self._user_error = err
-            raise _Halt() from None
-        self.end_arrivals()
+        yield from feed(self.env, within_limits(self.workload, self.cfg), [self], lambda req: 0,
+                        self._fail)
+
+    def _fail(self, err: UserError) -> None:
+        # A bad trace record: keep the error object itself (SimPy would re-create it
+        # from its args); run() raises it once the loop has unwound.
+        self._user_error = err
 
     def _in_flight(self) -> bool:
         return any(c.load_q or c.write_q or self._pending_writes.get(id(c))

@@ -24,6 +24,23 @@ TIMESERIES_COLUMNS = [
     "backup_tokens", "reclaim_pass1_tokens", "reclaim_pass2_tokens", "host_evict_tokens",
     "drop_tokens", "load_back_tokens", "requests_done", "hit_rate",
 ]
+# Each column's unit (sim.units), written into the parquet files' metadata. Times are
+# simulated seconds from the start of the run; tokens and bytes are per rank.
+REQUEST_UNITS = {
+    "rid": "id", "session": "id", "arrival": "s", "start": "s", "first_token": "s",
+    "finish": "s", "input_tokens": "tokens", "device_hit_tokens": "tokens",
+    "host_hit_tokens": "tokens", "miss_tokens": "tokens", "load_back_tokens": "tokens",
+    "load_back_bytes": "bytes", "load_back_s": "s", "backup_stall_s": "s", "prefill_s": "s",
+    "ttft_s": "s", "instance": "id",
+}
+TIMESERIES_UNITS = {
+    "t": "s", "instance": "id", "rank": "id", "device_used": "tokens", "device_reserved": "tokens", "host_used": "tokens",
+    "duplicate_tokens": "tokens", "effective_tokens": "tokens", "device_capacity": "tokens",
+    "host_capacity": "tokens", "evicted_tokens": "tokens", "backup_tokens": "tokens",
+    "reclaim_pass1_tokens": "tokens", "reclaim_pass2_tokens": "tokens",
+    "host_evict_tokens": "tokens", "drop_tokens": "tokens", "load_back_tokens": "tokens",
+    "requests_done": "1", "hit_rate": "1",
+}
 
 
 class Metrics:

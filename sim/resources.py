@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 
 from sim.errors import UserError
+from sim.fmt import duration
 
 REQUESTS_PER_S = 10_000  # simulated requests per wall-second (bench_sim, TP 8)
 TORCH_REQUESTS_PER_S = 300  # with a real all_reduce per step over pipes
@@ -43,23 +44,13 @@ class Estimate:
 
     def line(self) -> str:
         req = "requests unknown (a trace)" if self.requests is None else f"{self.requests:,} requests"
-        wall = "" if self.wall_s is None else f", about {_duration(self.wall_s)} wall"
+        wall = "" if self.wall_s is None else f", about {duration(self.wall_s)} wall"
         return (f"estimate: {req}{wall}, about {self.memory_bytes / (1 << 30):.1f} GiB memory, "
                 f"{self.processes} process(es)")
 
     @property
     def large(self) -> bool:
         return (self.wall_s or 0) >= NOTE_WALL_S or self.memory_bytes >= NOTE_BYTES
-
-
-def _duration(s: float) -> str:
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    if s < 2 * 86400:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:,.0f} days"
 
 
 def _requests(workload) -> int | None:

@@ -20,6 +20,7 @@ from typing import Callable
 from sim import __version__
 from sim.atomic import write_json, write_parquet, write_text
 from sim.errors import UserError
+from sim.metrics import REQUEST_UNITS, TIMESERIES_UNITS
 
 
 @dataclass
@@ -94,11 +95,16 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResul
     divergence = sim.report()
     summary["verdict"] = divergence["verdict"]
     summary["skipped_trace_lines"] = int(getattr(workload, "skipped", 0) or 0)
+    from sim.diagnostics import tier_fields
+
+    # GB sizes, bytes per token, per-tier pages and the diagnosis (sim.diagnostics).
+    summary.update(tier_fields(summary, sim.timeseries_df(),
+                               [i.group.cohorts[0].tree for i in sim.instances], scenario))
     if folder is not None:
         out = folder.stage()
         meta_path = out / "meta.json"
-        write_parquet(out / "requests.parquet", sim.requests_df())
-        write_parquet(out / "timeseries.parquet", sim.timeseries_df())
+        write_parquet(out / "requests.parquet", sim.requests_df(), REQUEST_UNITS)
+        write_parquet(out / "timeseries.parquet", sim.timeseries_df(), TIMESERIES_UNITS)
         write_json(out / "divergence.json", divergence)
         write_json(out / "summary.json", summary)
         write_text(out / "scenario.yaml", dump_resolved(scenario))

@@ -42,6 +42,7 @@ from pydantic_core import PydanticCustomError
 
 from sim import __version__
 from sim.constants import (
+    HICACHE_HOST_MEMORY_FRACTION_DEFAULT,
     HICACHE_RATIO_DEFAULT,
     HICACHE_SIZE_BYTES_PER_GB,
     HOST_POOL_EXTRA_PAGES,
@@ -247,44 +248,95 @@ class ModelConfig(_Model):
         return ModelSpec(**fields)
 
 
+#: The keys that size each tier: exactly one (device) / at most one (host) is given, so
+#: ``--set host.size_gb=4`` replaces whichever unit the file used (``_apply_override``).
+DEVICE_UNITS = ("tokens", "gib", "mem_fraction_static")
+HOST_UNITS = ("tokens", "gib", "ratio", "size_gb", "host_memory_fraction")
+
+
 class Device(_Model):
-    """Device (GPU) KV capacity per rank: ``tokens`` (a multiple of page_size) or ``gib``
-    (rounded down to whole pages with the model's bytes per token)."""
+    """Device (GPU) KV capacity per rank, one of: ``tokens`` (a multiple of page_size),
+    ``gib`` (rounded down to whole pages with the model's bytes per token) or
+    ``mem_fraction_static`` (SGLang --mem-fraction-static: the pool SGLang would size
+    on the GPU of ``cost.profile`` after this rank's weights, ``sim.sizing``; ``auto``
+    takes SGLang's default for that GPU, TP size and chunked prefill)."""
 
     tokens: Tokens | None = None
     gib: _num(gt=0.0, hi=1e6) | None = None
+    mem_fraction_static: Union[_num(gt=0.0, hi=1.0), Literal["auto"]] | None = None
 
     @model_validator(mode="after")
     def _one(self):
-        if (self.tokens is None) == (self.gib is None):
-            raise _err("both tokens and gib" if self.tokens else "neither tokens nor gib",
-                       "exactly one of tokens, gib", "tokens")
+        given = [k for k in DEVICE_UNITS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise _err(" and ".join(given) if given else "none of them",
+                       f"exactly one of {', '.join(DEVICE_UNITS)}", given[1] if given else "tokens")
         return self
+
+    def mode(self) -> tuple[str, Any]:
+        for k in DEVICE_UNITS:
+            if getattr(self, k) is not None:
+                return k, getattr(self, k)
+        raise AssertionError("validated Device has one unit")
+
+
+def _host_off(v):
+    # ``host: off`` (YAML reads it as false) or ``host: "off"``: no host tier, as a
+    # server without --enable-hierarchical-cache (a single-tier radix cache).
+    if v is False or (isinstance(v, str) and v.strip().lower() == "off"):
+        return {"tokens": 0}
+    return v
 
 
 class Host(_Model):
     """Host (pinned CPU) KV capacity per rank, one of: ``tokens`` (the exact pool size, a
-    multiple of page_size), ``ratio`` (SGLang --hicache-ratio, x device tokens),
-    ``size_gb`` (SGLang --hicache-size, GB of 1e9 bytes per rank) or ``gib``. ratio,
-    size_gb and gib follow SGLang's geometry: one extra page is added. Default: ratio 2."""
+    multiple of page_size; 0, or ``host: off``, means no host tier), ``ratio`` (SGLang
+    --hicache-ratio, x device tokens), ``size_gb`` (SGLang --hicache-size, GB of 1e9
+    bytes per rank), ``gib``, or ``host_memory_fraction`` (SGLang
+    --hicache-host-memory-fraction: the default ratio 2 auto-sized down to fit
+    ``node.host_ram_gb``). ratio, size_gb, gib and the fraction follow SGLang's
+    geometry: one extra page is added. Default: ratio 2, auto-sized with fraction 0.8
+    when ``node`` is given (as SGLang does on a real machine)."""
 
-    tokens: Tokens | None = None
+    tokens: _int(0, 10**12) | None = None
     gib: _num(gt=0.0, hi=1e7) | None = None
     ratio: _num(gt=0.0, hi=1e4) | None = None
     size_gb: _num(gt=0.0, hi=1e7) | None = None
+    host_memory_fraction: _num(gt=0.0, hi=1.0) | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _off(cls, v):
+        return _host_off(v)
 
     @model_validator(mode="after")
     def _at_most_one(self):
-        given = [k for k in ("tokens", "gib", "ratio", "size_gb") if getattr(self, k) is not None]
+        given = [k for k in HOST_UNITS if getattr(self, k) is not None]
         if len(given) > 1:
-            raise _err(f"{' and '.join(given)}", "one of tokens, gib, ratio, size_gb", given[1])
+            raise _err(f"{' and '.join(given)}", f"one of {', '.join(HOST_UNITS)}", given[1])
         return self
 
     def mode(self) -> tuple[str, float]:
-        for k in ("tokens", "gib", "ratio", "size_gb"):
+        """The sizing unit given, or ("default", ratio 2) when none is."""
+        for k in HOST_UNITS:
             if getattr(self, k) is not None:
                 return k, getattr(self, k)
-        return "ratio", HICACHE_RATIO_DEFAULT
+        return "default", HICACHE_RATIO_DEFAULT
+
+    @property
+    def off(self) -> bool:
+        return self.tokens == 0
+
+
+class Node(_Model):
+    """The machine the ranks run on: the host RAM available to SGLang (GB of 1e9 bytes,
+    what psutil reports available, cgroup-bounded) and its GPUs. SGLang gives each local
+    rank (RAM - 10 GiB) / ranks-per-node and refuses to start when a host pool exceeds
+    it (mem_cache/pool_host/base.py); ``on_exceed: warn`` runs anyway and records it."""
+
+    host_ram_gb: _num(gt=0.0, hi=1e7)
+    gpus: _int(1, 1024) = 8
+    on_exceed: Literal["refuse", "warn"] = "refuse"
 
 
 # ----------------------------------------------------------------------------------
@@ -652,11 +704,33 @@ Workload = Annotated[
 
 
 class Scheduler(_Model):
-    """Simulator defaults (not SGLang constants: SGLang sizes these from GPU memory)."""
+    """Simulator defaults (not SGLang constants: SGLang sizes these from GPU memory).
 
+    ``mode: cache_replay`` is a preset, not an engine knob: it means
+    ``max_running_requests: 1`` and ``decode: false`` (one request at a time, no
+    decode), a pure cache replay whose hit rates compare with one-pass cache models and
+    published hit-rate-vs-capacity curves. Setting either key to something else
+    alongside it is an error."""
+
+    mode: Literal["serve", "cache_replay"] = "serve"
     max_running_requests: _int(1, 10**6) | None = None  # None: bounded by device memory
     chunked_prefill_tokens: _int(1, 10**9) | None = 8192  # None: no chunking
     decode: bool = True
+
+    @model_validator(mode="after")
+    def _preset(self):
+        if self.mode == "cache_replay":
+            given = self.model_fields_set
+            if "max_running_requests" in given and self.max_running_requests != 1:
+                raise _err(f"max_running_requests {self.max_running_requests} with mode cache_replay",
+                           "1 or unset (cache_replay serves one request at a time)",
+                           "max_running_requests")
+            if "decode" in given and self.decode:
+                raise _err("decode true with mode cache_replay",
+                           "false or unset (cache_replay decodes nothing)", "decode")
+            self.max_running_requests = 1
+            self.decode = False
+        return self
 
 
 class Limits(_Model):
@@ -697,6 +771,7 @@ class Scenario(_Model):
     page_size: _int(1, 1 << 16)
     device: Device
     host: Host = Field(default_factory=Host)
+    node: Node | None = None
     cache: Cache = Field(default_factory=Cache)
     cost: Cost = Field(default_factory=Cost)
     collective: Collective = Field(default_factory=Collective)
@@ -741,7 +816,8 @@ class Scenario(_Model):
                 if r >= self.tp:
                     raise _err(f"rank {r}", f"a rank below tp ({self.tp})", path)
         try:
-            _capacities(self)
+            dev, host = _capacities(self)
+            _node_check(self, dev, host)
         except _CapacityError as e:
             raise _err(e.found, e.expected, e.sub) from None
         return self
@@ -791,34 +867,114 @@ def _nearest(n: int, page: int) -> str:
     return f"{lo} or {lo + page}" if lo else f"{page}"
 
 
-def _capacities(s: Scenario) -> tuple[int, int]:
-    page = s.page_size
-    bpt = s.model.spec().bytes_per_token(s.tp)
-    if s.device.tokens is not None:
-        dev = s.device.tokens
+def _ranks_per_node(s: Scenario) -> int:
+    """Ranks sharing one node's host RAM: SGLang's ranks_per_host (launch world size //
+    nodes), here tp x dp ranks packed onto nodes of ``node.gpus`` GPUs."""
+    dp = getattr(s, "dp", None)
+    dp = dp if isinstance(dp, int) and not isinstance(dp, bool) else getattr(dp, "size", 1)
+    world = s.tp * (dp if isinstance(dp, int) and dp > 0 else 1)
+    return max(1, min(world, s.node.gpus)) if s.node is not None else world
+
+
+def _profile_gib(s: Scenario) -> float:
+    from sim.costs import load_profile
+
+    return _cached_profile(s.cost.profile, load_profile).hbm_gib
+
+
+_PROFILE_CACHE: dict = {}
+
+
+def _cached_profile(name, load):
+    # A sweep or ``plan`` resolves capacities many times; the file does not change.
+    if name not in _PROFILE_CACHE:
+        _PROFILE_CACHE[name] = load(name)
+    return _PROFILE_CACHE[name]
+
+
+def _device_sizing(s: Scenario, page: int, bpt: int) -> tuple[int, dict]:
+    from sim import sizing
+
+    mode, value = s.device.mode()
+    info: dict = {"unit": mode}
+    if mode == "tokens":
+        dev = int(value)
         if dev % page:
             raise _CapacityError("device.tokens", f"{dev} tokens",
                                  f"a multiple of page_size {page} (nearest: {_nearest(dev, page)})")
-    else:
-        dev = math.floor(s.device.gib * GIB / bpt) // page * page
+    elif mode == "gib":
+        dev = math.floor(value * GIB / bpt) // page * page
         if dev < page:
-            raise _CapacityError("device.gib", f"{s.device.gib:g} GiB = {dev} tokens "
+            raise _CapacityError("device.gib", f"{value:g} GiB = {dev} tokens "
                                  f"at {bpt} bytes/token", f"at least one page ({page} tokens)")
+    else:
+        spec = s.model.spec()
+        gpu_gib = _profile_gib(s)
+        if value == "auto":
+            value = sizing.sglang_mem_fraction_static(
+                gpu_gib, s.tp, s.scheduler.chunked_prefill_tokens,
+                s.scheduler.max_running_requests, spec.is_mla)
+        weights = sizing.weights_bytes_per_rank(spec, s.tp)
+        kv = sizing.device_kv_bytes(value, gpu_gib, weights)
+        dev = sizing.device_tokens_from_bytes(kv, bpt, page)
+        info.update(mem_fraction_static=value, gpu_gib=gpu_gib,
+                    weights_gb_per_rank=weights / sizing.GB, kv_pool_gb=max(kv, 0) / sizing.GB)
+        if dev < page:
+            need = math.ceil(sizing.minimum_mem_fraction(gpu_gib, weights) * 1000) / 1000
+            raise _CapacityError(
+                "device.mem_fraction_static",
+                f"{value:g} on a {gpu_gib:g} GiB GPU ({s.cost.profile}) with "
+                f"{weights / GIB:.2f} GiB of weights per rank: {max(kv, 0) / GIB:.2f} GiB for KV",
+                f"a fraction leaving at least one page of KV (SGLang: 'Loaded weights leave no "
+                f"GPU memory for the KV cache'; raise it above {need:.3f})")
+    return dev, info
+
+
+def _sizing(s: Scenario) -> dict:
+    """Both tiers' sizes per rank, how they were derived, and the node's host budget."""
+    from sim import sizing
+
+    page = s.page_size
+    bpt = s.model.spec().bytes_per_token(s.tp)
+    dev, dev_info = _device_sizing(s, page, bpt)
     mode, value = s.host.mode()
+    host_info: dict = {"unit": mode}
+    ranks = _ranks_per_node(s)
+    budget = sizing.host_budget_bytes(s.node.host_ram_gb, ranks) if s.node is not None else None
+    if mode == "default" and s.node is not None:
+        # SGLang on a real machine: no --hicache-ratio / --hicache-size means auto-sizing
+        # with --hicache-host-memory-fraction 0.8 (hicache_hook.handle_hicache_ratio_default).
+        mode, value = "host_memory_fraction", HICACHE_HOST_MEMORY_FRACTION_DEFAULT
+        host_info["unit"] = "default (auto-sized)"
     if mode == "tokens":
         host = int(value)
-        if host % page or host < page:
+        if host and (host % page or host < page):
             raise _CapacityError("host.tokens", f"{host} tokens",
-                                 f"a positive multiple of page_size {page} (nearest: {_nearest(host, page)})")
+                                 f"0 (no host tier) or a positive multiple of page_size {page} "
+                                 f"(nearest: {_nearest(host, page)})")
     else:
-        if mode == "ratio":  # SGLang: int(device_tokens * hicache_ratio)
+        if mode == "host_memory_fraction":
+            if s.node is None:
+                raise _CapacityError("host.host_memory_fraction", f"{value:g} with no node section",
+                                     "node.host_ram_gb (the host RAM the fraction is of)")
+            dev_bytes = sizing.device_pool_bytes(dev, page, bpt)
+            ratio = sizing.auto_host_ratio(HICACHE_RATIO_DEFAULT, value, budget, dev_bytes)
+            host_info.update(host_memory_fraction=value, auto_ratio=ratio)
+            if ratio <= 0:
+                raise _CapacityError("node.host_ram_gb", f"{s.node.host_ram_gb:g} GB",
+                                     "more than the 10 GiB SGLang keeps free (auto-sizing: 'No "
+                                     "host memory is left for HiCache after the 10 GiB reserve')")
+            size = math.floor(dev * ratio)
+        elif mode in ("ratio", "default"):  # SGLang: int(device_tokens * hicache_ratio)
             size = math.floor(dev * value)
         elif mode == "size_gb":  # SGLang: int(hicache_size * 1e9 / size_per_token)
             size = math.floor(value * HICACHE_SIZE_BYTES_PER_GB / bpt)
         else:
             size = math.floor(value * GIB / bpt)
         if size < page:
-            raise _CapacityError(f"host.{mode}", f"{value:g} giving {size} tokens",
+            key = "host.ratio" if mode == "default" else (
+                "node.host_ram_gb" if mode == "host_memory_fraction" else f"host.{mode}")
+            raise _CapacityError(key, f"{value:g} giving {size} tokens",
                                  f"a host of at least one page ({page} tokens)")
         host = (size // page + HOST_POOL_EXTRA_PAGES) * page  # sem §6.2
     for rank, delta in s.jitter.host_capacity_skew.items():
@@ -826,20 +982,81 @@ def _capacities(s: Scenario) -> tuple[int, int]:
             raise _CapacityError(f"jitter.host_capacity_skew.{rank}", f"{delta} tokens",
                                  f"a multiple of page_size {page} leaving at least one page "
                                  f"of the {host}-token host")
-    return dev, host
+    out = {
+        "device_tokens": dev,
+        "host_tokens": host,
+        "bytes_per_token": bpt,
+        "device_gb": sizing.gb(dev, bpt),
+        "host_gb": sizing.gb(host, bpt),
+        "device_sizing": dev_info,
+        "host_sizing": host_info,
+        "node": None,
+        "warnings": [],
+    }
+    if s.node is not None:
+        need = host * bpt
+        out["node"] = {
+            "host_ram_gb": s.node.host_ram_gb,
+            "ranks_per_node": ranks,
+            "host_budget_gb_per_rank": budget / sizing.GB,
+            "host_gb_per_node": need * ranks / sizing.GB,
+            "exceeds": need > budget,
+        }
+        if need > budget:
+            out["warnings"].append(_node_message(s, host, bpt, budget, ranks))
+    return out
+
+
+def _node_message(s, host, bpt, budget, ranks) -> str:
+    from sim import sizing
+
+    return (f"host pools of {sizing.fmt_gb_value(host * bpt / sizing.GB)} GB per rank x {ranks} "
+            f"ranks = {sizing.fmt_gb_value(host * bpt * ranks / sizing.GB)} GB exceed node.host_ram_gb "
+            f"{s.node.host_ram_gb:g} GB less SGLang's 10 GiB reserve "
+            f"({sizing.fmt_gb_value(budget / sizing.GB)} GB per rank); SGLang refuses to start "
+            "('Not enough host memory available')")
+
+
+def _node_check(s: Scenario, dev: int, host: int) -> None:
+    if s.node is None or s.node.on_exceed == "warn":
+        return
+    info = _sizing(s)
+    if info["node"]["exceeds"]:
+        mode = s.host.mode()[0]
+        key = f"host.{mode}" if mode != "default" else "node.host_ram_gb"
+        b = info["node"]["host_budget_gb_per_rank"]
+        raise _CapacityError(key, info["warnings"][0].split("; SGLang")[0],
+                             f"at most {b:,.2f} GB per rank (SGLang refuses to start: 'Not enough "
+                             "host memory available'; node.on_exceed: warn runs anyway)")
+
+
+def _capacities(s: Scenario) -> tuple[int, int]:
+    info = _sizing(s)
+    return info["device_tokens"], info["host_tokens"]
 
 
 def resolve_capacities(scenario: Scenario) -> tuple[int, int]:
-    """(device tokens, host tokens) per rank, following SGLang's host pool geometry.
+    """(device tokens, host tokens) per rank, following SGLang's pool geometry.
 
-    Device: ``tokens`` as given (a page multiple), or ``gib`` rounded down to pages.
-    Host: ``tokens`` as given; otherwise size = floor(device * ratio), floor(size_gb *
-    1e9 / bytes_per_token) or floor(gib * 2**30 / bytes_per_token), then pages =
+    Device: ``tokens`` as given (a page multiple), ``gib`` rounded down to pages, or
+    ``mem_fraction_static`` as SGLang sizes the pool (``sim.sizing``).
+    Host: ``tokens`` as given (0: no host tier); otherwise size = floor(device * ratio),
+    floor(size_gb * 1e9 / bytes_per_token), floor(gib * 2**30 / bytes_per_token) or the
+    auto-sized ratio (``host_memory_fraction`` of ``node.host_ram_gb``), then pages =
     size // page_size + 1 and host = pages * page_size (sem §6.2). Per-rank skews
     (jitter.host_capacity_skew) are applied by the engine on top of this.
     """
     try:
         return _capacities(scenario)
+    except _CapacityError as e:
+        raise UserError(str(e), where=scenario.source) from None
+
+
+def resolve_sizing(scenario: Scenario) -> dict:
+    """``resolve_capacities`` with the GB figures, how each tier was sized, the node's
+    host budget and any warning (a node whose host RAM the pools exceed)."""
+    try:
+        return _sizing(scenario)
     except _CapacityError as e:
         raise UserError(str(e), where=scenario.source) from None
 
@@ -1044,6 +1261,7 @@ def _apply_override(data: dict, item: str, where: str) -> tuple:
     from sim.yamlio import load
 
     value = load(text, f"--set {key}", "a YAML value")
+    _switch_unit(data, parts)
     ann: Any = Scenario
     cur: Any = data
     for i, part in enumerate(parts):
@@ -1080,6 +1298,24 @@ def _apply_override(data: dict, item: str, where: str) -> tuple:
             cur = nxt
         ann = child
     return tuple(parts)
+
+
+def _switch_unit(data: dict, parts: list) -> None:
+    """``--set host.size_gb=4`` on a file sized by ``host.ratio``: the new unit replaces
+    the old one (the tiers take one sizing unit each), instead of conflicting with it.
+    ``host: off`` becomes a mapping first, so any host unit can be set on it."""
+    if len(parts) != 2 or parts[0] not in ("host", "device"):
+        return
+    units = HOST_UNITS if parts[0] == "host" else DEVICE_UNITS
+    if parts[1] not in units:
+        return
+    section = data.get(parts[0])
+    if parts[0] == "host" and _host_off(section) != section:
+        data["host"] = section = {}
+    if isinstance(section, dict):
+        for unit in units:
+            if unit != parts[1]:
+                section.pop(unit, None)
 
 
 def _data_path(loc: tuple, data, missing_tail: bool = False) -> list:
@@ -1224,10 +1460,15 @@ def dump_resolved(scenario: Scenario) -> str:
     resolved capacities head the file as comments. ``engine`` is left out: it is
     bookkeeping that by construction does not change results, and leaving it out
     keeps a shared and an eager run's folders byte-identical."""
-    dev, host = resolve_capacities(scenario)
+    from sim.sizing import fmt_capacity
+
+    info = resolve_sizing(scenario)
+    dev, host, bpt = info["device_tokens"], info["host_tokens"], info["bytes_per_token"]
     data = _tags_first(scenario.model_dump(mode="python", exclude_none=True, exclude={"engine"}))
+    if scenario.router.policy != "cache_aware":  # its thresholds would not load back
+        data["router"] = {"policy": scenario.router.policy}
     head = (f"# resolved by hicache-sim {__version__}\n"
-            f"# per rank: device {dev} tokens, host {host} tokens "
-            f"({scenario.model.spec().bytes_per_token(scenario.tp)} bytes/token at tp {scenario.tp})\n")
+            f"# per rank: device {fmt_capacity(dev, bpt)}, host {fmt_capacity(host, bpt)} "
+            f"({bpt} bytes/token at tp {scenario.tp})\n")
     return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=False,
                                  allow_unicode=True, width=100)

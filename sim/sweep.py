@@ -706,6 +706,7 @@ class SweepOutcome:
     failures: list[dict]  # one per failed point (also in failures.json)
     halted: list[str]  # point ids whose TP group halted on divergence (a result)
     rows: int  # rows in sweep.parquet
+    table: object = None  # pandas.DataFrame: sweep.parquet as gathered
 
 
 def default_out(plan: SweepPlan) -> Path:
@@ -767,7 +768,7 @@ def _run_sweep(plan, out, executor, workers, address, progress, write_json, writ
     table = gather(plan, out)
     return SweepOutcome(out, len(plan.points), [p.point_id for p in skipped],
                         sorted(ran, key=lambda i: by_id[i].index), failures,
-                        sorted(halted, key=lambda i: by_id[i].index), len(table))
+                        sorted(halted, key=lambda i: by_id[i].index), len(table), table)
 
 
 def _bar(total: int, initial: int, enabled: bool, desc: str = "sweep", unit: str = "point"):
@@ -832,7 +833,8 @@ def gather(plan: SweepPlan, out):
         row.update(seed=p.seed, point_id=p.point_id, results_dir=p.results_dir)
         for k, v in summary.items():
             if k not in row:
-                row[k] = v
+                # nested fields (per-instance rows) as JSON text: one cell, parseable
+                row[k] = json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
         if "verdict" not in row:
             div = json.loads((folder / "divergence.json").read_text())
             row["verdict"] = div.get("verdict")
@@ -851,8 +853,41 @@ def gather(plan: SweepPlan, out):
     data = {c: _column([r.get(c) for r in rows]) for c in columns}
     table = pd.DataFrame(data, columns=columns)
     table.attrs["parameter_columns"] = params
-    write_parquet(out / SWEEP_TABLE, table)
+    from sim.units import guess_unit
+
+    write_parquet(out / SWEEP_TABLE, table, {c: guess_unit(c, table[c]) for c in table.columns})
     return table
+
+
+def format_table(table, param_columns=None) -> str:
+    """The gathered table as console text (``sim.fmt.table``), one row per point: the
+    swept keys whose values differ between points (all swept keys if none differ),
+    seed, hit rate, TTFT p50 / p99 and the TP verdict."""
+    from sim.fmt import duration, percent, table as text_table
+
+    params = list(param_columns if param_columns is not None
+                  else table.attrs.get("parameter_columns", []))
+    params = [c for c in params if c in table.columns]
+    varied = [c for c in params if table[c].astype(str).nunique() > 1] or params
+    header = varied + ["seed", "hit rate", "TTFT p50", "TTFT p99", "verdict"]
+
+    def get(row, key):
+        v = row.get(key)
+        if hasattr(v, "item"):  # a numpy scalar
+            v = v.item()
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+    def cell(row, key) -> str:
+        v = get(row, key)
+        return "-" if v is None else v if isinstance(v, str) else _yaml_text(v)
+
+    rows = []
+    for row in table.to_dict("records"):
+        rows.append([cell(row, c) for c in varied]
+                    + [cell(row, "seed"), percent(get(row, "hit_rate")),
+                       duration(get(row, "ttft_p50_s")), duration(get(row, "ttft_p99_s")),
+                       cell(row, "verdict")])
+    return text_table(header, rows)
 
 
 def add_bounds(plan: SweepPlan, out) -> int:

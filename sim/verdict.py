@@ -89,13 +89,17 @@ class Observations:
             return
         groups = groups_by([c for c, _ in plans],
                            lambda c: tuple(next(p.shape for cc, p in plans if cc is c)))
-        ref = dict((rid, (pre, ext)) for rid, pre, ext in groups[0][1])
+        ref = {rid: (pre, ext) for rid, pre, ext in groups[0][1]}
         first = None
         for g, shape in groups[1:]:
-            for rid, pre, ext in shape:
-                if ref.get(rid) != (pre, ext):
-                    first = {"rid": rid, "ranks": g, "prefix": pre, "extend": ext,
-                             "rank0": list(ref[rid]) if rid in ref else None}
+            mine = {rid: (pre, ext) for rid, pre, ext in shape}
+            # in batch order, the first request whose (prefix, extend) differs or that
+            # one side admitted and the other did not
+            for rid in list(ref) + [r for r in mine if r not in ref]:
+                if ref.get(rid) != mine.get(rid):
+                    first = {"rid": rid, "ranks": g,
+                             "prefix_extend": list(mine[rid]) if rid in mine else None,
+                             "rank0_prefix_extend": list(ref[rid]) if rid in ref else None}
                     break
             if first:
                 break

@@ -1,4 +1,4 @@
-"""Shared test set-up: the repository root on sys.path, and where shared/ lives."""
+"""Shared test set-up: the repository root on sys.path, the vendored traces and conformance cases."""
 
 import os
 import sys
@@ -11,8 +11,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# CI clones the repo with shared/ beside it; HICACHE_SHARED overrides.
-SHARED = Path(os.environ.get("HICACHE_SHARED", ROOT.parent / "shared"))
 # The traces the repository ships (gzip-compressed; data/traces/README.md).
 TRACES = ROOT / "data" / "traces"
 
@@ -24,8 +22,25 @@ settings.register_profile("deep", max_examples=1000, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-@pytest.fixture(scope="session")
-def shared() -> Path:
-    if not SHARED.is_dir():
-        pytest.fail(f"shared/ not found at {SHARED}; set HICACHE_SHARED")
-    return SHARED
+# SGLang's own outputs for the conformance op-traces, vendored from shared/conformance
+# (gzip-compressed; data/conformance/SHA256SUMS holds the originals' checksums).
+CONFORMANCE = ROOT / "data" / "conformance"
+
+
+def conformance_cases() -> list[Path]:
+    """Every vendored conformance trace (``NAME.jsonl.gz``), sorted by name."""
+    return sorted(p for p in CONFORMANCE.glob("*.jsonl.gz") if not p.name.endswith(".out.jsonl.gz"))
+
+
+def expected_outputs(case: Path) -> list[dict]:
+    """The output SGLang's tree produced for ``case``, one dict per line."""
+    import gzip
+    import json
+
+    out = case.with_name(case.name.replace(".jsonl.gz", ".out.jsonl.gz"))
+    with gzip.open(out, "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def case_id(p: Path) -> str:
+    return p.name.split(".")[0]

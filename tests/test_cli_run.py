@@ -40,7 +40,7 @@ def test_run_writes_a_results_folder_pandas_can_load(tmp_path):
     assert load_scenario(out / "scenario.yaml").name == "quickstart"  # resolved and reloadable
     trace = json.loads((tmp_path / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"]}
-    assert {"thread_name", "load_back"} <= names
+    assert {"thread_name", "load_copy"} <= names
     assert list((out / "plots").glob("*.png"))
     assert "hit rate" in p.stdout and str(out) in p.stdout
 

@@ -298,7 +298,7 @@ def test_fuzzed_bundles(key, value):
         except ValueError:
             return
         rc, err = call(["replay", b], box)
-        assert rc in (1, 2, 3), err
+        assert rc in (0, 1, 2), err  # 0: the mutation did not change what replays
         assert len(err.strip().splitlines()) == 1, err
 
 
@@ -417,7 +417,7 @@ def test_a_bundle_scenario_reads_inside_the_bundle_only(box):
 
 def test_the_shipped_bundle_still_replays(box):
     rc, err = call(["replay", _bundle(box)], box)
-    assert rc == 3, err
+    assert rc == 0, err
 
 
 @pytest.mark.parametrize("header,where", [
@@ -604,12 +604,12 @@ def test_stale_temporaries_are_cleaned_and_the_folder_is_replaced_whole(box):
 
 
 def test_an_interrupted_run_is_renamed_and_marked_partial(box, monkeypatch):
-    from sim.events import Simulation
+    from sim.cluster import Cluster
 
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Simulation, "run", interrupted)
+    monkeypatch.setattr(Cluster, "run", interrupted)
     p = write_scenario(box)
     out = box / "o"
     rc, err = call(["run", p, "-o", out, "--quiet"], box, out)

@@ -7,7 +7,7 @@ import sys
 import pytest
 from hypothesis import given, strategies as st
 
-from conftest import ROOT
+from conftest import CONFORMANCE, ROOT, expected_outputs
 from sim.optrace import Replayer, replay
 from sim.optrace_gen import generate
 
@@ -99,19 +99,18 @@ def test_bad_traces_are_one_line_errors(tmp_path, text, expected):
     assert not (tmp_path / "o").exists()  # nothing half-written
 
 
-def test_cli_writes_the_expected_outputs(tmp_path, shared):
-    case = shared / "conformance" / "g09_wb_ps2.jsonl"
+def test_cli_writes_the_expected_outputs(tmp_path):
+    case = CONFORMANCE / "g09_wb_ps2.jsonl.gz"
     out = tmp_path / "out.jsonl"
     proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "replay-ops", str(case), "-o", str(out)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     got = [json.loads(x) for x in out.read_text().splitlines()]
-    expected = [json.loads(x) for x in case.with_suffix(".out.jsonl").read_text().splitlines() if x.strip()]
-    assert got == expected
+    assert got == expected_outputs(case)
 
 
-def test_sglang_id_scheme_shifts_every_id_by_four(shared):
-    case = shared / "conformance" / "h04_split_of_duplicate.jsonl"
+def test_sglang_id_scheme_shifts_every_id_by_four():
+    case = CONFORMANCE / "h04_split_of_duplicate.jsonl.gz"
     plain = list(replay(case))
     raw = list(replay(case, ids="sglang"))
     ids_plain = [e["id"] for o in plain for e in o["events"]]

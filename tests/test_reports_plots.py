@@ -107,10 +107,14 @@ def test_capacity_bars_show_the_runs_split(folders):
     (plot,) = [p for p in build_plots(loaded) if p.stem == "hit_rate_vs_host_capacity"]
     (ax,) = [a for a in plot.figure.axes if a.get_visible()]
     assert ax.get_title() == "write_through + host: lru"
-    # meta.json knows the bytes per token (65536): capacities in GiB per rank.
-    assert ax.get_xlabel() == "host capacity per rank"
-    assert [t.get_text() for t in ax.get_xticklabels()] == [
-        "2.93 GiB\n(1× dev)", "5.86 GiB\n(2× dev)", "11.7 GiB\n(4× dev)"]
+    # meta.json knows the bytes per token (65536): capacities in GB per rank, tokens beside.
+    assert ax.get_xlabel() == "host capacity per rank (GB = 1e9 bytes)"
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    for tick, run, ratio in zip(ticks, loaded, (1, 2, 4)):
+        tokens = run.summary["host_tokens"]
+        gb, tok, dev = tick.split("\n")
+        assert gb == f"{tokens * 65536 / 1e9:.3g} GB"
+        assert tok.endswith(" tok") and dev == f"({ratio}× dev)"
     bars = _bars(plot.figure)
     assert len(bars) == 9  # device, host, miss for each capacity
     for i, run in enumerate(loaded):  # ordered by capacity, as the runs are

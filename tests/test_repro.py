@@ -93,7 +93,7 @@ def test_repro_shrinks_keeping_the_failure_class_and_replays(name, tmp_path, cap
     # the minimal scenario alone fails the same way
     res = repro.run_case(load_scenario(out / "scenario.yaml"))
     assert res.failure_class == meta["failure_class"]
-    assert cli.main(["replay", str(out)]) == 3
+    assert cli.main(["replay", str(out)]) == 0
     captured = capsys.readouterr()
     assert one_line(captured.err) == f"hicache-sim replay: {meta['failure']}"
     assert "reproduced" in captured.out
@@ -162,7 +162,7 @@ def test_shipped_bundle_replays_exactly(name, tmp_path, capsys):
         assert last["digest"] == meta["optrace_final_digests"][r] == meta["expect"]["digests"][r]
         assert not any("error" in json.loads(x) for x in (tmp_path / f"{r}.out").read_text().splitlines())
     # replay re-runs it and reproduces the recorded outcome
-    assert cli.main(["replay", str(path)]) == 3
+    assert cli.main(["replay", str(path)]) == 0
     captured = capsys.readouterr()
     assert one_line(captured.err) == f"hicache-sim replay: {meta['failure']}"
     assert f"{len(meta['op_traces'])} rank op-trace(s)" in captured.out

@@ -197,6 +197,11 @@ def test_local_sweep_writes_results_and_a_table(tmp_path, base, capsys):
     assert cli.main(["sweep", str(sw), "-o", str(out), "--workers", "2", "--quiet"]) == 0
     stdout = capsys.readouterr().out
     assert "4 point(s): 4 ran, 0 already complete, 0 failed" in stdout
+    # one row per point: the keys that vary, seed, hit rate, TTFT, verdict
+    head = next(ln for ln in stdout.splitlines() if ln.startswith("cache.write_policy"))
+    assert head.split() == ["cache.write_policy", "host.ratio", "seed", "hit", "rate", "TTFT",
+                            "p50", "TTFT", "p99", "verdict"]
+    assert sum(1 for ln in stdout.splitlines() if ln.startswith("write_")) == 4
 
     table = pd.read_parquet(out / "sweep.parquet")
     plan = load_sweep(sw)
@@ -214,6 +219,9 @@ def test_local_sweep_writes_results_and_a_table(tmp_path, base, capsys):
         summary = json.loads((folder / "summary.json").read_text())
         assert set(summary) <= set(table.columns)  # every summary field, verdict included
         for k, v in summary.items():
+            if isinstance(v, (list, dict)):  # nested fields are JSON text cells
+                assert json.loads(row[k]) == v, k
+                continue
             assert row[k] == (pytest.approx(v) if isinstance(v, float) else v), k
         assert json.loads((folder / "meta.json").read_text())["partial"] is False
         resolved = (folder / "scenario.yaml").read_text()

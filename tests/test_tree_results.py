@@ -7,7 +7,7 @@ every change of the monotone ``tree.stats`` counters.
 
 import pytest
 
-from conftest import SHARED
+from conftest import case_id, conformance_cases
 from sim.optrace import Replayer, read_trace
 from sim.optrace_gen import generate
 from sim.policies.host import Reclaim
@@ -338,10 +338,10 @@ def replay_checking(ops):
     return tree
 
 
-CASES = sorted(p for p in (SHARED / "conformance").glob("*.jsonl") if not p.name.endswith(".out.jsonl"))
+CASES = conformance_cases()
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_results_account_for_stats_on_conformance_cases(case):
     replay_checking([op for _, _, op in read_trace(case)])
 

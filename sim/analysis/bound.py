@@ -74,6 +74,7 @@ def bound_for_scenario(
         raise UserError(f"host weight {host_weight!r}; expected a number in [0, 1]",
                         where="--host-weight")
     device, host = resolve_capacities(scenario)
+    bpt = scenario.model.spec().bytes_per_token(scenario.tp)
     wanted = [("device", device), ("device+host", device + host)]
     for cap in capacities:
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
@@ -93,6 +94,7 @@ def bound_for_scenario(
         row = {
             "label": label,
             "capacity_tokens": cap,
+            "capacity_gb": cap * bpt / 1e9,
             "lru_hit_tokens": lru,
             "lru_hit_rate": _rate(lru, total),
             "tree_lru_hit_rate": None,
@@ -124,6 +126,9 @@ def bound_for_scenario(
         "cacheable_tokens": trace.unit_tokens,
         "device_tokens": device,
         "host_tokens": host,
+        "bytes_per_token": bpt,
+        "device_gb": device * bpt / 1e9,
+        "host_gb": host * bpt / 1e9,
         "host_weight": host_weight,
         "bound_hit_rate": two_tier["upper_hit_rate"],
         "kind": "exact" if two.exact else "upper",

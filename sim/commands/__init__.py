@@ -17,4 +17,7 @@ COMMANDS = (
     "repro",
     "verify_bundle",  # the `replay BUNDLE` command
     "bound",
+    "plan",
+    "schema",
+    "traces",
 )

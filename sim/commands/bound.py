@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 
+from sim.fmt import percent, table
+
 NAME = "bound"
 HELP = "LRU hit-rate curve and the offline-optimum bound for a scenario's request stream."
 
@@ -89,7 +91,7 @@ def run(args) -> int:
 
 
 def _pct(x) -> str:
-    return "-" if x is None else f"{x:.2%}"
+    return percent(x, 2)
 
 
 def _print(doc: dict) -> None:
@@ -97,18 +99,18 @@ def _print(doc: dict) -> None:
           f"tokens, page size {doc['page_size']}; hit rates are of all input tokens")
     print("single tier: LRU = one policy (model: stack distances; tree: the real radix "
           "tree); OPT = offline optimum, a BOUND no policy beats")
-    header = ("capacity", "tokens", "LRU model", "LRU tree", "OPT lower", "OPT upper", "exact")
-    table = [header]
-    for r in doc["rows"]:
-        table.append((r["label"], f"{r['capacity_tokens']:,}", _pct(r["lru_hit_rate"]),
-                      _pct(r["tree_lru_hit_rate"]), _pct(r["opt_lower_hit_rate"]),
-                      _pct(r["opt_upper_hit_rate"]), "yes" if r["opt_exact"] else "no"))
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                               enumerate(zip(row, widths))))
+    from sim.sizing import fmt_capacity
+
+    bpt = doc["bytes_per_token"]
+    header = ("capacity", "per rank", "LRU model", "LRU tree", "OPT lower", "OPT upper", "exact")
+    rows = [(r["label"], fmt_capacity(r["capacity_tokens"], bpt), _pct(r["lru_hit_rate"]),
+             _pct(r["tree_lru_hit_rate"]), _pct(r["opt_lower_hit_rate"]),
+             _pct(r["opt_upper_hit_rate"]), "yes" if r["opt_exact"] else "no")
+            for r in doc["rows"]]
+    print(table(header, rows, indent="  "))
     t = doc["two_tier"]
-    print(f"two tiers (BOUND): device {t['device_tokens']:,} + host {t['host_tokens']:,} tokens, "
+    print(f"two tiers (BOUND): device {fmt_capacity(t['device_tokens'], bpt)} + host "
+          f"{fmt_capacity(t['host_tokens'], bpt)} per rank, "
           f"host weight {t['host_weight']:g}: {_pct(t['upper_hit_rate'])} "
           f"({'exact' if t['exact'] else 'upper; feasible ' + _pct(t['lower_hit_rate'])}; "
           f"device {_pct(t['device_hit_rate'])} + host {_pct(t['host_hit_rate'])})")

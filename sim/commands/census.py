@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 import time
 
+from sim.fmt import duration
+
 NAME = "census"
 HELP = "Run one scenario over many seeds: the spread of its TP verdicts and detection delays; resumable."
 
@@ -58,7 +60,7 @@ def run(args) -> int:
     wall = time.perf_counter() - t0
     print(format_table(res.aggregate))
     print(f"{len(res.ran)} seed(s) ran, {len(res.skipped)} already recorded, "
-          f"{len(res.failures)} failed ({wall:.1f} s wall)")
+          f"{len(res.failures)} failed ({duration(wall)} wall)")
     print(f"written: {', '.join(str(f) for f in res.files)}")
     for f in res.failures:
         print(f"hicache-sim census: seed {f['seed']} failed: {f['error']}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """`hicache-sim repro SCENARIO -o BUNDLE_DIR [--tries N] [--budget S] [--seed S] [--set k=v]`:
 find a seed on which the TP ranks fail, shrink the case, and write a replayable bundle.
 
-Exit codes: 3 when a failure was found and bundled (as ``run`` and ``replay`` exit 3
+Exit codes: 3 when a failure was found and bundled (as ``run`` exits 3
 on a TP failure), 0 when no try failed ("no divergence within budget"; nothing is
 written), 2 for bad input.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import time
+
+from sim.fmt import duration
 
 NAME = "repro"
 HELP = ("Search seeds until a TP divergence failure appears, shrink it (Hypothesis), and write a "
@@ -100,7 +102,7 @@ def run(args) -> int:
         extra={"overrides": list(args.sets)}))
     # A bundle that does not replay is worse than none: check it now.
     res = repro.verify_bundle(out, trace_roots=args.trace_roots)
-    print(f"bundle: {out} ({time.perf_counter() - t0:.1f} s); replay: hicache-sim replay {out}")
+    print(f"bundle: {out} ({duration(time.perf_counter() - t0)}); replay: hicache-sim replay {out}")
     print(f"failure: {res.line}")
     meta = json.loads((out / "bundle.json").read_text())
     ev = meta["first_divergent_event"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import time
 
+from sim.fmt import duration
+
 NAME = "run"
 HELP = "Simulate a scenario and write a results folder (parquet, JSON, resolved YAML)."
 
@@ -43,17 +45,24 @@ def run(args) -> int:
     flags = [("--seed", "seed", args.seed), ("--collective", "collective.backend", args.collective)]
     scenario = load_scenario(args.scenario, args.sets, flags=flags, trace_roots=args.trace_roots)
     est = resources.check(scenario, force=args.force)
+    from sim.scenario import resolve_sizing
+
+    for w in resolve_sizing(scenario)["warnings"]:  # node.on_exceed: warn
+        print(f"warning: {w}", file=sys.stderr)
     if est.large:
         print(est.line(), file=sys.stderr)
     out = args.out or f"results/{scenario.name}"  # the name is a slug: stays under results/
-    bar = _progress_bar(args.quiet)
+    bar = _progress_bar(args.quiet, scenario)
     t0 = time.perf_counter()
+    final = None  # (metrics, whether the run reached its end)
     try:
         res = run_scenario(scenario, out, progress=bar.update if bar else None,
                            trace_out=args.trace_out)
+        # the engine (sim.cluster.Cluster) counts done and rejected requests itself
+        final = (res.sim, not res.partial and res.sim.stuck is None and not res.sim.halted)
     finally:
         if bar:
-            bar.close()
+            bar.close(*(final or (None, False)))
     wall = time.perf_counter() - t0
     _print_summary(res, out, wall)
     if args.plots and not res.partial:
@@ -88,47 +97,109 @@ def halt_message(div: dict) -> str:
 
 
 class _Bar:
-    """tqdm progress: simulated time, requests done, current hit rate."""
+    """tqdm progress with a total and an ETA: requests (finished plus rejected) out of the
+    expected count when it is known, else simulated seconds out of ``limits.duration_s``,
+    else a plain counter. The postfix shows simulated time and the current hit rate."""
 
-    def __init__(self):
+    STEP = 25  # requests between redraw requests (tqdm also rate-limits itself)
+
+    def __init__(self, requests: int | None, duration_s: float | None, file=None):
         from tqdm import tqdm
 
-        self.bar = tqdm(unit="req", dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
-        self.last = 0
+        self.by_time = requests is None and duration_s is not None
+        total = duration_s if self.by_time else requests
+        self.bar = tqdm(total=total, unit="s" if self.by_time else "req", dynamic_ncols=True,
+                        file=file or sys.stderr, mininterval=0.5,
+                        desc="simulated" if self.by_time else None)
+        self.last = 0.0 if self.by_time else 0
+        self.now = 0.0
+
+    def _count(self, metrics) -> int:
+        # Rejected requests are finished too (SGLang aborts them): without them the
+        # bar would stop short of its total by the rejected count.
+        return metrics.done + metrics.rejected
 
     def update(self, now, metrics) -> None:
-        done = metrics.done
-        if done - self.last >= 25 or done < 25:
-            self.bar.update(done - self.last)
-            self.last = done
-            self.bar.set_postfix_str(f"sim {now:,.1f}s  hit {metrics.hit_rate:.1%}", refresh=False)
+        self.now = now
+        n = self._count(metrics)
+        pos = min(now, self.bar.total) if self.by_time else n
+        if self.by_time or n - self.last >= self.STEP or n < self.STEP:
+            self.bar.update(pos - self.last)
+            self.last = pos
+            self.bar.set_postfix_str(f"sim {duration(now)}  {n:,} req  hit {metrics.hit_rate:.1%}"
+                                     if self.by_time else
+                                     f"sim {duration(now)}  hit {metrics.hit_rate:.1%}",
+                                     refresh=False)
 
-    def close(self) -> None:
+    def close(self, metrics=None, complete: bool = False) -> None:
+        """Show the run's final count (the last ``update`` may have been skipped by
+        ``STEP``). A run that reached its end ends at 100%: the total was an estimate
+        (skipped trace lines, arrivals past duration_s), so it becomes the count."""
+        if metrics is not None:
+            n = self._count(metrics)
+            if self.by_time:
+                pos = self.bar.total if complete else min(self.now, self.bar.total)
+            else:
+                pos = n
+                if complete:
+                    self.bar.total = n
+            self.bar.update(pos - self.last)
+            self.last = pos
+            self.bar.refresh()
         self.bar.close()
 
 
-def _progress_bar(quiet: bool):
+def _progress_bar(quiet: bool, scenario):
     if quiet or not sys.stderr.isatty():
         return None
-    return _Bar()
+    from sim.workloads.count import expected_requests
+
+    return _Bar(expected_requests(scenario), scenario.limits.duration_s)
 
 
-def _ms(seconds) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:,.1f}"
+def rejected_line(summary: dict, pool_tokens: int | None = None) -> str:
+    """Why requests were rejected: the engine rejects only requests whose input plus
+    output exceeds the whole device pool (SGLang aborts them), so that is the reason.
+    ``pool_tokens``: the smallest rank's pool (the engine's test), else rank 0's."""
+    n = summary["rejected_requests"]
+    pool = summary["device_tokens"] if pool_tokens is None else pool_tokens
+    return (f"{n:,} request{'s' if n != 1 else ''} rejected: input+output larger than the "
+            f"device pool ({pool:,} tokens)")
+
+
+def _pool_tokens(res) -> int | None:
+    """The smallest device pool of any replica: the engine rejects against it."""
+    sim = res.sim
+    groups = [i.group for i in getattr(sim, "instances", ())] or [getattr(sim, "group", None)]
+    try:
+        return min(c.tree.device_capacity for g in groups for c in g.cohorts)
+    except (AttributeError, ValueError, TypeError):
+        return None
 
 
 def _print_summary(res, out, wall) -> None:
+    from sim.sizing import fmt_capacity
+
     s, d = res.summary, res.divergence
+    bpt = s["bytes_per_token"]
     rows = [
         ("requests", f"{s['requests']:,}"),
-        ("simulated time", f"{s['sim_time_s']:,.1f} s  ({wall:.1f} s wall)"),
+        *([("rejected", rejected_line(s, _pool_tokens(res)))] if s.get("rejected_requests") else []),
+        ("simulated time", f"{duration(s['sim_time_s'])}  ({duration(wall)} wall)"),
         ("hit rate (device + host)", f"{s['hit_rate']:.1%}  ({s['device_hit_rate']:.1%} + {s['host_hit_rate']:.1%})"),
-        ("TTFT p50 / p99", _ms(s['ttft_p50_s']) + " / " + _ms(s['ttft_p99_s']) + " ms"),
-        ("device / host capacity", f"{s['device_tokens']:,} / {s['host_tokens']:,} tokens per rank"),
-        ("mean effective capacity", f"{s['effective_tokens_mean']:,.0f} tokens"),
+        ("TTFT p50 / p99", f"{duration(s['ttft_p50_s'])} / {duration(s['ttft_p99_s'])}"),
+        ("device capacity", fmt_capacity(s['device_tokens'], bpt) + " per rank"),
+        ("host capacity", (fmt_capacity(s['host_tokens'], bpt) + " per rank") if s['host_tokens']
+         else "off (no host tier)"),
+        ("mean effective capacity", fmt_capacity(round(s['effective_tokens_mean']), bpt)),
+        ("pages held (device / host / both)", f"{s['device_pages_mean']:,.0f} / "
+         f"{s['host_pages_mean']:,.0f} / {s['duplicate_pages_mean']:,.0f} (unique "
+         f"{s['unique_pages_mean']:,.0f}); failed host allocations "
+         f"{'-' if s['backup_failures'] is None else format(s['backup_failures'], ',')}"),
         ("mean duplicate share", f"{s['duplicate_share_mean']:.1%}"),
         ("load-back / backup traffic", f"{s['load_back_bytes'] / 2**30:,.2f} / {s['backup_bytes'] / 2**30:,.2f} GiB per rank"),
         ("reclaimed (pass 1 / pass 2)", f"{s['reclaim_pass1_tokens']:,} / {s['reclaim_pass2_tokens']:,} tokens"),
+        ("diagnosis", s["diagnosis"]),
         ("TP verdict", f"{d['verdict']} ({d['tp']} ranks): {d['reason']}"),
         ("results", str(out)),
     ]

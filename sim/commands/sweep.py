@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 import time
 
+from sim.fmt import duration
+
 NAME = "sweep"
 HELP = "Run a parameter sweep (grid/zip x seeds) locally or on Ray; resumable; writes sweep.parquet."
 
@@ -41,7 +43,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from sim.errors import UserError
-    from sim.sweep import default_out, gather, load_sweep, point_status, run_sweep
+    from sim.sweep import default_out, format_table, gather, load_sweep, point_status, run_sweep
 
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers: found {args.workers}; expected a positive number of workers")
@@ -54,6 +56,8 @@ def run(args) -> int:
         return _dry_run(plan, out, point_status)
     if args.gather_only:
         table = gather(plan, out)
+        if len(table):
+            print(format_table(table))
         missing = len(plan.points) - len(table)
         print(f"{out / 'sweep.parquet'}: {len(table)} row(s)"
               + (f"; {missing} of {len(plan.points)} point(s) have no complete results" if missing else ""))
@@ -70,12 +74,15 @@ def run(args) -> int:
         from sim.sweep import add_bounds
 
         n = add_bounds(plan, out)
-        res.rows = len(gather(plan, out))
+        res.table = gather(plan, out)
+        res.rows = len(res.table)
         print(f"bounds: {n} point(s) got bound.json")
     wall = time.perf_counter() - t0
+    if res.table is not None and len(res.table):
+        print(format_table(res.table))
     print(f"sweep {plan.name}: {res.total} point(s): {len(res.ran)} ran, {len(res.skipped)} "
           f"already complete, {len(res.failures)} failed; {len(res.halted)} halted on divergence "
-          f"({wall:.1f} s wall)")
+          f"({duration(wall)} wall)")
     print(f"table: {out / 'sweep.parquet'} ({res.rows} row(s))")
     for f in res.failures:
         print(f"hicache-sim sweep: point {f['point_id']} failed: {f['error']}", file=sys.stderr)

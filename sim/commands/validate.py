@@ -30,12 +30,16 @@ def add_arguments(parser) -> None:
 def check(path: str, overrides=(), deep: bool = False, trace_roots=(), force: bool = False) -> str:
     """The OK line for one scenario file; raises UserError on any problem."""
     from sim import resources
-    from sim.scenario import load_scenario, resolve_capacities
+    from sim.scenario import load_scenario
     from sim.workloads import build_workload
 
     s = load_scenario(path, overrides, trace_roots=trace_roots)
     est = resources.check(s, force=force)
-    dev, host = resolve_capacities(s)
+    from sim.scenario import resolve_sizing
+    from sim.sizing import fmt_capacity
+
+    info = resolve_sizing(s)
+    dev, host, bpt = info["device_tokens"], info["host_tokens"], info["bytes_per_token"]
     stream = build_workload(s)
     note = ""
     if deep:
@@ -45,10 +49,17 @@ def check(path: str, overrides=(), deep: bool = False, trace_roots=(), force: bo
             note += f" ({stream.skipped} bad lines skipped)"
     else:
         next(iter(stream), None)  # opens the trace and parses its first record
-    warn = " (note: host <= device, SGLang warns)" if host <= dev else ""
+    warn = " (note: host <= device, SGLang warns)" if 0 < host <= dev else ""
+    warn += "".join(f" (warning: {w})" for w in info["warnings"])
+    node = info["node"]
+    if node is not None:
+        warn += (f", node: {node['host_gb_per_node']:,.1f} GB of host pools on {node['ranks_per_node']} "
+                 f"ranks, budget {node['host_budget_gb_per_rank']:,.1f} GB per rank")
+    host_text = fmt_capacity(host, bpt) if host else "off (no host tier)"
     big = f"; {est.line()}" if est.large else ""
-    return (f"OK {path}: {s.name}: device {dev} tokens, host {host} tokens per rank, "
-            f"tp {s.tp}, page {s.page_size}, workload {s.workload.kind}{note}{warn}{big}")
+    return (f"OK {path}: {s.name}: device {fmt_capacity(dev, bpt)}, host {host_text} per rank "
+            f"({bpt:,} bytes/token), tp {s.tp}, page {s.page_size}, "
+            f"workload {s.workload.kind}{note}{warn}{big}")
 
 
 def run(args) -> int:

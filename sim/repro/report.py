@@ -488,7 +488,7 @@ def render_report(bundle: dict, report: dict) -> str:
               + (f" (try {s['try']} from base {s['base']})" if s["try"] is not None else ""),
               (f"- **size** (before -> after shrinking): requests {b['requests']} -> {a['requests']}, "
               f"ranks {b['ranks']} -> {a['ranks']}, events {b['events']} -> {a['events']}"),
-              "", "Replay: `hicache-sim replay <this folder>` (exit 3 when it reproduces).", ""]
+              "", "Replay: `hicache-sim replay <this folder>` (exit 0 when it reproduces, 1 when it does not).", ""]
     ev = report.get("first_divergent_event")
     lines += ["## First divergent event", ""]
     if ev is None:

@@ -1,0 +1,133 @@
+"""The ``plan`` figure: hit rate and TTFT p99 against host GB per rank, one answer.
+
+Deterministic like ``reports.plots`` (same rc style and savers: byte-identical PNG and
+SVG for the same plan). Everything drawn comes from ``sim.analysis.plan.Plan``.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+
+from reports.plots import STYLE, _save
+
+POLICY_COLORS = {
+    ("write_back", "duplicate_first"): "#3b75af",
+    ("write_back", "lru"): "#7fb3e0",
+    ("write_through", "duplicate_first"): "#c4522b",
+    ("write_through", "lru"): "#ef9a6b",
+}
+MODEL_STYLE = {"write_back": "-", "write_through": "--"}
+
+
+def _label(wp, hp) -> str:
+    return f"{wp} + host: {hp}"
+
+
+def draw_plan(plan) -> Figure:
+    d = plan.doc
+    bpt = d["bytes_per_token"]
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(9.5, 8.2), layout="constrained")
+        top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+        g = plan.grid_gb
+        for key, curve in plan.model.items():
+            if key == "dev":
+                continue
+            top.plot(g, curve, color="#888888", linestyle=MODEL_STYLE.get(key, "-"), linewidth=1.1,
+                     label=f"model (one-pass LRU), {key.replace('_', ' ')}")
+        for (wp, hp), curve in plan.planning.items():
+            color = POLICY_COLORS.get((wp, hp), "#555555")
+            top.plot(g, curve, color=color, linewidth=1.8, label=f"planning: {_label(wp, hp)}")
+            row = next(r for r in d["policies"] if (r["write_policy"], r["host_policy"]) == (wp, hp))
+            if row["knee_gb_per_rank"] is not None:
+                top.plot([row["knee_gb_per_rank"]], [row["knee_hit_rate"]], marker="D", color=color,
+                         markersize=6, markeredgecolor="black", linestyle="none")
+        for (wp, hp) in plan.planning:
+            pts = [e for e in plan.engine if (e.write_policy, e.host_policy) == (wp, hp)]
+            if not pts:
+                continue
+            color = POLICY_COLORS.get((wp, hp), "#555555")
+            top.plot([e.host_gb for e in pts], [e.hit_rate for e in pts], marker="o", color=color,
+                     linestyle="none", markersize=5, markeredgecolor="black", markeredgewidth=0.6)
+            p99 = [(e.host_gb, e.ttft_p99_s) for e in pts if e.ttft_p99_s is not None]
+            if p99:
+                bottom.plot([a for a, _ in p99], [b for _, b in p99], marker="o", color=color,
+                            linewidth=1.5, markersize=5, markeredgecolor="black",
+                            markeredgewidth=0.6, label=_label(wp, hp))
+        if plan.opt:
+            top.plot([a for a, _ in plan.opt], [b for _, b in plan.opt], color="#111111",
+                     linestyle=":", marker="s", markersize=4, linewidth=1.3,
+                     label="offline optimum (bound): " + ("OPT(D+H)" if d.get("tier", "host") == "host"
+                                                          else "OPT(device)"))
+        _marks(top, d)
+        _marks(bottom, d, labels=False)
+        target = d["targets"]["hit_rate"]
+        if target is not None:
+            top.axhline(target, color="#2a9d3a", linewidth=1.0, linestyle="-.")
+            top.annotate(f"target {target:.0%}", xy=(0.0, target), xycoords=("axes fraction", "data"),
+                         xytext=(3, 3), textcoords="offset points", fontsize=8, color="#2a9d3a")
+        tt = d["targets"]["ttft_p99_s"]
+        if tt is not None:
+            bottom.axhline(tt, color="#2a9d3a", linewidth=1.0, linestyle="-.")
+        top.set_ylim(0, 1)
+        top.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        top.set_ylabel(("hit rate (device + host)" if d.get("tier", "host") == "host" else "hit rate")
+                       + f"\nafter {d['warmup_fraction']:.0%} warm-up")
+        top.set_title("Hit rate  (lines: model shape + engine residual; dots: engine runs; "
+                      "diamonds: knee)", fontsize=9.5)
+        bottom.set_ylabel("TTFT p99 (s)")
+        tier = d.get("tier", "host")
+        bottom.set_xlabel(f"{tier} KV pool per rank (GB = 1e9 bytes)")
+        bottom.set_title("TTFT p99 from the engine runs (straight lines between them: "
+                         "interpolated)", fontsize=9.5)
+        if not plan.engine:
+            bottom.text(0.5, 0.5, "no engine check points (--check-points 0)", ha="center",
+                        va="center", transform=bottom.transAxes, color="#777777")
+        bottom.set_ylim(bottom=0)
+        sec = top.secondary_xaxis("top", functions=(lambda x: x * 1e9 / bpt / 1e6,
+                                                     lambda t: t * 1e6 * bpt / 1e9))
+        sec.set_xlabel(f"{tier} KV pool per rank (million tokens)")
+        top.set_xlim(0, g[-1])
+        handles, labels = top.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8)
+        errs = [f"{r['write_policy']}+{r['host_policy']} {100 * r['model_vs_engine_max_abs_error']:.1f}"
+                for r in d["policies"] if r["model_vs_engine_max_abs_error"] is not None]
+        n_pts = len(plan.engine)
+        err_line = (f"model vs engine at {n_pts} runs, max |Δ hit rate| in points: "
+                    + ", ".join(errs[:2]) + (",\n" + ", ".join(errs[2:]) if len(errs) > 2 else "")) \
+            if errs else "no engine check: model only"
+        what = (f"host capacity plan, device {d['device_gb_per_rank']:.1f} GB per rank"
+                if tier == "host" else "single-tier cache curve (host off)")
+        fig.suptitle(f"{d['scenario']}: {what}, {d['ranks_per_node']} ranks per node\n{err_line}",
+                     fontsize=10.5)
+        return fig
+
+
+def _marks(ax, d, labels: bool = True) -> None:
+    """Vertical marks: host = device, the scenario's host, the node's RAM limit."""
+    tier = d.get("tier", "host")
+    marks = [(d["scenario_size_gb_per_rank"], "#9467bd",
+              f"scenario {tier} ({d['scenario_size_gb_per_rank']:.1f} GB)")]
+    if tier == "host":
+        marks.insert(0, (d["device_gb_per_rank"], "#555555",
+                         f"host = device ({d['device_gb_per_rank']:.1f} GB)"))
+    node = d.get("node")
+    if node and tier == "host":
+        marks.append((node["host_budget_gb_per_rank"], "#d62728",
+                      f"node RAM limit ({node['host_budget_gb_per_rank']:.1f} GB per rank)"))
+    for x, color, text in marks:
+        if 0 <= x <= d["max_host_gb_per_rank"]:
+            ax.axvline(x, color=color, linewidth=0.9, linestyle=(0, (4, 2)))
+            if labels:
+                ax.annotate(text, xy=(x, 0.02), xycoords=("data", "axes fraction"), rotation=90,
+                            xytext=(-3, 0), textcoords="offset points", ha="right", va="bottom",
+                            fontsize=7.5, color=color)
+
+
+def save_plan_figure(fig: Figure, path, fmt: str) -> None:
+    from sim.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        _save(fig, tmp, fmt)

@@ -1,0 +1,221 @@
+"""`hicache-sim plan SCENARIO`: one command, one figure, one answer.
+
+Hit rate and TTFT against host GB per rank for write_back / write_through x
+duplicate_first / lru, from the one-pass model checked by engine runs, with the
+offline optimum, the knee, and the smallest host that meets a target
+(``sim.analysis.plan``). Writes ``plan.png``, ``plan.svg``, ``plan.parquet`` and
+``plan.json`` into ``-o`` (default ``results/<name>_plan``), atomically.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+NAME = "plan"
+HELP = "Host capacity plan: hit rate and TTFT vs host GB per rank, knee, target answer."
+
+
+def add_arguments(p) -> None:
+    p.add_argument("scenario", help="scenario YAML (see scenarios/)")
+    p.add_argument("-o", "--out", metavar="DIR", help="output folder (default results/<name>_plan)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key (repeatable)")
+    p.add_argument("--trace-root", dest="trace_roots", action="append", default=[], metavar="DIR",
+                   help="also resolve the scenario's trace paths under DIR; repeatable")
+    p.add_argument("--target-hit-rate", metavar="X",
+                   help="print the smallest host per rank (and per node) reaching this hit rate "
+                        "(0.6 or 60%%)")
+    p.add_argument("--target-ttft-p99", metavar="S",
+                   help="print the smallest host per rank whose TTFT p99 is at most S seconds")
+    p.add_argument("--warmup", default="0", metavar="FRACTION",
+                   help="count hits only after this fraction of the requests (default 0)")
+    p.add_argument("--check-points", default="4", metavar="N",
+                   help="engine runs per policy pair, evenly spaced from 0 GB to the range's end "
+                        "(default 4; 0: model only)")
+    p.add_argument("--opt-points", default="5", metavar="N",
+                   help="host sizes for the offline optimum (default 5; 0: none)")
+    p.add_argument("--grid-points", default="50", metavar="N",
+                   help="host sizes on the model curve (default 50)")
+    p.add_argument("--max-host-gb", metavar="GB",
+                   help="end of the host range per rank (default: where write_back's model reaches "
+                        "99%% of its reachable hits, at least 2x the scenario's host)")
+    p.add_argument("--policies", metavar="WP+HP,...",
+                   help="policy pairs (default: write_back+duplicate_first, write_back+lru, "
+                        "write_through+duplicate_first, write_through+lru)")
+    p.add_argument("--jobs", default="1", metavar="J", help="engine runs in parallel (default 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _number(text, flag, lo=None, hi=None, *, integer=False, percent=False, lo_open=False):
+    from sim.errors import UserError
+
+    raw = str(text).strip()
+    scale = 1.0
+    if percent and raw.endswith("%"):
+        raw, scale = raw[:-1], 0.01
+    try:
+        v = float(raw) * scale
+    except ValueError:
+        v = math.nan
+    bad = not math.isfinite(v) or (integer and not v.is_integer())
+    if not bad and lo is not None:
+        bad = v <= lo if lo_open else v < lo
+    if not bad and hi is not None:
+        bad = v > hi
+    if bad:
+        kind = "a whole number" if integer else "a number"
+        rng = f" in {'(' if lo_open else '['}{lo:g}, {hi:g}]" if lo is not None and hi is not None else (
+            f" {'>' if lo_open else '>='} {lo:g}" if lo is not None else "")
+        raise UserError(f"found {text!r}; expected {kind}{rng}", where=flag)
+    return int(v) if integer else v
+
+
+def _policies(text):
+    from sim.analysis.plan import HOST_POLICIES, WRITE_POLICIES
+    from sim.errors import UserError
+
+    if text is None:
+        return None
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        wp, _, hp = item.partition("+")
+        if wp not in WRITE_POLICIES or hp not in HOST_POLICIES:
+            raise UserError(f"found {item!r}; expected WRITE+HOST with WRITE one of "
+                            f"{', '.join(WRITE_POLICIES)} and HOST one of {', '.join(HOST_POLICIES)}",
+                            where="--policies")
+        if (wp, hp) not in out:
+            out.append((wp, hp))
+    if not out:
+        raise UserError(f"found {text!r}; expected at least one WRITE+HOST pair", where="--policies")
+    return out
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from sim.errors import UserError
+    from sim.scenario import load_scenario
+
+    target = None if args.target_hit_rate is None else _number(
+        args.target_hit_rate, "--target-hit-rate", 0.0, 1.0, percent=True, lo_open=True)
+    ttft = None if args.target_ttft_p99 is None else _number(
+        args.target_ttft_p99, "--target-ttft-p99", 0.0, 1e9, lo_open=True)
+    warmup = _number(args.warmup, "--warmup", 0.0, 0.99, percent=True)
+    checks = _number(args.check_points, "--check-points", 0, 100, integer=True)
+    opts = _number(args.opt_points, "--opt-points", 0, 100, integer=True)
+    grid = _number(args.grid_points, "--grid-points", 3, 10000, integer=True)
+    jobs = _number(args.jobs, "--jobs", 1, 256, integer=True)
+    max_gb = None if args.max_host_gb is None else _number(
+        args.max_host_gb, "--max-host-gb", 0.0, 1e7, lo_open=True)
+    if ttft is not None and checks < 2:
+        raise UserError(f"found --check-points {checks}; expected at least 2 engine points for a "
+                        "TTFT target (TTFT comes from engine runs only)", where="--target-ttft-p99")
+    policies = _policies(args.policies)
+    scenario = load_scenario(args.scenario, args.sets, trace_roots=args.trace_roots)
+    out = Path(args.out or f"results/{scenario.name}_plan")
+    if out.exists() and not out.is_dir():
+        raise UserError("found a file; expected a folder for the plan's outputs", where=str(out))
+
+    from sim.analysis.plan import make_plan
+
+    def progress(done, total):
+        if not args.quiet:
+            print(f"engine check {done}/{total}", file=sys.stderr, flush=True)
+
+    plan = make_plan(scenario, warmup=warmup, max_host_gb=max_gb, check_points=checks,
+                     opt_points=opts, grid_points=grid, policies=policies, jobs=jobs,
+                     target_hit_rate=target, target_ttft_p99_s=ttft, progress=progress)
+    written = write_plan(plan, out)
+    print_plan(plan)
+    print(f"written: {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def write_plan(plan, out) -> list:
+    from pathlib import Path
+
+    from reports.plan import draw_plan, save_plan_figure
+    from sim.analysis.plan import plan_table
+    from sim.atomic import write_json, write_parquet
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fig = draw_plan(plan)
+    paths = []
+    for fmt in ("png", "svg"):
+        p = out / f"plan.{fmt}"
+        save_plan_figure(fig, p, fmt)
+        paths.append(p)
+    write_parquet(out / "plan.parquet", plan_table(plan))
+    write_json(out / "plan.json", plan.doc)
+    return paths + [out / "plan.parquet", out / "plan.json"]
+
+
+def _gb(v) -> str:
+    return "-" if v is None else f"{v:,.1f} GB"
+
+
+def print_plan(plan) -> None:
+    d = plan.doc
+    n = d["ranks_per_node"]
+    tier = d["tier"]
+    print(f"{d['scenario']}: {d['requests']:,} requests ({d['warmup_requests']:,} warm-up), device "
+          f"{d['device_gb_per_rank']:.1f} GB ({d['device_tokens_per_rank']:,} tokens) per rank, "
+          f"{d['bytes_per_token']:,} bytes/token, {n} ranks per node; {tier} range up to "
+          f"{d['max_host_gb_per_rank']:,.1f} GB per rank"
+          + ("" if tier == "host" else " (host off: the plan varies the device)"))
+    header = ["policy", "knee (per rank)", "hit at knee", f"hit at scenario {tier}",
+              "model-engine max |Δ|"]
+    if d["targets"]["hit_rate"] is not None:
+        header.append(f"hit >= {d['targets']['hit_rate']:.0%}: per rank / per node")
+    if d["targets"]["ttft_p99_s"] is not None:
+        header.append(f"TTFT p99 <= {d['targets']['ttft_p99_s']:g} s: per rank / per node")
+    rows = [header]
+    for r in d["policies"]:
+        row = [f"{r['write_policy']} + {r['host_policy']}", _gb(r["knee_gb_per_rank"]),
+               "-" if r["knee_hit_rate"] is None else f"{r['knee_hit_rate']:.1%}",
+               f"{r['hit_rate_at_scenario_host']:.1%}",
+               "-" if r["model_vs_engine_max_abs_error"] is None
+               else f"{100 * r['model_vs_engine_max_abs_error']:.1f} pts"]
+        for key in ("target_hit_rate_gb_per_rank", "target_ttft_p99_gb_per_rank"):
+            if key in r:
+                v = r[key]
+                row.append("none in range" if v is None else f"{_gb(v)} / {_gb(v * n)}")
+        rows.append(row)
+    widths = [max(len(x[i]) for x in rows) for i in range(len(header))]
+    for row in rows:
+        print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                               enumerate(zip(row, widths))))
+    if plan.opt:
+        print("offline optimum (bound, any policy): " + ", ".join(
+            f"{g:,.1f} GB -> {h:.1%}" for g, h in plan.opt))
+    e = d.get("scenario_engine")
+    if e:
+        fails = "-" if e["backup_failures"] is None else f"{e['backup_failures']:,}"
+        print(f"engine at the scenario's size: device hit {e['device_hit_rate']:.1%}, host hit "
+              f"{e['host_hit_rate']:.1%}; pages held device {e['device_pages_mean']:,.0f} / host "
+              f"{e['host_pages_mean']:,.0f} / both {e['duplicate_pages_mean']:,.0f} (unique "
+              f"{e['unique_pages_mean']:,.0f}); failed host allocations {fails}")
+    print(f"diagnosis ({d['scenario_policy']['write_policy']} + "
+          f"{d['scenario_policy']['host_policy']} at {tier} {d['scenario_size_gb_per_rank']:.1f} GB): "
+          f"{d['diagnosis']}")
+    own = next(r for r in d["policies"] if (r["write_policy"], r["host_policy"]) ==
+               (d["scenario_policy"]["write_policy"], d["scenario_policy"]["host_policy"])) \
+        if any((r["write_policy"], r["host_policy"]) == (d["scenario_policy"]["write_policy"],
+               d["scenario_policy"]["host_policy"]) for r in d["policies"]) else d["policies"][0]
+    for key, what in (("target_hit_rate_gb_per_rank", f"a {d['targets']['hit_rate'] or 0:.0%} hit rate"),
+                      ("target_ttft_p99_gb_per_rank", f"a TTFT p99 of {d['targets']['ttft_p99_s'] or 0:g} s")):
+        if key in own:
+            v = own[key]
+            pol = f"{own['write_policy']} + {own['host_policy']}"
+            if v is None:
+                print(f"answer: no {tier} size up to {d['max_host_gb_per_rank']:,.1f} GB per rank "
+                      f"gives {what} with {pol}")
+            else:
+                node = d.get("node")
+                fits = "" if not node else (
+                    " (fits the node)" if v <= node["host_budget_gb_per_rank"] else
+                    f" (more than the node allows: {node['host_budget_gb_per_rank']:,.1f} GB per rank)")
+                print(f"answer: {pol} needs {v:,.1f} GB of {tier} KV per rank, {v * n:,.1f} GB per "
+                      f"node of {n} ranks, for {what}{fits}")

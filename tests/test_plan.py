@@ -1,0 +1,196 @@
+"""`plan`: the fast curves equal the reference ones, the knee and target rules, and the
+command end to end (deterministic outputs, one-line errors)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import cli
+from sim.analysis import curves
+from sim.analysis.optimum import _next_uses, interval_upper_bound
+from sim.analysis.plan import check_sizes, knee, smallest_meeting
+from sim.analysis.stack_distance import COLD, lru_hit_curve, lru_stack_distances
+
+
+def random_prefix_trace(rng: random.Random, n: int = 60) -> list[list[int]]:
+    """Requests sharing prefixes of a few documents, with long single-child chains."""
+    ids: dict[tuple, int] = {}
+    out = []
+    for _ in range(n):
+        doc = rng.randrange(6)
+        depth = rng.randrange(1, 12)
+        path = []
+        for j in range(depth):
+            # Units in blocks of 4 follow each other always (chains); branching at block starts.
+            branch = rng.randrange(2) if j % 4 == 0 and j else 0
+            key = (tuple(path), doc, branch)
+            path.append(ids.setdefault(key, len(ids)))
+        out.append(path)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_compressed_lru_and_optimum_equal_the_references(seed):
+    paths = random_prefix_trace(random.Random(seed))
+    comp = curves.compress(paths)
+    assert int(comp.weight.sum()) == sum(map(len, paths))
+    lp = curves.lru_pass(comp, np.arange(len(paths), dtype=float))
+    ref = lru_hit_curve(paths).hits_at
+    hits = lp.hits_at()
+    caps = np.arange(0, sum(map(len, paths)) + 3)
+    assert [int(x) for x in lp.hit_units(caps, hits=hits)] == \
+        [int(ref[min(c, len(ref) - 1)]) for c in caps]
+    nxt = curves.next_uses(comp)
+    ref_next = _next_uses(paths)
+    for cap in (0, 1, 3, 7, 15, 40):
+        assert curves.optimum_units(comp, cap, nxt) == interval_upper_bound(paths, cap, ref_next)
+
+
+def test_warm_up_counts_only_the_later_requests():
+    paths = random_prefix_trace(random.Random(11), 80)
+    warm = 30
+    comp = curves.compress(paths)
+    lp = curves.lru_pass(comp, np.zeros(len(paths)))
+    dist = lru_stack_distances(paths)
+    req = np.repeat(np.arange(len(paths)), [len(p) for p in paths])
+    later = dist[(req >= warm) & (dist != COLD)]
+    for cap in (1, 5, 20, 200):
+        assert int(lp.hit_units(cap, warm=warm)) == int(((later >= 1) & (later <= cap)).sum())
+
+
+def test_knee_is_where_the_gain_per_gb_falls_below_a_tenth_of_the_steepest():
+    x = np.linspace(0, 10, 101)
+    y = 1 - np.exp(-x)  # gain exp(-x): a tenth of the steepest at x = ln 10
+    k = knee(x, y)
+    assert x[k] == pytest.approx(np.log(10), abs=0.11)
+    # Flat, then steep (write_through below the device), then flat: past the steepest.
+    y2 = np.clip((x - 4) / 2, 0, 1)
+    assert x[knee(x, y2)] == pytest.approx(6.0, abs=0.11)
+    assert knee(x, np.zeros_like(x)) is None
+
+
+def test_target_answer_is_interpolated_or_none():
+    x = np.array([0.0, 10.0, 20.0, 30.0])
+    y = np.array([0.1, 0.3, 0.5, 0.55])
+    assert smallest_meeting(x, y, 0.4) == pytest.approx(15.0)
+    assert smallest_meeting(x, y, 0.1) == 0.0
+    assert smallest_meeting(x, y, 0.6) is None
+    ttft = np.array([9.0, 5.0, 3.0, 2.5])
+    assert smallest_meeting(x, ttft, 4.0, rising=False) == pytest.approx(15.0)
+    assert check_sizes(x, y, 3)[0] == 0.0 and len(check_sizes(x, y, 3)) == 3
+
+
+SMALL = """\
+name: small
+model: {preset: llama-3.1-8b}
+tp: 2
+page_size: 64
+device: {tokens: 4096}
+host: {ratio: 2}
+cache: {write_policy: write_back, host_policy: duplicate_first}
+workload:
+  kind: multi_turn_chat
+  num_requests: 60
+  block_size: 64
+  arrival: {process: poisson, rate: 4.0}
+  system_prompt_tokens: 512
+  user_tokens: {dist: lognormal, mean: 150, cv: 1.0}
+  output_tokens: {dist: lognormal, mean: 64, cv: 1.0}
+  think_time_s: {dist: exponential, mean: 3}
+  max_context_tokens: 4000
+scheduler: {max_running_requests: 8}
+"""
+
+
+def test_plan_end_to_end_is_deterministic(tmp_path, capsys):
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        rc = cli.main(["plan", str(p), "-o", str(out), "--check-points", "3", "--grid-points", "12",
+                       "--opt-points", "3", "--target-hit-rate", "40%", "--target-ttft-p99", "100",
+                       "--warmup", "0.25", "--quiet"])
+        assert rc == 0
+        outs.append(out)
+    text = capsys.readouterr().out
+    assert "answer: write_back + duplicate_first" in text and "diagnosis (" in text
+    for f in ("plan.png", "plan.svg", "plan.parquet", "plan.json"):
+        assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f
+    doc = json.loads((outs[0] / "plan.json").read_text())
+    assert doc["warmup_requests"] == 15
+    assert {(r["write_policy"], r["host_policy"]) for r in doc["policies"]} == {
+        ("write_back", "duplicate_first"), ("write_back", "lru"),
+        ("write_through", "duplicate_first"), ("write_through", "lru")}
+    for r in doc["policies"]:
+        assert r["model_vs_engine_max_abs_error"] is not None
+        assert "target_hit_rate_gb_per_rank" in r and "target_ttft_p99_gb_per_rank" in r
+    df = pd.read_parquet(outs[0] / "plan.parquet")
+    assert {"host_gb_per_rank", "host_tokens_per_rank", "host_gb_per_node", "hit_rate",
+            "ttft_p99_s", "backup_failures", "duplicate_pages_mean"} <= set(df.columns)
+    eng = df[df["series"] == "engine"]
+    # 3 sizes per policy pair, plus the scenario's own host for its own pair.
+    assert len(eng) == 4 * 3 + 1
+    assert (eng["requests_measured"] <= 45).all()  # the warm-up's 15 requests are left out
+
+
+def test_plan_on_a_single_tier_varies_the_device(tmp_path, capsys):
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL.replace("host: {ratio: 2}", "host: off"))
+    out = tmp_path / "o"
+    assert cli.main(["plan", str(p), "-o", str(out), "--check-points", "2", "--grid-points", "8",
+                     "--opt-points", "2", "--quiet"]) == 0
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["tier"] == "device" and len(doc["policies"]) == 1
+    df = pd.read_parquet(out / "plan.parquet")
+    assert "device_gb_per_rank" in df.columns
+    assert "single tier" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, where", [
+    (["--warmup", "1.5"], "--warmup"),
+    (["--target-hit-rate", "abc"], "--target-hit-rate"),
+    (["--target-hit-rate", "0"], "--target-hit-rate"),
+    (["--policies", "write_back+fifo"], "--policies"),
+    (["--check-points", "2.5"], "--check-points"),
+    (["--target-ttft-p99", "1", "--check-points", "0"], "--target-ttft-p99"),
+    (["--max-host-gb", "-1"], "--max-host-gb"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, where):
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    rc = cli.main(["plan", str(p), "-o", str(tmp_path / "o"), "--quiet", *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert "\n" not in err and where in err and "expected" in err
+
+
+def test_data_parallel_instances_each_cache_their_own_stream(tmp_path):
+    """With dp > 1 the model is the sum of one LRU per instance, over the requests the
+    router gave it (a single cache over the whole stream would count reuse across
+    instances that never happens)."""
+    from sim.analysis.plan import _instance_parts, make_plan, plan_trace
+    from sim.scenario import load_scenario
+
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    two = load_scenario(p, ["dp=2"])  # round robin: request r goes to instance r % 2
+    trace = plan_trace(two)
+    n = len(trace.paths)
+    parts = _instance_parts(two, n)
+    assert [x.tolist() for x in parts] == [list(range(0, n, 2)), list(range(1, n, 2))]
+    plan = make_plan(two, check_points=0, grid_points=8, opt_points=2)
+    d = plan.doc
+    ps, d_units = d["page_size"], d["device_tokens_per_rank"] // d["page_size"]
+    per = [curves.lru_pass(curves.compress([trace.paths[k] for k in idx.tolist()]),
+                           trace.arrival[idx]).hits_at(0) for idx in parts]
+    at = lambda h, c: h[min(c, len(h) - 1)]  # noqa: E731
+    want0 = sum(at(h, d_units) for h in per) * ps / d["measured_input_tokens"]
+    assert plan.model["write_back"][0] == pytest.approx(want0)  # host 0: the devices alone
+    whole = curves.lru_pass(curves.compress(trace.paths), trace.arrival).hits_at(0)
+    assert sum(h[-1] for h in per) < whole[-1]  # reuse across instances is lost
