@@ -3,10 +3,10 @@
 Prints, as markdown tables for the project notes:
 
 1. **LRU, single device tier**: the one-pass stack-distance curve next to the real
-   radix tree replayed as an LRU (``sim.analysis.replay``), both traces, page size
+   radix tree replayed as an LRU (``sim.analysis.lru_tree``), both traces, page size
    512 (= the block size) and 64, token-level hit rate (hit tokens / all input
    tokens, as SGLang reports it). Also the tree's splits and eviction overshoot,
-   the two effects that make it differ (see replay.py), and the time of one replay
+   the two effects that make it differ (see lru_tree.py), and the time of one run
    per capacity against the single pass, as a ratio.
 2. **Policies against the optimum** on the conversation trace at page 64 (its
    scenario's page size): for device ``D`` and host ``2D``, the offline optimum
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.analysis.optimum import combine_two_tier, optimum_bounds  # noqa: E402
-from sim.analysis.replay import UnitTrace, compare_lru, mooncake_trace  # noqa: E402
+from sim.analysis.lru_tree import UnitTrace, compare_lru, mooncake_trace  # noqa: E402
 from sim.analysis.stack_distance import hit_rate_curve  # noqa: E402
 
 SHARED = Path(os.environ.get("HICACHE_SHARED", ROOT.parent / "shared"))
@@ -86,13 +86,13 @@ def lru_tables(max_requests: int | None) -> None:
                       f"{row.tree_hit_rate - row.stack_hit_rate:+.4f} | {rep.splits:,} | "
                       f"{rep.evictions:,} | {mean_over:,.0f} | {rep.max_overshoot_tokens:,} |")
             print(f"<!-- {name} page {ps}: {len(trace.paths):,} requests, "
-                  f"{trace.input_tokens:,} input tokens; {len(LRU_TOKENS)} tree replays took "
+                  f"{trace.input_tokens:,} input tokens; {len(LRU_TOKENS)} LRU tree runs took "
                   f"{t_tree / t_curve:.1f}x the one-pass curve -->", flush=True)
     print()
 
 
 def policy_table(max_requests: int | None) -> None:
-    from sim.analysis.replay import tree_lru_replay
+    from sim.analysis.lru_tree import run_lru_tree
     from sim.runner import run_scenario
     from sim.scenario import load_scenario
 
@@ -114,8 +114,8 @@ def policy_table(max_requests: int | None) -> None:
         union = optimum_bounds(trace.paths, (dev + host) // ps, ps)
         two = combine_two_tier(single, union, 1.0)
         bound = two.upper_hit_tokens / total
-        lru_d = tree_lru_replay(trace.paths, dev, ps, input_tokens=total).hit_rate
-        lru_u = tree_lru_replay(trace.paths, dev + host, ps, input_tokens=total).hit_rate
+        lru_d = run_lru_tree(trace.paths, dev, ps, input_tokens=total).hit_rate
+        lru_u = run_lru_tree(trace.paths, dev + host, ps, input_tokens=total).hit_rate
         cells = []
         for _, sets in POLICIES:
             s = load_scenario(scenario_path, ["device.gib=null", f"device.tokens={dev}",

@@ -30,6 +30,10 @@ OPS = {
     "dump": {},
     # Extensions written by hicache-sim's repro bundles (absent from SGLang's format):
     "skip_ids": {"n": "int"},  # the rank built n other node objects (id drift)
+    # A write-through backup's ack popped by `writing_check` (the id is the node id the
+    # tree keyed the pending write by). Only with the header's ``write_acks:
+    # "explicit"``: SGLang's format acks every write at the end of the op issuing it.
+    "write_ack": {"id": "id"},
 }
 HEADER_INTS = ("device_capacity", "host_capacity", "page_size", "load_back_threshold")
 WRITE_POLICIES = ("write_back", "write_through")
@@ -51,6 +55,10 @@ class Replayer:
         ids = header.get("ids", ids)
         host_policy = header.get("host_policy", host_policy)
         self._alloc_failures = {(int(i), int(a)) for i, a in header.get("host_alloc_failures", ())}
+        # write_acks "explicit": the engine's write-through acks land when its sync
+        # pops them (write_ack ops), not at the end of the issuing op; replaying them
+        # where they happened keeps the rank's tree, hence its digest, exact.
+        self._explicit_write_acks = header.get("write_acks", "per_op") == "explicit"
         self._op_index = 0
         self._attempt = 0
         self.tree = Tree(
@@ -105,9 +113,11 @@ class Replayer:
             out = {"i": i, "op": kind, "error": err.code}
             tree.rec.clear()
         # write_through: the reference replayer acknowledges every write issued by
-        # an op at the end of that op, in issue order (op-trace §9).
-        for ack in list(tree.pending_writes):
-            tree.finish_write_through(ack)
+        # an op at the end of that op, in issue order (op-trace §9); a trace with
+        # explicit write acks says where each one landed instead.
+        if not self._explicit_write_acks:
+            for ack in list(tree.pending_writes):
+                tree.finish_write_through(ack)
         out["events"] = [self._event(k, node, extra) for k, node, extra in tree.rec]
         out.update(digest=tree.digest, dev=tree.dev_used, host=tree.host_used,
                    evictable=tree.evictable, protected=tree.protected, nodes=tree.n_nodes)
@@ -170,6 +180,14 @@ class Replayer:
         if node is None:
             raise TreeError("unknown_lock_id")
         self.tree.dec_lock(node)
+        return {}
+
+    def _op_write_ack(self, op):
+        if not self._explicit_write_acks:
+            raise TreeError("write_ack_without_explicit_write_acks")
+        if op["id"] not in self.tree.pending_writes:
+            raise TreeError("unknown_write_ack_id")
+        self.tree.finish_write_through(op["id"])
         return {}
 
     def _op_skip_ids(self, op):

@@ -2,8 +2,8 @@
 
 What this is for: ``sim.optrace.parse_line`` checks the fields SGLang's format
 defines; the header extensions hicache-sim's bundles write (``ids``,
-``host_policy``, ``eviction_policy``, ``host_alloc_failures``) and the ``skip_ids``
-op were taken as given, so a wrong type or value surfaced as a traceback deep in the
+``host_policy``, ``eviction_policy``, ``host_alloc_failures``, ``write_acks``) and the
+``skip_ids`` op were taken as given, so a wrong type or value surfaced as a traceback deep in the
 tree, or silently (a negative ``skip_ids`` gives two nodes one id). Every check
 here raises :class:`InputFormatError` naming the file and line.
 """
@@ -15,6 +15,9 @@ import json
 from sim.errors import InputFormatError
 from sim.tree import ID_SCHEMES  # one list of id schemes: the tree's
 
+# When write-through acks land: at the end of the op issuing them (SGLang's format),
+# or where a write_ack op says (hicache-sim's repro bundles).
+WRITE_ACKS = ("per_op", "explicit")
 # Bounds on every count in a trace: far above any real tree, low enough that the
 # tree's arithmetic stays in ordinary ints.
 MAX_COUNT = 10**15
@@ -53,6 +56,9 @@ def check_header(path, line_no: int, obj: dict) -> None:
                        ("eviction_policy", tuple(EVICTION_POLICIES))):
         if key in obj and (not isinstance(obj[key], str) or obj[key] not in names):
             raise InputFormatError(path, line_no, f"{key}={_short(obj[key])}", f"'{key}' one of {', '.join(names)}")
+    if "write_acks" in obj and obj["write_acks"] not in WRITE_ACKS:
+        raise InputFormatError(path, line_no, f"write_acks={_short(obj['write_acks'])}",
+                               f"'write_acks' one of {', '.join(WRITE_ACKS)}")
     if "host_alloc_failures" in obj:
         v = obj["host_alloc_failures"]
         expected = "'host_alloc_failures' as a list of [op index, attempt] pairs of non-negative ints"

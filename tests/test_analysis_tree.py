@@ -1,6 +1,6 @@
-"""The real radix tree replayed as a single-tier LRU, against the stack-distance model.
+"""The real radix tree run as a single-tier LRU, against the stack-distance model.
 
-The claims tested are those of ``sim/analysis/replay.py``: with single-page nodes the
+The claims tested are those of ``sim/analysis/lru_tree.py``: with single-page nodes the
 tree equals the page-granular LRU exactly; in general its hits are exactly the
 split-aware stack distances read at its occupancy, which sandwiches it between the
 curve at ``C - overshoot`` and at ``C``.
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import strategies
 from conftest import TRACES
-from sim.analysis.replay import compare_lru, mooncake_trace, tree_lru_curve, tree_lru_replay
+from sim.analysis.lru_tree import compare_lru, mooncake_trace, lru_tree_curve, run_lru_tree
 from sim.analysis.stack_distance import (
     hit_rate_curve,
     lru_hit_curve,
@@ -57,7 +57,7 @@ def per_request(requests, capacities, refresh=None):
 @given(prefix_traces(), st.integers(0, 18), st.sampled_from([1, 16]),
        st.sampled_from(["write_back", "write_through"]))
 def test_single_page_nodes_equal_the_page_lru(requests, capacity, page, policy):
-    rep = tree_lru_replay(requests, capacity * page, page, unit_nodes=True, write_policy=policy)
+    rep = run_lru_tree(requests, capacity * page, page, unit_nodes=True, write_policy=policy)
     reference = lru_prefix_cache_sim(requests, capacity)
     assert list(rep.per_request) == reference.per_request
     assert rep.per_request == tuple(per_request(requests, [capacity] * len(requests)))
@@ -67,7 +67,7 @@ def test_single_page_nodes_equal_the_page_lru(requests, capacity, page, policy):
 
 @given(prefix_traces(), st.integers(0, 18), st.sampled_from([1, 64]))
 def test_tree_hits_are_split_aware_stack_distances_at_its_occupancy(requests, capacity, page):
-    rep = tree_lru_replay(requests, capacity * page, page)
+    rep = run_lru_tree(requests, capacity * page, page)
     # Exact: the cache is always the top `occupancy` units of the split-aware order.
     assert list(rep.per_request) == per_request(requests, rep.occupancy, rep.refreshed)
     # Occupancy: at most C; after the first eviction at least C minus the overshoot.
@@ -80,13 +80,13 @@ def test_tree_hits_are_split_aware_stack_distances_at_its_occupancy(requests, ca
     sandwich_high = per_request(requests, [capacity] * n, rep.refreshed)
     assert all(lo <= t <= hi for lo, t, hi in zip(sandwich_low, rep.per_request, sandwich_high))
     # write_through with no host deletes its victims: the same LRU.
-    same = tree_lru_replay(requests, capacity * page, page, write_policy="write_through")
+    same = run_lru_tree(requests, capacity * page, page, write_policy="write_through")
     assert same.per_request == rep.per_request
 
 
 @given(disjoint_path_traces(), st.integers(0, 12))
 def test_without_splits_the_plain_curve_sandwiches_the_tree(requests, capacity):
-    rep = tree_lru_replay(requests, capacity, 1)
+    rep = run_lru_tree(requests, capacity, 1)
     assert rep.splits == 0 and rep.refreshed == {}
     o = rep.max_overshoot_units
     assert o <= max(len(p) for p in requests) - 1
@@ -102,18 +102,18 @@ def test_whole_node_eviction_loses_a_hit():
     # [1,2,3] is one 3-page node. Room for 3: [4] needs one page, the tree frees the
     # whole node (overshoot 2); the page model only drops 3, so [1] still hits there.
     requests = [[1, 2, 3], [4], [1]]
-    rep = tree_lru_replay(requests, 3, 1)
+    rep = run_lru_tree(requests, 3, 1)
     assert rep.per_request == (0, 0, 0)
     assert (rep.evictions, rep.evicted_nodes, rep.overshoot_tokens) == (1, 1, 2)
     assert lru_prefix_cache_sim(requests, 3).per_request == [0, 0, 1]
-    assert tree_lru_replay(requests, 3, 1, unit_nodes=True).per_request == (0, 0, 1)
+    assert run_lru_tree(requests, 3, 1, unit_nodes=True).per_request == (0, 0, 1)
 
 
 def test_split_refresh_keeps_a_fragment_lru_would_drop():
     # [1,2,3] is one node; [9] is newer; [1,5] splits it and refreshes [2,3]. With
     # room for 5, [7] evicts the oldest leaf: [9] in the tree, but page 3 in the model.
     requests = [[1, 2, 3], [9], [1, 5], [7], [1, 2, 3]]
-    rep = tree_lru_replay(requests, 5, 1)
+    rep = run_lru_tree(requests, 5, 1)
     assert rep.refreshed == {2: (2, 3)}
     assert rep.per_request == (0, 0, 1, 0, 3)
     assert lru_prefix_cache_sim(requests, 5).per_request == [0, 0, 1, 0, 2]
@@ -122,15 +122,15 @@ def test_split_refresh_keeps_a_fragment_lru_would_drop():
 
 def test_request_longer_than_the_cache_keeps_its_shallow_pages():
     requests = [[1, 2, 3, 4], [1, 2, 3, 4]]
-    rep = tree_lru_replay(requests, 2 * 16, 16)
+    rep = run_lru_tree(requests, 2 * 16, 16)
     assert rep.per_request == (0, 2)
     assert rep.truncated_tokens == 2 * 2 * 16
     assert lru_prefix_cache_sim(requests, 2).per_request == [0, 2]
 
 
-def test_curve_is_one_replay_per_capacity():
+def test_curve_is_one_run_per_capacity():
     requests = [[1, 2], [1, 3], [1, 2], [4]]
-    reps = tree_lru_curve(requests, [0, 16, 32, 64], 16, input_tokens=100)
+    reps = lru_tree_curve(requests, [0, 16, 32, 64], 16, input_tokens=100)
     # Room for one page: [1] survives each request; for four, [1,2] hits whole.
     assert [r.hit_tokens for r in reps] == [0, 32, 32, 48]
     assert [r.hit_tokens for r in reps] == [
@@ -141,11 +141,11 @@ def test_curve_is_one_replay_per_capacity():
 
 def test_bad_input_is_a_user_error():
     with pytest.raises(UserError, match="capacity"):
-        tree_lru_replay([[1]], -1, 16)
+        run_lru_tree([[1]], -1, 16)
     with pytest.raises(UserError, match="page_tokens"):
-        tree_lru_replay([[1]], 16, 0)
+        run_lru_tree([[1]], 16, 0)
     with pytest.raises(UserError, match="expected prefix ids"):
-        tree_lru_replay([[1, 2], [3, 2]], 16, 1)
+        run_lru_tree([[1, 2], [3, 2]], 16, 1)
 
 
 @pytest.mark.parametrize("name", ["conversation_trace.jsonl.gz", "synthetic_trace.jsonl.gz"])

@@ -12,7 +12,7 @@ import sim.repro as repro
 
 def _result(verdict, failure_class, line):
     outcome = types.SimpleNamespace(verdict=verdict, failure_class=failure_class)
-    return repro.ReplayResult(outcome, line, ["verdict", "digests", "optrace rank 0"])
+    return repro.VerifyResult(outcome, line, ["verdict", "digests", "optrace rank 0"])
 
 
 def test_a_reproduced_failure_exits_0_and_prints_the_recorded_failure(monkeypatch, capsys):

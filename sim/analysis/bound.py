@@ -6,7 +6,7 @@ request stream (``build_workload``, limits applied) is keyed with ``page_key`` a
 its ``page_size``, exactly as the engine keys it, then analysed offline:
 
 * **LRU (model)**: the one-pass stack curve (``stack_distance``), single tier;
-* **LRU (tree)**, optional: the real radix tree replayed as a single tier (``replay``);
+* **LRU (tree)**, optional: the real radix tree run as a single tier (``lru_tree``);
 * **OPT**: the offline optimum of one tier (``optimum_bounds``: lower, upper, exact);
 * **two-tier bound**: the optimum of ``device_hits + host_weight * host_hits`` with
   the scenario's device ``D`` and host ``H`` (``optimum.combine_two_tier``).
@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sim.analysis.optimum import combine_two_tier, optimum_bounds
-from sim.analysis.replay import UnitTrace, tree_lru_replay, unit_trace
+from sim.analysis.lru_tree import UnitTrace, run_lru_tree, unit_trace
 from sim.analysis.stack_distance import lru_hit_curve
 from sim.atomic import write_json, write_text
 from sim.errors import UserError
@@ -103,7 +103,7 @@ def bound_for_scenario(
             "opt_exact": b.exact,
         }
         if tree:
-            rep = tree_lru_replay(trace.paths, cap, ps, input_tokens=total)
+            rep = run_lru_tree(trace.paths, cap, ps, input_tokens=total)
             row["tree_lru_hit_rate"] = rep.hit_rate
             row["tree_lru_hit_tokens"] = rep.hit_tokens
         rows.append(row)

@@ -1,8 +1,8 @@
-"""Where and how TP replicas diverge, read from their op-traces.
+"""Where and how TP ranks diverge, read from their op-traces.
 
-What this is for: a repro bundle holds one op-trace per rank. Replaying each through
-``sim.optrace.Replayer`` gives, per op, the tree's events (the eviction, backup and
-reclaim *victims*), its occupancy and its digest. Comparing two ranks' replays op by
+What this is for: a repro bundle holds one op-trace per rank. Re-running each through
+``sim.optrace.Replayer`` (``rerun_ops``) gives, per op, the tree's events (the eviction, backup and
+reclaim *victims*), its occupancy and its digest. Comparing two ranks' states op by
 op finds the first divergent event; diffing their trees at that op shows what
 differs; the digests per op are the timeline SGLang's per-step check samples.
 
@@ -29,8 +29,8 @@ _ID_FIELDS = ("i", "digest", "events")
 
 
 @dataclass
-class RankReplay:
-    """One replica's op-trace replayed: the per-op outputs and the final tree."""
+class RankState:
+    """One rank's op-trace re-run: the per-op outputs and the final tree."""
 
     header: dict
     ops: list          # the ops (header excluded); ops[j - 1] produced outputs[j]
@@ -42,8 +42,8 @@ class RankReplay:
         return self.outputs[-1]["digest"]
 
 
-def replay_trace(trace: list[dict], upto: int | None = None) -> RankReplay:
-    """Replay ``trace`` (header first) through a fresh tree, up to output ``upto``."""
+def rerun_ops(trace: list[dict], upto: int | None = None) -> RankState:
+    """Re-run ``trace`` (header first) through a fresh tree, up to output ``upto``."""
     header = trace[0]
     r = Replayer(header, ids=header.get("ids", "optrace"),
                  host_policy=header.get("host_policy", "duplicate_first"))
@@ -52,7 +52,7 @@ def replay_trace(trace: list[dict], upto: int | None = None) -> RankReplay:
     last = len(ops) if upto is None else min(upto, len(ops))
     for i in range(1, last + 1):
         outputs.append(r.apply(i, ops[i - 1]))
-    return RankReplay(header, ops, outputs, r.tree)
+    return RankState(header, ops, outputs, r.tree)
 
 
 def _unit_page(unit) -> int:
@@ -60,7 +60,7 @@ def _unit_page(unit) -> int:
     return unit[0] if isinstance(unit, tuple) else unit
 
 
-def _comparable(out: dict) -> tuple:
+def comparable_output(out: dict) -> tuple:
     """An op's output without node ids: what two logically equal replicas share."""
     events = tuple((e["k"], tuple(e["path"]), tuple(sorted((k, v) for k, v in e.items()
                                                           if k not in ("k", "id", "path", "child"))))
@@ -69,13 +69,20 @@ def _comparable(out: dict) -> tuple:
     return events, rest
 
 
-def first_divergent_op(a: RankReplay, b: RankReplay, times_a: list | None = None,
+def _decision(op: dict) -> dict:
+    """An op without ``reserved``: device KV held outside the tree is allocator state,
+    and a late free is not a divergence until it changes a decision."""
+    return {k: v for k, v in op.items() if k != "reserved"}
+
+
+def first_divergent_op(a: RankState, b: RankState, times_a: list | None = None,
                        times_b: list | None = None) -> int | None:
     """The first output index where the two ranks' op, its logical result, or (given
     each op's time) when it ran differ."""
     n = min(len(a.ops), len(b.ops))
     for i in range(1, n + 1):
-        if a.ops[i - 1] != b.ops[i - 1] or _comparable(a.outputs[i]) != _comparable(b.outputs[i]):
+        if (_decision(a.ops[i - 1]) != _decision(b.ops[i - 1])
+                or comparable_output(a.outputs[i]) != comparable_output(b.outputs[i])):
             return i
         if times_a is not None and times_b is not None and times_a[i - 1] != times_b[i - 1]:
             return i
@@ -158,7 +165,7 @@ def tree_diff(a: Tree, b: Tree, limit: int = 20) -> dict:
     }
 
 
-def digest_timeline(rep: RankReplay) -> list[list[int]]:
+def digest_timeline(rep: RankState) -> list[list[int]]:
     """``[op index, digest]`` at the start and after every op that changed the digest."""
     out = [[0, rep.outputs[0]["digest"]]]
     for o in rep.outputs[1:]:

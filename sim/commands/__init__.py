@@ -15,7 +15,7 @@ COMMANDS = (
     "census",
     "calibrate",
     "repro",
-    "replay",
+    "verify_bundle",  # the `replay BUNDLE` command
     "bound",
     "plan",
     "schema",

@@ -1,13 +1,14 @@
 """`hicache-sim repro SCENARIO -o BUNDLE_DIR [--tries N] [--budget S] [--seed S] [--set k=v]`:
 find a seed on which the TP ranks fail, shrink the case, and write a replayable bundle.
 
-Exit codes: 3 when a failure was found and bundled (as ``run`` and ``replay`` exit 3
+Exit codes: 3 when a failure was found and bundled (as ``run`` exits 3
 on a TP failure), 0 when no try failed ("no divergence within budget"; nothing is
 written), 2 for bad input.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 from sim.fmt import duration
@@ -103,4 +104,9 @@ def run(args) -> int:
     res = repro.verify_bundle(out, trace_roots=args.trace_roots)
     print(f"bundle: {out} ({duration(time.perf_counter() - t0)}); replay: hicache-sim replay {out}")
     print(f"failure: {res.line}")
+    meta = json.loads((out / "bundle.json").read_text())
+    ev = meta["first_divergent_event"]
+    if ev is not None:
+        print(f"first divergent event: {ev['kind']} at t={ev['t']:.6f}s (step {ev['step']}): "
+              f"{ev['summary']} [{ev['sglang']}]")
     return 3

@@ -1,12 +1,12 @@
-"""The real radix tree replayed as a single-tier LRU cache, against the stack curve.
+"""The real radix tree run as a single-tier LRU cache, against the stack curve.
 
 What this is for: ``stack_distance`` predicts LRU hit rates at every capacity from
-one pass over a page-granular model. This module replays the same unit paths through
+one pass over a page-granular model. This module runs the same unit paths through
 ``sim.tree.Tree`` (the bit-exact SGLang replica) with no host tier, so the prediction
 can be checked against the code the simulator runs, and the difference explained.
 
-The replay
-==========
+The run
+=======
 ``Tree(device_capacity=C, host_capacity=0, write_policy="write_back")``: every
 eviction victim's blocking backup fails for lack of host room and the victim is
 dropped, so the host tier never holds anything: a pure single-tier LRU. Per request,
@@ -36,7 +36,7 @@ The tree differs in two ways, and only these:
 
 Let ``L'_r`` be ``L_r`` with each split fragment touched at its request, below that
 request's path (``lru_stack_distances(..., refresh=...)``, with the fragments this
-replay records), and ``d'`` the stack distances in it. **Claim: the tree's cache
+run records), and ``d'`` the stack distances in it. **Claim: the tree's cache
 after every request is the top ``m_r`` units of ``L'_r``, ``m_r`` its occupancy in
 pages; so request ``r``'s hit is exactly the number of its units with
 ``1 <= d' <= m_{r-1}``.** Proof sketch: by induction. A node's pages are always
@@ -64,7 +64,7 @@ Consequences (what the tests check):
 
 A split refresh keeps a fragment longer than LRU would, so with splits the tree can
 hit more *or* less than the stack curve; no bound independent of the trace holds,
-and ``TreeReplay.splits`` / ``overshoot_*`` say how much of each effect a run had.
+and ``LruTreeRun.splits`` / ``overshoot_*`` say how much of each effect a run had.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def mooncake_trace(path, page_size: int) -> UnitTrace:
 
 
 @dataclass(frozen=True)
-class TreeReplay:
+class LruTreeRun:
     """One capacity of the real tree run as a single-tier LRU (module docstring).
 
     ``per_request`` holds each request's hit units and ``occupancy`` the device pages
@@ -154,7 +154,7 @@ def _check_capacity(cap) -> int:
     return cap
 
 
-def tree_lru_replay(
+def run_lru_tree(
     requests: Iterable[Sequence[int]],
     capacity_tokens: int,
     page_size: int,
@@ -162,7 +162,7 @@ def tree_lru_replay(
     input_tokens: int | None = None,
     unit_nodes: bool = False,
     write_policy: str = "write_back",
-) -> TreeReplay:
+) -> LruTreeRun:
     """Replay unit paths through a device-only ``Tree`` of ``capacity_tokens``.
 
     ``input_tokens`` is the hit-rate denominator (default: the full pages replayed).
@@ -218,7 +218,7 @@ def tree_lru_replay(
         tree.dec_lock(lock)
     hit_units = sum(per_request)
     denom = input_tokens if input_tokens is not None else sum(len(p) for p in paths) * ps
-    return TreeReplay(
+    return LruTreeRun(
         capacity_tokens=cap,
         page_size=ps,
         hit_tokens=hit_units * ps,
@@ -237,29 +237,29 @@ def tree_lru_replay(
     )
 
 
-def tree_lru_curve(
+def lru_tree_curve(
     requests: Iterable[Sequence[int]],
     capacities_tokens: Iterable[int],
     page_size: int,
     *,
     input_tokens: int | None = None,
     unit_nodes: bool = False,
-) -> list[TreeReplay]:
-    """``tree_lru_replay`` at each capacity (one replay per capacity)."""
+) -> list[LruTreeRun]:
+    """``run_lru_tree`` at each capacity (one run per capacity)."""
     paths = as_unit_paths(requests)
-    return [tree_lru_replay(paths, c, page_size, input_tokens=input_tokens, unit_nodes=unit_nodes)
+    return [run_lru_tree(paths, c, page_size, input_tokens=input_tokens, unit_nodes=unit_nodes)
             for c in capacities_tokens]
 
 
 @dataclass(frozen=True)
 class LruComparison:
-    """The tree replay and the stack curve at one capacity, both over ``input_tokens``."""
+    """The LRU tree run and the stack curve at one capacity, both over ``input_tokens``."""
 
     capacity_tokens: int
     stack_hit_tokens: int
     tree_hit_tokens: int
     input_tokens: int
-    tree: TreeReplay
+    tree: LruTreeRun
 
     @property
     def stack_hit_rate(self) -> float:
@@ -276,7 +276,7 @@ def compare_lru(trace: UnitTrace, capacities_tokens: Iterable[int]) -> list[LruC
     curve = lru_hit_curve(trace.paths)
     out = []
     for cap in capacities_tokens:
-        rep = tree_lru_replay(trace.paths, _check_capacity(cap), ps, input_tokens=trace.input_tokens)
+        rep = run_lru_tree(trace.paths, _check_capacity(cap), ps, input_tokens=trace.input_tokens)
         out.append(LruComparison(cap, curve.hit_units(cap // ps) * ps, rep.hit_tokens,
                                  trace.input_tokens, rep))
     return out

@@ -1,6 +1,11 @@
-"""`hicache-sim replay BUNDLE_DIR`: re-run a repro bundle and check it fails exactly as
-recorded (verdict, first divergence time and step, digests, forks), then replay each
-rank's op-trace and check its final digest.
+"""`hicache-sim replay BUNDLE_DIR`: verify a repro bundle (``sim.repro.verify_bundle``).
+
+Re-runs the bundle's scenario and checks it fails exactly as recorded (verdict, the
+first true divergence, the shape divergence, the digest mismatch, the collective
+error, every rank's digest, the step count), that each rank's op-trace is what the
+re-run recorded, and that each op-trace re-runs alone to its final digest. The
+user-facing name stays ``replay``; the module is named for what it does, apart from
+``replay-ops`` (op-trace replay, ``sim.optrace``).
 
 Exit codes say whether the bundle *reproduces*, not what it recorded: 0 when the run
 matches the bundle exactly (the recorded failure is printed as information, on
@@ -26,6 +31,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from sim.errors import one_line
+    # Looked up on the package at call time: tests stub sim.repro.verify_bundle.
     from sim.repro import verify_bundle
 
     # A bundle that does not reproduce raises NotReproduced (exit 1) with what differs.
