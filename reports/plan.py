@@ -7,7 +7,6 @@ SVG for the same plan). Everything drawn comes from ``sim.analysis.plan.Plan``.
 from __future__ import annotations
 
 import matplotlib
-import numpy as np
 from matplotlib.figure import Figure
 
 from reports.plots import STYLE, _save

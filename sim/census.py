@@ -479,7 +479,7 @@ def run_census(plan: CensusPlan, *, jobs: int | None = None, executor: str = "lo
     """Run every seed without a current record, then write the table, the aggregate
     and (``plots``) the figure."""
     from sim.atomic import write_parquet
-    from sim.sweep import EXECUTORS, _bar
+    from sim.sweep import EXECUTORS, _bar, tick
 
     if executor not in EXECUTORS:
         raise UserError(f"--executor: found {executor!r}; expected one of {', '.join(EXECUTORS)}")
@@ -504,10 +504,7 @@ def run_census(plan: CensusPlan, *, jobs: int | None = None, executor: str = "lo
         else:
             failures.append({"seed": seed, "error": result["error"],
                              "traceback": result.get("traceback")})
-        if bar is not None:
-            bar.update(1)
-            if failures:
-                bar.set_postfix_str(f"{len(failures)} failed", refresh=False)
+        tick(bar, failures)
 
     try:
         if todo:

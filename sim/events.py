@@ -623,7 +623,7 @@ class Simulation:
 
     def _admit_cohort(self, c: Cohort, seq: Iterable[Req]) -> _Plan:
         """This replica's admission over the candidates, in its order."""
-        cfg, tree, cost, ps = self.cfg, c.tree, self.cost, self._ps
+        cfg, tree, ps = self.cfg, c.tree, self._ps
         cid = id(c)
         plan = _Plan()
         budget = cfg.chunked_prefill_tokens

@@ -8,7 +8,6 @@ time series has one row per rank and sample, so every replica's occupancy is the
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pandas as pd

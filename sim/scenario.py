@@ -19,7 +19,6 @@ validated scenario back as YAML, defaults filled in, in schema order.
 import dataclasses
 import difflib
 import math
-import os
 import re
 import reprlib
 import typing

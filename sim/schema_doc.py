@@ -24,7 +24,6 @@ import io
 import json
 import re
 import tokenize
-from typing import Any
 
 from pydantic import BaseModel
 

@@ -752,10 +752,7 @@ def _run_sweep(plan, out, executor, workers, address, progress, write_json, writ
             failures.append({"point_id": p.point_id, "index": p.index, "results_dir": p.results_dir,
                              "params": p.params, "seed": p.seed, "error": result["error"],
                              "traceback": result.get("traceback")})
-        if bar is not None:
-            bar.update(1)
-            if failures:
-                bar.set_postfix_str(f"{len(failures)} failed", refresh=False)
+        tick(bar, failures)
 
     try:
         if todo:
@@ -913,3 +910,23 @@ def add_bounds(plan: SweepPlan, out) -> int:
         write_bound(cache[key], folder, with_csv=False)
         n += 1
     return n
+
+
+def tick(bar, failures: list) -> None:
+    """One finished task on a progress bar (or none), with the failures so far."""
+    if bar is not None:
+        bar.update(1)
+        if failures:
+            bar.set_postfix_str(f"{len(failures)} failed", refresh=False)
+
+
+def report_failures(command: str, what: str, key: str, failures: list, details) -> int:
+    """Each failed task as one line on stderr, then where the details are; the exit
+    code: 1 when a task failed (rerunning retries it), else 0."""
+    for f in failures:
+        print(f"hicache-sim {command}: {what} {f[key]} failed: {f['error']}", file=sys.stderr)
+    if failures:
+        print(f"hicache-sim {command}: {len(failures)} {what}(s) failed; details in "
+              f"{details}; rerun to retry them", file=sys.stderr)
+        return 1
+    return 0

@@ -4,7 +4,6 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,5 @@
 """The report says why two policies gave identical results, from the results alone."""
 
-import json
 import shutil
 
 import pandas as pd

@@ -42,6 +42,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from sim.census import format_table, pinned_warning, plan_census, run_census
     from sim.errors import UserError
+    from sim.sweep import report_failures
 
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs: found {args.jobs}; expected a positive number of parallel seeds")
@@ -62,10 +63,4 @@ def run(args) -> int:
     print(f"{len(res.ran)} seed(s) ran, {len(res.skipped)} already recorded, "
           f"{len(res.failures)} failed ({duration(wall)} wall)")
     print(f"written: {', '.join(str(f) for f in res.files)}")
-    for f in res.failures:
-        print(f"hicache-sim census: seed {f['seed']} failed: {f['error']}", file=sys.stderr)
-    if res.failures:
-        print(f"hicache-sim census: {len(res.failures)} seed(s) failed; details in "
-              f"{plan.out / 'failures.json'}; rerun to retry them", file=sys.stderr)
-        return 1
-    return 0
+    return report_failures("census", "seed", "seed", res.failures, plan.out / "failures.json")

@@ -43,7 +43,8 @@ def run(args) -> int:
     from pathlib import Path
 
     from sim.errors import UserError
-    from sim.sweep import default_out, format_table, gather, load_sweep, point_status, run_sweep
+    from sim.sweep import (default_out, format_table, gather, load_sweep, point_status,
+                           report_failures, run_sweep)
 
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers: found {args.workers}; expected a positive number of workers")
@@ -84,13 +85,7 @@ def run(args) -> int:
           f"already complete, {len(res.failures)} failed; {len(res.halted)} halted on divergence "
           f"({duration(wall)} wall)")
     print(f"table: {out / 'sweep.parquet'} ({res.rows} row(s))")
-    for f in res.failures:
-        print(f"hicache-sim sweep: point {f['point_id']} failed: {f['error']}", file=sys.stderr)
-    if res.failures:
-        print(f"hicache-sim sweep: {len(res.failures)} point(s) failed; details in "
-              f"{out / 'failures.json'}; rerun to retry them", file=sys.stderr)
-        return 1
-    return 0
+    return report_failures("sweep", "point", "point_id", res.failures, out / "failures.json")
 
 
 def _dry_run(plan, out, point_status) -> int:
