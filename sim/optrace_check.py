@@ -14,7 +14,8 @@ import json
 
 from sim.errors import InputFormatError
 
-ID_SCHEMES = ("optrace", "sglang", "rust")
+# "server": a real SGLang 0.5.23 server's numbering (root 5, first node 10), op-trace v2.
+ID_SCHEMES = ("optrace", "sglang", "server", "rust")
 # Bounds on every count in a trace: far above any real tree, low enough that the
 # tree's arithmetic stays in ordinary ints.
 MAX_COUNT = 10**15
@@ -45,6 +46,19 @@ def check_header(path, line_no: int, obj: dict) -> None:
     from sim.policies.eviction import EVICTION_POLICIES
     from sim.policies.host import HOST_POLICIES
 
+    from sim.optrace import VERSIONS, WRITE_ACKS
+
+    if "version" in obj and (type(obj["version"]) is not int or obj["version"] not in VERSIONS):
+        raise InputFormatError(path, line_no, f"version={_short(obj['version'])}",
+                               f"'version' one of {', '.join(map(str, VERSIONS))}")
+    if "write_acks" in obj:
+        v = obj["write_acks"]
+        if obj.get("version", 1) < 2:
+            raise InputFormatError(path, line_no, f"write_acks={_short(v)} in a version 1 header",
+                                   "'write_acks' only with \"version\": 2")
+        if not isinstance(v, str) or v not in WRITE_ACKS:
+            raise InputFormatError(path, line_no, f"write_acks={_short(v)}",
+                                   f"'write_acks' one of {', '.join(WRITE_ACKS)}")
     for key in ("device_capacity", "host_capacity", "page_size", "load_back_threshold"):
         v = obj.get(key)
         if type(v) is int and v > MAX_COUNT:
@@ -64,8 +78,16 @@ def check_header(path, line_no: int, obj: dict) -> None:
                 raise InputFormatError(path, line_no, f"host_alloc_failures element {_short(pair)}", expected)
 
 
-def check_op(path, line_no: int, obj: dict) -> None:
-    """Counts of an operation line: non-negative where negative makes no sense, bounded."""
+def check_op(path, line_no: int, obj: dict, header: dict | None = None) -> None:
+    """Counts of an operation line: non-negative where negative makes no sense, bounded;
+    v2-only ops only under a header that allows them."""
+    if obj.get("op") == "write_ack" and header is not None:
+        if header.get("version", 1) < 2:
+            raise InputFormatError(path, line_no, "a write_ack op in a version 1 trace",
+                                   'a header with "version": 2 (docs/OPTRACE.md)')
+        if header.get("write_acks", "op") != "op":
+            raise InputFormatError(path, line_no, f"a write_ack op under write_acks={_short(header['write_acks'])}",
+                                   'write_acks "op" (or no write_ack ops)')
     n = obj.get("n")
     if type(n) is int and abs(n) > MAX_COUNT:
         raise InputFormatError(path, line_no, f"n={_short(n)}", f"'n' of at most {MAX_COUNT}")
