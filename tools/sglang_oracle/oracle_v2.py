@@ -67,7 +67,7 @@ def build_core_server(page_size: int, write_back: bool, eviction_policy: str):
 
 
 class V2Oracle(ExtOracle):
-    def __init__(self, header: dict):
+    def __init__(self, header: dict, reserved_mode: str = "tokens"):
         self.version = int(header.get("version", 1))
         if self.version not in (1, 2):
             raise ValueError(f"unsupported version {self.version!r}")
@@ -81,11 +81,12 @@ class V2Oracle(ExtOracle):
             try:
                 # ExtOracle would install its own builder for a non-default scheme;
                 # hand it the default so that ours is the one that runs.
-                super().__init__({**header, "ids": "optrace", "eviction_policy": "lru"})
+                super().__init__({**header, "ids": "optrace", "eviction_policy": "lru"},
+                                 reserved_mode)
             finally:
                 base.build_core = orig
         else:
-            super().__init__(header)
+            super().__init__(header, reserved_mode)
 
     def _finish_writes(self) -> None:
         """Acks at the end of an op. Under explicit acks only write_back's eviction
@@ -142,7 +143,7 @@ class V2Oracle(ExtOracle):
         return out
 
 
-def replay(lines, out, check=False) -> int:
+def replay(lines, out, check=False, reserved_mode="tokens") -> int:
     """Replay trace lines, one output line per non-blank input line. Returns #errors."""
     oracle, errors, idx = None, 0, 0
     for line in lines:
@@ -153,7 +154,7 @@ def replay(lines, out, check=False) -> int:
         if oracle is None:
             if op.get("op") != "header":
                 raise SystemExit("trace must start with a header line")
-            oracle = V2Oracle(op)
+            oracle = V2Oracle(op, reserved_mode)
             rec = {"op": "header", "events": [], **oracle.summary()}
         else:
             rec = oracle.apply_ext(idx, op)
@@ -167,16 +168,31 @@ def replay(lines, out, check=False) -> int:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace")
+    ap.add_argument("trace", nargs="?")
     ap.add_argument("-o", "--out")
+    ap.add_argument("--batch", metavar="TSV",
+                    help="replay each 'TRACE<TAB>OUT' line of TSV in this one process "
+                         "(each trace builds a fresh core, which resets SGLang's counters)")
     ap.add_argument("--check", action="store_true",
                     help="run SGLang's sanity_check and pool accounting after every op")
+    ap.add_argument("--reserved-mode", choices=("tokens", "pages", "ignore"), default="tokens",
+                    help="tokens: hold exactly 'reserved' slots (the v2 contract); pages: round "
+                         "up to whole pages, as a paged allocator would (a sensitivity probe)")
     args = ap.parse_args()
+    if args.batch:
+        with open(args.batch) as f:
+            pairs = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+        for trace, out_path in pairs:
+            with open(trace) as f, open(out_path, "w") as out:
+                replay(f.readlines(), out, check=args.check, reserved_mode=args.reserved_mode)
+        return
+    if not args.trace:
+        ap.error("a TRACE or --batch is required")
     with open(args.trace) as f:
         lines = f.readlines()
     out = open(args.out, "w") if args.out else sys.stdout
     try:
-        errors = replay(lines, out, check=args.check)
+        errors = replay(lines, out, check=args.check, reserved_mode=args.reserved_mode)
     finally:
         if args.out:
             out.close()
