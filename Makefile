@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean venv browser
+.PHONY: run test bench clean venv browser conformance-sglang
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,15 @@ browser:
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n 2 tests
+
+# The differential test against SGLang 0.5.23's real tree (not part of `make test`: it
+# builds a 2.3 GB CPU venv). Every shipped scenario, 200 requests, one TP-2 group:
+# op-traces recorded by `run --record-ops`, replayed on SGLang (tools/sglang_oracle) and
+# through `replay-ops`, compared line by line. Exits non-zero at the first difference.
+SGLANG_ORACLE ?= ../shared/oracle
+conformance-sglang: $(STAMP)
+	bash $(SGLANG_ORACLE)/setup.sh
+	HICACHE_SGLANG_ORACLE=$(abspath $(SGLANG_ORACLE)) $(BIN)/python tools/conformance_sglang.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_tree.py

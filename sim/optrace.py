@@ -30,11 +30,14 @@ OPS = {
     "dump": {},
     # Extensions written by hicache-sim's repro bundles (absent from SGLang's format):
     "skip_ids": {"n": "int"},  # the rank built n other node objects (id drift)
-    # A write-through backup's ack popped by `writing_check` (the id is the node id the
-    # tree keyed the pending write by). Only with the header's ``write_acks:
-    # "explicit"``: SGLang's format acks every write at the end of the op issuing it.
+    # op-trace v2 (docs/OPTRACE.md §2): the write_through ack SGLang's
+    # `writing_check` pops (unified_radix_cache.py, `_finish_write_through_ack`).
     "write_ack": {"id": "id"},
 }
+VERSIONS = (1, 2)
+# When write_through backups are acknowledged: v1's reference replayer acks at the
+# end of the issuing op; v2 traces default to the engine's explicit write_ack ops.
+WRITE_ACKS = ("end_of_op", "op")
 HEADER_INTS = ("device_capacity", "host_capacity", "page_size", "load_back_threshold")
 WRITE_POLICIES = ("write_back", "write_through")
 
@@ -54,11 +57,11 @@ class Replayer:
         # allocator failure): header extensions, ignored by SGLang's replayer.
         ids = header.get("ids", ids)
         host_policy = header.get("host_policy", host_policy)
+        self.version = header.get("version", 1)
+        self.write_acks = header.get("write_acks", "op" if self.version >= 2 else "end_of_op")
+        # ids "server" (a real 0.5.23 server: root 5, first node 10) is the tree's own
+        # scheme (sim.tree.ID_SCHEMES).
         self._alloc_failures = {(int(i), int(a)) for i, a in header.get("host_alloc_failures", ())}
-        # write_acks "explicit": the engine's write-through acks land when its sync
-        # pops them (write_ack ops), not at the end of the issuing op; replaying them
-        # where they happened keeps the rank's tree, hence its digest, exact.
-        self._explicit_write_acks = header.get("write_acks", "per_op") == "explicit"
         self._op_index = 0
         self._attempt = 0
         self.tree = Tree(
@@ -105,17 +108,20 @@ class Replayer:
         tree = self.tree
         tree.rec.clear()
         self._op_index, self._attempt = i, 0
-        # Extension: device tokens that running requests hold outside the tree.
-        tree.reserved = op.get("reserved", 0)
         try:
+            # Extension: device tokens that running requests hold outside the tree,
+            # set before the op runs; they must fit beside the tree's own tokens.
+            reserved = op.get("reserved", 0)
+            if tree.dev_used + reserved > tree.device_capacity:
+                raise TreeError("reserved_overflow")
+            tree.reserved = reserved
             out.update(getattr(self, f"_op_{kind}")(op))
         except TreeError as err:
             out = {"i": i, "op": kind, "error": err.code}
             tree.rec.clear()
-        # write_through: the reference replayer acknowledges every write issued by
-        # an op at the end of that op, in issue order (op-trace §9); a trace with
-        # explicit write acks says where each one landed instead.
-        if not self._explicit_write_acks:
+        if self.write_acks == "end_of_op":
+            # v1: the reference replayer acknowledges every write issued by an op at
+            # the end of that op, in issue order (op-trace §9).
             for ack in list(tree.pending_writes):
                 tree.finish_write_through(ack)
         out["events"] = [self._event(k, node, extra) for k, node, extra in tree.rec]
@@ -183,10 +189,10 @@ class Replayer:
         return {}
 
     def _op_write_ack(self, op):
-        if not self._explicit_write_acks:
-            raise TreeError("write_ack_without_explicit_write_acks")
+        # SGLang's `_finish_write_through_ack(ack_id)`: `finish_write_through` on the
+        # published nodes, then the backup's device lock is released.
         if op["id"] not in self.tree.pending_writes:
-            raise TreeError("unknown_write_ack_id")
+            raise TreeError("unknown_write_id")
         self.tree.finish_write_through(op["id"])
         return {}
 
@@ -225,8 +231,9 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def parse_line(path, line_no: int, text: str, first: bool) -> dict:
-    """Parse and validate one op-trace line; any problem is a one-line error."""
+def parse_line(path, line_no: int, text: str, first: bool, header: dict | None = None) -> dict:
+    """Parse and validate one op-trace line; any problem is a one-line error.
+    ``header``: the trace's parsed header, for the ops a version allows."""
     obj = optrace_check.load_line(path, line_no, text)
     if not isinstance(obj, dict):
         raise InputFormatError(path, line_no, type(obj).__name__, "a JSON object")
@@ -261,7 +268,7 @@ def parse_line(path, line_no: int, text: str, first: bool) -> dict:
             raise InputFormatError(path, line_no, f"{key}={_short(value)}", f"'{key}' as an int")
         elif kind == "id" and not (type(value) is int or isinstance(value, str)):
             raise InputFormatError(path, line_no, f"{key}={_short(value)}", f"'{key}' as a string or int")
-    optrace_check.check_op(path, line_no, obj)
+    optrace_check.check_op(path, line_no, obj, header)
     return obj
 
 
@@ -271,12 +278,16 @@ def read_trace(path) -> Iterator[tuple[int, int, dict]]:
     # Regular files only, bounded lines, .gz read transparently (sim.safeio).
     lines = safeio.open_lines(path, "an op-trace file")
     idx = 0
+    header = None
     try:
         for line_no, raw in lines:
             text = raw.decode("utf-8")
             if not text.strip():
                 continue
-            yield idx, line_no, parse_line(path, line_no, text, idx == 0)
+            obj = parse_line(path, line_no, text, idx == 0, header)
+            if idx == 0:
+                header = obj
+            yield idx, line_no, obj
             idx += 1
     except UnicodeDecodeError:
         raise InputFormatError(path, None, "bytes that are not UTF-8", "a UTF-8 JSON Lines file") from None
@@ -302,16 +313,32 @@ def replay_lines(path, **kwargs) -> Iterable[str]:
 
 def engine_ops_to_trace(ops: list[dict], *, device_capacity: int, host_capacity: int,
                         page_size: int, write_policy: str, load_back_threshold: int,
-                        note: str = "") -> list[dict]:
+                        note: str = "", version: int | None = None, ids: str | None = None,
+                        host_policy: str | None = None, eviction_policy: str | None = None,
+                        host_alloc_failures: list | None = None) -> list[dict]:
     """A replica's recorded engine ops as an op-trace.
 
     The engine keys its tree with one int unit per page; unit ``u`` becomes a page of
     ``page_size`` copies of ``u``, so distinct pages stay distinct and the trace is
     replayable at the engine's own page size.
+
+    ``version``: 2 writes a v2 header (docs/OPTRACE.md) with explicit write acks; None
+    picks 2 only when the ops hold a ``write_ack`` (a write_through recording, which
+    has no v1 form), so write_back recordings keep their v1 bytes. The other keywords
+    are header fields, written only when given.
     """
+    if version is None:
+        version = 2 if any(op.get("op") == "write_ack" for op in ops) else 1
     header = {"op": "header", "device_capacity": device_capacity, "host_capacity": host_capacity,
               "page_size": page_size, "write_policy": write_policy,
               "load_back_threshold": load_back_threshold}
+    if version >= 2:
+        header.update(version=version, write_acks="op")
+    for key, value in (("ids", ids), ("host_policy", host_policy),
+                       ("eviction_policy", eviction_policy),
+                       ("host_alloc_failures", host_alloc_failures or None)):
+        if value is not None:
+            header[key] = value
     if note:
         header["note"] = note
     out = [header]

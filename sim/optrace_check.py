@@ -2,8 +2,8 @@
 
 What this is for: ``sim.optrace.parse_line`` checks the fields SGLang's format
 defines; the header extensions hicache-sim's bundles write (``ids``,
-``host_policy``, ``eviction_policy``, ``host_alloc_failures``, ``write_acks``) and the
-``skip_ids`` op were taken as given, so a wrong type or value surfaced as a traceback deep in the
+``host_policy``, ``eviction_policy``, ``host_alloc_failures``) and the ``skip_ids``
+op were taken as given, so a wrong type or value surfaced as a traceback deep in the
 tree, or silently (a negative ``skip_ids`` gives two nodes one id). Every check
 here raises :class:`InputFormatError` naming the file and line.
 """
@@ -15,9 +15,6 @@ import json
 from sim.errors import InputFormatError
 from sim.tree import ID_SCHEMES  # one list of id schemes: the tree's
 
-# When write-through acks land: at the end of the op issuing them (SGLang's format),
-# or where a write_ack op says (hicache-sim's repro bundles).
-WRITE_ACKS = ("per_op", "explicit")
 # Bounds on every count in a trace: far above any real tree, low enough that the
 # tree's arithmetic stays in ordinary ints.
 MAX_COUNT = 10**15
@@ -48,6 +45,19 @@ def check_header(path, line_no: int, obj: dict) -> None:
     from sim.policies.eviction import EVICTION_POLICIES
     from sim.policies.host import HOST_POLICIES
 
+    from sim.optrace import VERSIONS, WRITE_ACKS
+
+    if "version" in obj and (type(obj["version"]) is not int or obj["version"] not in VERSIONS):
+        raise InputFormatError(path, line_no, f"version={_short(obj['version'])}",
+                               f"'version' one of {', '.join(map(str, VERSIONS))}")
+    if "write_acks" in obj:
+        v = obj["write_acks"]
+        if obj.get("version", 1) < 2:
+            raise InputFormatError(path, line_no, f"write_acks={_short(v)} in a version 1 header",
+                                   "'write_acks' only with \"version\": 2")
+        if not isinstance(v, str) or v not in WRITE_ACKS:
+            raise InputFormatError(path, line_no, f"write_acks={_short(v)}",
+                                   f"'write_acks' one of {', '.join(WRITE_ACKS)}")
     for key in ("device_capacity", "host_capacity", "page_size", "load_back_threshold"):
         v = obj.get(key)
         if type(v) is int and v > MAX_COUNT:
@@ -56,9 +66,6 @@ def check_header(path, line_no: int, obj: dict) -> None:
                        ("eviction_policy", tuple(EVICTION_POLICIES))):
         if key in obj and (not isinstance(obj[key], str) or obj[key] not in names):
             raise InputFormatError(path, line_no, f"{key}={_short(obj[key])}", f"'{key}' one of {', '.join(names)}")
-    if "write_acks" in obj and obj["write_acks"] not in WRITE_ACKS:
-        raise InputFormatError(path, line_no, f"write_acks={_short(obj['write_acks'])}",
-                               f"'write_acks' one of {', '.join(WRITE_ACKS)}")
     if "host_alloc_failures" in obj:
         v = obj["host_alloc_failures"]
         expected = "'host_alloc_failures' as a list of [op index, attempt] pairs of non-negative ints"
@@ -70,8 +77,16 @@ def check_header(path, line_no: int, obj: dict) -> None:
                 raise InputFormatError(path, line_no, f"host_alloc_failures element {_short(pair)}", expected)
 
 
-def check_op(path, line_no: int, obj: dict) -> None:
-    """Counts of an operation line: non-negative where negative makes no sense, bounded."""
+def check_op(path, line_no: int, obj: dict, header: dict | None = None) -> None:
+    """Counts of an operation line: non-negative where negative makes no sense, bounded;
+    v2-only ops only under a header that allows them."""
+    if obj.get("op") == "write_ack" and header is not None:
+        if header.get("version", 1) < 2:
+            raise InputFormatError(path, line_no, "a write_ack op in a version 1 trace",
+                                   'a header with "version": 2 (docs/OPTRACE.md)')
+        if header.get("write_acks", "op") != "op":
+            raise InputFormatError(path, line_no, f"a write_ack op under write_acks={_short(header['write_acks'])}",
+                                   'write_acks "op" (or no write_ack ops)')
     n = obj.get("n")
     if type(n) is int and abs(n) > MAX_COUNT:
         raise InputFormatError(path, line_no, f"n={_short(n)}", f"'n' of at most {MAX_COUNT}")

@@ -49,11 +49,18 @@ def is_results_folder(path: Path) -> bool:
 class ResultsFolder:
     """The lock and the staging folder for one results folder ``out``."""
 
+    NOT_OURS = ("found a folder that is not a results folder (no meta.json); expected a new "
+                "folder or an earlier results folder to replace")
+
     def __init__(self, out):
         self.out = Path(os.path.abspath(out))
         self.lock_path = self.out.parent / f".{self.out.name}.lock"
         self.tmp = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}"
         self._fd: int | None = None
+
+    @staticmethod
+    def replaceable(path: Path) -> bool:
+        return is_results_folder(path)
 
     # -- the lock -----------------------------------------------------------------
     def acquire(self) -> "ResultsFolder":
@@ -62,9 +69,8 @@ class ResultsFolder:
             raise _err("found the file system root; expected a results folder", out)
         if out.exists() and not out.is_dir():
             raise _err("found a file; expected a results folder (a new or an earlier one)", out)
-        if out.is_dir() and not is_results_folder(out):
-            raise _err("found a folder that is not a results folder (no meta.json); expected a new "
-                       "folder or an earlier results folder to replace", out)
+        if out.is_dir() and not self.replaceable(out):
+            raise _err(self.NOT_OURS, out)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -154,6 +160,40 @@ def unlock_file(lock_path: Path, fd: int) -> None:
     except FileNotFoundError:
         pass
     os.close(fd)
+
+
+OPTRACE_INDEX = "index.json"
+OPTRACE_KIND = "hicache-sim op-traces"
+
+
+def is_optrace_folder(path: Path) -> bool:
+    """A folder ``run --record-ops`` may replace: empty, or one it wrote (its
+    ``index.json`` says so)."""
+    import json
+
+    try:
+        names = [n for n in os.listdir(path) if not n.startswith(".")]
+    except OSError:
+        return False
+    if not names:
+        return True
+    try:
+        with open(path / OPTRACE_INDEX) as fh:
+            return json.load(fh).get("kind") == OPTRACE_KIND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class OpTraceFolder(ResultsFolder):
+    """``run --record-ops DIR``: the same lock, staging and whole-folder rename as a
+    results folder; only an op-trace folder (or an empty one) is replaced."""
+
+    NOT_OURS = (f"found a folder that is not an op-trace folder (no {OPTRACE_INDEX} of "
+                "hicache-sim's); expected a new folder or an earlier --record-ops folder to replace")
+
+    @staticmethod
+    def replaceable(path: Path) -> bool:
+        return is_optrace_folder(path)
 
 
 class FolderLock:

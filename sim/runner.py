@@ -61,31 +61,124 @@ def prepare(scenario, seed: int | None = None, collective: str | None = None):
 
 def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
                  collective: str | None = None, progress: Callable | None = None,
-                 trace_out: str | None = None, record_ops: bool = False) -> RunResult:
+                 trace_out: str | None = None, record_ops: bool = False,
+                 record_ops_dir=None) -> RunResult:
     """Simulate ``scenario`` (a validated ``sim.scenario.Scenario``) and, with
     ``out_dir``, write its results folder (locked, staged, renamed whole:
-    ``sim.resultsdir``)."""
-    from sim.resultsdir import ResultsFolder
+    ``sim.resultsdir``). ``record_ops_dir``: also write every replica's op-trace
+    there (v2, docs/OPTRACE.md), under the same rules."""
+    from sim.resultsdir import OpTraceFolder, ResultsFolder
 
     scenario, cfg, cost, workload = prepare(scenario, seed, collective)
-    cfg.record_ops = record_ops
+    cfg.record_ops = record_ops or record_ops_dir is not None
+    if out_dir is not None and record_ops_dir is not None:
+        _separate(out_dir, record_ops_dir)
     # Lock (and check) the results folder before simulating: a second writer, or an
     # -o that is not a results folder, fails at once, not after the run.
     folder = ResultsFolder(out_dir).acquire() if out_dir is not None else None
+    ops_folder = None
     try:
-        return _run(scenario, cfg, cost, workload, folder, progress, trace_out)
+        ops_folder = OpTraceFolder(record_ops_dir).acquire() if record_ops_dir is not None else None
+        return _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder)
     finally:
-        if folder is not None:
-            folder.release()
+        for f in (ops_folder, folder):
+            if f is not None:
+                f.release()
 
 
-def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResult:
+def _separate(out_dir, ops_dir) -> None:
+    """The op-trace folder and the results folder are each renamed into place whole,
+    so neither may contain the other."""
+    import os
+
+    a, b = Path(os.path.abspath(out_dir)), Path(os.path.abspath(ops_dir))
+    if a == b or a in b.parents or b in a.parents:
+        raise UserError(f"found the results folder {a}; expected a --record-ops folder "
+                        "apart from it (neither inside the other)", where=str(b))
+
+
+def _watch_host_allocs(sim) -> dict:
+    """``{id(cohort): [[op index, attempt], ...]}``: each replica's failed host
+    allocations, the header's ``host_alloc_failures`` (docs/OPTRACE.md). The engine
+    records an op before applying it, so the op being applied is the last one
+    recorded: output index ``len(c.ops)``; attempts count from 0 within it. Only
+    single-rank replicas built at t=0 draw failures (sim.ranks, ``_apply_physical``)."""
+    logs: dict = {}
+    for inst in sim.instances:
+        for c in inst.group.cohorts:
+            draw = c.tree.host_alloc_fail
+            if draw is None or c.ops is None:
+                continue
+            log = logs.setdefault(id(c), [])
+            cur = {"i": -1, "a": 0}
+
+            def fail(c=c, draw=draw, log=log, cur=cur) -> bool:
+                i = len(c.ops)
+                if cur["i"] != i:
+                    cur["i"], cur["a"] = i, 0
+                a = cur["a"]
+                cur["a"] += 1
+                failed = draw()
+                if failed:
+                    log.append([i, a])
+                return failed
+
+            c.tree.host_alloc_fail = fail
+    return logs
+
+
+def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
+    """Every replica's op-trace into the staged ``folder``: ``rank<r>.jsonl`` per rank
+    (``instance<i>/rank<r>.jsonl`` with dp > 1) and ``index.json``. Returns the index."""
+    from sim.optrace import _dumps, engine_ops_to_trace
+    from sim.resultsdir import OPTRACE_INDEX, OPTRACE_KIND
+
+    cfg = sim.cfg
+    traces = []
+    for inst in sim.instances:
+        sub = folder / f"instance{inst.instance}" if cfg.dp > 1 else folder
+        sub.mkdir(exist_ok=True)
+        for c in inst.group.cohorts:
+            trace = engine_ops_to_trace(
+                c.ops, device_capacity=c.tree.device_capacity, host_capacity=c.tree.host_capacity,
+                page_size=cfg.page_size, write_policy=cfg.write_policy,
+                load_back_threshold=cfg.load_back_threshold, version=2, ids=cfg.ids,
+                host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy,
+                host_alloc_failures=fails.get(id(c)),
+                note=f"hicache-sim {__version__} run --record-ops, scenario {scenario.name}, "
+                     f"instance {inst.instance}, ranks {c.label}")
+            text = "".join(_dumps(op) + "\n" for op in trace)
+            t = c.tree
+            for r in c.ranks:
+                name = f"rank{r}.jsonl"
+                write_text(sub / name, text)
+                traces.append({
+                    "instance": inst.instance, "rank": r,
+                    "file": name if sub == folder else f"{sub.name}/{name}",
+                    "ops": len(c.ops), "replica": c.label,
+                    # the engine's own tree after the last op: a replay must end here
+                    "final": {"digest": t.digest, "dev": t.dev_used, "host": t.host_used,
+                              "nodes": t.n_nodes},
+                })
+    traces.sort(key=lambda x: (x["instance"], x["rank"]))
+    index = {"kind": OPTRACE_KIND, "format": "op-trace v2 (docs/OPTRACE.md)",
+             "hicache_sim": __version__, "scenario": scenario.name, "seed": scenario.seed,
+             "tp": cfg.tp, "dp": cfg.dp, "write_policy": cfg.write_policy,
+             "page_size": cfg.page_size, "ids": cfg.ids,
+             "partial": partial or sim.stuck is not None, "halted": sim.halted,
+             "traces": traces}
+    write_json(folder / OPTRACE_INDEX, index)
+    return index
+
+
+def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=None) -> RunResult:
     from sim.cluster import Cluster
     from sim.paths import PathRejected, confine_output
     from sim.scenario import dump_resolved
 
     trace_events = [] if (trace_out or scenario.output.trace_out) else None
     sim = Cluster(cfg, workload, cost, progress=progress, trace_events=trace_events)
+    fails = _watch_host_allocs(sim) if ops_folder is not None else {}
     partial = False
     try:
         sim.run()
@@ -132,6 +225,9 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out) -> RunResul
             "sim_time_s": sim.env.now,
         })
         folder.commit()  # the whole folder at once: old or new, never a mix
+    if ops_folder is not None:
+        write_op_traces(ops_folder.stage(), sim, scenario, fails, partial)
+        ops_folder.commit()
     if trace_out is not None:  # the command line's --trace-out: any file the user names
         write_user_file(trace_out, lambda p: write_trace(p, sim, trace_events))
     return RunResult(folder.out if folder else None, summary, divergence, partial, sim)

@@ -243,14 +243,15 @@ def test_replay_ops_honours_a_bundles_host_alloc_failures():
 
 def test_write_through_op_traces_replay_their_write_acks_where_they_landed():
     """write_through acks land when a rank's sync pops them; the op-traces say so
-    (header write_acks: explicit, one write_ack op per acked node) and re-run to the
+    (op-trace v2: header version 2, write_acks "op", one write_ack op per acked node)
+    and re-run to the
     engine's own trees, op for op."""
     scn = load_scenario(scenario_path("write_through_alloc_failure"),
                         ["limits.max_requests=12", "jitter.host_alloc_failure.probability=0.3"])
     out = repro.run_case(scn, record=True)
     traces = repro.rank_traces(out)
     for r, trace in traces.items():
-        assert trace[0]["write_acks"] == "explicit"
+        assert trace[0]["version"] == 2 and trace[0]["write_acks"] == "op"
         assert any(op["op"] == "write_ack" for op in trace[1:])
         state = rerun_ops(json.loads(json.dumps(trace)))
         assert not any("error" in o for o in state.outputs)

@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
     p.add_argument("--collective", choices=("simulated", "torch"),
                    help="all_reduce backend (overrides collective.backend)")
     p.add_argument("--trace-out", metavar="FILE", help="write a Chrome/Perfetto trace of per-rank events")
+    p.add_argument("--record-ops", metavar="DIR",
+                   help="also write every replica's op-trace (v2, docs/OPTRACE.md) into DIR: one "
+                        "JSONL per rank plus index.json (one folder per instance with dp > 1)")
     p.add_argument("--plots", action="store_true", help="also write the plots into the results folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_input_flags(p)
@@ -57,7 +60,7 @@ def run(args) -> int:
     final = None  # (metrics, whether the run reached its end)
     try:
         res = run_scenario(scenario, out, progress=bar.update if bar else None,
-                           trace_out=args.trace_out)
+                           trace_out=args.trace_out, record_ops_dir=args.record_ops)
         # the engine (sim.cluster.Cluster) counts done and rejected requests itself
         final = (res.sim, not res.partial and res.sim.stuck is None and not res.sim.halted)
     finally:
@@ -65,6 +68,8 @@ def run(args) -> int:
             bar.close(*(final or (None, False)))
     wall = time.perf_counter() - t0
     _print_summary(res, out, wall)
+    if args.record_ops:
+        print(f"op-traces: {args.record_ops}")
     if args.plots and not res.partial:
         from reports.load import load_run
         from reports.plots import plot_runs

@@ -32,7 +32,7 @@ from sim.repro.report import analyse, render_report
 from sim.repro.shrink import fix_router
 
 # 2: rank-keyed outcome fields (the engine no longer reports forks or cohorts) and
-# op-traces for write_through runs too (explicit write acks).
+# op-traces for write_through runs too (op-trace v2's explicit write acks).
 BUNDLE_FORMAT = 2
 # Op-traces larger than this are written gzipped (``ranks/rank<R>.optrace.jsonl.gz``):
 # page-size-64 traces spell out every token and compress about 50x; read_trace and
@@ -59,8 +59,8 @@ def _jsonl(rows) -> str:
 def rank_traces(outcome: Outcome) -> dict[int, list[dict]]:
     """Each rank's op-trace (header first), with the header extensions its replay
     needs: the tree variant, the rank's own pool sizes, its failed host allocations,
-    and for write_through runs ``write_acks: explicit`` (the engine pops write acks at
-    its sync, not at the end of the op issuing them)."""
+    and for write_through runs op-trace v2's explicit ``write_ack`` ops (the engine pops
+    write acks at its sync, not at the end of the op issuing them; docs/OPTRACE.md)."""
     from sim.optrace import engine_ops_to_trace
 
     cfg, sim = outcome.cfg, outcome.sim
@@ -72,11 +72,10 @@ def rank_traces(outcome: Outcome) -> dict[int, list[dict]]:
                                     host_capacity=tree.host_capacity, page_size=cfg.page_size,
                                     write_policy=cfg.write_policy,
                                     load_back_threshold=cfg.load_back_threshold,
-                                    note=f"hicache-sim {__version__} repro bundle, rank {r}")
+                                    note=f"hicache-sim {__version__} repro bundle, rank {r}",
+                                    version=2 if cfg.write_policy == "write_through" else 1)
         h = trace[0]
         h.update(ids=cfg.ids, host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy)
-        if cfg.write_policy == "write_through":
-            h["write_acks"] = "explicit"
         if sim.alloc_failures.get(r):
             h["host_alloc_failures"] = sim.alloc_failures[r]
         out[r] = trace
@@ -257,7 +256,7 @@ def _fill_bundle(tmp: Path, outcome: Outcome, info: BundleInfo) -> None:
         "optrace_final_digests": report["optrace_final_digests"],
         "inputs_copied": copied,
         "host_alloc_failures": any("host_alloc_failures" in t[0] for t in traces.values()),
-        "write_acks": "explicit" if cfg.write_policy == "write_through" else "per_op",
+        "write_acks": "op" if cfg.write_policy == "write_through" else "end_of_op",
         **info.extra,
     }
     write_text(tmp / "report.md", render_report(bundle, report))

@@ -567,9 +567,10 @@ def render_report(bundle: dict, report: dict) -> str:
         lines.append("  Rank-local host allocation failures are listed in the header's "
                      "`host_alloc_failures` (a hicache-sim extension that `replay-ops` honours; "
                      "SGLang's replayer needs the same patch).")
-    if bundle.get("write_acks") == "explicit":
+    if bundle.get("write_acks") == "op":
         lines.append("  write_through acks are `write_ack` ops where the rank's sync popped them "
-                     "(header `write_acks: explicit`, a hicache-sim extension).")
+                     "(op-trace v2, docs/OPTRACE.md; `tools/sglang_oracle` replays them on "
+                     "SGLang's tree).")
     lines.append("")
     return "\n".join(lines)
 

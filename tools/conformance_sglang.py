@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The differential test against SGLang's real tree (`make conformance-sglang`).
+
+For every shipped scenario (scenarios/*.yaml), cut to a few hundred requests and
+forced to one TP-2 group (``tp=2``, ``dp=1``; jitter as shipped), this records every
+replica's op-trace with ``hicache-sim run --record-ops``, replays each trace on SGLang
+0.5.23's own tree (tools/sglang_oracle/oracle_v2.py, in the oracle venv) and through
+``hicache-sim replay-ops``, and compares the two outputs line by line as JSON values
+(docs/OPTRACE.md §10). One line per trace; the first difference stops the run with
+exit 1, naming the trace and the line. The replay's last line must also reach the
+engine's own final tree (digest, pools, node count from the trace folder's index).
+
+Run in the project's venv (the oracle runs in its own, SGLANG_ORACLE_VENV):
+
+    python tools/conformance_sglang.py [--requests 200] [--work DIR] [SCENARIO ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# Scenarios whose own comments name a second write policy: recorded both ways, so
+# write_through's asynchronous acks are covered beside the shipped write_through ones.
+VARIANTS = {"capacity_wb_vs_wt": [("write_through", ["cache.write_policy=write_through"])]}
+
+
+def oracle_python() -> Path:
+    venv = os.environ.get("SGLANG_ORACLE_VENV") or str(Path(tempfile.gettempdir()) / "sglang-oracle-venv")
+    return Path(venv) / "bin" / "python"
+
+
+def tp2_jitter(scenario: Path) -> list[str]:
+    """--set overrides keeping a jitter block's ``ranks`` valid at TP 2: ranks from 2 up
+    are dropped (rank 1 kept, or taken when none is left), so the perturbation still
+    runs on one rank of the pair."""
+    import yaml
+
+    data = yaml.safe_load(scenario.read_text()) or {}
+    sets = []
+    for kind, block in (data.get("jitter") or {}).items():
+        ranks = block.get("ranks") if isinstance(block, dict) else None
+        if isinstance(ranks, list) and any(r >= 2 for r in ranks):
+            kept = [r for r in ranks if r < 2] or [1]
+            sets.append(f"jitter.{kind}.ranks=[{', '.join(map(str, kept))}]")
+    return sets
+
+
+def record(scenario: Path, name: str, sets: list[str], requests: int, out: Path) -> dict:
+    """Run the scenario with --record-ops into ``out``; return its index."""
+    from sim.runner import run_scenario
+    from sim.scenario import load_scenario
+
+    sets = [f"limits.max_requests={requests}", "tp=2", "dp=1", *tp2_jitter(scenario), *sets]
+    scn = load_scenario(str(scenario), sets)
+    run_scenario(scn, None, record_ops_dir=out)
+    return json.loads((out / "index.json").read_text())
+
+
+def compare(trace: Path, ours: Path, theirs: Path) -> tuple[int, str | None]:
+    """(lines compared, None) or (line, what differs) at the first difference."""
+    a = ours.read_text().splitlines()
+    b = theirs.read_text().splitlines()
+    for n, (x, y) in enumerate(zip(a, b)):
+        jx, jy = json.loads(x), json.loads(y)
+        if jx != jy:
+            keys = sorted(k for k in set(jx) | set(jy) if jx.get(k) != jy.get(k))
+            diff = "; ".join(f"{k}: replay-ops {json.dumps(jx.get(k))[:200]} vs SGLang "
+                             f"{json.dumps(jy.get(k))[:200]}" for k in keys)
+            return n, f"{trace}: output line {n} (trace line {n + 1}) differs: {diff}"
+    if len(a) != len(b):
+        return min(len(a), len(b)), (f"{trace}: replay-ops wrote {len(a)} lines, "
+                                     f"SGLang {len(b)}")
+    return len(a), None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scenarios", nargs="*", help="scenario YAMLs (default: scenarios/*.yaml)")
+    ap.add_argument("--requests", type=int, default=200, help="limits.max_requests (default 200)")
+    ap.add_argument("--work", default=str(REPO / "results" / "conformance-sglang"),
+                    help="where traces and outputs go (default: results/conformance-sglang)")
+    ap.add_argument("--check", action="store_true",
+                    help="also run SGLang's sanity_check after every op (slower)")
+    args = ap.parse_args()
+    from sim.optrace import replay_lines
+
+    py = oracle_python()
+    if not py.is_file():
+        print(f"{py}: found no oracle venv; expected one built by ../shared/oracle/setup.sh "
+              "(make conformance-sglang builds it)", file=sys.stderr)
+        return 2
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    paths = [Path(p) for p in args.scenarios] or sorted((REPO / "scenarios").glob("*.yaml"))
+    jobs = []  # (label, trace, ours, theirs, final)
+    for path in paths:
+        for suffix, sets in [("", [])] + VARIANTS.get(path.stem, []):
+            name = path.stem + (f"@{suffix}" if suffix else "")
+            index = record(path, name, sets, args.requests, work / name / "ops")
+            for t in index["traces"]:
+                trace = work / name / "ops" / t["file"]
+                stem = t["file"].replace("/", "_").removesuffix(".jsonl")
+                jobs.append((name, t, trace, work / name / f"{stem}.sim.jsonl",
+                             work / name / f"{stem}.sglang.jsonl"))
+    # SGLang's side: one oracle process for all traces (importing SGLang takes seconds;
+    # each trace builds a fresh core, which resets SGLang's process-global counters).
+    batch = work / "batch.tsv"
+    batch.write_text("".join(f"{trace}\t{theirs}\n" for _, _, trace, _, theirs in jobs))
+    cmd = [str(py), str(REPO / "tools" / "sglang_oracle" / "oracle_v2.py"), "--batch", str(batch)]
+    if args.check:
+        cmd.append("--check")
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+        print(f"the SGLang oracle failed (exit {done.returncode})", file=sys.stderr)
+        return 1
+    total_ops = 0
+    for name, t, trace, ours, theirs in jobs:
+        with open(ours, "w") as fh:
+            for line in replay_lines(trace):
+                fh.write(line + "\n")
+        n, why = compare(trace, ours, theirs)
+        if why is None:
+            last = json.loads(ours.read_text().splitlines()[-1])
+            final = {k: last[k] for k in ("digest", "dev", "host", "nodes")}
+            if final != t["final"]:
+                why = f"{trace}: replays to {final}, the engine ended at {t['final']}"
+        print(f"{name:<40} rank {t['rank']}  {t['ops']:>6} ops  {'match' if why is None else 'MISMATCH'}")
+        if why is not None:
+            print(why, file=sys.stderr)
+            return 1
+        total_ops += t["ops"]
+    print(f"{len(jobs)} traces, {total_ops} ops: all match SGLang 0.5.23's tree line for line")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
