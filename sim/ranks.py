@@ -184,3 +184,34 @@ def _shadow(old: simpy.Resource, new: simpy.Resource):
         yield mine
         with old.request() as theirs:
             yield theirs
+
+
+def log_alloc_failures(c: Cohort, on_fail=None) -> list:
+    """Record ``c``'s failed host allocations as ``[op index, attempt]`` pairs (the
+    op-trace header's ``host_alloc_failures``, docs/OPTRACE.md) and return the list.
+
+    The engine records an op before applying it, so the op being applied is the last
+    one recorded (output index ``len(c.ops)``); attempts count from 0 within it. Only
+    single-rank replicas built at t=0 draw failures (``RankGroup._apply_physical``).
+    ``on_fail(op_index, attempt)`` is called at each failure."""
+    draw = c.tree.host_alloc_fail
+    log: list = []
+    if draw is None or c.ops is None:
+        return log
+    cur = [-1, 0]  # the op index being applied, the next attempt within it
+
+    def fail() -> bool:
+        i = len(c.ops)
+        if cur[0] != i:
+            cur[0], cur[1] = i, 0
+        a = cur[1]
+        cur[1] += 1
+        failed = draw()
+        if failed:
+            log.append([i, a])
+            if on_fail is not None:
+                on_fail(i, a)
+        return failed
+
+    c.tree.host_alloc_fail = fail
+    return log

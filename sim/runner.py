@@ -99,32 +99,10 @@ def _separate(out_dir, ops_dir) -> None:
 
 def _watch_host_allocs(sim) -> dict:
     """``{id(cohort): [[op index, attempt], ...]}``: each replica's failed host
-    allocations, the header's ``host_alloc_failures`` (docs/OPTRACE.md). The engine
-    records an op before applying it, so the op being applied is the last one
-    recorded: output index ``len(c.ops)``; attempts count from 0 within it. Only
-    single-rank replicas built at t=0 draw failures (sim.ranks, ``_apply_physical``)."""
-    logs: dict = {}
-    for inst in sim.instances:
-        for c in inst.group.cohorts:
-            draw = c.tree.host_alloc_fail
-            if draw is None or c.ops is None:
-                continue
-            log = logs.setdefault(id(c), [])
-            cur = {"i": -1, "a": 0}
+    allocations, for the op-trace headers (``sim.ranks.log_alloc_failures``)."""
+    from sim.ranks import log_alloc_failures
 
-            def fail(c=c, draw=draw, log=log, cur=cur) -> bool:
-                i = len(c.ops)
-                if cur["i"] != i:
-                    cur["i"], cur["a"] = i, 0
-                a = cur["a"]
-                cur["a"] += 1
-                failed = draw()
-                if failed:
-                    log.append([i, a])
-                return failed
-
-            c.tree.host_alloc_fail = fail
-    return logs
+    return {id(c): log_alloc_failures(c) for inst in sim.instances for c in inst.group.cohorts}
 
 
 def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:

@@ -122,30 +122,18 @@ class TracingSimulation(Simulation):
                                       for c, p in plans for r in c.ranks))
 
     def _watch_host_allocs(self, c) -> None:
-        """Log ``[op index, attempt]`` of each failed host allocation of ``c``'s rank.
-        The engine records an op before applying it, so the op being applied is the
-        last one recorded (op-trace output index ``len(c.ops)``). Such a replica has
-        one rank from t=0 (``RankGroup``: a failing allocator is rank-local hardware)."""
-        draw = c.tree.host_alloc_fail
+        """Log ``[op index, attempt]`` of each failed host allocation of ``c``'s rank
+        (``sim.ranks.log_alloc_failures``), and when in the run each happened."""
+        from sim.ranks import log_alloc_failures
+
         rank = c.ranks[0]
-        log = self.alloc_failures.setdefault(rank, [])
-        cur = {"i": -1, "a": 0}
 
-        def host_alloc_fail() -> bool:
-            i = len(c.ops)
-            if cur["i"] != i:
-                cur["i"], cur["a"] = i, 0
-            a = cur["a"]
-            cur["a"] += 1
-            failed = draw()
-            if failed:
-                log.append([i, a])
-                self.alloc_failure_at.append({"g": self.tick(), "t": self.env.now,
-                                              "step": self.step_no, "rank": rank,
-                                              "op_index": i, "attempt": a})
-            return failed
+        def at(i: int, a: int) -> None:
+            self.alloc_failure_at.append({"g": self.tick(), "t": self.env.now,
+                                          "step": self.step_no, "rank": rank,
+                                          "op_index": i, "attempt": a})
 
-        c.tree.host_alloc_fail = host_alloc_fail
+        self.alloc_failures[rank] = log_alloc_failures(c, at)
 
 
 @dataclass
