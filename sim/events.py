@@ -222,11 +222,8 @@ class Simulation:
         self.instance = instance
         self.jitter = Jitter(cfg.jitter, cfg.tp, cfg.seed, rank_base=instance * cfg.tp)
         self.group = RankGroup(cfg, self.env, self.jitter)
-        # The torch backend waits collective.timeout_s for a blocked call; the simulated
-        # one prints a real server's timeout (torch's defaults) in its lines.
-        self.collective = make_collective(
-            cfg.collective, cfg.tp, cfg.collective_device,
-            timeout_s=cfg.collective_timeout_s if cfg.collective == "torch" else None)
+        self.collective = make_collective(cfg.collective, cfg.tp, cfg.collective_device,
+                                          timeout_s=cfg.collective_timeout_s)
         self.metrics = Metrics(cfg, self.cost.bytes_per_token, instance)
         self.obs = Observations(cfg.tp, self.jitter.perturbations)
         self.progress = progress

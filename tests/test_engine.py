@@ -312,5 +312,5 @@ def test_gloo_really_blocks_where_the_pre_26921_code_skips_a_collective():
     ea, eb = a["collective_error"], b["collective_error"]
     assert (ea["step"], ea["site"], ea["ranks_in"], ea["ranks_out"]) == \
         (eb["step"], eb["site"], eb["ranks_in"], eb["ranks_out"])
-    assert "Timed out waiting 1800000ms" in ea["message"]  # a real server's gloo timeout
-    assert "Timed out waiting 2000ms" in eb["message"]     # what gloo printed here
+    # the line a server with this timeout dies with, and what gloo printed here
+    assert "Timed out waiting 2000ms" in ea["message"] and "Timed out waiting 2000ms" in eb["message"]
