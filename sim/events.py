@@ -77,10 +77,6 @@ class _Halt(Exception):
     """Stops the run where a real server would stop (or the run cannot follow)."""
 
 
-class EngineError(RuntimeError):
-    """An internal inconsistency of the engine (a bug, never a user's mistake)."""
-
-
 class FixedCosts:
     """Constant placeholder costs for unit tests of the engine's logic."""
 
