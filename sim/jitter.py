@@ -57,10 +57,6 @@ class Perturbations:
     def fire(self, name: str, k: int = 1) -> None:
         self.fired[name] += k
 
-    @property
-    def any_fired(self) -> bool:
-        return any(self.fired.values())
-
     def as_dict(self) -> dict:
         return dict(self.fired)
 

@@ -102,11 +102,14 @@ def estimate(scenario) -> Estimate:
 
 
 def _jittered(s) -> bool:
-    j = s.jitter
-    return (j.ack_delay.dist != "none" or s.collective.discipline != "synced"
-            or j.host_alloc_failure.probability > 0 or bool(j.host_capacity_skew)
-            or bool(j.device_capacity_skew) or j.device_free_delay.dist != "none"
-            or j.id_drift is not None or j.request_order.swap_probability > 0)
+    """Whether ranks may come to hold trees of their own: a configured perturbation
+    (the engine's own list, ``sim.jitter.Jitter``) or a sync discipline other than
+    SGLang's."""
+    from sim.config import from_scenario
+    from sim.jitter import Jitter
+
+    cfg, _ = from_scenario(s)
+    return Jitter(cfg.jitter, cfg.tp, cfg.seed).active or cfg.discipline != "synced"
 
 
 def check(scenario, *, force: bool = False) -> Estimate:

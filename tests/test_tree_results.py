@@ -8,21 +8,13 @@ every change of the monotone ``tree.stats`` counters.
 import pytest
 
 from conftest import case_id, conformance_cases
+from test_tree import node_at, wb  # the tree tests' own builders
 from sim.optrace import Replayer, read_trace
 from sim.optrace_gen import generate
 from sim.policies.host import Reclaim
 from sim.tree import NO_HOST_EVICTION, Eviction, HostEviction, Insert, LoadResult, Tree, TreeError
 
 
-def wb(**kw):
-    kw.setdefault("device_capacity", 64)
-    kw.setdefault("host_capacity", 64)
-    kw.setdefault("load_back_threshold", 1)
-    return Tree(**kw)
-
-
-def node_at(tree, key):
-    return tree.match_prefix(key).best
 
 
 def delta(before: dict, tree) -> dict:
