@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.constants import LOAD_BACK_THRESHOLD
+from sim.constants import LOAD_BACK_THRESHOLD, MAX_PREFILL_TOKENS_DEFAULT
 
 # The per-step cache-sync disciplines (sim.events), each from one SGLang version.
 DISCIPLINES = ("synced", "pre_26921", "local")
@@ -79,6 +79,9 @@ class SimConfig:
     max_running: int = 256
     # Extend tokens per prefill forward (SGLang's --chunked-prefill-size); None: no cap.
     chunked_prefill_tokens: int | None = None
+    # SGLang's --max-prefill-tokens and --schedule-conservativeness.
+    max_prefill_tokens: int = MAX_PREFILL_TOKENS_DEFAULT
+    schedule_conservativeness: float = 1.0
     decode: bool = True
     collective: str = "simulated"
     collective_device: str = "cpu"
@@ -139,6 +142,8 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         ids="rust" if scn.cache.backend == "rust" else scn.cache.ids,
         max_running=scn.scheduler.max_running_requests or 1 << 30,
         chunked_prefill_tokens=scn.scheduler.chunked_prefill_tokens,
+        max_prefill_tokens=scn.scheduler.max_prefill_tokens,
+        schedule_conservativeness=scn.scheduler.schedule_conservativeness,
         decode=scn.scheduler.decode,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,

@@ -94,3 +94,27 @@ HICACHE_HOST_MEMORY_FRACTION_DEFAULT = 0.8
 # mem_cache/hicache_auto_size.py _ALLOCATION_SLACK_FRACTION: the auto-sized ratio is
 # min(requested, budget * fraction * (1 - slack) / device_pool_bytes).
 HICACHE_AUTO_SIZE_SLACK = 0.05
+
+# --- The scheduler (SGLang 0.5.23 managers/) -----------------------------------------
+# schedule_policy.py CLIP_MAX_NEW_TOKENS (env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION):
+# admission's estimate of a request's decode tokens is clipped to this.
+CLIP_MAX_NEW_TOKENS = 4096
+# schedule_policy.py WAITING_PREFIX_REFRESH_INTERVAL / WAITING_QUEUE_PREFIX_MATCH_MAX:
+# every 32nd calc_priority call touches up to 128 waiting requests' prefixes
+# (`_touch_waiting_prefixes`, on while SGLANG_ENABLE_WAITING_PREFIX_REFRESH, default
+# True, and the tree's eviction policy is LRU).
+WAITING_PREFIX_REFRESH_INTERVAL = 32
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128
+# environ.py SGLANG_INIT_NEW_TOKEN_RATIO / SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR /
+# SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS (scheduler_components/new_token_ratio_tracker.py):
+# the running requests' decode-token estimate starts at 0.7 x conservativeness and
+# decays to 0.14 of that over 600 decode steps; a retraction re-estimates it.
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+# environ.py SGLANG_RETRACT_DECODE_STEPS: a retraction makes room for this many decode
+# steps of every request left (schedule_batch.release_req) and enters the new ratio.
+RETRACT_DECODE_STEPS = 20
+# arg_groups/fields/schedule.py max_prefill_tokens: extend tokens one prefill batch
+# may add (PrefillAdder.rem_input_tokens).
+MAX_PREFILL_TOKENS_DEFAULT = 16384

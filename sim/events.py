@@ -46,6 +46,7 @@ from typing import Callable, Iterable
 
 import simpy
 
+from sim import constants as C
 from sim.collectives import CollectiveError, make_collective
 from sim.config import SimConfig
 from sim.constants import DIGEST_MISMATCH_MESSAGE
@@ -53,6 +54,9 @@ from sim.errors import UserError
 from sim.jitter import Jitter
 from sim.metrics import Metrics
 from sim.ranks import Ack, Cohort, RankGroup
+from sim.scheduler import (CONTINUE, NO_TOKEN, OTHER, Adder, Budget, available,
+                           page_ceil, ratio_after_retract, retraction_order,
+                           running_offset, steps_without_event)
 from sim.verdict import Observations
 from sim.workloads.keys import output_key, page_key
 
@@ -119,49 +123,58 @@ class FixedCosts:
 
 
 class _Slot:
-    """A request's state on one replica: its lock, reservation and progress."""
+    """A request's state on one replica: its lock and its KV."""
 
-    __slots__ = ("lock", "lock_id", "reserved", "prefix", "done", "device_hit", "loaded")
+    __slots__ = ("lock", "lock_id", "prefix", "done", "in_tree", "device_hit", "loaded")
 
     def __init__(self):
         self.lock = None       # the locked node
         self.lock_id = None    # that lock's op-trace id (when recording)
-        self.reserved = 0      # device tokens reserved and not yet in the tree
         self.prefix = 0        # tokens cached at admission (device hit + loaded)
-        self.done = 0          # input tokens whose KV exists (prefix + prefilled chunks)
+        self.done = 0          # tokens whose KV exists while prefilling (prefix + chunks)
+        self.in_tree = 0       # leading tokens whose pages the tree owns (page-aligned)
         self.device_hit = 0
         self.loaded = 0
 
     def copy(self) -> "_Slot":
         s = _Slot()
-        s.lock, s.lock_id, s.reserved = self.lock, self.lock_id, self.reserved
-        s.prefix, s.done, s.device_hit, s.loaded = self.prefix, self.done, self.device_hit, self.loaded
+        for k in _Slot.__slots__:
+            setattr(s, k, getattr(self, k))
         return s
 
 
 class Req:
     """A request across its life. Per-replica state lives in ``slots``; the metrics
-    fields describe rank 0, the group's reference rank."""
+    fields describe rank 0, the group's reference rank. A retracted request keeps its
+    outputs: it prefills its input and those outputs again (``fill_len``)."""
 
-    __slots__ = ("r", "key", "slots", "remaining", "ctx", "device_hit", "loaded", "load_s",
-                 "stall_s", "prefill_s", "start", "first_token", "finish")
+    __slots__ = ("r", "key", "slots", "remaining", "generated", "kv", "retractions",
+                 "device_hit", "loaded", "load_s", "stall_s", "prefill_s", "start",
+                 "first_token", "finish")
 
     def __init__(self, r, key):
         self.r = r
         self.key = key
         self.slots: dict[int, _Slot] = {}  # id(cohort) -> its state
         self.remaining = 0   # decode steps left
-        self.ctx = 0         # tokens of context in the running batch
+        self.generated = 0   # output tokens so far
+        self.kv = 0          # committed KV tokens while decoding (`kv_committed_len`)
+        self.retractions = 0
         self.device_hit = self.loaded = 0
         self.load_s = self.stall_s = self.prefill_s = 0.0
         self.start = self.first_token = self.finish = math.nan
+
+    @property
+    def fill_len(self) -> int:
+        """`full_untruncated_fill_ids`: input plus the outputs so far."""
+        return self.r.input_len + self.generated
 
 
 class _Plan:
     """One replica's half of a prefill batch: what it admitted and what that cost."""
 
     __slots__ = ("reqs", "shape", "chunks", "backups", "scanned", "loads", "load_tokens",
-                 "started")
+                 "started", "stall_first")
 
     def __init__(self):
         self.reqs: list[Req] = []
@@ -172,6 +185,7 @@ class _Plan:
         self.loads: list = []                        # load-back ids of this batch
         self.load_tokens = 0
         self.started = None                          # event: the merged H2D op began
+        self.stall_first = 0.0                       # eviction stall, booked on the first request
 
 
 def within_limits(workload, cfg):
@@ -250,6 +264,7 @@ class Simulation:
         self._result_scans: dict[int, int] = {}
         # Shapes and collectives matter only when some rank can differ.
         self._solo = cfg.tp == 1
+        self._retracted_now = False  # this decode step retracted: no ratio decay
 
     # ------------------------------------------------------------ plumbing
     def _kick(self, _event=None) -> None:
@@ -557,13 +572,20 @@ class Simulation:
 
     # ------------------------------------------------------------ admission
     def _admit(self) -> list[tuple[Cohort, _Plan]] | None:
-        """Form this iteration's prefill batch on every replica (`PrefillAdder`)."""
+        """This iteration's prefill batch on every replica (`get_new_batch_prefill`),
+        its extend allocation included (`prepare_for_extend`)."""
         group = self.group
+        if self.chunked is None and self.running and all(c.sched.batch_is_full
+                                                         for c in group.cohorts):
+            return None  # every replica's early return (`batch_is_full`)
         cap = min(c.tree.device_capacity for c in group.cohorts)
+        ps = self._ps
         while self.waiting:
             rq = self.waiting[0]
-            if rq.r.input_len + rq.r.output_len > cap:
-                # Larger than the whole device pool: SGLang aborts such a request.
+            r = rq.r
+            if rq.fill_len + min(r.output_len, C.CLIP_MAX_NEW_TOKENS) + ps >= cap:
+                # Never admissible, even into an empty pool (check_prefill's
+                # `total_tokens < remaining_total`): SGLang aborts such a request.
                 self.waiting.popleft()
                 self.metrics.rejected += 1
                 continue
@@ -575,16 +597,15 @@ class Simulation:
         if j.id_drift:
             self._id_drift()
         orders = self._orders() if j.order_ranks else {}
-        head = [self.chunked] if self.chunked is not None else []
         plans = []
         for c in list(group.cohorts):
             order = orders.get(c.ranks[0]) if len(c.ranks) == 1 else None
             if order is None:
-                seq = itertools.chain(head, self.waiting)
+                seq = self.waiting
             else:
-                first = head + list(itertools.islice(self.waiting, len(order) - len(head)))
+                first = list(itertools.islice(self.waiting, len(order)))
                 seq = itertools.chain((first[i] for i in order),
-                                      itertools.islice(self.waiting, len(order) - len(head), None))
+                                      itertools.islice(self.waiting, len(order), None))
             plans.append((c, self._admit_cohort(c, seq)))
         if all(not p.reqs for _, p in plans):
             return None
@@ -593,10 +614,10 @@ class Simulation:
         return plans
 
     def _orders(self) -> dict[int, list[int]]:
-        """Request-order jitter: each perturbed rank's order over the first candidates
-        (at most ORDER_WINDOW: a batch never reaches further in practice), forking
-        the ranks whose order differs."""
-        n = min(ORDER_WINDOW, len(self.waiting) + (self.chunked is not None))
+        """Request-order jitter: each perturbed rank's order over the first waiting
+        requests (at most ORDER_WINDOW: a batch never reaches further in practice),
+        forking the ranks whose order differs."""
+        n = min(ORDER_WINDOW, len(self.waiting))
         orders = {}
         for r in self.jitter.order_ranks:
             order = self.jitter.admission_order(r, self.batch_no, n)
@@ -618,89 +639,160 @@ class Simulation:
                 return
 
     def _admit_cohort(self, c: Cohort, seq: Iterable[Req]) -> _Plan:
-        """This replica's admission over the candidates, in its order."""
-        cfg, tree, ps = self.cfg, c.tree, self._ps
-        cid = id(c)
+        """`_get_new_batch_prefill_raw` on one replica, over the candidates in its order."""
+        cfg, tree, st = self.cfg, c.tree, c.sched
         plan = _Plan()
-        budget = cfg.chunked_prefill_tokens
-        room = cfg.max_running - len(self.running)
-        j = self.jitter
+        running = self.running
+        if not running:
+            st.batch_is_full = False
+        chunked = self.chunked
+        if (st.batch_is_full or not self.waiting) and chunked is None:
+            return plan
+        rows = cfg.max_running - len(running) - (chunked is not None)
+        if rows <= 0 and chunked is None:
+            st.batch_is_full = True
+            return plan
+        self._calc_priority(c)
+        adder = Adder(Budget(tree, running_offset(running, st.ratio)), cfg.max_prefill_tokens,
+                      cfg.chunked_prefill_tokens)
+        if chunked is not None:
+            self._add_chunked(c, chunked, adder, plan)
+            rows += 1  # the continuing chunk's row is held, not free
         for rq in seq:
-            req = rq.r
-            slot = rq.slots.get(cid)
-            if slot is None:
-                if room <= 0 or (budget is not None and budget < ps):
-                    break
-                need = req.input_len + req.output_len
-                if need > tree.device_capacity - tree.protected - tree.reserved:
-                    break  # cannot fit until running requests finish
-                slot = self._admit_request(c, rq, plan)
-                if slot is None:
-                    break
-                room -= 1
-                if j.free_ranks and c.late_free_tokens and len(c.ranks) == 1:
-                    j.perturbations.fire("device_free_delay")
-            # the extend part of this request in this batch (page-aligned when chunked)
-            extend = req.input_len - slot.done
-            if budget is not None and extend > budget:
-                extend = budget // ps * ps
-                if extend <= 0:
-                    break
-            plan.reqs.append(rq)
-            plan.shape.append((req.rid, slot.done, extend))
-            plan.chunks.append((extend, slot.done))
-            if budget is not None:
-                budget -= extend
+            if adder.state() == OTHER:
+                break
+            if len(plan.reqs) >= rows:
+                st.batch_is_full = True
+                break
+            res = self._add_one(c, rq, adder, plan)
+            if res != CONTINUE:
+                if res == NO_TOKEN:
+                    st.batch_is_full = bool(plan.reqs) or bool(running)
+                break
+        if plan.reqs:
+            self._alloc_extend(c, plan)
         return plan
 
-    def _admit_request(self, c: Cohort, rq: Req, plan: _Plan) -> _Slot | None:
-        """match_prefix, lock, init_load_back and the reservation for one new request."""
-        tree, cid, req = c.tree, id(c), rq.r
-        slot = _Slot()
-        self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}"})
-        slot.lock_id = f"q{req.rid}"
-        m = tree.match_prefix(rq.key)
+    def _calc_priority(self, c: Cohort) -> None:
+        """`SchedulePolicy.calc_priority` under FCFS: no sort, no match (the Python
+        tree core has no fast match); then `_touch_waiting_prefixes`: every 32nd call,
+        the first 128 waiting requests' prefixes, head last, so LRU evicts in reverse
+        admission order. Each touch is `touch_prefix`: a match (recency, a split)."""
+        st = c.sched
+        if self.cfg.eviction_policy != "lru" or not self.waiting:
+            return
+        refresh = st.priority_calls % C.WAITING_PREFIX_REFRESH_INTERVAL == 0
+        st.priority_calls += 1
+        if not refresh:
+            return
+        tree = c.tree
+        head = list(itertools.islice(self.waiting, C.WAITING_QUEUE_PREFIX_MATCH_MAX))
+        for rq in reversed(head):
+            key = self._seq_key(rq, rq.fill_len)
+            self._op(c, {"op": "match", "key": key})
+            tree.match_prefix(key)
+
+    def _add_chunked(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> None:
+        """`add_chunked_req`: the continuing chunk goes first, as large as the chunk
+        budget and the pool allow."""
+        slot = rq.slots[id(c)]
+        room = adder.chunk_room()
+        cand = rq.fill_len - slot.done
+        truncated = cand > room
+        extend = min(cand, room)
+        plan.reqs.append(rq)
+        plan.shape.append((rq.r.rid, slot.done, extend))
+        plan.chunks.append((extend, slot.done))
+        adder.charge(extend, 0 if truncated else min(rq.r.output_len, C.CLIP_MAX_NEW_TOKENS))
+
+    def _add_one(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> str:
+        """`init_next_round_input` (the match) and `add_one_req` for one candidate."""
+        tree, req, ps = c.tree, rq.r, self._ps
+        fill = rq.fill_len
+        # The match stops a token short of the input (`_compute_max_prefix_len`): the
+        # last position's logits must be computed.
+        key = self._seq_key(rq, fill - 1)
+        lid = f"q{req.rid}" if not rq.retractions else f"q{req.rid}.t{rq.retractions}"
+        # match + the pin `add_one_req` holds while it decides (`_lock_node`); an
+        # admitted request keeps it as its own lock (`_commit_prefill_admission`).
+        self._op(c, {"op": "lock", "key": key, "id": lid})
+        m = tree.match_prefix(key)
         lock = m.last_device
         tree.inc_lock(lock)
+        dev = m.device_len
+        max_new = min(max(req.output_len - rq.generated, 0), C.CLIP_MAX_NEW_TOKENS)
+        total = fill - dev + max_new + ps  # + per_req_token_overhead (one page)
+        first = not plan.reqs
+        sel = adder.select(fill, dev + m.host_len, total, req.output_len, first)
         loaded = 0
-        stall = 0.0
-        if m.host_len:
-            lid = f"r{req.rid}"
-            self._op(c, {"op": "load_back", "key": rq.key, "id": lid})
-            res = tree.load_back(m, lid)
-            stall += self._charge(plan, res.eviction)
+        if not isinstance(sel, str) and m.host_len:
+            # `prepare_load_back` holds for a single-pool budget; `init_load_back`.
+            rid = f"r{req.rid}" if not rq.retractions else f"r{req.rid}.t{rq.retractions}"
+            self._op(c, {"op": "load_back", "key": key, "id": rid})
+            res = tree.load_back(m, rid)
+            plan.stall_first += self._charge(plan, res.eviction)
             if res.ok:
                 loaded = res.tokens
                 # the request's lock moves down to the loaded anchor
-                self._op(c, {"op": "lock", "key": rq.key, "id": f"q{req.rid}.l"})
-                self._op(c, {"op": "unlock", "id": slot.lock_id})
-                slot.lock_id = f"q{req.rid}.l"
+                self._op(c, {"op": "lock", "key": key, "id": lid + ".l"})
+                self._op(c, {"op": "unlock", "id": lid})
+                lid += ".l"
                 tree.dec_lock(lock)
                 lock = res.anchor
                 tree.inc_lock(lock)
-                plan.loads.append(lid)
+                plan.loads.append(rid)
                 plan.load_tokens += loaded
-        need = req.input_len + req.output_len - m.device_len - loaded
-        free = tree.device_capacity - tree.dev_used - tree.reserved
-        if free < need:
-            if self.jitter.device_skew:
-                self.jitter.perturbations.fire("device_capacity_skew")
-            self._op(c, {"op": "evict_device", "n": need - free})
-            stall += self._charge(plan, tree.evict_device(need - free))
-            if tree.device_capacity - tree.dev_used - tree.reserved < need:
-                self._op(c, {"op": "unlock", "id": slot.lock_id})
-                tree.dec_lock(lock)
-                if c is self.group.cohorts[0]:
-                    rq.stall_s += stall  # spent on this request's behalf all the same
-                return None
+            else:
+                # Nothing loaded: recomputing the host part may no longer fit.
+                sel = adder.select(fill, dev, total, req.output_len, first)
+        if isinstance(sel, str):
+            self._op(c, {"op": "unlock", "id": lid})
+            tree.dec_lock(lock)
+            return sel
+        extend, max_new_tokens, chunked = sel
+        prefix = dev + loaded
+        slot = _Slot()
+        slot.lock, slot.lock_id = lock, lid
+        slot.prefix = slot.done = slot.in_tree = prefix
+        slot.device_hit, slot.loaded = dev, loaded
+        rq.slots[id(c)] = slot
+        plan.reqs.append(rq)
+        plan.shape.append((req.rid, prefix, extend))
+        plan.chunks.append((extend, prefix))
+        adder.charge(extend, max_new_tokens)
+        if self.jitter.free_ranks and c.late_free_tokens and len(c.ranks) == 1:
+            self.jitter.perturbations.fire("device_free_delay")
+        return adder.state()
+
+    def _alloc_extend(self, c: Cohort, plan: _Plan) -> None:
+        """`alloc_for_extend`: one eviction sized for the whole batch (its extend tokens
+        plus a page per request, `alloc_paged_token_slots_extend`), then each request's
+        new pages (`get_num_new_pages`)."""
+        tree, ps = c.tree, self._ps
+        demand = sum(e for _, _, e in plan.shape) + len(plan.reqs) * ps
+        self._evict_for(c, demand, plan)
+        need = 0
+        for rq, (_, done, extend) in zip(plan.reqs, plan.shape):
+            need += page_ceil(done + extend, ps) - page_ceil(done, ps)
+        if need > available(tree):
+            self.obs.untracked(self.env.now, self.step_no,
+                               f"prefill out of memory on ranks {c.label}: {need} tokens "
+                               f"wanted, {available(tree)} free")
+            self.halted = "out_of_memory"
+            raise _Halt()
         tree.reserved += need
-        slot.lock, slot.reserved = lock, need
-        slot.device_hit, slot.loaded = m.device_len, loaded
-        slot.prefix = slot.done = min(req.input_len, m.device_len + loaded)
-        rq.slots[cid] = slot
-        if c is self.group.cohorts[0]:
-            rq.stall_s += stall
-        return slot
+
+    def _evict_for(self, c: Cohort, tokens: int, plan: "_Plan") -> None:
+        """`evict_from_tree_cache`: evict the shortfall below ``tokens`` free (nothing
+        to do, and nothing recorded, when the tree has nothing evictable)."""
+        tree = c.tree
+        short = tokens - available(tree)
+        if short <= 0 or not tree.evictable:
+            return
+        if self.jitter.device_skew:
+            self.jitter.perturbations.fire("device_capacity_skew")
+        self._op(c, {"op": "evict_device", "n": short})
+        plan.stall_first += self._charge(plan, tree.evict_device(short))
 
     def _charge(self, plan: _Plan, ev) -> float:
         """Book an eviction's blocking backups and reclaim scans on ``plan``."""
@@ -725,8 +817,10 @@ class Simulation:
         """Charge each replica's scheduler-thread stall, run the forward, insert."""
         env, cost = self.env, self.cost
         now = env.now
-        stalls = [env.process(self._stall(c, p)) for c, p in plans]
-        yield simpy.AllOf(env, stalls)
+        stalls = [env.process(self._stall(c, p)) for c, p in plans
+                  if p.scanned or p.backups or p.loads]
+        if stalls:
+            yield simpy.AllOf(env, stalls)
         if len(plans) == 1:
             numels = sum(e for _, _, e in plans[0][1].shape)
         else:
@@ -799,38 +893,49 @@ class Simulation:
             self._collective_failed(err)
 
     def _after_prefill(self, plans, began: float) -> None:
-        """`process_batch_result_prefill`: chunked requests cache their progress,
-        finished prefills join the running batch (or finish)."""
+        """`process_batch_result_prefill`: a continuing chunk checkpoints its progress;
+        a finished prefill yields its first token, then checkpoints and decodes (or
+        finishes)."""
         env, cost = self.env, self.cost
         now = env.now
         c0, p0 = plans[0]
         cid0 = id(c0)
         self.chunked = None
         admitted: set[int] = set()
+        if p0.stall_first and p0.reqs:
+            p0.reqs[0].stall_s += p0.stall_first
+        shrink = False  # a request leaves the batch: `batch_is_full` resets
         for i, rq in enumerate(p0.reqs):
             req = rq.r
             for c, p in plans:
-                _, _, extend = p.shape[i]
-                rq.slots[id(c)].done += extend
+                rq.slots[id(c)].done += p.shape[i][2]
             s0 = rq.slots[cid0]
             if math.isnan(rq.start):
                 rq.start = began  # admitted: its first batch began forming
-                admitted.add(req.rid)
+            admitted.add(req.rid)
             rq.prefill_s += cost.prefill_time(p0.shape[i][2], p0.shape[i][1])
-            if s0.done < req.input_len:
+            fill = rq.fill_len
+            if s0.done < fill:
                 self.chunked = rq
-                self._cache(rq, rq.key[: s0.done // self._ps], final=False)
+                shrink = True
+                self._checkpoint(rq, None)
                 continue
-            rq.device_hit, rq.loaded = s0.device_hit, s0.loaded
-            rq.load_s = cost.h2d_time(s0.loaded) if s0.loaded else 0.0
-            rq.first_token = now
-            self._cache(rq, rq.key, final=False)
-            rq.remaining = max(0, req.output_len - 1)
-            rq.ctx = req.input_len + 1
-            if rq.remaining == 0 or not self.cfg.decode:
+            rq.kv = fill
+            rq.generated += 1
+            if math.isnan(rq.first_token):
+                rq.device_hit, rq.loaded = s0.device_hit, s0.loaded
+                rq.load_s = cost.h2d_time(s0.loaded) if s0.loaded else 0.0
+                rq.first_token = now
+            rq.remaining = req.output_len - rq.generated
+            if rq.remaining <= 0 or not self.cfg.decode:
+                shrink = True
                 self._finish(rq)
             else:
+                self._checkpoint(rq, fill)
                 self.running.append(rq)
+        if shrink:
+            for c in self.group.cohorts:
+                c.sched.batch_is_full = False
         if admitted:
             # Admitted requests are at the head of the queue (FCFS); request-order
             # jitter can admit a later one, hence the general filter behind.
@@ -843,74 +948,237 @@ class Simulation:
 
     # ------------------------------------------------------------ decode
     def _decode(self):
-        """Decode steps of the running batch up to the next relevant time or the
-        first finish; each step also pays the loop's sync."""
+        """Decode steps of the running batch (`update_running_batch` + forward) up to
+        the next relevant time, the first finish, or the first step that must evict
+        or retract on some replica; that step runs alone, its memory work first."""
         env, cost = self.env, self.cost
+        limit = min([rq.remaining for rq in self.running])
+        if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
+            limit = 1  # admission is retried every step while the batch is not full
+        k_cap = self._decode_headroom(limit)
+        if k_cap == 0:
+            plans = self._decode_memory()
+            mark = self._next_mark()
+            if plans:
+                yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
+            if not self.running:
+                return
+            # This step's memory work is done; the steps after it that need none join
+            # its run (each is an iteration whose sync and admission change nothing).
+            # Not so after a retraction (it clears `batch_is_full`: the next iteration
+            # retries admission), nor when a relevant time passed during the stall.
+            if self._retracted_now or mark <= env.now:
+                k_cap = 1
+            else:
+                limit = min(limit, min([rq.remaining for rq in self.running]))
+                k_cap = max(1, self._decode_headroom(limit))
         batch = self.running
         b = len(batch)
-        ctx = sum(rq.ctx for rq in batch)
-        k_max = min(rq.remaining for rq in batch)
+        ctx = sum([rq.kv for rq in batch]) + b  # each step attends kv + 1 positions
         now = env.now
-        t, k = cost.decode_run(b, ctx, k_max, now, self._sync_s, self._next_mark())
+        # The sample grid is a stop too, so the timeseries is sampled where a step-by-step
+        # loop would sample it.
+        stop = min(self._next_mark(), self._next_sample)
+        t, k = cost.decode_run(b, ctx, min(k_cap, limit), now, self._sync_s, stop)
         self._forward(b)
         yield from self._hold_gpu()
         self.busy_s += t - now
         yield env.timeout(t - now)
         self.step_no += k - 1  # the first of these steps is this iteration
+        ps = self._ps
         done = []
-        for rq in batch:
-            rq.remaining -= k
-            rq.ctx += k
-            if rq.remaining == 0:
-                done.append(rq)
+        if ps == 1:
+            pages = b * k
+            for rq in batch:
+                rq.kv += k
+                rq.generated += k
+                rq.remaining -= k
+                if not rq.remaining:
+                    done.append(rq)
+        else:
+            pages = 0
+            for rq in batch:
+                kv = rq.kv
+                pages += (kv + k + ps - 1) // ps - (kv + ps - 1) // ps  # pages crossed
+                rq.kv = kv + k
+                rq.generated += k
+                rq.remaining -= k
+                if not rq.remaining:
+                    done.append(rq)
+        for c in self.group.cohorts:
+            c.tree.reserved += pages * ps
+            if not self._retracted_now:
+                c.sched.decay(k)
+        self._retracted_now = False
         if done:
             self.running = [rq for rq in batch if rq.remaining > 0]
+            for c in self.group.cohorts:
+                c.sched.batch_is_full = False
             for rq in done:
                 self._finish(rq)
             self._compare()
             yield from self._result_scan_time()
 
+    def _decode_headroom(self, limit: int) -> int:
+        """Decode steps from now that neither evict nor retract on any replica."""
+        batch, ps = self.running, self._ps
+        b = len(batch)
+        phases = None
+        for c in self.group.cohorts:
+            tree = c.tree
+            avail = available(tree)
+            if avail - b * ps >= b * (limit + ps):
+                continue  # a page per request stays free for the whole run
+            if phases is None:
+                phases = [0] * ps
+                for rq in batch:
+                    phases[rq.kv % ps] += 1
+            limit = steps_without_event(avail, tree.evictable > 0, phases, b, ps, limit)
+            if limit == 0:
+                return 0
+        return limit
+
+    def _decode_memory(self) -> list:
+        """The memory half of `update_running_batch` on every replica for this step:
+        `check_decode_mem` (evicting the step's new pages), `retract_decode` when they
+        do not fit, then `alloc_for_decode`'s eviction (a page per request kept free).
+        Replicas that retract different requests run different batches: the forward's
+        collective sees it."""
+        batch, ps = self.running, self._ps
+        plans, kept_by, abort_by = [], {}, {}
+        for c in self.group.cohorts:
+            plan = _Plan()
+            order = list(range(len(batch)))
+            abort_by[id(c)] = None
+            if not self._decode_fits(c, batch, order, plan):
+                order = retraction_order(batch)
+                first = True
+                while first or not self._decode_fits(c, batch, order, plan):
+                    if len(order) == 1:
+                        break
+                    first = False
+                    self._release(c, batch[order.pop()], plan)
+                    self._evict_for(c, len(order) * C.RETRACT_DECODE_STEPS, plan)
+                if len(order) <= 1 and not self._decode_fits(c, batch, order, plan):
+                    # Not even one request fits: SGLang aborts the last one.
+                    abort_by[id(c)] = order[-1]
+                    self._release(c, batch[order.pop()], plan)
+            kept_by[id(c)] = order
+            plans.append((c, plan))
+        ref = kept_by[id(self.group.cohorts[0])]
+        aborted = abort_by[id(self.group.cohorts[0])]
+        if any(k != ref for k in kept_by.values()) or any(a != aborted for a in abort_by.values()):
+            sizes = {r: len(kept_by[id(c)]) for c in self.group.cohorts for r in c.ranks}
+            self.obs.untracked(self.env.now, self.step_no,
+                               "ranks retracted different requests")
+            self._forward(sizes)
+            self.halted = "untracked"
+            raise _Halt()
+        if len(ref) < len(batch):
+            self._retracted_now = True
+            kept = [batch[i] for i in ref]
+            stay = set(ref)
+            for i in retraction_order(batch)[::-1]:
+                if i not in stay:
+                    self._requeue(batch[i], aborted=i == aborted)
+            self.running = kept
+            for c in self.group.cohorts:
+                c.sched.ratio = ratio_after_retract(kept)
+                c.sched.batch_is_full = False
+        for c, plan in plans:
+            self._evict_for(c, len(self.running) * ps, plan)
+        if plans[0][1].stall_first and self.running:
+            self.running[0].stall_s += plans[0][1].stall_first
+        return [(c, p) for c, p in plans if p.backups or p.scanned]
+
+    def _decode_fits(self, c: Cohort, batch, order, plan) -> bool:
+        """`check_decode_mem` over ``order``: evict what the step's new pages lack."""
+        ps = self._ps
+        need = ps * sum(1 for i in order if batch[i].kv % ps == 0)
+        self._evict_for(c, need, plan)
+        return available(c.tree) >= need
+
+    def _release(self, c: Cohort, rq: Req, plan) -> None:
+        """`release_req` -> `release_kv_cache(checkpoint=False)`: the request's own KV
+        goes back to the allocator, nothing is inserted, its lock is dropped."""
+        slot = rq.slots.pop(id(c))
+        self._op(c, {"op": "unlock", "id": slot.lock_id})
+        c.tree.dec_lock(slot.lock)
+        self._free(c, page_ceil(rq.kv, self._ps) - slot.in_tree)
+
+    def _requeue(self, rq: Req, aborted: bool) -> None:
+        """`reset_for_retract` and `_add_request_to_queue`: back of the queue, to
+        prefill its input and outputs so far again."""
+        rq.retractions += 1
+        self.metrics.retracted += 1
+        rq.kv = 0
+        if aborted:
+            self.metrics.aborted += 1
+            return
+        self.waiting.append(rq)
+
     # ------------------------------------------------------------ results
     def _finish(self, rq: Req) -> None:
-        r = rq.r
-        full = rq.key + output_key(r.rid, r.input_len, r.output_len, self._ps)
-        self._cache(rq, full, final=True)
+        """`release_kv_cache(checkpoint=True)`: the committed sequence is inserted,
+        the request's lock and leftover pages released."""
+        self._checkpoint(rq, rq.kv, final=True)
         rq.finish = self.env.now
         self.metrics.request_done(rq)
         if self.progress is not None:
             self.progress(self.env.now, self.metrics)
 
-    def _cache(self, rq: Req, key: list, final: bool) -> None:
-        """`cache_unfinished_req` / `cache_finished_req` on every replica."""
+    def _seq_key(self, rq: Req, tokens: int) -> list:
+        """The key of the request's first ``tokens`` tokens (whole pages)."""
+        r = rq.r
+        if tokens <= r.input_len:
+            key, n = rq.key, tokens // self._ps
+            return key if n >= len(key) else key[:n]  # the prompt's own key: no copy
+        return rq.key + output_key(r.rid, r.input_len, tokens - r.input_len, self._ps)
+
+    def _checkpoint(self, rq: Req, up_to: int | None, final: bool = False) -> None:
+        """`checkpoint_into_tree` on every replica: insert the first ``up_to`` tokens
+        (None: each replica's own progress), then, for a sequence longer than its
+        prompt, the prompt key again at priority + 1 so the leaf splits at the prompt
+        boundary; then move the request's lock to the inserted node (or release it)."""
         ps = self._ps
+        pk = rq.key
         for c in self.group.cohorts:
             tree, slot = c.tree, rq.slots[id(c)]
-            new = (len(key) - tree.device_prefix_len(key)) * ps
-            take = min(new, slot.reserved)
-            tree.reserved -= take
-            slot.reserved -= take
+            key = self._seq_key(rq, slot.done if up_to is None else up_to)
+            tokens = len(key) * ps
+            if tokens > slot.in_tree:
+                # the request's own pages pass to the tree (duplicates are freed)
+                tree.reserved -= tokens - slot.in_tree
+                slot.in_tree = tokens
             self._op(c, {"op": "insert", "key": key})
-            ins = tree.insert(key)
-            self._result_scans[id(c)] = self._result_scans.get(id(c), 0) + ins.host.scanned
-            if ins.writes:
-                self._pending_writes.setdefault(id(c), []).extend(
-                    (w.ack_id, w.tokens) for w in ins.writes)
+            ins = self._insert(c, key, 0)
+            if 0 < len(pk) < len(key):
+                self._op(c, {"op": "insert", "key": pk, "priority": 1})
+                self._insert(c, pk, 1)
             if final:
                 self._op(c, {"op": "unlock", "id": slot.lock_id})
                 tree.dec_lock(slot.lock)
-                self._free(c, slot.reserved)
-                slot.reserved = 0
+                self._free(c, page_ceil(rq.kv, ps) - slot.in_tree)
             else:
-                lid = f"q{rq.r.rid}.i{slot.done}"
+                n = slot.done if up_to is None else up_to
+                lid = f"q{rq.r.rid}.i{n}" + (f".t{rq.retractions}" if rq.retractions else "")
                 self._op(c, {"op": "lock", "key": key, "id": lid})
                 self._op(c, {"op": "unlock", "id": slot.lock_id})
                 tree.inc_lock(ins.node)
                 tree.dec_lock(slot.lock)
                 slot.lock, slot.lock_id = ins.node, lid
 
+    def _insert(self, c: Cohort, key: list, priority: int):
+        ins = c.tree.insert(key, priority)
+        cid = id(c)
+        self._result_scans[cid] = self._result_scans.get(cid, 0) + ins.host.scanned
+        if ins.writes:
+            self._pending_writes.setdefault(cid, []).extend((w.ack_id, w.tokens) for w in ins.writes)
+        return ins
+
     def _free(self, c: Cohort, tokens: int) -> None:
-        """Return a finished request's private device KV to the replica's allocator;
-        on a rank with late frees, only after its drawn delay."""
+        """Return a request's own device KV to the replica's allocator; on a rank with
+        late frees, only after its drawn delay."""
         if tokens <= 0:
             return
         j = self.jitter

@@ -52,7 +52,9 @@ class Metrics:
         self.rows: list[tuple] = []
         self.ts: list[tuple] = []
         self.done = 0
-        self.rejected = 0  # requests larger than the device pool
+        self.rejected = 0  # requests that can never fit the device pool
+        self.retracted = 0  # decode retractions (`retract_decode`)
+        self.aborted = 0    # retract_decode's last request, aborted out of memory
         self.input_tokens = 0
         self.hit_tokens = 0
         self.device_hit = 0
@@ -139,6 +141,8 @@ def summarize(metrics: list[Metrics], trees: list, busy_s: list[float] | None = 
     out = {
         "requests": int(sum(m.done for m in metrics)),
         "rejected_requests": int(sum(m.rejected for m in metrics)),
+        "retracted_requests": int(sum(m.retracted for m in metrics)),
+        "aborted_requests": int(sum(m.aborted for m in metrics)),
         "input_tokens": int(inp),
         "hit_rate": hit / inp if inp else 0.0,
         "device_hit_rate": dev_hit / inp if inp else 0.0,

@@ -141,7 +141,8 @@ class Replayer:
                 "nodes": t.n_nodes}
 
     def _op_insert(self, op):
-        res = self.tree.insert(self.units(op["tokens"]))
+        # v2: `priority` (docs/OPTRACE.md), checkpoint_into_tree's prompt re-insert.
+        res = self.tree.insert(self.units(op["tokens"]), op.get("priority", 0))
         return {"prefix_len": res.prefix_tokens, "new": res.new_device_tokens}
 
     def _op_match(self, op):

@@ -23,6 +23,7 @@ import simpy
 
 from sim.config import SimConfig
 from sim.jitter import Jitter
+from sim.scheduler import SchedState
 from sim.tree import Tree
 
 
@@ -58,11 +59,13 @@ class Cohort:
     """Ranks with identical history: one tree, FIFO ack queues, copy engines."""
 
     __slots__ = ("ranks", "tree", "write_q", "load_q", "ops", "acks_issued", "h2d", "d2h",
-                 "alloc_attempts", "frees", "late_free_tokens")
+                 "alloc_attempts", "frees", "late_free_tokens", "sched")
 
-    def __init__(self, env: simpy.Environment, ranks: list[int], tree: Tree, ops=None):
+    def __init__(self, env: simpy.Environment, ranks: list[int], tree: Tree, ops=None,
+                 sched: SchedState | None = None):
         self.ranks = ranks
         self.tree = tree
+        self.sched = sched if sched is not None else SchedState()  # each rank's scheduler
         self.write_q: deque[Ack] = deque()
         self.load_q: deque[Ack] = deque()
         self.ops = ops  # the op-trace this replica has seen (repro bundles), or None
@@ -99,7 +102,8 @@ class RankGroup:
         self.forks: list[dict] = []  # bookkeeping (never in results: see module doc)
         base = self._make_tree()
         self.cohorts: list[Cohort] = [Cohort(env, list(range(cfg.tp)), base,
-                                             ops=[] if cfg.record_ops else None)]
+                                             ops=[] if cfg.record_ops else None,
+                                             sched=SchedState(cfg.schedule_conservativeness))]
         own = (range(1, cfg.tp) if cfg.replicas == "eager"
                else cfg.jitter.physical_ranks(cfg.tp))
         for r in own:
@@ -154,7 +158,7 @@ class RankGroup:
             return c
         c.ranks.remove(rank)
         new = Cohort(self.env, [rank], c.tree.clone(),
-                     list(c.ops) if c.ops is not None else None)
+                     list(c.ops) if c.ops is not None else None, c.sched.copy())
         new.write_q = deque(c.write_q)  # the same Ack objects: one copy, per-rank readiness
         new.load_q = deque(c.load_q)
         new.acks_issued = dict(c.acks_issued)

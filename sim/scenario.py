@@ -716,6 +716,11 @@ class Scheduler(_Model):
     mode: Literal["serve", "cache_replay"] = "serve"
     max_running_requests: _int(1, 10**6) | None = None  # None: bounded by device memory
     chunked_prefill_tokens: _int(1, 10**9) | None = 8192  # None: no chunking
+    # SGLang --max-prefill-tokens: extend tokens one prefill batch may add.
+    max_prefill_tokens: _int(1, 10**9) = 16384
+    # SGLang --schedule-conservativeness: scales the new-token ratio that admission
+    # charges running requests' remaining decode with (larger: fewer retractions).
+    schedule_conservativeness: _num(gt=0.0, hi=100.0) = 1.0
     decode: bool = True
 
     @model_validator(mode="after")

@@ -725,9 +725,12 @@ class Tree:
         ps = self.page_size
         return Match(dev_pos * ps, (pos - dev_pos) * ps, last_dev, node, split)
 
-    def insert(self, key: list) -> Insert:
+    def insert(self, key: list, priority: int = 0) -> Insert:
         """`insert` (sem §3.1). Raises TreeError("device_full") without changing
-        anything when the new device tokens do not fit: inserts never evict."""
+        anything when the new device tokens do not fit: inserts never evict.
+        ``priority``: every node the walk enters or creates keeps the larger of its own
+        and this (`_insert_helper`: ``node.priority = max(node.priority, priority)``),
+        which only the ``priority`` eviction policy reads."""
         ps = self.page_size
         new = (len(key) - self.device_prefix_len(key)) * ps
         if new > self.device_capacity - self.dev_used - self.reserved:
@@ -743,6 +746,8 @@ class Tree:
             child = node.children.get(key[pos])
             if child is None:
                 break
+            if priority > child.priority:
+                child.priority = priority
             self._set_time(child, self._tick())
             p = self._common(key, pos, child.key)
             if p < len(child.key):
@@ -766,6 +771,7 @@ class Tree:
         res.new_device_tokens = new
         if pos < n:
             leaf = self._new_node(key[pos:], node)
+            leaf.priority = priority
             node.children[key[pos]] = leaf
             self.n_nodes += 1
             self._set_dev(leaf, True)

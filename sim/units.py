@@ -31,7 +31,7 @@ VOCABULARY = ("s", "tokens", "bytes", "GiB", "GB", "1/s", "1", "id", "text", "bo
 
 # summary.json's headline numbers (a sweep repeats them as columns).
 SUMMARY_UNITS = {
-    "requests": "1", "rejected_requests": "1", "input_tokens": "tokens", "hit_rate": "1",
+    "requests": "1", "rejected_requests": "1", "retracted_requests": "1", "aborted_requests": "1", "input_tokens": "tokens", "hit_rate": "1",
     "device_hit_rate": "1", "host_hit_rate": "1", "miss_rate": "1", "ttft_p50_s": "s",
     "ttft_p99_s": "s", "effective_tokens_mean": "tokens", "duplicate_share_mean": "1",
     "device_tokens": "tokens", "host_tokens": "tokens", "load_back_bytes": "bytes",

@@ -46,8 +46,8 @@ def test_without_a_request_count_the_bar_follows_simulated_time():
 
 def test_rejected_requests_say_why():
     s = {"rejected_requests": 7, "device_tokens": 16_384}
-    assert rejected_line(s) == ("7 requests rejected: input+output larger than the device "
-                                "pool (16,384 tokens)")
+    assert rejected_line(s) == ("7 requests rejected: input+output plus a page does not fit "
+                                "the device pool (16,384 tokens)")
     assert rejected_line({"rejected_requests": 1, "device_tokens": 64}, 48).startswith(
         "1 request rejected") and "(48 tokens)" in rejected_line(s, 48)
 

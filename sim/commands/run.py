@@ -163,13 +163,14 @@ def _progress_bar(quiet: bool, scenario):
 
 
 def rejected_line(summary: dict, pool_tokens: int | None = None) -> str:
-    """Why requests were rejected: the engine rejects only requests whose input plus
-    output exceeds the whole device pool (SGLang aborts them), so that is the reason.
-    ``pool_tokens``: the smallest rank's pool (the engine's test), else rank 0's."""
+    """Why requests were rejected: the engine rejects only requests that can never be
+    admitted, whose input plus (clipped) output plus a page reaches the whole device
+    pool (SGLang aborts them), so that is the reason. ``pool_tokens``: the smallest
+    rank's pool (the engine's test), else rank 0's."""
     n = summary["rejected_requests"]
     pool = summary["device_tokens"] if pool_tokens is None else pool_tokens
-    return (f"{n:,} request{'s' if n != 1 else ''} rejected: input+output larger than the "
-            f"device pool ({pool:,} tokens)")
+    return (f"{n:,} request{'s' if n != 1 else ''} rejected: input+output plus a page "
+            f"does not fit the device pool ({pool:,} tokens)")
 
 
 def _pool_tokens(res) -> int | None:
@@ -190,6 +191,9 @@ def _print_summary(res, out, wall) -> None:
     rows = [
         ("requests", f"{s['requests']:,}"),
         *([("rejected", rejected_line(s, _pool_tokens(res)))] if s.get("rejected_requests") else []),
+        *([("retracted", f"{s['retracted_requests']:,} decode retractions"
+            + (f", {s['aborted_requests']:,} aborted out of memory" if s.get("aborted_requests") else ""))]
+          if s.get("retracted_requests") else []),
         ("simulated time", f"{duration(s['sim_time_s'])}  ({duration(wall)} wall)"),
         ("hit rate (device + host)", f"{s['hit_rate']:.1%}  ({s['device_hit_rate']:.1%} + {s['host_hit_rate']:.1%})"),
         ("TTFT p50 / p99", f"{duration(s['ttft_p50_s'])} / {duration(s['ttft_p99_s'])}"),

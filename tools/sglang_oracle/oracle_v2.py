@@ -49,6 +49,7 @@ import oracle as base  # noqa: E402
 import oracle_ext as ext  # noqa: E402
 from oracle import OpError  # noqa: E402
 from oracle_ext import ExtOracle  # noqa: E402
+from oracle import InsertParams, torch  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeNode  # noqa: E402
 
 SERVER_ROOT_ID = 5
@@ -110,7 +111,29 @@ class V2Oracle(ExtOracle):
             self.core.dec_lock_ref(node_id, lock)
         return {}
 
+    def op_insert(self, tokens):
+        """The shared oracle's insert, with the v2 ``priority`` field passed to SGLang
+        as `InsertParams.priority` (checkpoint_into_tree's prompt re-insert)."""
+        key = self.key(tokens)
+        prefix = self._device_prefix(key)
+        need = len(key) - len(prefix)
+        if need > self.dev.free_slots:
+            raise OpError("device_full")
+        fresh = self.dev.alloc(need)
+        params = InsertParams(key=key, value=torch.cat([prefix, fresh]),
+                              prev_prefix_len=len(prefix), priority=self._priority)
+        step = self.core.begin_insert(params)
+        while True:
+            self._apply_actions(step.actions)
+            if step.result is not None:
+                break
+            step = self.core.resume_insert()
+        self._apply_actions(self.core.end_insert())
+        self._finish_writes()
+        return {"prefix_len": step.result.prefix_len, "new": need}
+
     def apply(self, op: dict) -> dict:
+        self._priority = int(op.get("priority", 0))
         if op["op"] != "write_ack":
             return super().apply(op)
         self.core.events = []
