@@ -185,6 +185,11 @@ class Collective:
         """Collectives issued so far (for divergence.json)."""
         return self.log.calls
 
+    def repeat(self, n: int) -> None:
+        """Count ``n`` calls that repeat the last ones with the same inputs: the
+        identical iterations of a decode run, which the engine prices at once."""
+        self.log.calls += n
+
     def all_reduce_min(self, step, site=None, inputs=None) -> list[int]:
         """The per-step sync: element-wise MIN of the entering ranks' int64 vectors.
 

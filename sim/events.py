@@ -12,9 +12,11 @@ time on its own resources. One iteration follows `event_loop_normal` and
    (``_sync``): MIN all_reduce of ready ack counts and ``[digest, -digest]``, the
    digest assertion, and the agreed acks popped FIFO.
 2. A prefill batch if one can be formed (prefill first, as SGLang does), else one
-   decode step of the running batch. Admission is per replica (``_admit``): match,
-   lock, load-back (which may evict with blocking write_back backups), reservation,
-   chunking under ``chunked_prefill_tokens``.
+   decode step of the running batch. Admission is per replica and follows SGLang's
+   scheduler (``sim.scheduler``): every candidate is matched, the memory budget is
+   checked before any load-back, the batch's extend pages are allocated at once
+   after its load-backs (one eviction), decode allocates page by page and retracts
+   when a step does not fit.
 3. Each replica's scheduler thread pays its blocking backups (on its D2H engine) and
    reclaim scans; its merged H2D load op is queued on its H2D engine. The forward
    is a TP collective: every rank's batch shape enters ``Collective.forward``, so
@@ -23,17 +25,17 @@ time on its own resources. One iteration follows `event_loop_normal` and
 4. Results: ``cache_unfinished_req`` / ``cache_finished_req`` inserts and unlocks.
 
 Decode steps between events are identical iterations (no arrival, no ack, no
-finish: the sync reduces to what it reduced before), so a run of them is priced in
-one timeout that stops at the first step boundary at or after the next *relevant*
-time (an arrival, an ack becoming ready for some rank, a copy finishing). Those
-times are the same set however ranks share replicas, which keeps shared and eager
-runs identical.
+finish, no eviction: the sync reduces to what it reduced before), so a run of them
+is priced in one timeout that stops at the first step boundary at or after the next
+*relevant* time (an arrival, an ack becoming ready for some rank, a copy finishing,
+the sample grid) and before the first step that must evict or retract on some
+replica. Those times are the same set however ranks share replicas, which keeps
+shared and eager runs identical; a test runs the loop step by step against it.
 
-Simplifications, each a documented difference from SGLang 0.5.23:
+Simplifications, each a documented difference from SGLang 0.5.23 (docs/TP.md):
 - the normal (non-overlap) loop; the overlap scheduler is not modelled;
-- a request reserves device memory for its whole input and output at admission
-  (SGLang allocates decode tokens step by step and can retract);
-- prefill and decode batches do not mix (`enable_mixed_chunk` off, SGLang's default).
+- prefill and decode batches do not mix (`enable_mixed_chunk` off, SGLang's default);
+- the scheduler's simplifications listed in ``sim.scheduler``.
 """
 
 from __future__ import annotations
@@ -106,14 +108,16 @@ class FixedCosts:
     def decode_step_time(self, batch_size, total_context_tokens):
         return 10e-3
 
-    def decode_run(self, batch_size, context_tokens, max_steps, t0, extra_s, stop):
+    def decode_run(self, batch_size, context_tokens, max_steps, t0, extra_s, stop, busy=0.0):
         t, k = t0, 0
         while k < max_steps:
-            t += extra_s + self.decode_step_time(batch_size, context_tokens + k * batch_size)
+            t1 = t + (extra_s + self.decode_step_time(batch_size, context_tokens + k * batch_size))
+            busy += t1 - t
+            t = t1
             k += 1
             if t >= stop:
                 break
-        return t, k
+        return t, k, busy
 
     def sync_time(self, world, backend="gloo"):
         return 0.0 if world <= 1 else 200e-6
@@ -265,6 +269,7 @@ class Simulation:
         # Shapes and collectives matter only when some rank can differ.
         self._solo = cfg.tp == 1
         self._retracted_now = False  # this decode step retracted: no ratio decay
+        self._sync_calls = 0         # collectives the iteration's sync issued
 
     # ------------------------------------------------------------ plumbing
     def _kick(self, _event=None) -> None:
@@ -385,7 +390,9 @@ class Simulation:
                 return
             self.step_no += 1
             self._sample()
+            calls = self.collective.calls
             self._sync()
+            self._sync_calls = self.collective.calls - calls
             self._compare()
             if self.waiting or self.chunked is not None:
                 plan = self._admit()
@@ -583,7 +590,7 @@ class Simulation:
         while self.waiting:
             rq = self.waiting[0]
             r = rq.r
-            if rq.fill_len + min(r.output_len, C.CLIP_MAX_NEW_TOKENS) + ps >= cap:
+            if rq.fill_len + min(r.output_len - rq.generated, C.CLIP_MAX_NEW_TOKENS) + ps >= cap:
                 # Never admissible, even into an empty pool (check_prefill's
                 # `total_tokens < remaining_total`): SGLang aborts such a request.
                 self.waiting.popleft()
@@ -979,12 +986,16 @@ class Simulation:
         # The sample grid is a stop too, so the timeseries is sampled where a step-by-step
         # loop would sample it.
         stop = min(self._next_mark(), self._next_sample)
-        t, k = cost.decode_run(b, ctx, min(k_cap, limit), now, self._sync_s, stop)
+        t, k, self.busy_s = cost.decode_run(b, ctx, min(k_cap, limit), now, self._sync_s, stop,
+                                            self.busy_s)
         self._forward(b)
         yield from self._hold_gpu()
-        self.busy_s += t - now
         yield env.timeout(t - now)
         self.step_no += k - 1  # the first of these steps is this iteration
+        if k > 1:
+            # the other iterations' syncs and forwards, as a step-by-step loop issues them
+            fw = 0 if self._solo and self.collective.name == "simulated" else 1
+            self.collective.repeat((k - 1) * (self._sync_calls + fw))
         ps = self._ps
         done = []
         if ps == 1:

@@ -426,10 +426,12 @@ def _decode_run_matches(cost, rng):
         b, ctx, k_max = int(rng.integers(1, 300)), int(rng.integers(0, 10**6)), int(rng.integers(0, 50))
         t0, extra = float(rng.uniform(0, 1e4)), float(rng.uniform(0, 1e-3))
         stop = t0 + float(rng.uniform(0, 0.5))
-        t, k = t0, 0
+        t, k, busy = t0, 0, 1.25
         while k < k_max:
-            t += extra + cost.decode_step_time(b, ctx + k * b)
+            t1 = t + (extra + cost.decode_step_time(b, ctx + k * b))
+            busy += t1 - t  # what a step-by-step loop adds to the GPU's busy time
+            t = t1
             k += 1
             if t >= stop:
                 break
-        assert cost.decode_run(b, ctx, k_max, t0, extra, stop) == (t, k)
+        assert cost.decode_run(b, ctx, k_max, t0, extra, stop, 1.25) == (t, k, busy)

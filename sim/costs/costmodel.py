@@ -252,17 +252,18 @@ class CostModel:
         compute = batch_size * self._dc_linear + total_context_tokens * self._dc_attn
         return float(self._dc_fixed + (memory if memory > compute else compute))
 
-    def decode_run(self, batch_size, context_tokens, max_steps, t0, extra_s, stop):
+    def decode_run(self, batch_size, context_tokens, max_steps, t0, extra_s, stop, busy=0.0):
         """Advance consecutive decode steps of one batch from time ``t0``.
 
         Each step costs ``decode_step_time`` at the current context plus ``extra_s``
         (the loop's own per-iteration cost) and grows the context by ``batch_size``.
         Stops after ``max_steps``, or after the first step that ends at or past
-        ``stop``. Returns (end time, steps). The arithmetic is ``decode_step_time``'s,
-        operation for operation, so the times are bit-identical to stepping one by one.
+        ``stop``. Returns (end time, steps, ``busy`` plus each step's duration, added
+        one step at a time). The arithmetic is ``decode_step_time``'s, operation for
+        operation, so times and busy totals are bit-identical to stepping one by one.
         """
         if batch_size <= 0 or max_steps <= 0:
-            return t0, 0
+            return t0, 0, busy
         weights = batch_size * self._dc_active_w_s
         if weights > self._dc_total_w_s:
             weights = self._dc_total_w_s
@@ -272,12 +273,14 @@ class CostModel:
         while k < max_steps:
             memory = weights + ctx * kv
             compute = lin + ctx * attn
-            t += extra_s + (fixed + (memory if memory > compute else compute))
+            t1 = t + (extra_s + (fixed + (memory if memory > compute else compute)))
+            busy += t1 - t
+            t = t1
             ctx += batch_size
             k += 1
             if t >= stop:
                 break
-        return t, k
+        return t, k, busy
 
     # ----------------------------------------------------------------- CPU-side
     def sync_time(self, world, backend: str = "gloo") -> float:
