@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 
 from sim import optrace_check, safeio
 from sim.errors import InputFormatError
+from sim.hybrid import replay as hybrid_replay
 from sim.tree import Tree, TreeError
 
 OPS = {
@@ -238,6 +239,11 @@ def parse_line(path, line_no: int, text: str, first: bool, header: dict | None =
     if not isinstance(obj, dict):
         raise InputFormatError(path, line_no, type(obj).__name__, "a JSON object")
     op = obj.get("op")
+    # Hybrid traces (a header naming "components"): sim/hybrid/replay.py.
+    if first and op == "header" and "components" in obj:
+        return hybrid_replay.check_header(path, line_no, obj)
+    if not first and header is not None and "components" in header:
+        return hybrid_replay.check_op(path, line_no, obj, header)
     if first:
         if op != "header":
             raise InputFormatError(path, line_no, f"op={_short(op)}", 'the header ({"op":"header",...}) on the first line')
@@ -300,7 +306,8 @@ def replay(path, **kwargs) -> Iterator[dict]:
     replayer = None
     for idx, _line_no, op in read_trace(path):
         if replayer is None:
-            replayer = Replayer(op, **kwargs)
+            replayer = (hybrid_replay.HybridReplayer(op) if "components" in op
+                        else Replayer(op, **kwargs))
             yield replayer.header_output()
         else:
             yield replayer.apply(idx, op)

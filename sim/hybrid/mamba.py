@@ -1,0 +1,158 @@
+"""The Mamba component of SGLang 0.5.23's unified tree: the (FULL, MAMBA) tree.
+
+A Mamba value is one state-pool slot: the SSM state after the node's last token. It
+is only meaningful where a match ends, so it lives on the nodes inserts ended at,
+never on split-off prefixes, and a match boundary must hold one. From
+``sglang/srt/mem_cache/unified_cache/components/mamba.py`` (``mamba`` below), see
+docs/HYBRID.md §4:
+
+* a match is valid only at a node with a state (``create_match_validator``), and
+  only that node is refreshed in the Mamba LRU (``refresh_lru(MATCH_END)``);
+* an insert attaches the request's state to its target node, or, when the node has
+  one, keeps the tree's and frees the request's fork (``mamba_exist``,
+  ``commit_insert_component_data``, ``cleanup_after_caching_req``);
+* a split leaves the state on the lower fragment (``redistribute_on_node_split``);
+* a lock pins the anchor's state only (``acquire_component_lock``);
+* eviction walks the Mamba LRU: leaves go whole, internal states are tombstoned;
+* ``max_states`` (``--mamba-max-states-per-path``) caps the states on an insert's
+  root path (``_evict_excess_path_states``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim import constants as C
+from sim.hybrid.core import HybridInvariantError, HybridTree, HybridTreeError
+
+
+class MambaTree(HybridTree):
+    """Components ``(FULL, MAMBA)``. ``mamba_chunk``: ``mamba_cache_chunk_size()``
+    (``max(the model's mamba chunk size, page_size)``, runtime_context.py), which with
+    the page size sets the checkpoint grid of ``branch``; ``mamba_capacity``: state
+    slots; ``max_states``: ``mamba_max_states_per_path`` (-1: unlimited)."""
+
+    AUX = "mamba"
+    AUX_PRIORITY = C.EVICTION_PRIORITY_INTERNAL["mamba"]
+
+    def __init__(self, *, device_capacity: int, mamba_capacity: int, mamba_chunk: int,
+                 page_size: int = 1, max_states: int = -1, record: bool = False):
+        if mamba_chunk < 1:
+            raise ValueError("mamba_chunk must be >= 1")
+        if max_states == 0 or max_states < -1:
+            raise ValueError("max_states must be -1 or a positive integer")
+        super().__init__(device_capacity=device_capacity, aux_capacity=mamba_capacity,
+                         page_size=page_size, record=record)
+        # runtime_context.py mamba_checkpoint_grid: lcm(mamba_cache_chunk_size, page).
+        self.grid = math.lcm(mamba_chunk, page_size)
+        self.max_states = max_states
+
+    def aux_value_len(self, node) -> int:
+        return 1 if node.aux else 0
+
+    def _aux_split(self, up, child) -> None:
+        """mamba ``redistribute_on_node_split``: the new parent gets no state and no
+        lock; the state stays on the lower fragment."""
+        up.aux = False
+        up.aux_lock = 0
+
+    # ------------------------------------------------------------------ match
+    def _aux_validator(self):
+        return lambda node: node.aux
+
+    def _aux_match_end(self, best) -> None:
+        """mamba ``refresh_lru(MATCH_END)``: only the state the match uses."""
+        if best.aux:
+            self.lru.reset_mru(best)
+
+    def _aux_branch(self, device_len: int, full_len: int):
+        """mamba ``finalize_match_result_in_tree_core``: the grid-aligned FULL hit when
+        it passes the Mamba boundary."""
+        aligned = full_len // self.grid * self.grid
+        return aligned if aligned > device_len else None
+
+    # ------------------------------------------------------------------ insert
+    def insert(self, key: list, prev: int = 0):
+        """Insert ``key`` with the request's state (one fresh slot: the fork of a
+        running request, or a finished one's own)."""
+        return super().insert(key, prev)
+
+    def _aux_prepare(self, key, prev, res, aux_args) -> None:
+        if self.aux_used >= self.aux_capacity:
+            raise HybridTreeError("mamba_full")
+        res.aux_new = 1
+
+    def _aux_empty_insert(self, res) -> None:
+        pass  # begin_insert answers mamba_exist=True: the request's slot is freed
+
+    def _aux_commit(self, node, is_new_leaf, res, aux_args) -> None:
+        """mamba ``commit_insert_component_data``."""
+        if is_new_leaf:
+            node.aux = True
+            self.lru.insert_mru(node)
+            self.aux_used += 1
+            self.aux_evictable += 1
+            if self.rec is not None:
+                self._ev("set", node, c="mamba", n=1)
+            self._cap_path(node)
+        elif not node.aux:
+            self._aux_set(node, 1)
+            node.last_access = self._tick()
+            self._cap_path(node)
+        else:
+            self.lru.reset_mru(node)
+            node.last_access = self._tick()
+            res.mamba_exist = True
+
+    def _cap_path(self, tail) -> None:
+        """mamba ``_evict_excess_path_states`` (the deferred
+        ``MambaEvictExcessPathStates`` action): past ``max_states`` states on the
+        tail's root path, tombstone the shallowest that are not the tail, locked, a
+        fork (children != 1) or a device leaf."""
+        cap = self.max_states
+        if cap < 0:
+            return
+        holders, node, root = [], tail, self.root
+        while node is not None and node is not root:
+            if node.aux:
+                holders.append(node)
+            node = node.parent
+        excess = len(holders) - cap
+        if excess <= 0:
+            return
+        for node in reversed(holders):
+            if excess <= 0 or node is tail:
+                break
+            if node.aux_lock > 0 or len(node.children) != 1 or node in self.d_leaves:
+                continue
+            self._aux_tomb(node)
+            self._refresh(node)
+            excess -= 1
+
+    # ------------------------------------------------------------------ locks
+    def _aux_acquire(self, node):
+        """mamba ``acquire_component_lock``: the anchor only."""
+        if node is self.root:
+            return None
+        if node.aux_lock == 0 and node.aux:
+            self.aux_evictable -= 1
+            self.aux_protected += 1
+        node.aux_lock += 1
+        return None
+
+    def _aux_release(self, node, uuid) -> None:
+        if node is self.root:
+            return
+        if node.aux_lock <= 0:
+            raise HybridInvariantError(f"Mamba release hit lock_ref=0 on node {node.id}")
+        if node.aux_lock == 1 and node.aux:
+            self.aux_evictable += 1
+            self.aux_protected -= 1
+        node.aux_lock -= 1
+        if node.aux_lock == 0:
+            self._refresh(node)
+
+    def _aux_check(self) -> None:
+        for n in self.iter_nodes():
+            if n.aux_lock > n.lock:
+                raise HybridInvariantError(f"node {n.id}: Mamba lock outside FULL's path lock")
