@@ -186,7 +186,7 @@ def run_hand(header, ops, check):
 def run_gen(kind, opts, check):
     defaults = dict(page_size=1, window=8, chunk=4, max_states=-1, max_len=24, check=check)
     args = argparse.Namespace(kind=kind, **{**defaults, **opts})
-    g = gen_hybrid.Gen(args)
+    g = gen_hybrid.Gen(args, HybridOracle)
     g.run(args.ops)
     return [g.header, *g.ops], g.outs
 
