@@ -304,10 +304,18 @@ def read_trace(path) -> Iterator[tuple[int, int, dict]]:
 def replay(path, **kwargs) -> Iterator[dict]:
     """Replay an op-trace file; yields one output dict per non-blank line."""
     replayer = None
-    for idx, _line_no, op in read_trace(path):
+    for idx, line_no, op in read_trace(path):
         if replayer is None:
-            replayer = (hybrid_replay.HybridReplayer(op) if "components" in op
-                        else Replayer(op, **kwargs))
+            if "components" in op:
+                # Hybrid trees number nodes one way and have no host tier (docs/HYBRID.md §6).
+                for key, default in (("ids", "optrace"), ("host_policy", "duplicate_first")):
+                    if kwargs.get(key, default) != default:
+                        raise InputFormatError(path, line_no, f"a hybrid trace with {key}="
+                                               f"{_short(kwargs[key])}", f"{key} {default!r} "
+                                               "(hybrid traces have no other)")
+                replayer = hybrid_replay.HybridReplayer(op)
+            else:
+                replayer = Replayer(op, **kwargs)
             yield replayer.header_output()
         else:
             yield replayer.apply(idx, op)
