@@ -162,10 +162,11 @@ class HybridMachine(RuleBasedStateMachine):
         assert m.device_len <= m.full_len <= len(pages) * self.page_size
         assert m.branch is None or m.device_len < m.branch <= m.full_len
 
-    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10))
-    def lock(self, pages):
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10), skip=st.booleans())
+    def lock(self, pages, skip):
         m = self.tree.match_prefix(self.units(pages))
-        self.locks.append(self.tree.inc_lock(m.best))
+        # Mamba: the decode hold may leave the state unlocked (skip_lock_components)
+        self.locks.append(self.tree.inc_lock(m.best, skip_aux=skip and self.kind == "mamba"))
 
     @precondition(lambda self: self.locks)
     @rule(i=st.integers(0, 100))

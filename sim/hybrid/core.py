@@ -121,13 +121,15 @@ class HybridEviction:
 
 class LockReceipt:
     """``IncLockRefResult``: the anchor, the SWA boundary uuid (None: the segment
-    reached the root) and whether the SWA part was released early."""
+    reached the root), whether the auxiliary lock was skipped
+    (``skipped_lock_components``) and whether the SWA part was released early."""
 
-    __slots__ = ("node", "uuid", "swa_released")
+    __slots__ = ("node", "uuid", "skip_aux", "swa_released")
 
-    def __init__(self, node: HNode, uuid):
+    def __init__(self, node: HNode, uuid, skip_aux: bool = False):
         self.node = node
         self.uuid = uuid
+        self.skip_aux = skip_aux
         self.swa_released = False
 
 
@@ -479,8 +481,9 @@ class HybridTree:
         pass
 
     # ------------------------------------------------------------------ locks
-    def inc_lock(self, node: HNode) -> LockReceipt:
-        """core ``inc_lock_ref``: FULL's path lock, then the auxiliary lock."""
+    def inc_lock(self, node: HNode, skip_aux: bool = False) -> LockReceipt:
+        """core ``inc_lock_ref``: FULL's path lock, then the auxiliary lock unless
+        ``skip_aux`` (``skip_lock_components``: the Mamba-less decode hold)."""
         cur = node
         root = self.root
         while cur is not root:  # full.py acquire_component_lock
@@ -491,7 +494,7 @@ class HybridTree:
             cur.lock += 1
             self.d_leaves.discard(cur)
             cur = cur.parent
-        receipt = LockReceipt(node, self._aux_acquire(node))
+        receipt = LockReceipt(node, None if skip_aux else self._aux_acquire(node), skip_aux)
         self._refresh(node)
         return receipt
 
@@ -499,7 +502,7 @@ class HybridTree:
         """core ``dec_lock_ref``: auxiliary release first (``_release_components``
         walks the components in reverse), then FULL's path unlock."""
         node = receipt.node
-        if not receipt.swa_released:
+        if not (receipt.swa_released or receipt.skip_aux):
             self._aux_release(node, receipt.uuid)
         cur, root = node, self.root
         while cur is not root:  # full.py release_component_lock

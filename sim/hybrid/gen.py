@@ -166,7 +166,10 @@ class Gen:
         lid = self.next_lock
         self.next_lock += 1
         s = self.rng.choice(self.seqs) if self.seqs and self.rng.random() < 0.8 else self.seq()
-        if self.emit({"op": "lock", "tokens": s, "id": lid}) is not None:
+        op = {"op": "lock", "tokens": s, "id": lid}
+        if self.kind == "mamba" and self.rng.random() < 0.3:
+            op["skip"] = ["mamba"]  # the decode hold that leaves the state evictable
+        if self.emit(op) is not None:
             self.locks[lid] = False
 
     def op_unlock(self):

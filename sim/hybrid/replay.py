@@ -33,14 +33,14 @@ OPS = {
     "insert": {"tokens": ("tokens", True), "prev": ("int", False),
                "swa_evicted": ("int", False)},
     "match": {"tokens": ("tokens", True)},
-    "lock": {"tokens": ("tokens", True), "id": ("id", True)},
+    "lock": {"tokens": ("tokens", True), "id": ("id", True), "skip": ("skip", False)},
     "unlock": {"id": ("id", True)},
     "release_swa": {"id": ("id", True)},
     "evict": {"full": ("int", False), "swa": ("int", False), "mamba": ("int", False)},
     "dump": {},
 }
 # Fields an op may carry only in one kind of tree.
-KIND_ONLY = {"swa_evicted": "swa", "swa": "swa", "mamba": "mamba"}
+KIND_ONLY = {"swa_evicted": "swa", "swa": "swa", "mamba": "mamba", "skip": "mamba"}
 OP_KIND_ONLY = {"release_swa": "swa"}
 
 
@@ -111,6 +111,10 @@ def check_op(path, line_no: int, obj: dict, header: dict) -> dict:
             if type(value) is not int or value < 0:
                 raise InputFormatError(path, line_no, f"{key}={_short(value)}",
                                        f"'{key}' as a non-negative int")
+        elif fkind == "skip":
+            if value not in ([], ["mamba"]):
+                raise InputFormatError(path, line_no, f"{key}={_short(value)}",
+                                       f"'{key}' as [\"mamba\"] or []")
         elif not (type(value) is int or isinstance(value, str)):
             raise InputFormatError(path, line_no, f"{key}={_short(value)}",
                                    f"'{key}' as a string or int")
@@ -197,7 +201,7 @@ class HybridReplayer:
         if lid in self.locks:
             raise HybridTreeError("duplicate_lock_id")
         m, out = self._match(op["tokens"])
-        self.locks[lid] = self.tree.inc_lock(m.best)
+        self.locks[lid] = self.tree.inc_lock(m.best, skip_aux=bool(op.get("skip")))
         return out
 
     def _op_unlock(self, op):

@@ -112,6 +112,12 @@ HAND = {
                                                   "boundary: its release walks to the root"), [
         ins(R(1, 6)), ins(R(1, 9)), lock(R(1, 9), 1), lock(R(1, 6), 2), DUMP,
         ins(R(1, 4)), DUMP, unlock(1), DUMP, unlock(2), DUMP]),
+    "h11_swa_leaf_outside_window": (swa(note="a new leaf wholly below the request's SWA "
+                                             "cursor stays a tombstone on FULL alone"), [
+        ins(R(1, 9)), ins(list(R(1, 9)) + [20, 21, 22], prev=8, swa_evicted=12), DUMP,
+        match(list(R(1, 9)) + [20, 21, 22]), evict(swa=2), DUMP, evict(swa=8), DUMP,
+        ins(list(R(1, 9)) + [20, 21, 22, 23, 24, 25, 26, 27], prev=11, swa_evicted=12), DUMP,
+        evict(full=3), DUMP]),
     # --- (FULL, MAMBA) ----------------------------------------------------------
     "h01_mamba_leaf_state_and_split": (mamba(note="the state stays on the lower "
                                                   "fragment; a match needs one"), [
@@ -138,6 +144,12 @@ HAND = {
         ins(R(1, 5)), ins(R(10, 13)), ins(R(20, 22)), ins(R(1, 20)), ins(R(1, 7), prev=5),
         ins(R(1, 5), prev=4), unlock(3), lock(R(1, 5), 1), lock(R(1, 5), 1), unlock(1),
         evict(mamba=1), ins(R(20, 22)), DUMP]),
+    "h08_mamba_skip_lock": (mamba(note="a lock that skips the state "
+                                       "(SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK) leaves it evictable"), [
+        ins(R(1, 7)), ins(list(R(1, 4)) + [9, 9]), {"op": "lock", "tokens": list(R(1, 7)),
+                                                    "id": 1, "skip": ["mamba"]},
+        lock(R(1, 7), 2), DUMP, evict(mamba=2), DUMP, unlock(2), evict(mamba=1), DUMP,
+        evict(full=30), DUMP, unlock(1), DUMP, evict(full=30), DUMP]),
     "h07_mamba_branch": (mamba(chunk=3, note="branching seqlen on the chunk grid"), [
         ins(R(1, 4)), ins(R(1, 11)), match(R(1, 11)), match(R(1, 9)), match(R(1, 7)),
         match(list(R(1, 6)) + [0]), DUMP, ins(R(1, 7)), match(R(1, 9)), DUMP]),

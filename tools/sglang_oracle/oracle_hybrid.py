@@ -484,7 +484,10 @@ class HybridOracle:
             raise OpError("duplicate_lock_id")
         r, out = self._match(op["tokens"])
         node_id = r.last_device_node
-        receipt = self.core.inc_lock_ref(node_id).to_dec_params()
+        # skip ["mamba"]: the decode hold under SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK
+        # (UnifiedRadixCache.checkpoint: lock(..., skip_lock_components=(MAMBA,))).
+        skip = tuple(MAMBA for c in op.get("skip", ()) if c == "mamba")
+        receipt = self.core.inc_lock_ref(node_id, skip_lock_components=skip).to_dec_params()
         self.locks[lid] = [node_id, receipt, False]
         return out
 
