@@ -220,3 +220,27 @@ def test_replay_ops_plays_hybrid_traces(tmp_path, capsys):
     assert cli.main(["replay-ops", str(case), "--ids", "sglang"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "found a hybrid trace with ids='sglang'" in err
+
+
+@pytest.mark.parametrize("name", ["g12_swa_ps1_w8", "g11_mamba_c4"])
+def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
+    """clone() at mid-trace: the clone and the original give SGLang's lines for the
+    rest of the case, and a change to one leaves the other's state alone."""
+    case = HYBRID / f"{name}.jsonl.gz"
+    ops = list(read_trace(case))
+    expected = _expected_lines(case)
+    orig = HybridReplayer(ops[0][2])
+    half = len(ops) // 2
+    for idx, _, op in ops[1:half]:
+        orig.apply(idx, op)
+    twin = HybridReplayer(ops[0][2])
+    twin.tree = orig.tree.clone()
+    twin.locks = {lid: twin.tree.receipt_in(r) for lid, r in orig.locks.items()}
+    assert twin.tree.fingerprint() == orig.tree.fingerprint()
+    for idx, _, op in ops[half:]:
+        for r in (orig, twin):
+            assert json.dumps(r.apply(idx, op), separators=(",", ":")) == expected[idx]
+            r.tree.check()
+    before = twin.tree.fingerprint()
+    orig.tree.evict(10**6, 10**6)
+    assert twin.tree.fingerprint() == before != orig.tree.fingerprint()

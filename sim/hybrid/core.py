@@ -28,6 +28,7 @@ Public operations return one result object each (``HybridMatch``, ``HybridInsert
 
 from __future__ import annotations
 
+import copy
 import heapq
 
 from sim import constants as C
@@ -199,6 +200,10 @@ class HybridTree:
                  record: bool = False):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
+        # _cascade_evict from an internal auxiliary victim reaches only components of
+        # lower or equal internal priority: none here, FULL's being higher. The walks
+        # below rely on that (a three-component tree would need the cascade).
+        assert C.EVICTION_PRIORITY_INTERNAL["full"] > self.AUX_PRIORITY
         self.page_size = page_size
         self.device_capacity = device_capacity
         self.aux_capacity = aux_capacity
@@ -600,6 +605,58 @@ class HybridTree:
         del parent.children[x.key[0]]  # x.parent stays: the FULL walk reads it next
         self.n_nodes -= 1
         self._refresh(parent)
+
+    # ------------------------------------------------------------------ replicas
+    def clone(self) -> "HybridTree":
+        """An independent copy (the engine forks a diverging rank off with this):
+        nodes, LRU order, leaf set, counters and clock. Iterative, so deep chains do
+        not hit the recursion limit. Receipts held outside move with ``receipt_in``."""
+        new = copy.copy(self)
+        nmap = {}
+        stack = [self.root]
+        while stack:
+            x = stack.pop()
+            y = copy.copy(x)
+            y.lp = y.ln = None
+            nmap[id(x)] = y
+            stack.extend(x.children.values())
+        for y in nmap.values():
+            if y.parent is not None:
+                y.parent = nmap[id(y.parent)]
+            y.children = {k: nmap[id(c)] for k, c in y.children.items()}
+        new.root = nmap[id(self.root)]
+        new.lru = _LRU()
+        prev = new.lru.head
+        for x in self.lru.order():
+            _LRU.add_after(prev, nmap[id(x)])
+            prev = nmap[id(x)]
+        new.d_leaves = {nmap[id(x)] for x in self.d_leaves}
+        new.rec = None if self.rec is None else []
+        return new
+
+    def receipt_in(self, receipt: LockReceipt) -> LockReceipt:
+        """The same lock, anchored at this tree's node with the receipt's node id
+        (a receipt taken on the tree this one was cloned from)."""
+        nid = receipt.node.id
+        node = self.root if nid == self.root.id else next(
+            (n for n in self.iter_nodes() if n.id == nid), None)
+        if node is None:
+            raise HybridTreeError("unknown_node")
+        out = LockReceipt(node, receipt.uuid, receipt.skip_aux)
+        out.swa_released = receipt.swa_released
+        return out
+
+    def fingerprint(self) -> tuple:
+        """A structural summary two replicas agree on iff their logical states match
+        (ids excluded, as the FULL tree's ``fingerprint``)."""
+        out = []
+        stack = [self.root]
+        while stack:
+            x = stack.pop()
+            if x is not self.root:
+                out.append((tuple(self.path_units(x)), x.aux, x.lock, x.aux_lock))
+            stack.extend(sorted(x.children.values(), key=lambda c: c.key[0], reverse=True))
+        return (self.dev_used, self.aux_used, tuple(out))
 
     # ------------------------------------------------------------------ views
     def iter_nodes(self):
