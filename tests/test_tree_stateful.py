@@ -128,8 +128,9 @@ class HybridMachine(RuleBasedStateMachine):
             self.tree = SWATree(device_capacity=dev_pages * ps, swa_capacity=aux * ps,
                                 sliding_window=window, page_size=ps)
         else:
-            self.tree = MambaTree(device_capacity=dev_pages, mamba_capacity=aux,
-                                  mamba_chunk=chunk, max_states=max_states)
+            self.tree = MambaTree(device_capacity=dev_pages * ps, mamba_capacity=aux,
+                                  mamba_chunk=chunk, max_states=max_states, page_size=ps,
+                                  extra_buffer=ps > 1)
         self.locks = []
 
     def units(self, pages):
@@ -205,9 +206,15 @@ class MambaMachine(HybridMachine):
     kind = "mamba"
 
 
+class MambaMachinePage2(MambaMachine):
+    page_size = 2
+
+
 TestHybridSWA = HybridMachine.TestCase
 TestHybridSWA.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestHybridSWAPage2 = SWAMachinePage2.TestCase
 TestHybridSWAPage2.settings = settings(max_examples=30, stateful_step_count=40, deadline=None)
 TestHybridMamba = MambaMachine.TestCase
 TestHybridMamba.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestHybridMambaPage2 = MambaMachinePage2.TestCase
+TestHybridMambaPage2.settings = settings(max_examples=30, stateful_step_count=40, deadline=None)

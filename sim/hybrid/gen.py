@@ -76,6 +76,8 @@ class Gen:
             self.header.update(mamba_capacity=args.aux_cap, mamba_chunk=args.chunk)
             if args.max_states != -1:
                 self.header["mamba_max_states"] = args.max_states
+            if self.ps > 1:
+                self.header["mamba_extra_buffer"] = True
         self.window = args.window
         self.caps = (args.device_cap, args.aux_cap)
         self.oracle = driver(self.header)

@@ -30,13 +30,20 @@ class MambaTree(HybridTree):
     """Components ``(FULL, MAMBA)``. ``mamba_chunk``: ``mamba_cache_chunk_size()``
     (``max(the model's mamba chunk size, page_size)``, runtime_context.py), which with
     the page size sets the checkpoint grid of ``branch``; ``mamba_capacity``: state
-    slots; ``max_states``: ``mamba_max_states_per_path`` (-1: unlimited)."""
+    slots; ``max_states``: ``mamba_max_states_per_path`` (-1: unlimited);
+    ``extra_buffer``: ``--enable-mamba-extra-buffer`` (needed past page size 1; the
+    tree behaves the same, the request-side state bookkeeping differs)."""
 
     AUX = "mamba"
     AUX_PRIORITY = C.EVICTION_PRIORITY_INTERNAL["mamba"]
 
     def __init__(self, *, device_capacity: int, mamba_capacity: int, mamba_chunk: int,
-                 page_size: int = 1, max_states: int = -1, record: bool = False):
+                 page_size: int = 1, max_states: int = -1, extra_buffer: bool = False,
+                 record: bool = False):
+        # MambaComponent.__init__: without --enable-mamba-extra-buffer only the
+        # sequence-end state exists, so a cached state needs page size 1.
+        if page_size != 1 and not extra_buffer:
+            raise ValueError("MambaTree needs page_size 1 without the extra buffer")
         if mamba_chunk < 1:
             raise ValueError("mamba_chunk must be >= 1")
         if max_states == 0 or max_states < -1:

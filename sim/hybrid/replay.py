@@ -74,11 +74,18 @@ def check_header(path, line_no: int, obj: dict) -> dict:
             want = ("-1 or a positive int" if key == "mamba_max_states"
                     else "a positive int" if lo == 1 else "a non-negative int")
             raise InputFormatError(path, line_no, f"{key}={_short(v)}", f"'{key}' as {want}")
-    if kind == "mamba" and obj.get("page_size", 1) != 1:
+    if "mamba_extra_buffer" in obj and type(obj["mamba_extra_buffer"]) is not bool:
+        raise InputFormatError(path, line_no,
+                               f"mamba_extra_buffer={_short(obj['mamba_extra_buffer'])}",
+                               "'mamba_extra_buffer' as true or false")
+    if kind == "swa" and "mamba_extra_buffer" in obj:
+        raise InputFormatError(path, line_no, "'mamba_extra_buffer' in a swa header",
+                               "'mamba_extra_buffer' only with components [\"full\",\"mamba\"]")
+    if kind == "mamba" and obj.get("page_size", 1) != 1 and not obj.get("mamba_extra_buffer"):
         # mamba.py MambaComponent.__init__: page_size 1 without the extra buffer.
         raise InputFormatError(path, line_no, f"page_size={_short(obj['page_size'])}",
-                               "page_size 1 in a mamba header (SGLang's MambaComponent "
-                               "without the extra buffer)")
+                               "page_size 1 in a mamba header without "
+                               "\"mamba_extra_buffer\": true (SGLang's MambaComponent)")
     if obj.get("hicache", False) is not False:
         raise InputFormatError(path, line_no, f"hicache={_short(obj['hicache'])}",
                                "no host tier in a hybrid trace (docs/HYBRID.md §6)")
@@ -131,7 +138,8 @@ def make_tree(header: dict, record: bool = False):
     return MambaTree(device_capacity=header["device_capacity"],
                      mamba_capacity=header["mamba_capacity"],
                      mamba_chunk=header["mamba_chunk"], page_size=ps,
-                     max_states=header.get("mamba_max_states", -1), record=record)
+                     max_states=header.get("mamba_max_states", -1),
+                     extra_buffer=header.get("mamba_extra_buffer", False), record=record)
 
 
 class HybridReplayer:

@@ -28,7 +28,7 @@ from sim.hybrid.replay import HybridReplayer  # noqa: E402
 
 
 def config(rng: random.Random, kind: str, n_ops: int) -> dict:
-    ps = rng.choice([1, 1, 2, 4]) if kind == "swa" else 1
+    ps = rng.choice([1, 1, 2, 4])
     max_len = rng.choice([8, 16, 24, 40])
     dev = rng.randint(2, 12) * max_len // ps * ps + ps * 8
     opts = dict(seed=rng.randrange(1 << 30), ops=n_ops, page_size=ps, max_len=max_len,

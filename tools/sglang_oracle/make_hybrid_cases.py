@@ -179,6 +179,15 @@ for i, (chunk, dev, cap, ms, ops) in enumerate([
     GENERATED.append((f"g{i:02d}_mamba_c{chunk}" + (f"_cap{ms}" if ms > 0 else ""), "mamba",
                       dict(seed=200 + i, ops=ops, chunk=chunk, device_cap=dev, aux_cap=cap,
                            max_states=ms)))
+# Mamba past page size 1 (--enable-mamba-extra-buffer): the checkpoint grid is
+# lcm(chunk, page).
+for i, (ps, chunk, dev, cap, ms, ops) in enumerate([
+        (2, 4, 128, 30, -1, 600), (4, 4, 192, 30, -1, 600), (2, 3, 96, 12, 2, 600),
+        (4, 6, 256, 40, -1, 800)], start=25):
+    GENERATED.append((f"g{i:02d}_mamba_ps{ps}_c{chunk}" + (f"_cap{ms}" if ms > 0 else ""),
+                      "mamba", dict(seed=200 + i, ops=ops, page_size=ps, chunk=chunk,
+                                    device_cap=dev, aux_cap=cap, max_states=ms,
+                                    max_len=12 * ps)))
 
 
 def dumps(obj) -> str:

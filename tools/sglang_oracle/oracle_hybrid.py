@@ -309,6 +309,7 @@ def build(header: dict):
         tree_components=(FULL, SWA if kind == "swa" else MAMBA),
         eviction_policy="lru",
         sliding_window_size=int(header["sliding_window"]) if kind == "swa" else None,
+        enable_mamba_extra_buffer=bool(header.get("mamba_extra_buffer", False)),
     )
     cache.token_to_kv_pool_allocator = alloc
     cache.req_to_token_pool = req_pool
