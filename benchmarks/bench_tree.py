@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim.optrace_gen import generate  # noqa: E402
 from sim.hybrid.gen import generate as generate_hybrid  # noqa: E402
-from sim.hybrid.replay import make_tree  # noqa: E402
+from sim.hybrid.replay import HybridReplayer, make_tree  # noqa: E402
 from sim.tree import Tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,25 +119,35 @@ def drive_hybrid(ops):
     units = (lambda t: t) if ps == 1 else (
         lambda t: [tuple(t[i:i + ps]) for i in range(0, len(t) - len(t) % ps, ps)])
     keyed = [(op["op"], units(op["tokens"]) if "tokens" in op else None, op) for op in ops[1:]]
-    locks = {}
+    locks, held = {}, set()
     t0 = time.perf_counter()
     for op_kind, key, op in keyed:
         if op_kind == "insert":
             if kind == "swa":
                 tree.insert(key, op.get("prev", 0), op.get("swa_evicted", 0))
             else:
-                tree.insert(key, op.get("prev", 0))
+                donate = op.get("donate")
+                tree.insert(key, op.get("prev", 0), donated=donate is not None)
+                held.discard(donate)
         elif op_kind == "match":
-            tree.match_prefix(key)
-        elif op_kind == "evict":
+            m = tree.match_prefix(key)
+            if "cow" in op and tree.cow(m, op["cow"] in held):
+                held.add(op["cow"])
+        elif op_kind == "release":
+            held.discard(op["id"])
+            tree.release()
+        elif op_kind in ("evict", "evict_for_alloc"):
             tree.evict(op.get("full", 0), op.get(kind, 0))
         elif op_kind == "lock":
-            locks[op["id"]] = tree.inc_lock(tree.match_prefix(key).best)
+            locks[op["id"]] = tree.inc_lock(tree.match_prefix(key).best,
+                                            skip_aux=bool(op.get("skip")))
         elif op_kind == "unlock":
             tree.dec_lock(locks.pop(op["id"]))
         elif op_kind == "release_swa":
             tree.release_swa(locks[op["id"]])
-    return len(keyed) / (time.perf_counter() - t0)
+    rate = len(keyed) / (time.perf_counter() - t0)
+    tree.check()
+    return rate, tree
 
 
 def sglang_rate(ops):
@@ -167,7 +177,13 @@ def hybrid_main(n_ops, seed, with_sglang):
         # dumps are diagnostics, not tree work: both sides skip them
         ops = [op for op in generate_hybrid(kind, seed=seed, ops=n_ops, **opts)
                if op["op"] != "dump"]
-        rate = max(drive_hybrid(ops) for _ in range(3))
+        runs = [drive_hybrid(ops) for _ in range(3)]
+        rate = max(r for r, _ in runs)
+        # the untimed replayer (what the conformance cases check) ends on the same tree
+        replayer = HybridReplayer(ops[0])
+        for i, op in enumerate(ops[1:], start=1):
+            assert "error" not in replayer.apply(i, op)
+        assert runs[0][1].fingerprint() == replayer.tree.fingerprint()
         ref = sglang_rate(ops) if with_sglang else None
         ref_s = f"{ref:>13,.0f}" if ref else f"{'-':>13}"
         ratio = f"{rate / ref:>5.1f}x" if ref else f"{'-':>6}"

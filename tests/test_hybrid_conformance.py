@@ -80,6 +80,8 @@ def test_cases_cover_every_component_behaviour():
                 seen.add((kind, e["k"]))
             if r.get("mamba_exist"):
                 seen.add((kind, "mamba_exist"))
+            if r.get("cow"):
+                seen.add((kind, "cow"))
             if r.get("branch") is not None:
                 seen.add((kind, "branch"))
             if "error" in r:
@@ -91,8 +93,10 @@ def test_cases_cover_every_component_behaviour():
                      "error:unknown_lock_id", "error:duplicate_lock_id"):
             assert (kind, what) in seen, (kind, what)
     assert {("swa", "op:release_swa"), ("swa", "error:swa_full"),
-            ("swa", "error:swa_already_released"), ("mamba", "mamba_exist"),
-            ("mamba", "error:mamba_full")} <= seen
+            ("swa", "error:swa_already_released"), ("swa", "op:evict_for_alloc"),
+            ("mamba", "mamba_exist"), ("mamba", "error:mamba_full"), ("mamba", "cow"),
+            ("mamba", "op:release"), ("mamba", "op:evict_for_alloc"),
+            ("mamba", "error:unknown_request")} <= seen
 
 
 # ------------------------------------------------------------------ unit checks
@@ -236,6 +240,7 @@ def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
     twin = HybridReplayer(ops[0][2])
     twin.tree = orig.tree.clone()
     twin.locks = {lid: twin.tree.receipt_in(r) for lid, r in orig.locks.items()}
+    twin.held = set(orig.held)
     assert twin.tree.fingerprint() == orig.tree.fingerprint()
     for idx, _, op in ops[half:]:
         for r in (orig, twin):

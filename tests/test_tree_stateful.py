@@ -132,18 +132,21 @@ class HybridMachine(RuleBasedStateMachine):
                                   mamba_chunk=chunk, max_states=max_states, page_size=ps,
                                   extra_buffer=ps > 1)
         self.locks = []
+        self.held = 0  # Mamba: requests holding their own state (copy on write)
 
     def units(self, pages):
         ps = self.page_size
         return pages if ps == 1 else [(p,) * ps for p in pages]
 
     @rule(pages=st.lists(ALPHABET, min_size=0, max_size=10), reuse=st.booleans(),
-          evicted=st.integers(0, 10))
-    def insert(self, pages, reuse, evicted):
+          evicted=st.integers(0, 10), donate=st.booleans())
+    def insert(self, pages, reuse, evicted, donate):
         t, ps = self.tree, self.page_size
         key = self.units(pages)
         prev = t.match_prefix(key).device_len if reuse else 0
         args = {"swa_evicted": evicted * ps} if self.kind == "swa" else {}
+        if self.kind == "mamba" and donate and self.held:
+            args = {"donated": True}
         before = (t.dev_used, t.aux_used)
         try:
             res = t.insert(key, prev, **args)
@@ -153,6 +156,9 @@ class HybridMachine(RuleBasedStateMachine):
             return
         assert res.new == len(key) * ps - prev
         assert res.prefix_len >= prev
+        if args.get("donated"):
+            self.held -= 1
+            assert t.held == self.held
         # everything the request brought is the tree's or freed: the tree grew by at
         # most what was new
         assert t.dev_used - before[0] <= res.new and t.aux_used - before[1] <= res.aux_new
@@ -173,6 +179,25 @@ class HybridMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 100))
     def unlock(self, i):
         self.tree.dec_lock(self.locks.pop(i % len(self.locks)))
+
+    @precondition(lambda self: self.kind == "mamba")
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10), holds=st.booleans())
+    def copy_on_write(self, pages, holds):
+        t = self.tree
+        holds = holds and self.held > 0
+        key = self.units(pages)
+        if t.cow_would_fail(key, holds):
+            return
+        m = t.match_prefix(key)
+        if t.cow(m, holds) and not holds:
+            self.held += 1
+        assert t.held == self.held
+
+    @precondition(lambda self: self.kind == "mamba" and self.held)
+    @rule()
+    def release(self):
+        self.tree.release()
+        self.held -= 1
 
     @precondition(lambda self: self.kind == "swa" and any(not r.swa_released for r in self.locks))
     @rule(i=st.integers(0, 100))

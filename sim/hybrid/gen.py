@@ -88,6 +88,8 @@ class Gen:
         self.seqs: list[list[int]] = []
         self.locks: dict = {}  # id -> swa released?
         self.next_lock = 1
+        self.held: set = set()  # Mamba: requests holding their own state (copy on write)
+        self.next_req = 1
         self.max_len = args.max_len
         self.n_ops = getattr(args, "ops", 800)
 
@@ -129,15 +131,26 @@ class Gen:
         if n == 0:
             return
         prev = 0
+        rid = None
         if r.random() < 0.7:
-            rec = self.emit({"op": "match", "tokens": s})
+            match = {"op": "match", "tokens": s}
+            if self.kind == "mamba" and r.random() < 0.5:
+                # admission: the request copies the matched state into its own slot
+                rid = match["cow"] = f"r{self.next_req}"
+                self.next_req += 1
+            rec = self.emit(match)
             prev = rec["device_len"] if rec else 0
+            if rec and rec.get("cow"):
+                self.held.add(rid)
             if r.random() < 0.2:
                 prev = r.randint(0, prev // self.ps) * self.ps
         op = {"op": "insert", "tokens": s}
         if prev:
             op["prev"] = prev
         need_aux = 1
+        if rid in self.held and r.random() < 0.6:
+            op["donate"] = rid  # a finished request hands the tree its own state
+            need_aux = 0
         if self.kind == "swa":
             ev = 0
             if r.random() < 0.6 and n > self.window:
@@ -147,7 +160,7 @@ class Gen:
             need_aux = max(0, n - max(prev, ev))
         full_free, aux_free = self.free()
         need_full = n - prev
-        ev_op = {"op": "evict"}
+        ev_op = {"op": "evict_for_alloc" if r.random() < 0.5 else "evict"}
         if need_full > full_free:
             ev_op["full"] = need_full - full_free + r.randint(0, 4) * self.ps
         if need_aux > aux_free:
@@ -155,6 +168,7 @@ class Gen:
         if len(ev_op) > 1:
             self.emit(ev_op)
         if self.emit(op) is not None:
+            self.held.discard(op.get("donate"))
             self.seqs.append(s)
             if len(self.seqs) > 40:
                 self.seqs.pop(self.rng.randrange(len(self.seqs)))
@@ -174,6 +188,12 @@ class Gen:
         if self.emit(op) is not None:
             self.locks[lid] = False
 
+    def op_release(self):
+        if self.held:
+            rid = self.rng.choice(sorted(self.held))
+            if self.emit({"op": "release", "id": rid}) is not None:
+                self.held.discard(rid)
+
     def op_unlock(self):
         if not self.locks:
             return
@@ -191,7 +211,7 @@ class Gen:
 
     def op_evict(self):
         r = self.rng
-        op = {"op": "evict"}
+        op = {"op": "evict_for_alloc" if r.random() < 0.3 else "evict"}
         if r.random() < 0.5:
             op["full"] = r.randint(1, 4 * self.max_len // 3)
         if r.random() < 0.7 or len(op) == 1:
@@ -200,8 +220,9 @@ class Gen:
         self.emit(op)
 
     def run(self, n_ops: int):
+        mamba = self.kind == "mamba"
         mix = [("insert", 40), ("match", 20), ("lock", 9), ("unlock", 7), ("evict", 16),
-               ("release_swa", 5 if self.kind == "swa" else 0), ("dump", 3)]
+               ("release_swa", 0 if mamba else 5), ("release", 3 if mamba else 0), ("dump", 3)]
         names = [m for m, _ in mix]
         weights = [w for _, w in mix]
         while len(self.ops) < n_ops:
@@ -213,4 +234,7 @@ class Gen:
         for lid in sorted(self.locks):  # leave the tree unlocked, then dump it
             self.emit({"op": "unlock", "id": lid})
         self.locks.clear()
+        for rid in sorted(self.held):
+            self.emit({"op": "release", "id": rid})
+        self.held.clear()
         self.emit({"op": "dump"})

@@ -53,6 +53,8 @@ class MambaTree(HybridTree):
         # runtime_context.py mamba_checkpoint_grid: lcm(mamba_cache_chunk_size, page).
         self.grid = math.lcm(mamba_chunk, page_size)
         self.max_states = max_states
+        # State slots running requests hold outside the tree (their copies on write).
+        self.held = 0
 
     def aux_value_len(self, node) -> int:
         return 1 if node.aux else 0
@@ -79,15 +81,71 @@ class MambaTree(HybridTree):
         return aligned if aligned > device_len else None
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: list, prev: int = 0):
-        """Insert ``key`` with the request's state (one fresh slot: the fork of a
-        running request, or a finished one's own)."""
-        return super().insert(key, prev)
+    def insert(self, key: list, prev: int = 0, donated: bool = False):
+        """Insert ``key`` with the request's state: a fresh slot (the fork of a running
+        request), or, ``donated``, a finished request's own held slot, which the tree
+        keeps or frees (``prepare_for_caching_req`` / ``cleanup_after_caching_req``)."""
+        res = super().insert(key, prev, donated=donated)
+        if donated:
+            self.held -= 1
+        return res
 
     def _aux_prepare(self, key, prev, res, aux_args) -> None:
-        if self.aux_used >= self.aux_capacity:
+        if not aux_args["donated"] and self.aux_used + self.held >= self.aux_capacity:
             raise HybridTreeError("mamba_full")
         res.aux_new = 1
+
+    # ------------------------------------------------------------------ requests
+    def peek_best(self, key: list):
+        """The node ``match_prefix(key)`` would end at, read-only: the deepest wholly
+        matched node with a state (a split-off fragment never has one)."""
+        node, pos, n, best = self.root, 0, len(key), self.root
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            p = self._common(key, pos, child.key)
+            if p < len(child.key):
+                break
+            if child.aux:
+                best = child
+            pos += p
+            node = child
+        return best
+
+    def cow_would_fail(self, key: list, holds: bool) -> bool:
+        """Whether a copy on write for ``key`` would find no slot: the pool is full
+        and evicting one state under a lock on the match frees none (SGLang asserts
+        "Can not alloc mamba cache"; a trace refuses the op instead, unchanged)."""
+        if holds or self.aux_used + self.held < self.aux_capacity:
+            return False
+        best = self.peek_best(key)
+        return best.aux and self.aux_evictable - (best.aux_lock == 0) <= 0
+
+    def cow(self, match, holds: bool) -> bool:
+        """mamba ``finalize_match_result_in_cache`` (``cow_mamba``): a request matching
+        a state copies it into its own slot, allocated unless it ``holds`` one; with
+        the pool full, one state is evicted first while the match is locked
+        (``inc_lock_ref``, ``evict_for_alloc(mamba_num=1)``, ``dec_lock_ref``).
+        Returns whether a state was copied."""
+        best = match.best
+        if not best.aux:
+            return False
+        if not holds:
+            if self.aux_used + self.held >= self.aux_capacity:
+                receipt = self.inc_lock(best)
+                freed = self.evict(0, 1).aux
+                self.dec_lock(receipt)
+                if not freed:
+                    raise HybridInvariantError("Can not alloc mamba cache")
+            self.held += 1
+        return True
+
+    def release(self) -> None:
+        """A request leaving without caching frees its held slot."""
+        if self.held <= 0:
+            raise HybridInvariantError("no held Mamba slot to release")
+        self.held -= 1
 
     def _aux_empty_insert(self, res) -> None:
         pass  # begin_insert answers mamba_exist=True: the request's slot is freed
@@ -163,3 +221,6 @@ class MambaTree(HybridTree):
         for n in self.iter_nodes():
             if n.aux_lock > n.lock:
                 raise HybridInvariantError(f"node {n.id}: Mamba lock outside FULL's path lock")
+        if self.held < 0 or self.aux_used + self.held > self.aux_capacity:
+            raise HybridInvariantError(f"Mamba pool: {self.aux_used} in the tree + "
+                                       f"{self.held} held > {self.aux_capacity}")

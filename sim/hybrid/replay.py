@@ -31,17 +31,21 @@ HEADER_INTS = {
 # op -> {field: (kind, required)}; kinds: tokens, int (>= 0), id
 OPS = {
     "insert": {"tokens": ("tokens", True), "prev": ("int", False),
-               "swa_evicted": ("int", False)},
-    "match": {"tokens": ("tokens", True)},
+               "swa_evicted": ("int", False), "donate": ("id", False)},
+    "match": {"tokens": ("tokens", True), "cow": ("id", False)},
     "lock": {"tokens": ("tokens", True), "id": ("id", True), "skip": ("skip", False)},
     "unlock": {"id": ("id", True)},
     "release_swa": {"id": ("id", True)},
     "evict": {"full": ("int", False), "swa": ("int", False), "mamba": ("int", False)},
+    "evict_for_alloc": {"full": ("int", False), "swa": ("int", False),
+                        "mamba": ("int", False)},
+    "release": {"id": ("id", True)},
     "dump": {},
 }
 # Fields an op may carry only in one kind of tree.
-KIND_ONLY = {"swa_evicted": "swa", "swa": "swa", "mamba": "mamba", "skip": "mamba"}
-OP_KIND_ONLY = {"release_swa": "swa"}
+KIND_ONLY = {"swa_evicted": "swa", "swa": "swa", "mamba": "mamba", "skip": "mamba",
+             "cow": "mamba", "donate": "mamba"}
+OP_KIND_ONLY = {"release_swa": "swa", "release": "mamba"}
 
 
 def _short(value) -> str:
@@ -151,6 +155,7 @@ class HybridReplayer:
         self.page_size = header.get("page_size", 1)
         self.tree = make_tree(header, record=True)
         self.locks: dict = {}
+        self.held: set = set()  # Mamba: requests holding their own state slot
 
     def units(self, tokens: list) -> list:
         ps = self.page_size
@@ -164,9 +169,13 @@ class HybridReplayer:
 
     def summary(self) -> dict:
         t, a = self.tree, self.kind
-        return {"dev": t.dev_used, a: t.aux_used, "evictable": t.evictable,
-                "protected": t.protected, a + "_evictable": t.aux_evictable,
-                a + "_protected": t.aux_protected, "nodes": t.n_nodes}
+        out = {"dev": t.dev_used, a: t.aux_used, "evictable": t.evictable,
+               "protected": t.protected, a + "_evictable": t.aux_evictable,
+               a + "_protected": t.aux_protected, "nodes": t.n_nodes}
+        if a == "mamba":  # the pool's use: the tree's states and the requests' own
+            out["mamba"] += t.held
+            out["mamba_held"] = t.held
+        return out
 
     def header_output(self) -> dict:
         return {"i": 0, "op": "header", "events": [], **self.summary()}
@@ -186,13 +195,17 @@ class HybridReplayer:
 
     # -- ops
     def _op_insert(self, op):
+        donate = op.get("donate")
+        if donate is not None and donate not in self.held:
+            raise HybridTreeError("unknown_request")
         key = self.units(op["tokens"])
         prev = op.get("prev", 0)
         if self.kind == "swa":
             r = self.tree.insert(key, prev, op.get("swa_evicted", 0))
             return {"prefix_len": r.prefix_len, "new": r.new, "swa_new": r.aux_new,
                     "node": r.node.id}
-        r = self.tree.insert(key, prev)
+        r = self.tree.insert(key, prev, donated=donate is not None)
+        self.held.discard(donate)
         return {"prefix_len": r.prefix_len, "new": r.new, "mamba_exist": r.mamba_exist,
                 "node": r.node.id}
 
@@ -202,7 +215,24 @@ class HybridReplayer:
                    "branch": m.branch}
 
     def _op_match(self, op):
-        return self._match(op["tokens"])[1]
+        rid = op.get("cow")
+        if rid is None:
+            return self._match(op["tokens"])[1]
+        holds = rid in self.held
+        if self.tree.cow_would_fail(self.units(op["tokens"]), holds):
+            raise HybridTreeError("mamba_full")
+        m, out = self._match(op["tokens"])
+        out["cow"] = self.tree.cow(m, holds)
+        if out["cow"]:
+            self.held.add(rid)
+        return out
+
+    def _op_release(self, op):
+        if op["id"] not in self.held:
+            raise HybridTreeError("unknown_request")
+        self.held.discard(op["id"])
+        self.tree.release()
+        return {}
 
     def _op_lock(self, op):
         lid = op["id"]
@@ -229,6 +259,9 @@ class HybridReplayer:
     def _op_evict(self, op):
         r = self.tree.evict(op.get("full", 0), op.get(self.kind, 0))
         return {"freed": {"full": r.full, self.kind: r.aux}}
+
+    # cache evict_for_alloc stops each walk where evict does here (docs/HYBRID.md §6)
+    _op_evict_for_alloc = _op_evict
 
     def _op_dump(self, op):
         tree, a = self.tree, self.kind

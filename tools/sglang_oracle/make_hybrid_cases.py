@@ -150,6 +150,18 @@ HAND = {
                                                     "id": 1, "skip": ["mamba"]},
         lock(R(1, 7), 2), DUMP, evict(mamba=2), DUMP, unlock(2), evict(mamba=1), DUMP,
         evict(full=30), DUMP, unlock(1), DUMP, evict(full=30), DUMP]),
+    "h09_mamba_copy_on_write": (mamba(cap=2, note="a request copies the matched state "
+                                              "into its own slot, evicting one under a "
+                                              "lock when the pool is full"), [
+        ins(R(1, 5)), ins(R(10, 14)), {"op": "match", "tokens": list(R(1, 6)), "cow": "r1"},
+        DUMP, {"op": "match", "tokens": list(R(1, 5)), "cow": "r2"},
+        {"op": "match", "tokens": list(R(1, 5)), "cow": "r1"},
+        ins(R(1, 5), donate="r1"), {"op": "match", "tokens": list(R(10, 14)), "cow": "r3"},
+        {"op": "release", "id": "r3"}, {"op": "match", "tokens": list(R(1, 5)), "cow": "r4"},
+        ins(R(20, 23)), ins(list(R(1, 5)) + [7, 7], prev=4, donate="r4"), DUMP,
+        {"op": "match", "tokens": list(R(1, 5)), "cow": "r5"}, ins(R(30, 33)),
+        {"op": "release", "id": "r5"}, {"op": "evict_for_alloc", "full": 3, "mamba": 1},
+        ins(R(1, 5), donate="r9"), DUMP]),
     "h07_mamba_branch": (mamba(chunk=3, note="branching seqlen on the chunk grid"), [
         ins(R(1, 4)), ins(R(1, 11)), match(R(1, 11)), match(R(1, 9)), match(R(1, 7)),
         match(list(R(1, 6)) + [0]), DUMP, ins(R(1, 7)), match(R(1, 9)), DUMP]),

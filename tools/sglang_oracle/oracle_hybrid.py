@@ -52,6 +52,7 @@ from numpy import float64  # noqa: E402
 from oracle import OpError  # noqa: E402
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
+    EvictParams,
     InsertParams,
     MatchPrefixParams,
 )
@@ -367,7 +368,12 @@ class HybridOracle:
         self.aux = SWA if self.kind == "swa" else MAMBA
         self.cache = self.comps[FULL].cache
         self.cache._apply_eviction_result = self._drain
+        # What finalize_match_result_in_cache (Mamba's copy on write) calls on the cache.
+        self.cache.inc_lock_ref = self.core.inc_lock_ref
+        self.cache.dec_lock_ref = self.core.dec_lock_ref
+        self.cache.evict_for_alloc = self.evict_for_alloc
         self.locks: dict = {}
+        self.held: dict = {}  # request id -> its own Mamba state slot (a 1-slot tensor)
 
     # -- plumbing ------------------------------------------------------------
 
@@ -423,6 +429,8 @@ class HybridOracle:
     # -- ops -----------------------------------------------------------------
 
     def op_insert(self, op):
+        if "donate" in op and (self.kind != "mamba" or op["donate"] not in self.held):
+            raise OpError("unknown_request")
         key = self.key(op["tokens"])
         n = len(key)
         prev = int(op.get("prev", 0))
@@ -442,6 +450,12 @@ class HybridOracle:
                 raise OpError("swa_full")
             params.set_evicted_seqlen(SWA, evicted)
             fresh = self.alloc.alloc_request(need, swa_need)
+        elif "donate" in op:
+            # A finished request hands the tree its own state (prepare_for_caching_req
+            # with is_finished): the slot it copied into at match.
+            mamba_slot = self.held.pop(op["donate"])
+            params.mamba_value = mamba_slot
+            fresh = self.alloc.alloc_request(need)
         else:
             mamba_slot = self.req_pool.mamba_allocator.alloc(1)
             if mamba_slot is None:
@@ -476,8 +490,59 @@ class HybridOracle:
         out["branch"] = br
         return r, out
 
+    def _peek_mamba_best(self, tokens):
+        """The node a match of tokens would end at (Mamba: the deepest wholly matched
+        node holding a state; a split-off fragment never holds one), read-only."""
+        key, node, best = self.key(tokens), self.core.root_node, self.core.root_node
+        while len(key) > 0:
+            child = node.children.get(key.child_key(self.ps))
+            if child is None:
+                break
+            m = child.key.match(key, page_size=self.ps)
+            if m < len(child.key):
+                break
+            if child.component_data[MAMBA].value is not None:
+                best = child
+            node, key = child, key[m:]
+        return best
+
     def op_match(self, op):
-        return self._match(op["tokens"])[1]
+        if "cow" not in op:
+            return self._match(op["tokens"])[1]
+        if self.kind != "mamba":
+            raise OpError("no_mamba_component")
+        rid = op["cow"]
+        holds = rid in self.held
+        if not holds and self.req_pool.mamba_allocator.pool.free_pages == 0:
+            # finalize_match_result_in_cache asserts "Can not alloc mamba cache" when
+            # evicting one state under a lock on the match frees none: refuse first.
+            best = self._peek_mamba_best(op["tokens"])
+            cd = best.component_data[MAMBA]
+            if cd.value is not None:
+                others = self.core.component_evictable_size_[MAMBA] - (cd.lock_ref == 0)
+                if others <= 0:
+                    raise OpError("mamba_full")
+        req = SimpleNamespace(kv=SimpleNamespace(holds_mamba=holds, mamba_pool_idx=None,
+                                                 mamba_cow_src_index=None,
+                                                 mamba_needs_clear=True))
+        params = MatchPrefixParams(key=RadixKey(array("q", op["tokens"])), cow_mamba=True,
+                                   req=req)
+        r = self.core.match_prefix(params)
+        self._apply(r.cache_actions)
+        for comp in (self.comps[FULL], self.comps[MAMBA]):  # UnifiedRadixCache order
+            r = comp.finalize_match_result_in_cache(params, r)
+        if req.kv.mamba_pool_idx is not None:
+            self.held[rid] = req.kv.mamba_pool_idx.reshape(1)
+        return {"device_len": r.device_prefix_len, "full_len": r.full_kv_hit_length,
+                "node": r.best_match_node, "branch": r.mamba_branching_seqlen,
+                "cow": req.kv.mamba_cow_src_index is not None}
+
+    def op_release(self, op):
+        """A request that leaves without caching frees its own state slot."""
+        if op["id"] not in self.held:
+            raise OpError("unknown_request")
+        self.req_pool.mamba_allocator.free(self.held.pop(op["id"]))
+        return {}
 
     def op_lock(self, op):
         lid = op["id"]
@@ -515,15 +580,34 @@ class HybridOracle:
         entry[2] = True
         return {}
 
-    def op_evict(self, op):
-        """UnifiedRadixCache.evict -> _evict_components(available_size_targets=None)."""
+    def _available(self, ct) -> int:
+        """cache ``_component_available_size``: the pool's free room."""
+        if ct is FULL:
+            return self.alloc.full.free_pages * self.ps
+        if ct is SWA:
+            return self.alloc.swa.free_pages * self.ps
+        return self.req_pool.mamba_allocator.pool.free_pages
+
+    def _evict(self, request: dict, targets: dict | None = None) -> dict:
+        """cache ``_evict`` -> ``_evict_components``; ``targets`` as
+        ``evict_for_alloc`` builds them ({ct: available + request})."""
         core = self.core
-        request = {FULL: int(op.get("full", 0)), self.aux: int(op.get(CT_NAME[self.aux], 0))}
         tracker = {FULL: 0, self.aux: 0}
+
+        def target_reached(ct):
+            if targets is None or ct not in targets:
+                return False
+            return self._available(ct) >= targets[ct]
+
         for ct in (FULL, self.aux):
-            if tracker[ct] >= request[ct]:
+            request_cnt = request[ct]
+            to_target = ct is FULL and request_cnt > 0 and targets is not None and ct in targets
+            if target_reached(ct) or (not to_target and tracker[ct] >= request_cnt):
                 continue
-            core.evict_device_start(ct, request[ct])
+            quota = request_cnt
+            if to_target:
+                quota = max(request_cnt, tracker[ct] + core.full_evictable_size())
+            core.evict_device_start(ct, quota)
             try:
                 while True:
                     step = core.evict_device_next_node(ct, tracker)
@@ -535,14 +619,39 @@ class HybridOracle:
                     if node_id is None:
                         if not step.made_progress:
                             break
-                        continue
-                    leaf = core.evict_device_leaf(node_id, False)
-                    assert leaf.backup_kv is None
-                    self._drain(leaf)
-                    for c, k in leaf.tracker.items():
-                        tracker[c] += k
+                    else:
+                        leaf = core.evict_device_leaf(node_id, False)
+                        assert leaf.backup_kv is None
+                        self._drain(leaf)
+                        for c, k in leaf.tracker.items():
+                            tracker[c] += k
+                    if target_reached(ct):
+                        break
             finally:
                 core.evict_device_end(ct)
+        return tracker
+
+    def _request(self, op) -> dict:
+        return {FULL: int(op.get("full", 0)), self.aux: int(op.get(CT_NAME[self.aux], 0))}
+
+    def op_evict(self, op):
+        """UnifiedRadixCache.evict: _evict_components(available_size_targets=None)."""
+        tracker = self._evict(self._request(op))
+        return {"freed": {CT_NAME[c]: tracker[c] for c in (FULL, self.aux)}}
+
+    def evict_for_alloc(self, params) -> None:
+        """UnifiedRadixCache.evict_for_alloc (component shortfalls, no joint-reclaim
+        predicate, no Mamba full-cache donor in these pools)."""
+        request = {FULL: params.num_tokens,
+                   SWA: params.swa_num_tokens, MAMBA: params.mamba_num}
+        request = {FULL: request[FULL], self.aux: request[self.aux]}
+        targets = {ct: self._available(ct) + n for ct, n in request.items() if n > 0}
+        return self._evict(request, targets)
+
+    def op_evict_for_alloc(self, op):
+        r = self._request(op)
+        tracker = self.evict_for_alloc(EvictParams(
+            num_tokens=r[FULL], swa_num_tokens=r.get(SWA, 0), mamba_num=r.get(MAMBA, 0)))
         return {"freed": {CT_NAME[c]: tracker[c] for c in (FULL, self.aux)}}
 
     def op_dump(self, op):
@@ -573,7 +682,8 @@ class HybridOracle:
                 "d_leaves": sorted(n.id for n in core.evictable_device_leaves)}
 
     OPS = {"insert": op_insert, "match": op_match, "lock": op_lock, "unlock": op_unlock,
-           "release_swa": op_release_swa, "evict": op_evict, "dump": op_dump}
+           "release_swa": op_release_swa, "evict": op_evict,
+           "evict_for_alloc": op_evict_for_alloc, "release": op_release, "dump": op_dump}
 
     def apply(self, op: dict) -> dict:
         name = op["op"]
@@ -594,7 +704,7 @@ class HybridOracle:
         a = CT_NAME[aux]
         used = (self.alloc.swa.used_tokens if aux is SWA
                 else self.req_pool.mamba_allocator.pool.used_tokens)
-        return {
+        out = {
             "dev": self.alloc.full.used_tokens, a: used,
             "evictable": core.component_evictable_size_[FULL],
             "protected": core.component_protected_size_[FULL],
@@ -602,6 +712,9 @@ class HybridOracle:
             a + "_protected": core.component_protected_size_[aux],
             "nodes": len(core._node_arena) - 1,
         }
+        if aux is MAMBA:
+            out["mamba_held"] = len(self.held)
+        return out
 
     def check(self) -> None:
         core, aux = self.core, self.aux
@@ -616,6 +729,8 @@ class HybridOracle:
         assert dev == self.alloc.full.used_tokens, (dev, self.alloc.full.used_tokens)
         used = (self.alloc.swa.used_tokens if aux is SWA
                 else self.req_pool.mamba_allocator.pool.used_tokens)
+        if aux is MAMBA:
+            used -= len(self.held)
         assert a == used, (a, used)
         assert core.component_evictable_size_[FULL] + core.component_protected_size_[FULL] == dev
         assert core.component_evictable_size_[aux] + core.component_protected_size_[aux] == a
