@@ -33,6 +33,7 @@ FUNCS = {
             "acquire_component_lock", "release_component_lock", "release_window_lock",
             "refresh_lru"],
     "mamba": ["create_match_validator", "finalize_match_result_in_tree_core",
+              "finalize_match_result_in_cache",
               "commit_insert_component_data", "_evict_excess_path_states",
               "redistribute_on_node_split", "evict_component", "_evict_device_next_node",
               "acquire_component_lock", "release_component_lock", "refresh_lru"],
