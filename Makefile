@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean venv browser conformance-sglang
+.PHONY: run test bench clean venv browser conformance-sglang conformance-hybrid-sglang
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,16 @@ SGLANG_ORACLE ?= ../shared/oracle
 conformance-sglang: $(STAMP)
 	bash $(SGLANG_ORACLE)/setup.sh
 	HICACHE_SGLANG_ORACLE=$(abspath $(SGLANG_ORACLE)) $(BIN)/python tools/conformance_sglang.py
+
+# Rebuild data/conformance/hybrid/ from SGLang 0.5.23's own (FULL, SWA) and (FULL, MAMBA)
+# cores, with SGLang's sanity_check after every op, and fail if any vendored byte changed
+# (docs/HYBRID.md §7).
+conformance-hybrid-sglang: $(STAMP)
+	bash $(SGLANG_ORACLE)/setup.sh
+	HICACHE_SGLANG_ORACLE=$(abspath $(SGLANG_ORACLE)) \
+	  $${SGLANG_ORACLE_VENV:-$${TMPDIR:-/tmp}/sglang-oracle-venv}/bin/python \
+	  tools/sglang_oracle/make_hybrid_cases.py --check
+	git diff --exit-code -- data/conformance/hybrid
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_tree.py

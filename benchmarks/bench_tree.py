@@ -1,22 +1,45 @@
 """Tree operations per second on a 100k-op random write_back trace with host pressure.
 
-Usage: python benchmarks/bench_tree.py [--ops 100000] [--seeds 1]
+Usage: python benchmarks/bench_tree.py [--ops 100000] [--seeds 1] [--hybrid-ops 20000]
+       [--no-sglang]
 Reports ops/s at page sizes 1 and 64 and the share of time spent in duplicate
 reclaim. The trace is generated first (not timed) and replayed through the Tree API
 without event recording, which is how the simulator drives the tree.
+
+Then the hybrid trees (sim/hybrid, docs/HYBRID.md): ops/s of the (FULL, SWA) and
+(FULL, MAMBA) trees on generated hybrid traces (sim/hybrid/gen.py), and, when the
+oracle venv exists ($SGLANG_ORACLE_VENV, default sglang-oracle-venv in the temp dir),
+the ratio against SGLang 0.5.23's own core on the same trace
+(tools/sglang_oracle/bench_hybrid_core.py: the real UnifiedTreeCore with its
+component, the oracle's CPU pools, after import and build).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim.optrace_gen import generate  # noqa: E402
+from sim.hybrid.gen import generate as generate_hybrid  # noqa: E402
+from sim.hybrid.replay import HybridReplayer, make_tree  # noqa: E402
 from sim.tree import Tree  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# (label, kind, generator options): hybrid traces with the conformance cases' shapes.
+HYBRID_BENCHES = [
+    ("full+swa   ps1 w8", "swa", dict(page_size=1, window=8, device_cap=300, aux_cap=120)),
+    ("full+swa   ps4 w16", "swa", dict(page_size=4, window=16, device_cap=512, aux_cap=192,
+                                       max_len=48)),
+    ("full+mamba ps1 c4", "mamba", dict(chunk=4, device_cap=300, aux_cap=60)),
+]
 
 
 def drive(ops, ps):
@@ -68,7 +91,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hybrid-ops", type=int, default=20_000)
+    ap.add_argument("--no-sglang", action="store_true",
+                    help="skip timing SGLang's core for the hybrid ratio")
+    ap.add_argument("--hybrid-only", action="store_true")
     args = ap.parse_args()
+    if args.hybrid_only:
+        return hybrid_main(args.hybrid_ops, args.seed, not args.no_sglang)
     print(f"tree benchmark: {args.ops} ops, write_back, host pressure (conformance-like shapes)")
     print(f"{'page':>5} {'ops/s':>10} {'reclaim share':>14} {'reclaims':>9} {'backups':>8} {'drops':>6}")
     for ps in (1, 64):
@@ -79,6 +108,86 @@ def main():
         rate, share, tree = drive(ops, ps)
         s = tree.stats
         print(f"{ps:>5} {rate:>10,.0f} {share:>13.1%} {s.reclaims:>9} {s.backups:>8} {s.drops:>6}")
+    hybrid_main(args.hybrid_ops, args.seed, not args.no_sglang)
+
+
+def drive_hybrid(ops):
+    """Replay a hybrid trace through the tree API (no event recording)."""
+    h = ops[0]
+    tree = make_tree(h)
+    ps, kind = h.get("page_size", 1), h["components"][1]
+    units = (lambda t: t) if ps == 1 else (
+        lambda t: [tuple(t[i:i + ps]) for i in range(0, len(t) - len(t) % ps, ps)])
+    keyed = [(op["op"], units(op["tokens"]) if "tokens" in op else None, op) for op in ops[1:]]
+    locks, held = {}, set()
+    t0 = time.perf_counter()
+    for op_kind, key, op in keyed:
+        if op_kind == "insert":
+            if kind == "swa":
+                tree.insert(key, op.get("prev", 0), op.get("swa_evicted", 0))
+            else:
+                donate = op.get("donate")
+                tree.insert(key, op.get("prev", 0), donated=donate is not None)
+                held.discard(donate)
+        elif op_kind == "match":
+            m = tree.match_prefix(key)
+            if "cow" in op and tree.cow(m, op["cow"] in held):
+                held.add(op["cow"])
+        elif op_kind == "release":
+            held.discard(op["id"])
+            tree.release()
+        elif op_kind in ("evict", "evict_for_alloc"):
+            tree.evict(op.get("full", 0), op.get(kind, 0))
+        elif op_kind == "lock":
+            locks[op["id"]] = tree.inc_lock(tree.match_prefix(key).best,
+                                            skip_aux=bool(op.get("skip")))
+        elif op_kind == "unlock":
+            tree.dec_lock(locks.pop(op["id"]))
+        elif op_kind == "release_swa":
+            tree.release_swa(locks[op["id"]])
+    rate = len(keyed) / (time.perf_counter() - t0)
+    tree.check()
+    return rate, tree
+
+
+def sglang_rate(ops):
+    """SGLang's core on the same trace, in the oracle venv; None when it is absent."""
+    venv = os.environ.get("SGLANG_ORACLE_VENV") or str(Path(tempfile.gettempdir()) / "sglang-oracle-venv")
+    py = Path(venv) / "bin" / "python"
+    if not py.is_file():
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        for op in ops:
+            f.write(json.dumps(op) + "\n")
+        path = f.name
+    try:
+        out = subprocess.run([str(py), str(ROOT / "tools/sglang_oracle/bench_hybrid_core.py"), path],
+                             capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(path)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["errors"] == 0, "SGLang refused ops the sim accepted"
+    return r["ops"] / r["seconds"]
+
+
+def hybrid_main(n_ops, seed, with_sglang):
+    print(f"\nhybrid trees: {n_ops} ops each (sim/hybrid/gen.py), device tier")
+    print(f"{'components':<20} {'sim ops/s':>10} {'sglang ops/s':>13} {'ratio':>6}")
+    for label, kind, opts in HYBRID_BENCHES:
+        # dumps are diagnostics, not tree work: both sides skip them
+        ops = [op for op in generate_hybrid(kind, seed=seed, ops=n_ops, **opts)
+               if op["op"] != "dump"]
+        runs = [drive_hybrid(ops) for _ in range(3)]
+        rate = max(r for r, _ in runs)
+        # the untimed replayer (what the conformance cases check) ends on the same tree
+        replayer = HybridReplayer(ops[0])
+        for i, op in enumerate(ops[1:], start=1):
+            assert "error" not in replayer.apply(i, op)
+        assert runs[0][1].fingerprint() == replayer.tree.fingerprint()
+        ref = sglang_rate(ops) if with_sglang else None
+        ref_s = f"{ref:>13,.0f}" if ref else f"{'-':>13}"
+        ratio = f"{rate / ref:>5.1f}x" if ref else f"{'-':>6}"
+        print(f"{label:<20} {rate:>10,.0f} {ref_s} {ratio}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,17 @@ MATCH_ANCESTOR_STEP = 0.00001
 # sentinels) node ids in the Python core (sem §1.3). FULL-only: first real node is 5.
 SENTINEL_IDS_PER_COMPONENT = 4
 
+# --- Hybrid trees (sim/hybrid, docs/HYBRID.md) ----------------------------------------
+# Internal-node cascade-eviction priorities: components/base.py
+# TreeComponent.eviction_priority docstring, full.py / swa.py eviction_priority
+# (full=2 > swa=1 > mamba=0; every component is 0 on a leaf). Evicting a component
+# from an internal node also evicts the node's components of lower or equal priority.
+EVICTION_PRIORITY_INTERNAL = {"full": 2, "swa": 1, "mamba": 0}
+# SWA window-lock boundary marks come from components/base.py next_component_uuid:
+# a process-global counter per component starting at (range index + 1) * 1e14
+# (_COMPONENT_UUID_RANGE_SIZE, SWA's range index 0) and incremented before use.
+SWA_UUID_START = 1 * 100_000_000_000_000
+
 # Default `load_back_threshold` of the HiCache controller: minimum FULL tokens for
 # a load-back (sem §3.6, §7).
 LOAD_BACK_THRESHOLD = 10

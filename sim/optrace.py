@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 
 from sim import optrace_check, safeio
 from sim.errors import InputFormatError
+from sim.hybrid import replay as hybrid_replay
 from sim.tree import Tree, TreeError
 
 OPS = {
@@ -239,6 +240,11 @@ def parse_line(path, line_no: int, text: str, first: bool, header: dict | None =
     if not isinstance(obj, dict):
         raise InputFormatError(path, line_no, type(obj).__name__, "a JSON object")
     op = obj.get("op")
+    # Hybrid traces (a header naming "components"): sim/hybrid/replay.py.
+    if first and op == "header" and "components" in obj:
+        return hybrid_replay.check_header(path, line_no, obj)
+    if not first and header is not None and "components" in header:
+        return hybrid_replay.check_op(path, line_no, obj, header)
     if first:
         if op != "header":
             raise InputFormatError(path, line_no, f"op={_short(op)}", 'the header ({"op":"header",...}) on the first line')
@@ -299,9 +305,18 @@ def read_trace(path) -> Iterator[tuple[int, int, dict]]:
 def replay(path, **kwargs) -> Iterator[dict]:
     """Replay an op-trace file; yields one output dict per non-blank line."""
     replayer = None
-    for idx, _line_no, op in read_trace(path):
+    for idx, line_no, op in read_trace(path):
         if replayer is None:
-            replayer = Replayer(op, **kwargs)
+            if "components" in op:
+                # Hybrid trees number nodes one way and have no host tier (docs/HYBRID.md §6).
+                for key, default in (("ids", "optrace"), ("host_policy", "duplicate_first")):
+                    if kwargs.get(key, default) != default:
+                        raise InputFormatError(path, line_no, f"a hybrid trace with {key}="
+                                               f"{_short(kwargs[key])}", f"{key} {default!r} "
+                                               "(hybrid traces have no other)")
+                replayer = hybrid_replay.HybridReplayer(op)
+            else:
+                replayer = Replayer(op, **kwargs)
             yield replayer.header_output()
         else:
             yield replayer.apply(idx, op)

@@ -106,3 +106,140 @@ TestTreePage1 = TreeMachine.TestCase
 TestTreePage1.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
 TestTreePage16 = TreeMachinePage16.TestCase
 TestTreePage16.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+
+
+# ---------------------------------------------------------------- hybrid trees
+# The same machine for the component pairs of docs/HYBRID.md: (FULL, SWA) and
+# (FULL, MAMBA) trees, with check() after every op.
+
+from sim.hybrid import HybridTreeError, MambaTree, SWATree  # noqa: E402
+
+
+class HybridMachine(RuleBasedStateMachine):
+    kind = "swa"
+    page_size = 1
+
+    @initialize(dev_pages=st.integers(4, 40), aux=st.integers(1, 24),
+                window=st.integers(1, 10), chunk=st.integers(1, 6),
+                max_states=st.sampled_from([-1, 1, 2, 3]))
+    def setup(self, dev_pages, aux, window, chunk, max_states):
+        ps = self.page_size
+        if self.kind == "swa":
+            self.tree = SWATree(device_capacity=dev_pages * ps, swa_capacity=aux * ps,
+                                sliding_window=window, page_size=ps)
+        else:
+            self.tree = MambaTree(device_capacity=dev_pages * ps, mamba_capacity=aux,
+                                  mamba_chunk=chunk, max_states=max_states, page_size=ps,
+                                  extra_buffer=ps > 1)
+        self.locks = []
+        self.held = 0  # Mamba: requests holding their own state (copy on write)
+
+    def units(self, pages):
+        ps = self.page_size
+        return pages if ps == 1 else [(p,) * ps for p in pages]
+
+    @rule(pages=st.lists(ALPHABET, min_size=0, max_size=10), reuse=st.booleans(),
+          evicted=st.integers(0, 10), donate=st.booleans())
+    def insert(self, pages, reuse, evicted, donate):
+        t, ps = self.tree, self.page_size
+        key = self.units(pages)
+        prev = t.match_prefix(key).device_len if reuse else 0
+        args = {"swa_evicted": evicted * ps} if self.kind == "swa" else {}
+        if self.kind == "mamba" and donate and self.held:
+            args = {"donated": True}
+        before = (t.dev_used, t.aux_used)
+        try:
+            res = t.insert(key, prev, **args)
+        except HybridTreeError as err:
+            assert err.code in ("device_full", "swa_full", "mamba_full")
+            assert (t.dev_used, t.aux_used) == before
+            return
+        assert res.new == len(key) * ps - prev
+        assert res.prefix_len >= prev
+        if args.get("donated"):
+            self.held -= 1
+            assert t.held == self.held
+        # everything the request brought is the tree's or freed: the tree grew by at
+        # most what was new
+        assert t.dev_used - before[0] <= res.new and t.aux_used - before[1] <= res.aux_new
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10))
+    def match(self, pages):
+        m = self.tree.match_prefix(self.units(pages))
+        assert m.device_len <= m.full_len <= len(pages) * self.page_size
+        assert m.branch is None or m.device_len < m.branch <= m.full_len
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10), skip=st.booleans())
+    def lock(self, pages, skip):
+        m = self.tree.match_prefix(self.units(pages))
+        # Mamba: the decode hold may leave the state unlocked (skip_lock_components)
+        self.locks.append(self.tree.inc_lock(m.best, skip_aux=skip and self.kind == "mamba"))
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(0, 100))
+    def unlock(self, i):
+        self.tree.dec_lock(self.locks.pop(i % len(self.locks)))
+
+    @precondition(lambda self: self.kind == "mamba")
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10), holds=st.booleans())
+    def copy_on_write(self, pages, holds):
+        t = self.tree
+        holds = holds and self.held > 0
+        key = self.units(pages)
+        if t.cow_would_fail(key, holds):
+            return
+        m = t.match_prefix(key)
+        if t.cow(m, holds) and not holds:
+            self.held += 1
+        assert t.held == self.held
+
+    @precondition(lambda self: self.kind == "mamba" and self.held)
+    @rule()
+    def release(self):
+        self.tree.release()
+        self.held -= 1
+
+    @precondition(lambda self: self.kind == "swa" and any(not r.swa_released for r in self.locks))
+    @rule(i=st.integers(0, 100))
+    def release_swa(self, i):
+        live = [r for r in self.locks if not r.swa_released]
+        self.tree.release_swa(live[i % len(live)])
+
+    @rule(full=st.integers(0, 40), aux=st.integers(0, 20))
+    def evict(self, full, aux):
+        t = self.tree
+        before = (t.dev_used, t.aux_used)
+        res = t.evict(full, aux)
+        assert before[0] - t.dev_used == res.full and before[1] - t.aux_used == res.aux
+        # a walk stops only when its request is met or nothing is left to take
+        if res.full < full:
+            assert not t.d_leaves
+        if res.aux < aux:
+            assert t.lru.lru_no_lock() is None
+
+    @invariant()
+    def consistent(self):
+        if hasattr(self, "tree"):
+            self.tree.check()
+
+
+class SWAMachinePage2(HybridMachine):
+    page_size = 2
+
+
+class MambaMachine(HybridMachine):
+    kind = "mamba"
+
+
+class MambaMachinePage2(MambaMachine):
+    page_size = 2
+
+
+TestHybridSWA = HybridMachine.TestCase
+TestHybridSWA.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestHybridSWAPage2 = SWAMachinePage2.TestCase
+TestHybridSWAPage2.settings = settings(max_examples=30, stateful_step_count=40, deadline=None)
+TestHybridMamba = MambaMachine.TestCase
+TestHybridMamba.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestHybridMambaPage2 = MambaMachinePage2.TestCase
+TestHybridMambaPage2.settings = settings(max_examples=30, stateful_step_count=40, deadline=None)

@@ -42,6 +42,12 @@ def run(args) -> int:
         import json
 
         final = json.loads(last)
-        print(f"{n} ops replayed; digest {final['digest']}; device {final['dev']} tokens, "
-              f"host {final['host']} tokens, {final['nodes']} nodes", file=sys.stderr)
+        if "digest" in final:
+            print(f"{n} ops replayed; digest {final['digest']}; device {final['dev']} tokens, "
+                  f"host {final['host']} tokens, {final['nodes']} nodes", file=sys.stderr)
+        else:  # a hybrid trace (docs/HYBRID.md §6): the component's pool instead of host
+            aux = "swa" if "swa" in final else "mamba"
+            unit = "tokens" if aux == "swa" else "states"
+            print(f"{n} ops replayed; device {final['dev']} tokens, {aux} {final[aux]} {unit}, "
+                  f"{final['nodes']} nodes", file=sys.stderr)
     return 0

@@ -1,0 +1,226 @@
+"""The Mamba component of SGLang 0.5.23's unified tree: the (FULL, MAMBA) tree.
+
+A Mamba value is one state-pool slot: the SSM state after the node's last token. It
+is only meaningful where a match ends, so it lives on the nodes inserts ended at,
+never on split-off prefixes, and a match boundary must hold one. From
+``sglang/srt/mem_cache/unified_cache/components/mamba.py`` (``mamba`` below), see
+docs/HYBRID.md §4:
+
+* a match is valid only at a node with a state (``create_match_validator``), and
+  only that node is refreshed in the Mamba LRU (``refresh_lru(MATCH_END)``);
+* an insert attaches the request's state to its target node, or, when the node has
+  one, keeps the tree's and frees the request's fork (``mamba_exist``,
+  ``commit_insert_component_data``, ``cleanup_after_caching_req``);
+* a split leaves the state on the lower fragment (``redistribute_on_node_split``);
+* a lock pins the anchor's state only (``acquire_component_lock``);
+* eviction walks the Mamba LRU: leaves go whole, internal states are tombstoned;
+* ``max_states`` (``--mamba-max-states-per-path``) caps the states on an insert's
+  root path (``_evict_excess_path_states``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim import constants as C
+from sim.hybrid.core import HybridInvariantError, HybridTree, HybridTreeError
+
+
+class MambaTree(HybridTree):
+    """Components ``(FULL, MAMBA)``. ``mamba_chunk``: ``mamba_cache_chunk_size()``
+    (``max(the model's mamba chunk size, page_size)``, runtime_context.py), which with
+    the page size sets the checkpoint grid of ``branch``; ``mamba_capacity``: state
+    slots; ``max_states``: ``mamba_max_states_per_path`` (-1: unlimited);
+    ``extra_buffer``: ``--enable-mamba-extra-buffer`` (needed past page size 1; the
+    tree behaves the same, the request-side state bookkeeping differs)."""
+
+    AUX = "mamba"
+    AUX_PRIORITY = C.EVICTION_PRIORITY_INTERNAL["mamba"]
+
+    def __init__(self, *, device_capacity: int, mamba_capacity: int, mamba_chunk: int,
+                 page_size: int = 1, max_states: int = -1, extra_buffer: bool = False,
+                 record: bool = False):
+        # MambaComponent.__init__: without --enable-mamba-extra-buffer only the
+        # sequence-end state exists, so a cached state needs page size 1.
+        if page_size != 1 and not extra_buffer:
+            raise ValueError("MambaTree needs page_size 1 without the extra buffer")
+        if mamba_chunk < 1:
+            raise ValueError("mamba_chunk must be >= 1")
+        if max_states == 0 or max_states < -1:
+            raise ValueError("max_states must be -1 or a positive integer")
+        super().__init__(device_capacity=device_capacity, aux_capacity=mamba_capacity,
+                         page_size=page_size, record=record)
+        # runtime_context.py mamba_checkpoint_grid: lcm(mamba_cache_chunk_size, page).
+        self.grid = math.lcm(mamba_chunk, page_size)
+        self.max_states = max_states
+        # State slots running requests hold outside the tree (their copies on write).
+        self.held = 0
+
+    def aux_value_len(self, node) -> int:
+        return 1 if node.aux else 0
+
+    def _aux_split(self, up, child) -> None:
+        """mamba ``redistribute_on_node_split``: the new parent gets no state and no
+        lock; the state stays on the lower fragment."""
+        up.aux = False
+        up.aux_lock = 0
+
+    # ------------------------------------------------------------------ match
+    def _aux_validator(self):
+        return lambda node: node.aux
+
+    def _aux_match_end(self, best) -> None:
+        """mamba ``refresh_lru(MATCH_END)``: only the state the match uses."""
+        if best.aux:
+            self.lru.reset_mru(best)
+
+    def _aux_branch(self, device_len: int, full_len: int):
+        """mamba ``finalize_match_result_in_tree_core``: the grid-aligned FULL hit when
+        it passes the Mamba boundary."""
+        aligned = full_len // self.grid * self.grid
+        return aligned if aligned > device_len else None
+
+    # ------------------------------------------------------------------ insert
+    def insert(self, key: list, prev: int = 0, donated: bool = False):
+        """Insert ``key`` with the request's state: a fresh slot (the fork of a running
+        request), or, ``donated``, a finished request's own held slot, which the tree
+        keeps or frees (``prepare_for_caching_req`` / ``cleanup_after_caching_req``)."""
+        res = super().insert(key, prev, donated=donated)
+        if donated:
+            self.held -= 1
+        return res
+
+    def _aux_prepare(self, key, prev, res, aux_args) -> None:
+        if not aux_args["donated"] and self.aux_used + self.held >= self.aux_capacity:
+            raise HybridTreeError("mamba_full")
+        res.aux_new = 1
+
+    # ------------------------------------------------------------------ requests
+    def peek_best(self, key: list):
+        """The node ``match_prefix(key)`` would end at, read-only: the deepest wholly
+        matched node with a state (a split-off fragment never has one)."""
+        node, pos, n, best = self.root, 0, len(key), self.root
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            p = self._common(key, pos, child.key)
+            if p < len(child.key):
+                break
+            if child.aux:
+                best = child
+            pos += p
+            node = child
+        return best
+
+    def cow_would_fail(self, key: list, holds: bool) -> bool:
+        """Whether a copy on write for ``key`` would find no slot: the pool is full
+        and evicting one state under a lock on the match frees none (SGLang asserts
+        "Can not alloc mamba cache"; a trace refuses the op instead, unchanged)."""
+        if holds or self.aux_used + self.held < self.aux_capacity:
+            return False
+        best = self.peek_best(key)
+        return best.aux and self.aux_evictable - (best.aux_lock == 0) <= 0
+
+    def cow(self, match, holds: bool) -> bool:
+        """mamba ``finalize_match_result_in_cache`` (``cow_mamba``): a request matching
+        a state copies it into its own slot, allocated unless it ``holds`` one; with
+        the pool full, one state is evicted first while the match is locked
+        (``inc_lock_ref``, ``evict_for_alloc(mamba_num=1)``, ``dec_lock_ref``).
+        Returns whether a state was copied."""
+        best = match.best
+        if not best.aux:
+            return False
+        if not holds:
+            if self.aux_used + self.held >= self.aux_capacity:
+                receipt = self.inc_lock(best)
+                freed = self.evict(0, 1).aux
+                self.dec_lock(receipt)
+                if not freed:
+                    raise HybridInvariantError("Can not alloc mamba cache")
+            self.held += 1
+        return True
+
+    def release(self) -> None:
+        """A request leaving without caching frees its held slot."""
+        if self.held <= 0:
+            raise HybridInvariantError("no held Mamba slot to release")
+        self.held -= 1
+
+    def _aux_empty_insert(self, res) -> None:
+        pass  # begin_insert answers mamba_exist=True: the request's slot is freed
+
+    def _aux_commit(self, node, is_new_leaf, res, aux_args) -> None:
+        """mamba ``commit_insert_component_data``."""
+        if is_new_leaf:
+            node.aux = True
+            self.lru.insert_mru(node)
+            self.aux_used += 1
+            self.aux_evictable += 1
+            if self.rec is not None:
+                self._ev("set", node, c="mamba", n=1)
+            self._cap_path(node)
+        elif not node.aux:
+            self._aux_set(node, 1)
+            node.last_access = self._tick()
+            self._cap_path(node)
+        else:
+            self.lru.reset_mru(node)
+            node.last_access = self._tick()
+            res.mamba_exist = True
+
+    def _cap_path(self, tail) -> None:
+        """mamba ``_evict_excess_path_states`` (the deferred
+        ``MambaEvictExcessPathStates`` action): past ``max_states`` states on the
+        tail's root path, tombstone the shallowest that are not the tail, locked, a
+        fork (children != 1) or a device leaf."""
+        cap = self.max_states
+        if cap < 0:
+            return
+        holders, node, root = [], tail, self.root
+        while node is not None and node is not root:
+            if node.aux:
+                holders.append(node)
+            node = node.parent
+        excess = len(holders) - cap
+        if excess <= 0:
+            return
+        for node in reversed(holders):
+            if excess <= 0 or node is tail:
+                break
+            if node.aux_lock > 0 or len(node.children) != 1 or node in self.d_leaves:
+                continue
+            self._aux_tomb(node)
+            self._refresh(node)
+            excess -= 1
+
+    # ------------------------------------------------------------------ locks
+    def _aux_acquire(self, node):
+        """mamba ``acquire_component_lock``: the anchor only."""
+        if node is self.root:
+            return None
+        if node.aux_lock == 0 and node.aux:
+            self.aux_evictable -= 1
+            self.aux_protected += 1
+        node.aux_lock += 1
+        return None
+
+    def _aux_release(self, node, uuid) -> None:
+        if node is self.root:
+            return
+        if node.aux_lock <= 0:
+            raise HybridInvariantError(f"Mamba release hit lock_ref=0 on node {node.id}")
+        if node.aux_lock == 1 and node.aux:
+            self.aux_evictable += 1
+            self.aux_protected -= 1
+        node.aux_lock -= 1
+        if node.aux_lock == 0:
+            self._refresh(node)
+
+    def _aux_check(self) -> None:
+        for n in self.iter_nodes():
+            if n.aux_lock > n.lock:
+                raise HybridInvariantError(f"node {n.id}: Mamba lock outside FULL's path lock")
+        if self.held < 0 or self.aux_used + self.held > self.aux_capacity:
+            raise HybridInvariantError(f"Mamba pool: {self.aux_used} in the tree + "
+                                       f"{self.held} held > {self.aux_capacity}")

@@ -1,0 +1,282 @@
+"""Hybrid op-traces (docs/HYBRID.md §6): parse, validate and replay them on
+``SWATree`` / ``MambaTree``, writing the lines ``tools/sglang_oracle/oracle_hybrid.py``
+writes from SGLang's core.
+
+``sim/optrace.py`` hands a trace here when its header names ``components``; FULL
+traces never reach this module.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sim.errors import InputFormatError
+from sim.hybrid.core import HybridTreeError
+from sim.hybrid.mamba import MambaTree
+from sim.hybrid.swa import SWATree
+
+COMPONENT_PAIRS = {("full", "swa"): "swa", ("full", "mamba"): "mamba"}
+
+# header field -> (required for which kinds, minimum)
+HEADER_INTS = {
+    "device_capacity": (("swa", "mamba"), 0),
+    "page_size": ((), 1),
+    "swa_capacity": (("swa",), 0),
+    "sliding_window": (("swa",), 1),
+    "mamba_capacity": (("mamba",), 0),
+    "mamba_chunk": (("mamba",), 1),
+    "mamba_max_states": ((), -1),
+}
+
+# op -> {field: (kind, required)}; kinds: tokens, int (>= 0), id
+OPS = {
+    "insert": {"tokens": ("tokens", True), "prev": ("int", False),
+               "swa_evicted": ("int", False), "donate": ("id", False)},
+    "match": {"tokens": ("tokens", True), "cow": ("id", False)},
+    "lock": {"tokens": ("tokens", True), "id": ("id", True), "skip": ("skip", False)},
+    "unlock": {"id": ("id", True)},
+    "release_swa": {"id": ("id", True)},
+    "evict": {"full": ("int", False), "swa": ("int", False), "mamba": ("int", False)},
+    "evict_for_alloc": {"full": ("int", False), "swa": ("int", False),
+                        "mamba": ("int", False)},
+    "release": {"id": ("id", True)},
+    "dump": {},
+}
+# Fields an op may carry only in one kind of tree.
+KIND_ONLY = {"swa_evicted": "swa", "swa": "swa", "mamba": "mamba", "skip": "mamba",
+             "cow": "mamba", "donate": "mamba"}
+OP_KIND_ONLY = {"release_swa": "swa", "release": "mamba"}
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def kind_of(header: dict) -> str | None:
+    """``"swa"``/``"mamba"`` for a hybrid header, None for a FULL one."""
+    comps = header.get("components")
+    if comps is None:
+        return None
+    return COMPONENT_PAIRS.get(tuple(comps) if isinstance(comps, list) else None)
+
+
+def check_header(path, line_no: int, obj: dict) -> dict:
+    comps = obj.get("components")
+    kind = kind_of(obj)
+    if kind is None:
+        raise InputFormatError(path, line_no, f"components={_short(comps)}",
+                               '"components" one of ["full","swa"], ["full","mamba"]')
+    for key, (need, lo) in HEADER_INTS.items():
+        if key not in obj:
+            if kind in need:
+                raise InputFormatError(path, line_no, f"no '{key}'",
+                                       f"'{key}' (an int) in a {kind} header")
+            continue
+        v = obj[key]
+        if type(v) is not int or v < lo or (key == "mamba_max_states" and v == 0):
+            want = ("-1 or a positive int" if key == "mamba_max_states"
+                    else "a positive int" if lo == 1 else "a non-negative int")
+            raise InputFormatError(path, line_no, f"{key}={_short(v)}", f"'{key}' as {want}")
+    if "mamba_extra_buffer" in obj and type(obj["mamba_extra_buffer"]) is not bool:
+        raise InputFormatError(path, line_no,
+                               f"mamba_extra_buffer={_short(obj['mamba_extra_buffer'])}",
+                               "'mamba_extra_buffer' as true or false")
+    if kind == "swa" and "mamba_extra_buffer" in obj:
+        raise InputFormatError(path, line_no, "'mamba_extra_buffer' in a swa header",
+                               "'mamba_extra_buffer' only with components [\"full\",\"mamba\"]")
+    if kind == "mamba" and obj.get("page_size", 1) != 1 and not obj.get("mamba_extra_buffer"):
+        # mamba.py MambaComponent.__init__: page_size 1 without the extra buffer.
+        raise InputFormatError(path, line_no, f"page_size={_short(obj['page_size'])}",
+                               "page_size 1 in a mamba header without "
+                               "\"mamba_extra_buffer\": true (SGLang's MambaComponent)")
+    if obj.get("hicache", False) is not False:
+        raise InputFormatError(path, line_no, f"hicache={_short(obj['hicache'])}",
+                               "no host tier in a hybrid trace (docs/HYBRID.md §6)")
+    return obj
+
+
+def check_op(path, line_no: int, obj: dict, header: dict) -> dict:
+    op = obj.get("op")
+    kind = kind_of(header)
+    if not isinstance(op, str) or op not in OPS:
+        raise InputFormatError(path, line_no, f"op={_short(op)}",
+                               f"one of {', '.join(OPS)} in a hybrid trace")
+    if OP_KIND_ONLY.get(op, kind) != kind:
+        raise InputFormatError(path, line_no, f"a {op} op in a {kind} trace",
+                               f"{op} only with components [\"full\",\"{OP_KIND_ONLY[op]}\"]")
+    for key, (fkind, required) in OPS[op].items():
+        if key not in obj:
+            if required:
+                raise InputFormatError(path, line_no, f"no '{key}' in a {op} op", f"'{key}'")
+            continue
+        if KIND_ONLY.get(key, kind) != kind:
+            raise InputFormatError(path, line_no, f"'{key}' in a {kind} trace",
+                                   f"'{key}' only with components [\"full\",\"{KIND_ONLY[key]}\"]")
+        value = obj[key]
+        if fkind == "tokens":
+            if not isinstance(value, list) or not all(type(t) is int for t in value):
+                raise InputFormatError(path, line_no, f"{key}={_short(value)}",
+                                       f"'{key}' as a list of ints")
+        elif fkind == "int":
+            if type(value) is not int or value < 0:
+                raise InputFormatError(path, line_no, f"{key}={_short(value)}",
+                                       f"'{key}' as a non-negative int")
+        elif fkind == "skip":
+            if value not in ([], ["mamba"]):
+                raise InputFormatError(path, line_no, f"{key}={_short(value)}",
+                                       f"'{key}' as [\"mamba\"] or []")
+        elif not (type(value) is int or isinstance(value, str)):
+            raise InputFormatError(path, line_no, f"{key}={_short(value)}",
+                                   f"'{key}' as a string or int")
+    return obj
+
+
+def make_tree(header: dict, record: bool = False):
+    kind = kind_of(header)
+    ps = header.get("page_size", 1)
+    if kind == "swa":
+        return SWATree(device_capacity=header["device_capacity"],
+                       swa_capacity=header["swa_capacity"],
+                       sliding_window=header["sliding_window"], page_size=ps, record=record)
+    return MambaTree(device_capacity=header["device_capacity"],
+                     mamba_capacity=header["mamba_capacity"],
+                     mamba_chunk=header["mamba_chunk"], page_size=ps,
+                     max_states=header.get("mamba_max_states", -1),
+                     extra_buffer=header.get("mamba_extra_buffer", False), record=record)
+
+
+class HybridReplayer:
+    """Applies hybrid op-trace operations; renders the oracle's output lines."""
+
+    def __init__(self, header: dict):
+        self.header = header
+        self.kind = kind_of(header)
+        self.page_size = header.get("page_size", 1)
+        self.tree = make_tree(header, record=True)
+        self.locks: dict = {}
+        self.held: set = set()  # Mamba: requests holding their own state slot
+
+    def units(self, tokens: list) -> list:
+        ps = self.page_size
+        if ps == 1:
+            return list(tokens)
+        n = len(tokens) - len(tokens) % ps
+        return [tuple(tokens[i:i + ps]) for i in range(0, n, ps)]
+
+    def key_tokens(self, node) -> list:
+        return list(node.key) if self.page_size == 1 else [t for u in node.key for t in u]
+
+    def summary(self) -> dict:
+        t, a = self.tree, self.kind
+        out = {"dev": t.dev_used, a: t.aux_used, "evictable": t.evictable,
+               "protected": t.protected, a + "_evictable": t.aux_evictable,
+               a + "_protected": t.aux_protected, "nodes": t.n_nodes}
+        if a == "mamba":  # the pool's use: the tree's states and the requests' own
+            out["mamba"] += t.held
+            out["mamba_held"] = t.held
+        return out
+
+    def header_output(self) -> dict:
+        return {"i": 0, "op": "header", "events": [], **self.summary()}
+
+    def apply(self, i: int, op: dict) -> dict:
+        kind = op["op"]
+        tree = self.tree
+        tree.rec.clear()
+        try:
+            out = {"i": i, "op": kind, **getattr(self, f"_op_{kind}")(op)}
+        except HybridTreeError as err:
+            out = {"i": i, "op": kind, "error": err.code}
+            tree.rec.clear()
+        out["events"] = [{"k": k, "id": node.id, **extra} for k, node, extra in tree.rec]
+        out.update(self.summary())
+        return out
+
+    # -- ops
+    def _op_insert(self, op):
+        donate = op.get("donate")
+        if donate is not None and donate not in self.held:
+            raise HybridTreeError("unknown_request")
+        key = self.units(op["tokens"])
+        prev = op.get("prev", 0)
+        if self.kind == "swa":
+            r = self.tree.insert(key, prev, op.get("swa_evicted", 0))
+            return {"prefix_len": r.prefix_len, "new": r.new, "swa_new": r.aux_new,
+                    "node": r.node.id}
+        r = self.tree.insert(key, prev, donated=donate is not None)
+        self.held.discard(donate)
+        return {"prefix_len": r.prefix_len, "new": r.new, "mamba_exist": r.mamba_exist,
+                "node": r.node.id}
+
+    def _match(self, tokens):
+        m = self.tree.match_prefix(self.units(tokens))
+        return m, {"device_len": m.device_len, "full_len": m.full_len, "node": m.best.id,
+                   "branch": m.branch}
+
+    def _op_match(self, op):
+        rid = op.get("cow")
+        if rid is None:
+            return self._match(op["tokens"])[1]
+        holds = rid in self.held
+        if self.tree.cow_would_fail(self.units(op["tokens"]), holds):
+            raise HybridTreeError("mamba_full")
+        m, out = self._match(op["tokens"])
+        out["cow"] = self.tree.cow(m, holds)
+        if out["cow"]:
+            self.held.add(rid)
+        return out
+
+    def _op_release(self, op):
+        if op["id"] not in self.held:
+            raise HybridTreeError("unknown_request")
+        self.held.discard(op["id"])
+        self.tree.release()
+        return {}
+
+    def _op_lock(self, op):
+        lid = op["id"]
+        if lid in self.locks:
+            raise HybridTreeError("duplicate_lock_id")
+        m, out = self._match(op["tokens"])
+        self.locks[lid] = self.tree.inc_lock(m.best, skip_aux=bool(op.get("skip")))
+        return out
+
+    def _op_unlock(self, op):
+        receipt = self.locks.pop(op["id"], None)
+        if receipt is None:
+            raise HybridTreeError("unknown_lock_id")
+        self.tree.dec_lock(receipt)
+        return {}
+
+    def _op_release_swa(self, op):
+        receipt = self.locks.get(op["id"])
+        if receipt is None:
+            raise HybridTreeError("unknown_lock_id")
+        self.tree.release_swa(receipt)
+        return {}
+
+    def _op_evict(self, op):
+        r = self.tree.evict(op.get("full", 0), op.get(self.kind, 0))
+        return {"freed": {"full": r.full, self.kind: r.aux}}
+
+    # cache evict_for_alloc stops each walk where evict does here (docs/HYBRID.md §6)
+    _op_evict_for_alloc = _op_evict
+
+    def _op_dump(self, op):
+        tree, a = self.tree, self.kind
+        nodes = list(tree.iter_nodes())
+        rank = {x.id: r for r, x in enumerate(sorted(nodes, key=lambda x: (x.last_access, x.id)))}
+        rows = []
+        stack = [(tree.root, 0)]
+        while stack:
+            node, start = stack.pop()
+            if node is not tree.root:
+                rows.append({"id": node.id, "parent": node.parent.id, "start": start,
+                             "key": self.key_tokens(node), "lock": node.lock, a: node.aux,
+                             a + "_lock": node.aux_lock, "recency": rank[node.id]})
+                start += len(node.key) * self.page_size
+            kids = sorted(node.children.values(), key=self.key_tokens)
+            stack.extend((c, start) for c in reversed(kids))
+        return {"tree": rows, "lru": [x.id for x in tree.lru.order()],
+                "d_leaves": sorted(x.id for x in tree.d_leaves)}

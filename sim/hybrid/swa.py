@@ -1,0 +1,250 @@
+"""The SWA component of SGLang 0.5.23's unified tree: the (FULL, SWA) tree.
+
+Each node's SWA value is the SWA-pool peer of its FULL tokens, or a tombstone (None)
+when the window no longer needs them. The rules, from
+``sglang/srt/mem_cache/unified_cache/components/swa.py`` (``swa`` below) and
+``unified_tree_core.py`` (``core``), are in docs/HYBRID.md §3:
+
+* a match boundary must close a window: the SWA tokens accumulated since the last
+  tombstone reach ``sliding_window`` (``swa.create_match_validator``);
+* insert publishes SWA only at or past the request's ``swa_evicted`` cursor, caps a
+  fresh leaf at one page-aligned window, and revives tombstones it walks over with
+  the request's fresh KV (``_populate_range``, ``_maybe_split_leaf_for_swa_lock``,
+  ``update_component_on_insert_overlap``);
+* a lock covers the trailing window, tombstones included, and stamps a boundary
+  uuid where it stops (``acquire_component_lock`` / ``release_component_lock``);
+* eviction walks the SWA LRU: leaves go whole, internal nodes become tombstones.
+"""
+
+from __future__ import annotations
+
+from sim import constants as C
+from sim.hybrid.core import HybridInvariantError, HybridTree, HybridTreeError, _LRU
+
+_INF = float("inf")
+
+
+class SWATree(HybridTree):
+    """Components ``(FULL, SWA)``. ``sliding_window`` is SGLang's
+    ``swa_retain_window`` (``max(sliding_window_size, draft_swa_window)``), in tokens;
+    ``swa_capacity`` is the SWA pool in tokens."""
+
+    AUX = "swa"
+    AUX_PRIORITY = C.EVICTION_PRIORITY_INTERNAL["swa"]
+
+    def __init__(self, *, device_capacity: int, swa_capacity: int, sliding_window: int,
+                 page_size: int = 1, record: bool = False):
+        if sliding_window <= 0:
+            raise ValueError("SWAComponent requires a positive sliding_window_size")
+        super().__init__(device_capacity=device_capacity, aux_capacity=swa_capacity,
+                         page_size=page_size, record=record)
+        self.window = sliding_window
+        ps = page_size
+        # _maybe_split_leaf_for_swa_lock: smallest page-aligned size covering the window.
+        self.tail_size = (sliding_window + ps - 1) // ps * ps
+        # refresh_lru MATCH_END / INSERT_END: window ancestors up to W + page_size.
+        self.refresh_span = sliding_window + ps
+        self._uuid = C.SWA_UUID_START
+        self._evicted = 0  # the inserting request's swa_evicted_seqlen
+
+    def aux_value_len(self, node) -> int:
+        return len(node.key) * self.page_size if node.aux else 0
+
+    # ------------------------------------------------------------------ split
+    def _aux_split(self, up, child) -> None:
+        """swa ``redistribute_on_node_split``: the parent copies ``lock_ref``, takes
+        its slice of the SWA value (or stays a tombstone), and takes over the
+        boundary uuid, which marks the node's older edge."""
+        up.aux_lock = child.aux_lock
+        up.aux = child.aux
+        up.uuid = child.uuid
+        child.uuid = None
+
+    # ------------------------------------------------------------------ match
+    def _aux_validator(self):
+        """swa ``create_match_validator(match_device_only=True)``: a tombstone resets
+        the accumulated window; a node is valid once the window is full. The count
+        starts at infinity, so every node above the first tombstone is valid."""
+        state = [_INF]
+        ps, window = self.page_size, self.window
+
+        def valid(node) -> bool:
+            if not node.aux:
+                state[0] = 0
+                return False  # swa_gates_prefix_match (default True)
+            state[0] += len(node.key) * ps
+            return state[0] >= window
+
+        return valid
+
+    def _refresh_window(self, node) -> None:
+        """``UnifiedLRUList.reset_node_and_window_ancestors_mru(node, W + page)``."""
+        prev = self.lru.head
+        acc, root, ps, span = 0, self.root, self.page_size, self.refresh_span
+        while node is not root and acc < span:
+            if node.aux:
+                _LRU.remove(node)
+                _LRU.add_after(prev, node)
+                prev = node
+            acc += len(node.key) * ps
+            node = node.parent
+
+    def _aux_match_end(self, best) -> None:
+        self._refresh_window(best)
+
+    def _aux_branch(self, device_len: int, full_len: int):
+        """swa ``finalize_match_result_in_tree_core``: the page-aligned FULL hit when it
+        passes the SWA boundary (device prefix + host hit, no host here)."""
+        aligned = full_len // self.page_size * self.page_size
+        return aligned if aligned > device_len else None
+
+    # ------------------------------------------------------------------ insert
+    def insert(self, key: list, prev: int = 0, swa_evicted: int = 0):
+        """Insert ``key`` for a request whose KV below ``prev`` tokens is the tree's
+        own and whose SWA below ``swa_evicted`` it already freed
+        (``InsertParams.prev_prefix_len``, ``get_evicted_seqlen(SWA)``)."""
+        return super().insert(key, prev, swa_evicted=swa_evicted)
+
+    def _aux_prepare(self, key, prev, res, aux_args) -> None:
+        ps = self.page_size
+        ev = aux_args["swa_evicted"]
+        if ev % ps or ev < 0:
+            raise HybridTreeError("bad_swa_evicted")
+        need = max(0, len(key) * ps - max(prev, ev))
+        if need > self.aux_capacity - self.aux_used:
+            raise HybridTreeError("swa_full")
+        res.aux_new = need
+        self._evicted = ev
+
+    def _aux_empty_insert(self, res) -> None:
+        pass
+
+    def _clip(self, node, start: int, end: int):
+        """swa ``_clip_to_window``: the in-window start of a tombstone's span, after
+        splitting off its out-of-window head; None if nothing is in the window."""
+        if node.aux:
+            return None
+        live = start if start > self._evicted else self._evicted
+        if live >= end:
+            return None
+        if live > start:
+            self._split(node, (live - start) // self.page_size)
+        return live
+
+    def _aux_overlap(self, node, m_tok, start_tok, prev, aux_args) -> None:
+        """swa ``update_component_on_insert_overlap``: a tombstone the insert walks
+        over, past the request's own prefix, revives from the request's fresh KV
+        within its window (``_recover_from_incoming``: the node adopts the fresh FULL
+        ids, or keeps its locked FULL and takes their SWA peers,
+        ``RecoverSWAWithLockedFull``). The revived range is consumed, not freed as a
+        duplicate."""
+        end = start_tok + m_tok
+        if prev >= end:
+            return
+        live = self._clip(node, start_tok, end)
+        if live is None:
+            return
+        self._aux_set(node, end - live)
+
+    def _aux_commit(self, node, is_new_leaf, res, aux_args) -> None:
+        """swa ``commit_insert_component_data`` -> ``_populate_range(cap_leaf=True)``."""
+        if not is_new_leaf:
+            return
+        start = res.prefix_len
+        end = start + len(node.key) * self.page_size
+        live = self._clip(node, start, end)
+        if live is None:
+            return
+        parent = self._cap_leaf(node)
+        # Older fragments publish first so the tail stays more MRU (SWARebuild).
+        if parent is not None:
+            self._aux_set(parent, len(parent.key) * self.page_size)
+        self._aux_set(node, len(node.key) * self.page_size)
+
+    def _cap_leaf(self, leaf):
+        """swa ``_maybe_split_leaf_for_swa_lock``: a fresh in-window leaf longer than
+        one page-aligned window is split so the lower fragment holds exactly one."""
+        if leaf is self.root or leaf.aux_lock > 0:
+            return None
+        leaf_len = len(leaf.key) * self.page_size
+        if leaf_len <= self.tail_size:
+            return None
+        return self._split(leaf, (leaf_len - self.tail_size) // self.page_size)
+
+    def _aux_insert_end(self, node) -> None:
+        """swa ``refresh_lru(INSERT_END)``."""
+        self._refresh_window(node)
+
+    # ------------------------------------------------------------------ locks
+    def _aux_acquire(self, node):
+        """swa ``acquire_component_lock``: +1 on every node (tombstones too) from the
+        anchor up until the covered span reaches the window; the node where it does
+        is stamped with a boundary uuid (reused if it has one). None: reached root."""
+        covered, uuid, root, ps, window = 0, None, self.root, self.page_size, self.window
+        cur = node
+        while cur is not root and covered < window:
+            if cur.aux_lock == 0 and cur.aux:
+                t = len(cur.key) * ps
+                self.aux_evictable -= t
+                self.aux_protected += t
+            cur.aux_lock += 1
+            covered += len(cur.key) * ps
+            if covered >= window:
+                if cur.uuid is None:
+                    self._uuid += 1
+                    cur.uuid = self._uuid
+                uuid = cur.uuid
+            cur = cur.parent
+        return uuid
+
+    def _aux_release(self, node, uuid) -> None:
+        """swa ``release_component_lock``: -1 up to the node carrying the receipt's
+        uuid (to the root when it has none)."""
+        root, ps = self.root, self.page_size
+        cur = node
+        while cur is not root:
+            ref = cur.aux_lock
+            if ref <= 0:
+                raise HybridInvariantError(f"SWA segment release hit lock_ref=0 on node {cur.id}")
+            if ref == 1 and cur.aux:
+                t = len(cur.key) * ps
+                self.aux_evictable += t
+                self.aux_protected -= t
+            cur.aux_lock = ref - 1
+            if ref == 1:
+                self._refresh(cur)
+            if uuid is not None and cur.uuid == uuid:
+                break
+            cur = cur.parent
+
+    def release_swa(self, receipt) -> None:
+        """core ``dec_swa_lock_only`` -> swa ``release_window_lock``: drop the SWA part
+        of a lock early (decode moved past the window); a node whose last SWA lock
+        this was and that is now a device leaf loses its SWA value. The later
+        ``dec_lock`` skips SWA. At most once per receipt."""
+        if receipt.swa_released:
+            raise HybridTreeError("swa_already_released")
+        receipt.swa_released = True
+        node, uuid = receipt.node, receipt.uuid
+        root, ps = self.root, self.page_size
+        cur = node
+        while cur is not root:
+            if cur.aux_lock <= 0:
+                raise HybridInvariantError(f"SWA window release hit lock_ref=0 on node {cur.id}")
+            cur.aux_lock -= 1
+            if cur.aux_lock == 0:
+                self._refresh(cur)
+                if cur.aux:
+                    t = len(cur.key) * ps
+                    self.aux_protected -= t
+                    self.aux_evictable += t
+                    if self._is_dleaf(cur):
+                        self._aux_tomb(cur)
+            if uuid is not None and cur.uuid == uuid:
+                break
+            cur = cur.parent
+
+    def _aux_check(self) -> None:
+        for n in self.iter_nodes():
+            if n.aux_lock > n.lock:
+                raise HybridInvariantError(f"node {n.id}: SWA lock outside FULL's path lock")

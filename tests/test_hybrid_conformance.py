@@ -1,0 +1,251 @@
+"""Hybrid trees (sim/hybrid) replay SGLang 0.5.23's own (FULL, SWA) and (FULL, MAMBA)
+cores bit for bit: every case in data/conformance/hybrid/ gives SGLang's output lines
+byte for byte, and the tree's invariants hold after every op."""
+
+import gzip
+import hashlib
+import json
+import re
+
+import pytest
+
+from conftest import ROOT
+from sim.errors import InputFormatError
+from sim.hybrid import HybridTreeError, MambaTree, SWATree
+from sim.hybrid.replay import HybridReplayer
+from sim.optrace import read_trace, replay_lines
+
+HYBRID = ROOT / "data" / "conformance" / "hybrid"
+CASES = sorted(p for p in HYBRID.glob("*.jsonl.gz") if not p.name.endswith(".out.jsonl.gz"))
+
+
+def _expected_lines(case):
+    out = case.with_name(case.name.replace(".jsonl.gz", ".out.jsonl.gz"))
+    with gzip.open(out, "rt") as fh:
+        return [line.rstrip("\n") for line in fh if line.strip()]
+
+
+def _case_id(p):
+    return p.name.split(".")[0]
+
+
+def test_vendored_files_match_their_checksums():
+    sums = dict(line.split()[::-1] for line in (HYBRID / "SHA256SUMS").read_text().splitlines())
+    assert set(sums) == {p.name[:-3] for p in HYBRID.glob("*.gz")}
+    for name, digest in sums.items():
+        data = gzip.decompress((HYBRID / f"{name}.gz").read_bytes())
+        assert hashlib.sha256(data).hexdigest() == digest, name
+
+
+def test_at_least_30_cases_per_component_pair():
+    kinds = [json.loads(gzip.open(c, "rt").readline())["components"][1] for c in CASES]
+    assert kinds.count("swa") >= 30 and kinds.count("mamba") >= 30
+    hand = [c for c in CASES if c.name.startswith("h")]
+    assert len(hand) >= 14
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_replay_matches_sglang_byte_for_byte(case):
+    expected = _expected_lines(case)
+    got = list(replay_lines(case))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g == e, f"line {json.loads(e)['i']} differs:\n sim    {g[:300]}\n sglang {e[:300]}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_invariants_hold_after_every_op(case):
+    replayer = None
+    for idx, _, op in read_trace(case):
+        if replayer is None:
+            replayer = HybridReplayer(op)
+            continue
+        replayer.apply(idx, op)
+        replayer.tree.check()
+
+
+def test_cases_cover_every_component_behaviour():
+    """The shipped outputs exercise what the components add: tombstones, revivals,
+    window-capped leaves, Mamba forks freed, branching points, early SWA releases,
+    errors, at every page size the cases use."""
+    seen = set()
+    for case in CASES:
+        kind = None
+        for line in _expected_lines(case):
+            r = json.loads(line)
+            if r["op"] == "header":
+                kind = "swa" if "swa" in r else "mamba"
+                continue
+            for e in r["events"]:
+                seen.add((kind, e["k"]))
+            if r.get("mamba_exist"):
+                seen.add((kind, "mamba_exist"))
+            if r.get("cow"):
+                seen.add((kind, "cow"))
+            if r.get("branch") is not None:
+                seen.add((kind, "branch"))
+            if "error" in r:
+                seen.add((kind, "error:" + r["error"]))
+            seen.add((kind, "op:" + r["op"]))
+    for kind in ("swa", "mamba"):
+        for what in ("new", "split", "delete", "tomb", "set", "branch", "op:lock", "op:unlock",
+                     "op:evict", "op:dump", "error:device_full", "error:bad_prev",
+                     "error:unknown_lock_id", "error:duplicate_lock_id"):
+            assert (kind, what) in seen, (kind, what)
+    assert {("swa", "op:release_swa"), ("swa", "error:swa_full"),
+            ("swa", "error:swa_already_released"), ("swa", "op:evict_for_alloc"),
+            ("mamba", "mamba_exist"), ("mamba", "error:mamba_full"), ("mamba", "cow"),
+            ("mamba", "op:release"), ("mamba", "op:evict_for_alloc"),
+            ("mamba", "error:unknown_request")} <= seen
+
+
+# ------------------------------------------------------------------ unit checks
+
+
+def test_swa_insert_splits_at_the_cursor_and_caps_the_leaf():
+    t = SWATree(device_capacity=64, swa_capacity=32, sliding_window=4, record=True)
+    r = t.insert(list(range(1, 11)), swa_evicted=4)
+    assert (r.prefix_len, r.new, r.aux_new) == (0, 10, 6)
+    kinds = [(k, n.id, e.get("n")) for k, n, e in t.rec]
+    # the leaf, its out-of-window head split off, then one window kept at the tail
+    assert kinds == [("new", 1, 10), ("split", 2, 4), ("split", 3, 2), ("set", 3, 2),
+                     ("set", 1, 4)]
+    assert (t.dev_used, t.aux_used, t.aux_evictable) == (10, 6, 6)
+    # the match must close a window after the tombstone: [5,6] has only 2 tokens
+    m = t.match_prefix(list(range(1, 7)))
+    assert (m.device_len, m.full_len, m.branch) == (0, 6, 6)
+    t.check()
+
+
+def test_swa_revival_consumes_the_request_kv():
+    t = SWATree(device_capacity=64, swa_capacity=32, sliding_window=4)
+    t.insert(list(range(1, 11)), swa_evicted=6)
+    assert t.aux_used == 4
+    r = t.insert(list(range(1, 11)))  # recomputed from scratch: revives [1..6]
+    assert (r.prefix_len, r.new, r.aux_new) == (10, 10, 10)
+    assert (t.dev_used, t.aux_used) == (10, 10)
+    assert t.match_prefix(list(range(1, 11))).device_len == 10
+    t.check()
+
+
+def test_mamba_state_stays_on_the_lower_fragment_and_forks_are_freed():
+    t = MambaTree(device_capacity=64, mamba_capacity=4, mamba_chunk=4)
+    t.insert(list(range(1, 9)))
+    m = t.match_prefix(list(range(1, 6)))  # splits [1..5 | 6..8]; no state at 5
+    assert (m.device_len, m.full_len, m.branch, m.best) == (0, 5, 4, t.root)
+    assert t.insert(list(range(1, 9))).mamba_exist
+    assert t.aux_used == 1
+    r = t.insert(list(range(1, 6)), prev=0)  # the split-off parent takes a state
+    assert not r.mamba_exist and t.aux_used == 2
+    assert t.match_prefix(list(range(1, 6))).device_len == 5
+    t.check()
+
+
+def _state(t):
+    rows = sorted((n.id, tuple(n.key), n.lock, n.aux, n.aux_lock, n.last_access)
+                  for n in t.iter_nodes())
+    return (rows, [n.id for n in t.lru.order()], t.dev_used, t.aux_used, t.evictable,
+            t.aux_evictable, t._clock, t._next_id)
+
+
+def test_refused_inserts_change_nothing():
+    t = SWATree(device_capacity=8, swa_capacity=4, sliding_window=4, page_size=2)
+    t.insert([(1, 1), (2, 2)])
+    before = _state(t)
+    for args, code in ((([(9, 9)] * 3,), "device_full"),         # 6 new > 4 free
+                       (([(1, 1), (2, 2), (3, 3)], 2), "bad_prev"),  # 2 ends inside a node
+                       (([(1, 1), (2, 2), (3, 3)], 3), "bad_prev"),  # not page-aligned
+                       (([(5, 5)], 0, 1), "bad_swa_evicted"),
+                       (([(5, 5), (6, 6)], 0, 0), "swa_full")):  # 4 SWA > 0 free
+        with pytest.raises(HybridTreeError) as info:
+            t.insert(*args)
+        assert info.value.code == code
+        assert _state(t) == before
+    m = MambaTree(device_capacity=8, mamba_capacity=1, mamba_chunk=1)
+    m.insert([1])
+    before = _state(m)
+    with pytest.raises(HybridTreeError, match="mamba_full"):
+        m.insert([2])
+    assert _state(m) == before
+    m.check()
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("lines,msg", [
+    (['{"op":"header","components":["full","c128"],"device_capacity":8}'],
+     r't.jsonl:1: found components=\["full", "c128"\]; expected "components" one of'),
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4}'],
+     r"t.jsonl:1: found no 'sliding_window'; expected 'sliding_window' \(an int\) in a swa header"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"page_size":2}'],
+     "t.jsonl:1: found page_size=2; expected page_size 1 in a mamba header"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"mamba_max_states":0}'],
+     "t.jsonl:1: found mamba_max_states=0; expected 'mamba_max_states' as -1 or a positive int"),
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
+      '"sliding_window":2}', '{"op":"evict_device","n":3}'],
+     "t.jsonl:2: found op='evict_device'; expected one of insert, match"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4}', '{"op":"insert","tokens":[1],"swa_evicted":0}'],
+     "t.jsonl:2: found 'swa_evicted' in a mamba trace; expected 'swa_evicted' only with"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4}', '{"op":"release_swa","id":1}'],
+     "t.jsonl:2: found a release_swa op in a mamba trace; expected release_swa only with"),
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
+      '"sliding_window":2}', '{"op":"insert","tokens":[1,"a"]}'],
+     "t.jsonl:2: found tokens=\\[1, \"a\"\\]; expected 'tokens' as a list of ints"),
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
+      '"sliding_window":2}', '{"op":"insert","tokens":[1],"prev":-2}'],
+     "t.jsonl:2: found prev=-2; expected 'prev' as a non-negative int"),
+])
+def test_malformed_hybrid_traces_give_one_line_errors(tmp_path, lines, msg):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputFormatError) as info:
+        list(replay_lines(path))
+    assert re.search(msg, str(info.value)), str(info.value)
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(str(path))
+
+
+def test_replay_ops_plays_hybrid_traces(tmp_path, capsys):
+    import cli
+
+    case = HYBRID / "h01_mamba_leaf_state_and_split.jsonl.gz"
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["replay-ops", str(case), "-o", str(out), "--summary"]) == 0
+    assert out.read_text().splitlines() == _expected_lines(case)
+    err = capsys.readouterr().err
+    assert err.startswith(f"{len(_expected_lines(case))} ops replayed; device ")
+    assert "mamba 1 states" in err
+    # FULL-only flags have no meaning for a hybrid trace: a one-line input error
+    assert cli.main(["replay-ops", str(case), "--ids", "sglang"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "found a hybrid trace with ids='sglang'" in err
+
+
+@pytest.mark.parametrize("name", ["g12_swa_ps1_w8", "g11_mamba_c4"])
+def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
+    """clone() at mid-trace: the clone and the original give SGLang's lines for the
+    rest of the case, and a change to one leaves the other's state alone."""
+    case = HYBRID / f"{name}.jsonl.gz"
+    ops = list(read_trace(case))
+    expected = _expected_lines(case)
+    orig = HybridReplayer(ops[0][2])
+    half = len(ops) // 2
+    for idx, _, op in ops[1:half]:
+        orig.apply(idx, op)
+    twin = HybridReplayer(ops[0][2])
+    twin.tree = orig.tree.clone()
+    twin.locks = {lid: twin.tree.receipt_in(r) for lid, r in orig.locks.items()}
+    twin.held = set(orig.held)
+    assert twin.tree.fingerprint() == orig.tree.fingerprint()
+    for idx, _, op in ops[half:]:
+        for r in (orig, twin):
+            assert json.dumps(r.apply(idx, op), separators=(",", ":")) == expected[idx]
+            r.tree.check()
+    before = twin.tree.fingerprint()
+    orig.tree.evict(10**6, 10**6)
+    assert twin.tree.fingerprint() == before != orig.tree.fingerprint()

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Which statements of SGLang's component and core functions that sim/hybrid follows
+the vendored hybrid cases execute (line tracing with sys.settrace, stdlib only).
+
+Usage (in the oracle venv, about 20 s):
+
+    $SGLANG_ORACLE_VENV/bin/python tools/sglang_oracle/coverage_hybrid.py
+
+Prints, per function, the statements run and the ones never run (docs/HYBRID.md §7
+says why the remaining ones are outside the model: host tier, sessions, T-LRU,
+write-through acks, or unreachable with HiCache off).
+"""
+
+import ast
+import gzip
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import oracle_hybrid as oh  # noqa: E402
+import sglang.srt.mem_cache.unified_cache.components.mamba as mamba_mod  # noqa: E402
+import sglang.srt.mem_cache.unified_cache.components.swa as swa_mod  # noqa: E402
+import sglang.srt.mem_cache.unified_cache.unified_tree_core as core_mod  # noqa: E402
+
+FILES = {swa_mod.__file__: "swa", mamba_mod.__file__: "mamba", core_mod.__file__: "core"}
+FUNCS = {
+    "swa": ["create_match_validator", "finalize_match_result_in_tree_core", "_clip_to_window",
+            "_recover_from_incoming", "update_component_on_insert_overlap", "_populate_range",
+            "commit_insert_component_data", "_maybe_split_leaf_for_swa_lock",
+            "redistribute_on_node_split", "evict_component", "_evict_device_next_node",
+            "acquire_component_lock", "release_component_lock", "release_window_lock",
+            "refresh_lru"],
+    "mamba": ["create_match_validator", "finalize_match_result_in_tree_core",
+              "finalize_match_result_in_cache",
+              "commit_insert_component_data", "_evict_excess_path_states",
+              "redistribute_on_node_split", "evict_component", "_evict_device_next_node",
+              "acquire_component_lock", "release_component_lock", "refresh_lru"],
+    "core": ["_match_prefix_helper", "_match_post_processor", "_insert_walk_step",
+             "_insert_overlap_step", "_insert_commit_step", "_insert_tail_step", "_split_node",
+             "_add_new_node", "_cascade_evict", "_should_cascade_evict_component",
+             "_delete_unbacked_device_leaf", "_iteratively_delete_tombstone_ancestors",
+             "evict_device_next_node", "evict_device_leaf", "inc_lock_ref", "dec_lock_ref",
+             "_release_components", "dec_swa_lock_only", "set_component_device_value"],
+}
+CASES = pathlib.Path(__file__).resolve().parents[2] / "data" / "conformance" / "hybrid"
+
+
+def run_cases() -> dict:
+    hit = {f: set() for f in FILES}
+
+    def tracer(frame, event, arg):
+        lines = hit.get(frame.f_code.co_filename)
+        if lines is None:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line":
+                lines.add(frame.f_lineno)
+            return local
+
+        return local
+
+    sys.settrace(tracer)
+    try:
+        for case in sorted(CASES.glob("*.jsonl.gz")):
+            if case.name.endswith(".out.jsonl.gz"):
+                continue
+            ops = [json.loads(line) for line in gzip.open(case, "rt")]
+            oracle = oh.HybridOracle(ops[0])
+            for op in ops[1:]:
+                oracle.apply(op)
+    finally:
+        sys.settrace(None)
+    return hit
+
+
+def main():
+    hit = run_cases()
+    for path, name in FILES.items():
+        src = open(path).read()
+        text = src.splitlines()
+        for node in ast.walk(ast.parse(src)):
+            if not (isinstance(node, ast.FunctionDef) and node.name in FUNCS[name]):
+                continue
+            stmts = {n.lineno for n in ast.walk(node) if isinstance(n, ast.stmt) and n is not node}
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                stmts.discard(first.lineno)  # the docstring
+            missed = sorted(stmts - hit[path])
+            print(f"{name}.{node.name}: {len(stmts) - len(missed)}/{len(stmts)} statements run")
+            for line in missed:
+                print(f"    never run {line}: {text[line - 1].strip()[:90]}")
+
+
+if __name__ == "__main__":
+    main()

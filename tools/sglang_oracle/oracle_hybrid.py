@@ -1,0 +1,779 @@
+#!/usr/bin/env python3
+"""SGLang's real tree core with (FULL, SWA) or (FULL, MAMBA) components, driven by
+a hybrid op-trace (docs/HYBRID.md §6).
+
+Usage (in the oracle venv):
+
+    $SGLANG_ORACLE_VENV/bin/python tools/sglang_oracle/oracle_hybrid.py TRACE.jsonl \
+        [-o OUT.jsonl] [--check]
+
+The tree core is SGLang 0.5.23's own ``UnifiedTreeCore`` with its own
+``FullComponent``, ``SWAComponent`` and ``MambaComponent`` (components/*.py),
+unmodified. This file supplies only what ``UnifiedRadixCache`` and the memory pools
+supply around them, on CPU:
+
+* an SWA allocator (``FakeSWAAllocator``): full and SWA pools in pages, the
+  full->SWA index mapping with 0 meaning "no SWA peer", and the
+  ``free_segment`` / ``free_full_segment`` / ``free_swa_segment`` contracts of
+  allocator/swa.py ``SWATokenToKVPoolAllocator``, strict about double frees;
+* a Mamba state pool (``FakeHybridReqPool``) standing in for
+  ``HybridReqToTokenPool.mamba_allocator``;
+* the cache's action routing (``UnifiedRadixCache._apply_cache_action``), its
+  eviction driver (``_evict_components`` with ``available_size_targets=None``,
+  i.e. ``UnifiedRadixCache.evict``), and the request-side steps of
+  ``checkpoint``: fresh KV past ``prev``, SWA freed below ``swa_evicted``, a
+  forked Mamba slot freed when the tree already had one (``mamba_exist``).
+
+HiCache is off (device tier only): this is the configuration the sim's
+``sim/hybrid`` tree models. The shared oracle folder is found as in oracle_v2.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+
+ORACLE_ENV = "HICACHE_SGLANG_ORACLE"
+REPO = Path(__file__).resolve().parents[2]
+ORACLE_DIR = Path(os.environ.get(ORACLE_ENV) or REPO.parent / "shared" / "oracle")
+if not (ORACLE_DIR / "oracle.py").is_file():
+    raise SystemExit(f"{ORACLE_DIR}: found no oracle.py; expected the shared oracle's "
+                     f"folder (set ${ORACLE_ENV})")
+sys.path.insert(0, str(ORACLE_DIR))
+
+import sglenv  # noqa: E402,F401  (must precede sglang imports)
+import torch  # noqa: E402
+from numpy import float64  # noqa: E402
+from oracle import OpError  # noqa: E402
+from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
+    EvictParams,
+    InsertParams,
+    MatchPrefixParams,
+)
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.cache_action import (  # noqa: E402
+    ComponentAction,
+    FreeComponentDeviceSlot,
+    FreeDeviceKV,
+    FreeDeviceKVFullOnly,
+)
+from sglang.srt.mem_cache.unified_cache.components import base as comp_base  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.components import mamba as mamba_mod  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.components.base import (  # noqa: E402
+    ComponentType,
+    EvictLayer,
+)
+from sglang.srt.mem_cache.unified_cache.components.full import FullComponent  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.components.swa import SWAComponent  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.unified_tree_core import (  # noqa: E402
+    UnifiedTreeCore,
+    UnifiedTreeNode,
+)
+
+FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
+CT_NAME = {FULL: "full", SWA: "swa", MAMBA: "mamba"}
+UUID_START = dict(comp_base._COMPONENT_UUID_COUNTERS)  # process-global: reset per trace
+
+
+# ---------------------------------------------------------------------------
+# Pools
+
+
+class PagePool:
+    """Pages 1..n (page 0 is the padding page, never handed out). Lowest first."""
+
+    def __init__(self, name: str, pages: int, page_size: int):
+        self.name, self.ps = name, page_size
+        self.pages = pages
+        self._free = list(range(pages, 0, -1))
+        self._used = bytearray(pages + 1)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_tokens(self) -> int:
+        return (self.pages - len(self._free)) * self.ps
+
+    def alloc_pages(self, n: int) -> list[int]:
+        assert n <= len(self._free), f"{self.name}: out of pages"
+        out = [self._free.pop() for _ in range(n)]
+        for p in out:
+            self._used[p] = 1
+        return out
+
+    def free_page(self, p: int) -> None:
+        assert self._used[p], f"{self.name} pool: double free of page {p}"
+        self._used[p] = 0
+        self._free.append(p)
+
+
+class _FullSide:
+    """``alloc.full_attn_allocator``: FullComponent frees through it directly."""
+
+    def __init__(self, owner):
+        self.owner = owner
+
+    def free_segment(self, idx, start_pos=0):
+        self.owner._free_full_pages(idx)
+
+
+class FakeSWAAllocator(SWATokenToKVPoolAllocator):
+    """The static SWA allocator's tree-facing contract (allocator/swa.py), on CPU."""
+
+    def __init__(self, full_pages: int, swa_pages: int, page_size: int):  # noqa: D107
+        self.page_size = page_size
+        self.full = PagePool("full", full_pages, page_size)
+        self.swa = PagePool("swa", swa_pages, page_size)
+        self.full_to_swa_index_mapping = torch.zeros((full_pages + 1) * page_size,
+                                                     dtype=torch.int64)
+        self.full_attn_allocator = _FullSide(self)
+        self.device = torch.device("cpu")
+
+    def _tokens(self, pages):
+        ps = self.page_size
+        return [p * ps + o for p in pages for o in range(ps)]
+
+    def alloc_request(self, n_full: int, n_swa_tail: int) -> torch.Tensor:
+        """Fresh full KV for n_full tokens; the last n_swa_tail also get SWA peers."""
+        ps = self.page_size
+        full = self._tokens(self.full.alloc_pages(n_full // ps))
+        if n_swa_tail:
+            swa = self._tokens(self.swa.alloc_pages(n_swa_tail // ps))
+            self.full_to_swa_index_mapping[torch.tensor(full[len(full) - n_swa_tail:])] = \
+                torch.tensor(swa)
+        return torch.tensor(full, dtype=torch.int64)
+
+    def translate_swa_indices_for_transfer(self, kv_indices):
+        return self.full_to_swa_index_mapping[kv_indices.to(torch.int64)].clone()
+
+    def set_full_to_swa_mapping(self, full_indices, swa_indices):
+        if full_indices.numel():
+            self.full_to_swa_index_mapping[full_indices.to(torch.int64)] = swa_indices
+
+    def clear_full_to_swa_mapping(self, full_indices):
+        if full_indices.numel():
+            self.full_to_swa_index_mapping[full_indices.to(torch.int64)] = 0
+
+    def _free_full_pages(self, idx):
+        ps = self.page_size
+        for t in idx[::ps].tolist():
+            assert t % ps == 0, f"full segment not page-aligned at {t}"
+            self.full.free_page(t // ps)
+
+    def free_swa_segment(self, free_index, *, start_pos=0):
+        ps = self.page_size
+        if free_index.numel() == 0:
+            return
+        reps = free_index[::ps]
+        swa_tokens = self.full_to_swa_index_mapping[reps]
+        assert bool((swa_tokens > 0).all()), f"free_swa of unmapped full slots {reps.tolist()}"
+        pages = (swa_tokens // ps).tolist()
+        for r in reps.tolist():
+            self.full_to_swa_index_mapping[r:r + ps] = 0
+        for p in pages:
+            self.swa.free_page(p)
+
+    def free_segment(self, free_index, *, start_pos=0):
+        if free_index.numel() == 0:
+            return
+        self.free_swa_segment(free_index)
+        self._free_full_pages(free_index)
+
+    def free_full_segment(self, free_index, *, start_pos=0):
+        if free_index.numel() == 0:
+            return
+        assert bool((self.full_to_swa_index_mapping[free_index] == 0).all()), \
+            "free_full_segment of slots that still have SWA peers"
+        self._free_full_pages(free_index)
+
+
+class FakeFullAllocator:
+    """Plain full KV allocator for the (FULL, MAMBA) tree."""
+
+    def __init__(self, pages: int, page_size: int):
+        self.page_size = page_size
+        self.full = PagePool("full", pages, page_size)
+        self.device = torch.device("cpu")
+
+    def alloc_request(self, n_full: int, n_swa_tail: int = 0) -> torch.Tensor:
+        ps = self.page_size
+        pages = self.full.alloc_pages(n_full // ps)
+        return torch.tensor([p * ps + o for p in pages for o in range(ps)], dtype=torch.int64)
+
+    def free_segment(self, idx, *, start_pos=0):
+        ps = self.page_size
+        for t in idx[::ps].tolist():
+            self.full.free_page(t // ps)
+
+
+class FakeMambaAllocator:
+    def __init__(self, n: int):
+        self.pool = PagePool("mamba", n, 1)
+
+    def alloc(self, n: int):
+        if n > self.pool.free_pages:
+            return None
+        return torch.tensor(self.pool.alloc_pages(n), dtype=torch.int64)
+
+    def free(self, t):
+        for i in t.reshape(-1).tolist():
+            self.pool.free_page(i)
+
+
+class FakeHybridReqPool(HybridReqToTokenPool):
+    def __init__(self, n: int):  # noqa: D107
+        self.mamba_allocator = FakeMambaAllocator(n)
+
+
+# ---------------------------------------------------------------------------
+# The core, with observing hooks
+
+
+class TracedCore(UnifiedTreeCore):
+    def reset(self) -> None:
+        self.events: list[dict] = []
+        super().reset()
+
+    def path(self, node) -> list[int]:
+        parts = []
+        while node is not None and node is not self.root_node:
+            parts.append(node.key.raw_token_ids())
+            node = node.parent
+        return [t for p in reversed(parts) for t in p]
+
+    def _ev(self, kind, node, **kw):
+        self.events.append({"k": kind, "id": node.id, **kw})
+
+    def _split_node(self, key, child, split_len):
+        new_node, action = super()._split_node(key, child, split_len)
+        self._ev("split", new_node, child=child.id, n=len(new_node.key))
+        return new_node, action
+
+    def _add_new_node(self, parent, key, value, *a, **kw):
+        node = super()._add_new_node(parent, key, value, *a, **kw)
+        self._ev("new", node, n=len(node.key))
+        return node
+
+    def _remove_leaf_from_parent(self, node):
+        self._ev("delete", node, n=len(node.key))
+        super()._remove_leaf_from_parent(node)
+
+    def _evict_component_and_detach_lru(self, node, comp, *a, target=EvictLayer.DEVICE,
+                                        **kw):
+        ct = comp.component_type
+        had = node.component_data[ct].value is not None
+        n = comp.value_len(node)
+        out = super()._evict_component_and_detach_lru(node, comp, *a, target=target, **kw)
+        if ct is not FULL and target is EvictLayer.DEVICE and had:
+            self._ev("tomb", node, c=CT_NAME[ct], n=n)
+        return out
+
+    def set_component_device_value(self, node_id, component_type, value):
+        super().set_component_device_value(node_id, component_type, value)
+        self._ev("set", self.node_by_id(node_id), c=CT_NAME[component_type], n=len(value))
+
+
+class TracedMamba(MambaComponent):
+    def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions):
+        super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
+        if is_new_leaf:
+            self.tree_core._ev("set", node, c="mamba", n=1)
+
+
+def build(header: dict):
+    kind = header_kind(header)
+    ps = int(header.get("page_size", 1))
+    cache = SimpleNamespace(enable_session_radix_cache=False, is_swa_enabled=kind == "swa")
+    if kind == "swa":
+        alloc = FakeSWAAllocator(int(header["device_capacity"]) // ps,
+                                 int(header["swa_capacity"]) // ps, ps)
+        req_pool = None
+    else:
+        alloc = FakeFullAllocator(int(header["device_capacity"]) // ps, ps)
+        req_pool = FakeHybridReqPool(int(header["mamba_capacity"]))
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=req_pool,
+        token_to_kv_pool_allocator=alloc,
+        page_size=ps,
+        tree_components=(FULL, SWA if kind == "swa" else MAMBA),
+        eviction_policy="lru",
+        sliding_window_size=int(header["sliding_window"]) if kind == "swa" else None,
+        enable_mamba_extra_buffer=bool(header.get("mamba_extra_buffer", False)),
+    )
+    cache.token_to_kv_pool_allocator = alloc
+    cache.req_to_token_pool = req_pool
+    cache.page_size = ps
+    UnifiedTreeNode.counter = 0
+    comp_base._LAST_ACCESS_TIME_COUNTER_FLOAT = float64(1.0)
+    comp_base._COMPONENT_UUID_COUNTERS.update(UUID_START)
+    if kind == "swa":
+        aux = SWAComponent(cache, params)
+    else:
+        chunk = int(header["mamba_chunk"])
+        cap = int(header.get("mamba_max_states", -1))
+        saved = (mamba_mod.mamba_cache_chunk_size, mamba_mod.mamba_checkpoint_grid,
+                 mamba_mod.get_exec)
+        import math
+        mamba_mod.mamba_cache_chunk_size = lambda: chunk
+        mamba_mod.mamba_checkpoint_grid = lambda page: math.lcm(chunk, page)
+        mamba_mod.get_exec = lambda: SimpleNamespace(
+            mamba=SimpleNamespace(mamba_max_states_per_path=cap,
+                                  enable_mamba_extra_buffer_lazy=False))
+        try:
+            aux = TracedMamba(cache, params)
+        finally:
+            (mamba_mod.mamba_cache_chunk_size, mamba_mod.mamba_checkpoint_grid,
+             mamba_mod.get_exec) = saved
+    full = FullComponent(cache, params)
+    comps = {FULL: full, aux.component_type: aux}
+    core = TracedCore(params, comps)
+    # As oracle.py: the LRU sentinels (ids 1..8 for two components) leave the id
+    # space; the first tree node is 1.
+    sid = -1
+    for lru in (*core.lru_lists.values(), *core.host_lru_lists.values()):
+        for s in (lru.head, lru.tail, lru.mid, lru.cursor):
+            if s is not None:
+                s.id, sid = sid, sid - 1
+    UnifiedTreeNode.counter = 1
+    cache.components = comps
+    cache.tree_components = tuple(comps)
+    return kind, core, alloc, req_pool, comps
+
+
+def header_kind(header: dict) -> str:
+    comps = header.get("components")
+    if comps == ["full", "swa"]:
+        return "swa"
+    if comps == ["full", "mamba"]:
+        return "mamba"
+    raise ValueError(f"unsupported components {comps!r}")
+
+
+class HybridOracle:
+    def __init__(self, header: dict):
+        self.kind, self.core, self.alloc, self.req_pool, self.comps = build(header)
+        self.ps = int(header.get("page_size", 1))
+        self.aux = SWA if self.kind == "swa" else MAMBA
+        self.cache = self.comps[FULL].cache
+        self.cache._apply_eviction_result = self._drain
+        # What finalize_match_result_in_cache (Mamba's copy on write) calls on the cache.
+        self.cache.inc_lock_ref = self.core.inc_lock_ref
+        self.cache.dec_lock_ref = self.core.dec_lock_ref
+        self.cache.evict_for_alloc = self.evict_for_alloc
+        self.locks: dict = {}
+        self.held: dict = {}  # request id -> its own Mamba state slot (a 1-slot tensor)
+
+    # -- plumbing ------------------------------------------------------------
+
+    def key(self, tokens) -> RadixKey:
+        return RadixKey(array("q", tokens)).page_aligned(self.ps)
+
+    def _apply(self, actions) -> None:
+        actions.reverse()
+        while actions:
+            a = actions.pop()
+            if isinstance(a, ComponentAction):
+                self.comps[a.component_type].apply_component_action(a)
+            elif isinstance(a, FreeDeviceKV):
+                for t in a.indices:
+                    self.alloc.free_segment(t, start_pos=0)
+            elif isinstance(a, FreeDeviceKVFullOnly):
+                for t in a.indices:
+                    self.alloc.free_full_segment(t, start_pos=0)
+            else:
+                raise AssertionError(f"unhandled action {type(a).__name__}")
+
+    def _drain(self, result) -> None:
+        """UnifiedRadixCache._apply_eviction_result."""
+        for ct in list(result.device_frees):
+            self.comps[ct].apply_component_action(
+                FreeComponentDeviceSlot(result.device_frees.pop(ct), component_type=ct))
+        assert not any(result.host_frees.values())
+        self._apply(result.cache_actions)
+
+    def _device_path_values(self, key: RadixKey, upto: int):
+        """FULL indices of the tree's first ``upto`` tokens along key (read-only).
+
+        ``upto`` must end at a node boundary: a request's reused prefix is what its
+        match returned, which ends at a node (the match splits there), and its lock
+        keeps that node. SGLang's insert relies on it: a tombstone straddling
+        ``prev_prefix_len`` would be revived from the tree's own ids as if they were
+        the request's (swa.py ``_recover_from_incoming``)."""
+        node, vals, got = self.core.root_node, [], 0
+        while got < upto:
+            child = node.children.get(key[got:].child_key(self.ps))
+            if child is None:
+                break
+            m = child.key.match(key[got:], page_size=self.ps)
+            if m < len(child.key) or got + m > upto:
+                break
+            vals.append(child.component_data[FULL].value)
+            got += m
+            node = child
+        if got != upto:
+            raise OpError("bad_prev")
+        return torch.cat(vals) if vals else torch.empty((0,), dtype=torch.int64)
+
+    # -- ops -----------------------------------------------------------------
+
+    def op_insert(self, op):
+        if "donate" in op and (self.kind != "mamba" or op["donate"] not in self.held):
+            raise OpError("unknown_request")
+        key = self.key(op["tokens"])
+        n = len(key)
+        prev = int(op.get("prev", 0))
+        if prev % self.ps or prev > n:
+            raise OpError("bad_prev")
+        prefix = self._device_path_values(key, prev)
+        need = n - prev
+        if need > self.alloc.full.free_pages * self.ps:
+            raise OpError("device_full")
+        params = InsertParams(key=key, prev_prefix_len=prev)
+        if self.kind == "swa":
+            evicted = int(op.get("swa_evicted", 0))
+            if evicted % self.ps:
+                raise OpError("bad_swa_evicted")
+            swa_need = max(0, n - max(prev, evicted))
+            if swa_need > self.alloc.swa.free_pages * self.ps:
+                raise OpError("swa_full")
+            params.set_evicted_seqlen(SWA, evicted)
+            fresh = self.alloc.alloc_request(need, swa_need)
+        elif "donate" in op:
+            # A finished request hands the tree its own state (prepare_for_caching_req
+            # with is_finished): the slot it copied into at match.
+            mamba_slot = self.held.pop(op["donate"])
+            params.mamba_value = mamba_slot
+            fresh = self.alloc.alloc_request(need)
+        else:
+            mamba_slot = self.req_pool.mamba_allocator.alloc(1)
+            if mamba_slot is None:
+                raise OpError("mamba_full")
+            params.mamba_value = mamba_slot
+            fresh = self.alloc.alloc_request(need)
+        params.value = torch.cat([prefix, fresh])
+        step = self.core.begin_insert(params)
+        while True:
+            self._apply(step.actions)
+            if step.result is not None:
+                break
+            step = self.core.resume_insert()
+        self._apply(self.core.end_insert())
+        res = step.result
+        out = {"prefix_len": res.prefix_len, "new": need}
+        if self.kind == "swa":
+            out["swa_new"] = swa_need
+        else:
+            out["mamba_exist"] = bool(res.mamba_exist)
+            if res.mamba_exist:  # cleanup_after_caching_req frees the forked slot
+                self.req_pool.mamba_allocator.free(mamba_slot)
+        out["node"] = res.last_device_node
+        return out
+
+    def _match(self, tokens):
+        r = self.core.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
+        self._apply(list(r.cache_actions))
+        out = {"device_len": r.device_prefix_len, "full_len": r.full_kv_hit_length,
+               "node": r.best_match_node}
+        br = r.swa_branching_seqlen if self.kind == "swa" else r.mamba_branching_seqlen
+        out["branch"] = br
+        return r, out
+
+    def _peek_mamba_best(self, tokens):
+        """The node a match of tokens would end at (Mamba: the deepest wholly matched
+        node holding a state; a split-off fragment never holds one), read-only."""
+        key, node, best = self.key(tokens), self.core.root_node, self.core.root_node
+        while len(key) > 0:
+            child = node.children.get(key.child_key(self.ps))
+            if child is None:
+                break
+            m = child.key.match(key, page_size=self.ps)
+            if m < len(child.key):
+                break
+            if child.component_data[MAMBA].value is not None:
+                best = child
+            node, key = child, key[m:]
+        return best
+
+    def op_match(self, op):
+        if "cow" not in op:
+            return self._match(op["tokens"])[1]
+        if self.kind != "mamba":
+            raise OpError("no_mamba_component")
+        rid = op["cow"]
+        holds = rid in self.held
+        if not holds and self.req_pool.mamba_allocator.pool.free_pages == 0:
+            # finalize_match_result_in_cache asserts "Can not alloc mamba cache" when
+            # evicting one state under a lock on the match frees none: refuse first.
+            best = self._peek_mamba_best(op["tokens"])
+            cd = best.component_data[MAMBA]
+            if cd.value is not None:
+                others = self.core.component_evictable_size_[MAMBA] - (cd.lock_ref == 0)
+                if others <= 0:
+                    raise OpError("mamba_full")
+        req = SimpleNamespace(kv=SimpleNamespace(holds_mamba=holds, mamba_pool_idx=None,
+                                                 mamba_cow_src_index=None,
+                                                 mamba_needs_clear=True))
+        params = MatchPrefixParams(key=RadixKey(array("q", op["tokens"])), cow_mamba=True,
+                                   req=req)
+        r = self.core.match_prefix(params)
+        self._apply(r.cache_actions)
+        for comp in (self.comps[FULL], self.comps[MAMBA]):  # UnifiedRadixCache order
+            r = comp.finalize_match_result_in_cache(params, r)
+        if req.kv.mamba_pool_idx is not None:
+            self.held[rid] = req.kv.mamba_pool_idx.reshape(1)
+        return {"device_len": r.device_prefix_len, "full_len": r.full_kv_hit_length,
+                "node": r.best_match_node, "branch": r.mamba_branching_seqlen,
+                "cow": req.kv.mamba_cow_src_index is not None}
+
+    def op_release(self, op):
+        """A request that leaves without caching frees its own state slot."""
+        if op["id"] not in self.held:
+            raise OpError("unknown_request")
+        self.req_pool.mamba_allocator.free(self.held.pop(op["id"]))
+        return {}
+
+    def op_lock(self, op):
+        lid = op["id"]
+        if lid in self.locks:
+            raise OpError("duplicate_lock_id")
+        r, out = self._match(op["tokens"])
+        node_id = r.last_device_node
+        # skip ["mamba"]: the decode hold under SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK
+        # (UnifiedRadixCache.checkpoint: lock(..., skip_lock_components=(MAMBA,))).
+        skip = tuple(MAMBA for c in op.get("skip", ()) if c == "mamba")
+        receipt = self.core.inc_lock_ref(node_id, skip_lock_components=skip).to_dec_params()
+        self.locks[lid] = [node_id, receipt, False]
+        return out
+
+    def op_unlock(self, op):
+        lid = op["id"]
+        if lid not in self.locks:
+            raise OpError("unknown_lock_id")
+        node_id, receipt, swa_released = self.locks.pop(lid)
+        self.core.dec_lock_ref(node_id, receipt, skip_swa=swa_released)
+        return {}
+
+    def op_release_swa(self, op):
+        """UnifiedRadixCache.release_swa: the SWA part of a lock, early, once."""
+        lid = op["id"]
+        if self.kind != "swa":
+            raise OpError("no_swa_component")
+        if lid not in self.locks:
+            raise OpError("unknown_lock_id")
+        entry = self.locks[lid]
+        if entry[2]:
+            raise OpError("swa_already_released")
+        result = self.core.dec_swa_lock_only(entry[0], entry[1])
+        self._drain(result)
+        entry[2] = True
+        return {}
+
+    def _available(self, ct) -> int:
+        """cache ``_component_available_size``: the pool's free room."""
+        if ct is FULL:
+            return self.alloc.full.free_pages * self.ps
+        if ct is SWA:
+            return self.alloc.swa.free_pages * self.ps
+        return self.req_pool.mamba_allocator.pool.free_pages
+
+    def _evict(self, request: dict, targets: dict | None = None) -> dict:
+        """cache ``_evict`` -> ``_evict_components``; ``targets`` as
+        ``evict_for_alloc`` builds them ({ct: available + request})."""
+        core = self.core
+        tracker = {FULL: 0, self.aux: 0}
+
+        def target_reached(ct):
+            if targets is None or ct not in targets:
+                return False
+            return self._available(ct) >= targets[ct]
+
+        for ct in (FULL, self.aux):
+            request_cnt = request[ct]
+            to_target = ct is FULL and request_cnt > 0 and targets is not None and ct in targets
+            if target_reached(ct) or (not to_target and tracker[ct] >= request_cnt):
+                continue
+            quota = request_cnt
+            if to_target:
+                quota = max(request_cnt, tracker[ct] + core.full_evictable_size())
+            core.evict_device_start(ct, quota)
+            try:
+                while True:
+                    step = core.evict_device_next_node(ct, tracker)
+                    assert step.mamba_backup_node_id is None and step.swa_backup_node_id is None
+                    node_id = step.node_id
+                    self._drain(step)
+                    for c, k in step.tracker.items():
+                        tracker[c] += k
+                    if node_id is None:
+                        if not step.made_progress:
+                            break
+                    else:
+                        leaf = core.evict_device_leaf(node_id, False)
+                        assert leaf.backup_kv is None
+                        self._drain(leaf)
+                        for c, k in leaf.tracker.items():
+                            tracker[c] += k
+                    if target_reached(ct):
+                        break
+            finally:
+                core.evict_device_end(ct)
+        return tracker
+
+    def _request(self, op) -> dict:
+        return {FULL: int(op.get("full", 0)), self.aux: int(op.get(CT_NAME[self.aux], 0))}
+
+    def op_evict(self, op):
+        """UnifiedRadixCache.evict: _evict_components(available_size_targets=None)."""
+        tracker = self._evict(self._request(op))
+        return {"freed": {CT_NAME[c]: tracker[c] for c in (FULL, self.aux)}}
+
+    def evict_for_alloc(self, params) -> None:
+        """UnifiedRadixCache.evict_for_alloc (component shortfalls, no joint-reclaim
+        predicate, no Mamba full-cache donor in these pools)."""
+        request = {FULL: params.num_tokens,
+                   SWA: params.swa_num_tokens, MAMBA: params.mamba_num}
+        request = {FULL: request[FULL], self.aux: request[self.aux]}
+        targets = {ct: self._available(ct) + n for ct, n in request.items() if n > 0}
+        return self._evict(request, targets)
+
+    def op_evict_for_alloc(self, op):
+        r = self._request(op)
+        tracker = self.evict_for_alloc(EvictParams(
+            num_tokens=r[FULL], swa_num_tokens=r.get(SWA, 0), mamba_num=r.get(MAMBA, 0)))
+        return {"freed": {CT_NAME[c]: tracker[c] for c in (FULL, self.aux)}}
+
+    def op_dump(self, op):
+        core, aux = self.core, self.aux
+        nodes = [n for n in core._node_arena.values() if n is not core.root_node]
+        rank = {n.id: r for r, n in enumerate(sorted(nodes, key=lambda n: n.last_access_time))}
+        lru, order, x = core.lru_lists[aux], [], None
+        pt = lru._pt
+        x = lru.head.lru_next[pt]
+        while x is not lru.tail:
+            order.append(x.id)
+            x = x.lru_next[pt]
+        tree, stack = [], [(core.root_node, 0)]
+        while stack:
+            node, start = stack.pop()
+            if node is not core.root_node:
+                f, a = node.component_data[FULL], node.component_data[aux]
+                tree.append({
+                    "id": node.id, "parent": node.parent.id, "start": start,
+                    "key": list(node.key.raw_token_ids()),
+                    "lock": f.lock_ref, CT_NAME[aux]: a.value is not None,
+                    CT_NAME[aux] + "_lock": a.lock_ref, "recency": rank[node.id],
+                })
+                start += len(node.key)
+            kids = sorted(node.children.values(), key=lambda c: list(c.key.raw_token_ids()))
+            stack.extend((c, start) for c in reversed(kids))
+        return {"tree": tree, "lru": order,
+                "d_leaves": sorted(n.id for n in core.evictable_device_leaves)}
+
+    OPS = {"insert": op_insert, "match": op_match, "lock": op_lock, "unlock": op_unlock,
+           "release_swa": op_release_swa, "evict": op_evict,
+           "evict_for_alloc": op_evict_for_alloc, "release": op_release, "dump": op_dump}
+
+    def apply(self, op: dict) -> dict:
+        name = op["op"]
+        self.core.events = []
+        fn = self.OPS.get(name)
+        try:
+            if fn is None:
+                raise OpError(f"unknown_op {name}")
+            out = {"op": name, **fn(self, op)}
+        except OpError as e:
+            out = {"op": name, "error": str(e)}
+        out["events"] = self.core.events
+        out.update(self.summary())
+        return out
+
+    def summary(self) -> dict:
+        core, aux = self.core, self.aux
+        a = CT_NAME[aux]
+        used = (self.alloc.swa.used_tokens if aux is SWA
+                else self.req_pool.mamba_allocator.pool.used_tokens)
+        out = {
+            "dev": self.alloc.full.used_tokens, a: used,
+            "evictable": core.component_evictable_size_[FULL],
+            "protected": core.component_protected_size_[FULL],
+            a + "_evictable": core.component_evictable_size_[aux],
+            a + "_protected": core.component_protected_size_[aux],
+            "nodes": len(core._node_arena) - 1,
+        }
+        if aux is MAMBA:
+            out["mamba_held"] = len(self.held)
+        return out
+
+    def check(self) -> None:
+        core, aux = self.core, self.aux
+        core.sanity_check([], [])
+        dev = a = 0
+        for n in core._node_arena.values():
+            if n is core.root_node:
+                continue
+            dev += len(n.component_data[FULL].value)
+            v = n.component_data[aux].value
+            a += 0 if v is None else len(v)
+        assert dev == self.alloc.full.used_tokens, (dev, self.alloc.full.used_tokens)
+        used = (self.alloc.swa.used_tokens if aux is SWA
+                else self.req_pool.mamba_allocator.pool.used_tokens)
+        if aux is MAMBA:
+            used -= len(self.held)
+        assert a == used, (a, used)
+        assert core.component_evictable_size_[FULL] + core.component_protected_size_[FULL] == dev
+        assert core.component_evictable_size_[aux] + core.component_protected_size_[aux] == a
+
+
+def replay(lines, out, check=False) -> int:
+    oracle, errors = None, 0
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if not line:
+            continue
+        op = json.loads(line)
+        if oracle is None:
+            if op.get("op") != "header":
+                raise SystemExit("trace must start with a header line")
+            oracle = HybridOracle(op)
+            rec = {"op": "header", "events": [], **oracle.summary()}
+        else:
+            rec = oracle.apply(op)
+            errors += "error" in rec
+            if check:
+                oracle.check()
+        out.write(json.dumps({"i": i, **rec}, separators=(",", ":")) + "\n")
+    return errors
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("-o", "--out")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    with open(args.trace) as f:
+        lines = f.readlines()
+    out = open(args.out, "w") if args.out else sys.stdout
+    try:
+        errors = replay(lines, out, check=args.check)
+    finally:
+        if args.out:
+            out.close()
+    if errors:
+        print(f"{errors} op(s) rejected (see 'error' fields)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
