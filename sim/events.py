@@ -79,6 +79,19 @@ class _Late(simpy.Event):
         env.schedule(self, priority=simpy.events.NORMAL + 1)
 
 
+class _At(simpy.Event):
+    """Fires exactly at time ``t``. A ``Timeout`` lands at ``now + (t - now)``, which
+    rounding can move by an ulp; a run of decode steps and the same steps one by one
+    must share every boundary bit for bit. SimPy's ``schedule`` only takes a delay, so
+    this pushes onto the queue as ``schedule`` does (simpy/core.py), at ``t`` itself."""
+
+    def __init__(self, env: simpy.Environment, t: float):
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        heapq.heappush(env._queue, (t, simpy.events.NORMAL, next(env._eid), self))
+
+
 class _Halt(Exception):
     """Stops the run where a real server would stop (or the run cannot follow)."""
 
@@ -269,7 +282,8 @@ class Simulation:
         # Shapes and collectives matter only when some rank can differ.
         self._solo = cfg.tp == 1
         self._retracted_now = False  # this decode step retracted: no ratio decay
-        self._sync_calls = 0         # collectives the iteration's sync issued
+        self._sync_mismatch = False  # the iteration's digest check failed
+        self._run = None             # [end, cut event] of the decode run in flight
 
     # ------------------------------------------------------------ plumbing
     def _kick(self, _event=None) -> None:
@@ -287,6 +301,13 @@ class Simulation:
         self._marked.add(t)
         heapq.heappush(self._marks, t)
         self.env.timeout(t - now).callbacks.append(self._kick)
+        run = self._run
+        if run is not None and t < run[0]:
+            # A decode run in flight must stop at the step boundary after ``t`` (a copy
+            # that started during it, say), where a step-by-step loop would look.
+            run[0] = t
+            if not run[1].triggered:
+                run[1].succeed()
 
     def _next_mark(self) -> float:
         marks, now = self._marks, self.env.now
@@ -390,9 +411,8 @@ class Simulation:
                 return
             self.step_no += 1
             self._sample()
-            calls = self.collective.calls
+            self._sync_mismatch = False
             self._sync()
-            self._sync_calls = self.collective.calls - calls
             self._compare()
             if self.waiting or self.chunked is not None:
                 plan = self._admit()
@@ -510,6 +530,17 @@ class Simulation:
         for c in group.cohorts:
             self._pop(c, *counts[c.ranks[0]])
 
+    def _sync_call_count(self) -> int:
+        """The collectives ``_sync`` issues in the current state, acks popped: what
+        each iteration of a decode run would issue (its queues cannot change)."""
+        disc = self.cfg.discipline
+        if self._solo and disc != "local":
+            return 0
+        if disc == "pre_26921":
+            cohorts = self.group.cohorts
+            return any(c.write_q for c in cohorts) + any(c.load_q for c in cohorts)
+        return 1
+
     def _sync_pre_26921(self, counts, digest) -> None:
         """Before sglang #26921 / #27489: `writing_check` returns early on a rank with
         no write in flight and `loading_check` on a rank with no load in flight, each
@@ -532,6 +563,7 @@ class Simulation:
         """Each rank asserts its digest equals the reduced min and max."""
         if all(d == lo and d == hi for d in digest.values()):
             return
+        self._sync_mismatch = True
         now = self.env.now
         first = self.obs.digest_mismatch(now, self.step_no, lo, hi, digest,
                                          DIGEST_MISMATCH_MESSAGE)
@@ -973,8 +1005,9 @@ class Simulation:
             # This step's memory work is done; the steps after it that need none join
             # its run (each is an iteration whose sync and admission change nothing).
             # Not so after a retraction (it clears `batch_is_full`: the next iteration
-            # retries admission), nor when a relevant time passed during the stall.
-            if self._retracted_now or mark <= env.now:
+            # retries admission), when a relevant time passed during the stall, or
+            # when replicas may now differ (the next iteration compares them).
+            if self._retracted_now or mark <= env.now or len(self.group.cohorts) > 1:
                 k_cap = 1
             else:
                 limit = min(limit, min([rq.remaining for rq in self.running]))
@@ -986,16 +1019,31 @@ class Simulation:
         # The sample grid is a stop too, so the timeseries is sampled where a step-by-step
         # loop would sample it.
         stop = min(self._next_mark(), self._next_sample)
-        t, k, self.busy_s = cost.decode_run(b, ctx, min(k_cap, limit), now, self._sync_s, stop,
-                                            self.busy_s)
+        busy0, steps = self.busy_s, min(k_cap, limit)
+        t, k, busy = cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
         self._forward(b)
         yield from self._hold_gpu()
-        yield env.timeout(t - now)
+        while True:
+            self._run = run = [t, env.event()]
+            yield _At(env, t) | run[1]
+            self._run = None
+            if not run[1].triggered or run[0] >= t:
+                break
+            # cut short by a relevant time marked during the run
+            stop = run[0]
+            t, k, busy = cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
+            if t <= env.now:
+                break
+        self.busy_s = busy
         self.step_no += k - 1  # the first of these steps is this iteration
         if k > 1:
-            # the other iterations' syncs and forwards, as a step-by-step loop issues them
+            # the other iterations' syncs and forwards, as a step-by-step loop issues
+            # them, and their digest checks (the digests cannot change in a run)
             fw = 0 if self._solo and self.collective.name == "simulated" else 1
-            self.collective.repeat((k - 1) * (self._sync_calls + fw))
+            self.collective.repeat((k - 1) * (self._sync_call_count() + fw))
+            if self._sync_mismatch and (self.cfg.discipline != "pre_26921"
+                                        or any(c.load_q for c in self.group.cohorts)):
+                self.obs.mismatch_steps += k - 1
         ps = self._ps
         done = []
         if ps == 1:

@@ -260,9 +260,12 @@ def test_the_first_memory_event_matches_stepping(avail, ps, kvs, evictable, limi
 
 
 # ------------------------------------------------------------------ fast path
-@settings(max_examples=6, deadline=None)
-@given(seed=st.integers(0, 10_000), name=st.sampled_from(
-    ["quickstart", "jitter_device_free_delay", "jitter_ack_local", "capacity_wb_vs_wt"]))
+FAST_PATH_SCENARIOS = ["quickstart", "capacity_wb_vs_wt"] + sorted(
+    p.stem for p in (ROOT / "scenarios").glob("jitter_*.yaml"))
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), name=st.sampled_from(FAST_PATH_SCENARIOS))
 def test_decode_runs_write_what_a_step_by_step_loop_writes(seed, name, tmp_path_factory):
     """The decode fast path (runs of steps priced at once, stopped before a step that
     evicts or retracts) against one step per iteration: byte-identical results."""
