@@ -283,7 +283,8 @@ class Simulation:
         self._solo = cfg.tp == 1
         self._retracted_now = False  # this decode step retracted: no ratio decay
         self._sync_mismatch = False  # the iteration's digest check failed
-        self._run = None             # [end, cut event] of the decode run in flight
+        self._run = None             # [end, cut] of the decode run in flight
+        self._proc = None            # the loop's process (a cut interrupts it)
 
     # ------------------------------------------------------------ plumbing
     def _kick(self, _event=None) -> None:
@@ -306,8 +307,9 @@ class Simulation:
             # A decode run in flight must stop at the step boundary after ``t`` (a copy
             # that started during it, say), where a step-by-step loop would look.
             run[0] = t
-            if not run[1].triggered:
-                run[1].succeed()
+            if not run[1]:
+                run[1] = True
+                self._proc.interrupt("cut")
 
     def _next_mark(self) -> float:
         marks, now = self._marks, self.env.now
@@ -356,7 +358,7 @@ class Simulation:
         self.wrap_up()
 
     def start(self) -> None:
-        self.env.process(self._loop())
+        self._proc = self.env.process(self._loop())
 
     def wrap_up(self) -> None:
         """After the event loop: a stuck run is named, the ground truth confirmed."""
@@ -1024,10 +1026,13 @@ class Simulation:
         self._forward(b)
         yield from self._hold_gpu()
         while True:
-            self._run = run = [t, env.event()]
-            yield _At(env, t) | run[1]
+            self._run = run = [t, False]
+            try:
+                yield _At(env, t)
+            except simpy.Interrupt:
+                pass
             self._run = None
-            if not run[1].triggered or run[0] >= t:
+            if run[0] >= t:
                 break
             # cut short by a relevant time marked during the run
             stop = run[0]
