@@ -159,3 +159,7 @@ SIM_STORAGE_OP_LATENCY_US = 100.0
 # write/load ack counts and the [digest, -digest] pair.
 SYNC_STORAGE_QUEUES = ("prefetch_hit", "ack_prefetch", "ack_backup", "host_mem_release")
 HICACHE_LOAD_POOL_USAGE_FRACTION = 0.9  # managers/cache_controller.py: buffer_only prefetch cap, fraction of the host pool
+# mem_cache/hicache_storage.py STORAGE_BATCH_SIZE: a prefetch reads (and
+# HiCacheController._page_transfer acks) its hit pages 128 at a time; each batch is one
+# backend call and one progressive PrefetchAck (completed tokens, MIN-reduced).
+STORAGE_BATCH_PAGES = 128

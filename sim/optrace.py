@@ -96,6 +96,22 @@ class Replayer:
         self.locks: dict = {}
         # Storage (L3) prefetches and writes (§14); SGLang's default threshold 256.
         self.storage = PrefetchBook(self.tree, header.get("prefetch_threshold", 256))
+        # "storage_writes": "auto" (§14): every acknowledged D->H backup is written to
+        # storage at once, its node host-locked under the next id "s1", "s2", ...
+        self._auto_writes: list = []
+        self._n_auto = 0
+        if header.get("storage_writes") == "auto":
+            self.tree.on_host_backup = self._auto_write
+
+    def _auto_write(self, node) -> None:
+        if node is self.tree.root or not node.host:
+            return  # build_storage_backup_spec returns None: nothing written, no id
+        n = self._n_auto + 1
+        while f"s{n}" in self.storage.writes:  # an explicit write holds that id
+            n += 1
+        self._n_auto = n
+        self.storage.write(f"s{n}", node)
+        self._auto_writes.append(f"s{n}")
 
     def _host_alloc_fails(self) -> bool:
         attempt = self._attempt
@@ -125,6 +141,7 @@ class Replayer:
         out = {"i": i, "op": kind}
         tree = self.tree
         tree.rec.clear()
+        self._auto_writes = []
         self._op_index, self._attempt = i, 0
         try:
             # Extension: device tokens that running requests hold outside the tree,
@@ -142,6 +159,9 @@ class Replayer:
             # the end of that op, in issue order (op-trace §9).
             for ack in list(tree.pending_writes):
                 tree.finish_write_through(ack)
+        if self._auto_writes:
+            out["storage_writes"] = self._auto_writes
+            self._auto_writes = []
         out["events"] = [self._event(k, node, extra) for k, node, extra in tree.rec]
         out.update(digest=tree.digest, dev=tree.dev_used, host=tree.host_used,
                    evictable=tree.evictable, protected=tree.protected, nodes=tree.n_nodes)

@@ -58,6 +58,14 @@ def check_header(path, line_no: int, obj: dict) -> None:
         if not isinstance(v, str) or v not in WRITE_ACKS:
             raise InputFormatError(path, line_no, f"write_acks={_short(v)}",
                                    f"'write_acks' one of {', '.join(WRITE_ACKS)}")
+    if "storage_writes" in obj:
+        v = obj["storage_writes"]
+        if obj.get("version", 1) < 2:
+            raise InputFormatError(path, line_no, f"storage_writes={_short(v)} in a version 1 header",
+                                   "'storage_writes' only with \"version\": 2")
+        if v not in ("op", "auto"):
+            raise InputFormatError(path, line_no, f"storage_writes={_short(v)}",
+                                   "'storage_writes' one of op, auto")
     for key in ("device_capacity", "host_capacity", "page_size", "load_back_threshold",
                 "prefetch_threshold"):
         v = obj.get(key)

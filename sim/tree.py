@@ -471,6 +471,12 @@ class Tree:
         # the storage hit (`allocate_storage_hit`) and released or adopted when the
         # prefetch lands (`_handle_prefetch_result`). Counted in every host room check.
         self.host_reserved = 0
+        # Storage (L3) write hook: called with each node whose D->H backup was just
+        # acknowledged, in SGLang's order (`_finish_write_through_ack` then
+        # `write_backup_storage(node_id)` for every published node). write_back's
+        # eviction backups call it before the demote, as `writing_check(write_back=True)`
+        # does. None: no storage tier (nothing else changes).
+        self.on_host_backup: Callable[[Node], None] | None = None
         # Sizes of the D->H backups issued since the engine last drained it (None: off).
         # Rank-local host allocation failure (a physical fault on one rank, sem §5.4.b).
         self.host_alloc_fail: Callable[[], bool] | None = None
@@ -858,6 +864,9 @@ class Tree:
                 x.wt_pending = None
                 self._track(x)
         self.dec_lock(pw.locked)
+        if self.on_host_backup is not None:
+            for x in pw.nodes:  # each fragment is written to storage
+                self.on_host_backup(x)
 
     def _host_room(self, k: int, res) -> bool:
         """Make room for ``k`` host tokens: evict exactly the shortfall, and fail if
@@ -949,6 +958,8 @@ class Tree:
         if self.rec is not None:
             self._ev("backup", x, n=k)
         self._track(x)
+        if self.on_host_backup is not None:
+            self.on_host_backup(x)
         return True
 
     def backup_node(self, x: Node) -> Backup:

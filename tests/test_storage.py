@@ -44,6 +44,15 @@ def test_registry_names_sources_and_overrides():
         backends.per_rank(10.0, 0)
 
 
+def test_prefetch_reads_go_in_batches_of_128_pages():
+    assert backends.prefetch_batches(0) == []
+    assert backends.prefetch_batches(300) == [128, 128, 44]
+    b = backends.sim_backend({"sim_read_gbps": 1, "sim_op_latency_us": 1000})
+    # three calls: 3 ms of latency, 300 pages of 1 MB at 1 GB/s
+    assert backends.prefetch_read_seconds(b, 300, 10**6) == pytest.approx(0.003 + 0.3)
+    assert backends.prefetch_read_seconds(b, 0, 10**6) == 0.0
+
+
 # ------------------------------------------------------------------ thresholds, timeout
 def test_thresholds():
     assert policy.tree_prefetch_threshold() == C.PREFETCH_THRESHOLD_DEFAULT == 256

@@ -95,6 +95,10 @@ def test_cases_cover_every_storage_behaviour():
                     seen.add((policy, "done:prefix"))
             if r["op"] == "storage_write":
                 seen.add(("any", f"written:{r['written']}"))
+            if "storage_writes" in r:
+                seen.add((policy, f"auto:{r['op']}"))
+                if any(e["k"] == "drop" for e in r["events"]):
+                    seen.add((policy, "auto:drop"))
     for policy in ("write_back", "write_through"):
         for what in ("op:prefetch", "op:prefetch_hit", "op:prefetch_done", "op:prefetch_revoke",
                      "op:storage_write", "op:storage_write_ack", "prefetch_done:host_new",
@@ -102,6 +106,11 @@ def test_cases_cover_every_storage_behaviour():
                      "done:no_node", "done:prefix"):
             assert (policy, what) in seen, (policy, what)
     assert ("write_through", "prefetch_done:refill") in seen
+    # storage_writes auto: eviction backups (write_back), acks (write_through), and a
+    # walk whose earlier storage writes force a drop
+    assert {("write_back", "auto:evict_device"), ("write_back", "auto:load_back"),
+            ("write_back", "auto:drop"), ("write_through", "auto:write_ack"),
+            ("write_through", "auto:insert")} <= seen
     assert ("write_through", "op:write_ack") in seen
     for what in ("prefetch:anchor_not_backed", "prefetch:too_short", "prefetch:empty",
                  "prefetch:rate_limited", "prefetch_hit:below_threshold",
@@ -222,6 +231,8 @@ def _main(argv):
     ({"version": 2}, {"op": "prefetch", "tokens": [1, "a"], "id": 1}, "tokens=", "list of ints"),
     ({"version": 2}, {"op": "storage_write", "node": "3", "id": 1}, "node='3'", "'node' as an int"),
     ({"version": 2, "prefetch_threshold": -1}, None, "prefetch_threshold=-1", "non-negative int"),
+    ({"storage_writes": "auto"}, None, "storage_writes='auto' in a version 1 header", '"version": 2'),
+    ({"version": 2, "storage_writes": "yes"}, None, "storage_writes='yes'", "one of op, auto"),
 ])
 def test_bad_storage_lines_are_one_line_errors(tmp_path, header, op, found, expected):
     lines = [{"op": "header", "device_capacity": 8, "host_capacity": 8, **header}]
@@ -232,3 +243,25 @@ def test_bad_storage_lines_are_one_line_errors(tmp_path, header, op, found, expe
     rc, err = _main(["replay-ops", t])
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert f"{t}:{len(lines)}" in err and found in err and expected in err
+
+
+def test_auto_storage_writes_follow_each_ack_and_skip_taken_ids(tmp_path):
+    t = tmp_path / "t.jsonl"
+    lines = [{"op": "header", "device_capacity": 16, "host_capacity": 16, "version": 2,
+              "write_policy": "write_through", "storage_writes": "auto"},
+             {"op": "insert", "tokens": [1, 2]},
+             {"op": "storage_write", "node": 1, "id": "s2"},
+             {"op": "write_ack", "id": 1},
+             {"op": "insert", "tokens": [1, 2, 3]},
+             {"op": "write_ack", "id": 2}]
+    t.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = list(replay(t))
+    assert "storage_writes" not in out[1] and "storage_writes" not in out[2]
+    assert out[3]["storage_writes"] == ["s1"] and out[5]["storage_writes"] == ["s3"]
+    keys = list(out[3])
+    assert keys.index("storage_writes") == keys.index("events") - 1
+    r = Replayer(lines[0])
+    for i, op in enumerate(lines[1:], 1):
+        r.apply(i, op)
+    assert sorted(r.storage.writes) == ["s1", "s2", "s3"]
+    assert r.tree.node_by_id(1).host_lock_ref == 2

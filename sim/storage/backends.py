@@ -61,6 +61,22 @@ class StorageBackend:
         return self._seconds(0, self.read_gbps)
 
 
+def prefetch_batches(hit_pages: int) -> list[int]:
+    """Pages per backend call of one prefetch: ``_page_transfer`` walks the hit's
+    hashes ``STORAGE_BATCH_SIZE`` (128) at a time, one ``batch_get`` and one
+    progressive ack per batch."""
+    full, rest = divmod(hit_pages, C.STORAGE_BATCH_PAGES)
+    return [C.STORAGE_BATCH_PAGES] * full + ([rest] if rest else [])
+
+
+def prefetch_read_seconds(b: StorageBackend, hit_pages: int, bytes_per_page: int) -> float:
+    """One rank's read time for a prefetch of ``hit_pages``: one call per batch
+    (``prefetch_batches``), each ``op latency + bytes / bandwidth``. No loop per page."""
+    full, rest = divmod(hit_pages, C.STORAGE_BATCH_PAGES)
+    t = full * b.read_seconds(C.STORAGE_BATCH_PAGES * bytes_per_page)
+    return t + (b.read_seconds(rest * bytes_per_page) if rest else 0.0)
+
+
 def sim_backend(extra_config: dict | None = None) -> StorageBackend:
     """SGLang's ``sim`` backend with ``--hicache-storage-backend-extra-config``
     knobs resolved exactly as ``SimHiCacheStorage.__init__`` does."""

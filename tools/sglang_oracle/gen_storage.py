@@ -50,6 +50,9 @@ class StorageGen(base_gen.Gen):
         self.trace.append(op)
         self.outputs.append(out)
         self.stats[op["op"]] += 1
+        for wid in out.get("storage_writes", ()):  # storage_writes auto
+            self.swrites.append(wid)
+            self.stats["auto_storage_write"] += 1
         for e in out["events"]:
             self.stats["ev_" + e["k"] + (f"_pass{e['pass']}" if "pass" in e else "")] += 1
         for key in ("reason",):
@@ -125,7 +128,7 @@ class StorageGen(base_gen.Gen):
     def step(self):
         if len(self.pending) + len(self.staged) >= 4:
             return self.rng.choice([self.do_hit] * bool(self.pending) + [self.do_done] * bool(self.staged))()
-        if len(self.swrites) >= 4:
+        if len(self.swrites) >= 6:
             return self.do_storage_ack()
         if self.explicit_acks and len(self.oracle.writes) >= 6:
             return self.do_write_ack()
@@ -148,7 +151,8 @@ class StorageGen(base_gen.Gen):
 
 
 def generate(seed: int, n_ops: int, page_size: int = 1, policy: str = "write_back",
-             device_cap=None, host_cap=None, threshold=None, explicit_acks=None):
+             device_cap=None, host_cap=None, threshold=None, explicit_acks=None,
+             auto_writes=False):
     rng = random.Random(seed)
     device_cap = device_cap or rng.choice([32, 48, 64]) * page_size
     host_cap = host_cap or max(page_size, int(device_cap * rng.choice([0.5, 0.75, 1.0, 1.5])))
@@ -160,6 +164,8 @@ def generate(seed: int, n_ops: int, page_size: int = 1, policy: str = "write_bac
               "host_capacity": host_cap, "write_policy": policy, "load_back_threshold": 1,
               "version": 2, "write_acks": "op" if explicit_acks else "end_of_op",
               "prefetch_threshold": threshold, "seed": seed}
+    if auto_writes:
+        header["storage_writes"] = "auto"
     g = StorageGen(rng, header)
     while len(g.trace) - 1 < n_ops:
         g.step()

@@ -163,6 +163,20 @@ HAND = {
         "leaf ids follow it")), [
         ins(R(1, 5)), pf(R(1, 9), "p1"), hit("p1", 4), done("p1", 4), DUMP,
         ev_dev(64), ev_host(64), DUMP]),
+    "h13_wb_auto_writes_lock_demoted_nodes": (hdr(host=4, storage_writes="auto", note=(
+        "storage on (storage_writes auto): each write_back eviction backup is written to "
+        "storage before its demote, host-locking the node; the third backup of the same "
+        "walk cannot evict the first two from host and is dropped")), [
+        ins([1, 2]), ins([3, 4]), ins([5, 6]), ev_dev(6), DUMP, swack("s1"), ev_host(2),
+        DUMP, swack("s2"), ev_host(2), DUMP]),
+    "h14_wt_auto_writes_after_acks": (hdr(policy="write_through", acks="op",
+                                          storage_writes="auto", note=(
+        "write_through with explicit acks: the ack publishes both fragments of a split "
+        "pending node and each is written; an explicit storage_write holding 's2' makes "
+        "the automatic ids skip it")), [
+        ins([1, 2, 3, 4]), ins([1, 2, 5, 6]), sw(1, "s2"), DUMP, wack(1), DUMP, wack(3),
+        ev_dev(64), ev_host(64), DUMP, swack("s1"), swack("s2"), swack("s3"), swack("s4"),
+        ev_host(64), DUMP]),
 }
 
 # (name, gen_storage options)
@@ -182,6 +196,18 @@ for i, (ps, policy, ops, acks) in enumerate([
     tag = "wb" if policy == "write_back" else ("wt_acks" if acks else "wt")
     GENERATED.append((f"g{i:02d}_{tag}_ps{ps}", dict(seed=1500 + i, n_ops=ops, page_size=ps,
                                                    policy=policy, explicit_acks=acks)))
+
+
+# storage on: every D->H ack writes to storage (header "storage_writes": "auto").
+for i, (ps, policy, ops, acks) in enumerate([
+        (1, "write_back", 800, None), (1, "write_back", 1200, None), (2, "write_back", 800, None),
+        (4, "write_back", 800, None), (1, "write_through", 800, True),
+        (1, "write_through", 1200, False), (2, "write_through", 800, True),
+        (4, "write_through", 800, True)], start=len(GENERATED) + 1):
+    tag = "wb" if policy == "write_back" else ("wt_acks" if acks else "wt")
+    GENERATED.append((f"g{i:02d}_{tag}_ps{ps}_auto", dict(
+        seed=1500 + i, n_ops=ops, page_size=ps, policy=policy, explicit_acks=acks,
+        auto_writes=True)))
 
 
 def dumps(obj) -> str:

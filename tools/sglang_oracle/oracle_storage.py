@@ -32,6 +32,10 @@ storage answered):
 * ``storage_write {node, id}`` / ``storage_write_ack {id}``: ``write_backup_storage``
   (``build_storage_backup_spec``; ``inc_host_lock_ref`` until the storage ack) and
   ``_drain_backup`` (``dec_host_lock_ref``).
+* header ``"storage_writes": "auto"``: ``_finish_write_through_ack`` as SGLang runs it
+  with storage on: after ``finish_write_through`` and the lock release, every
+  published node is written (``write_backup_storage``) under the next free id
+  ``s1``, ``s2``, ...; the op that acked lists them in ``storage_writes``.
 
 Events: ``refill`` (write_through: a device-only node walked takes the fetched host
 copy) and ``host_new`` (the new host-only leaf), both seen through the core's own
@@ -83,6 +87,49 @@ class StorageOracle(v2.V2Oracle):
         self.occupied = 0
         self.prefetches: dict = {}  # id -> [anchor id, lock params, key, requested, staged]
         self.swrites: dict = {}     # id -> (node id, lock params)
+        # "storage_writes": "auto": _finish_write_through_ack's write_backup_storage.
+        self.auto = header.get("storage_writes") == "auto"
+        self._n_auto = 0
+        self._auto_out: list = []
+
+    # -- D->H acks (UnifiedRadixCache._finish_write_through_ack)
+    def _ack(self, ack_id) -> None:
+        """finish_write_through on the published ids, dec_lock_ref of the backup's
+        lock, then (storage on) write_backup_storage of every published node."""
+        node_id, lock, ids = self.writes.pop(ack_id)
+        self.core.finish_write_through(ids, ack_id)
+        if lock is not None:
+            self.core.dec_lock_ref(node_id, lock)
+        if self.auto:
+            for nid in ids:
+                self._write_backup_storage(nid)
+
+    def _write_backup_storage(self, node_id) -> None:
+        core = self.core
+        if core.is_root(node_id) or core.build_storage_backup_spec(node_id, False) is None:
+            return
+        n = self._n_auto + 1
+        while f"s{n}" in self.swrites:
+            n += 1
+        self._n_auto = n
+        self.swrites[f"s{n}"] = (node_id, core.inc_host_lock_ref(node_id).to_dec_params())
+        self._auto_out.append(f"s{n}")
+
+    def _finish_writes(self) -> None:
+        """oracle_v2's acks (all at the end of an op under end_of_op; else only
+        write_back's lockless eviction backups), each through ``_ack``."""
+        if self.write_acks == "end_of_op":
+            while self.writes:
+                self._ack(next(iter(self.writes)))
+            return
+        for ack_id in [a for a, (_, lock, _) in self.writes.items() if lock is None]:
+            self._ack(ack_id)
+
+    def op_write_ack(self, ack_id):
+        if self.write_acks != "op" or ack_id not in self.writes:
+            raise OpError("unknown_write_id")
+        self._ack(ack_id)
+        return {}
 
     # -- helpers
     def _staged_total(self) -> int:
@@ -250,6 +297,16 @@ class StorageOracle(v2.V2Oracle):
 
     # -- driver
     def apply(self, op: dict) -> dict:
+        self._auto_out = []
+        out = self._apply(op)
+        if self._auto_out and "error" not in out:
+            keys = list(out)
+            at = keys.index("events")
+            out = {**{k: out[k] for k in keys[:at]}, "storage_writes": self._auto_out,
+                   **{k: out[k] for k in keys[at:]}}
+        return out
+
+    def _apply(self, op: dict) -> dict:
         name = op["op"]
         if name not in STORAGE_OPS:
             return super().apply(op)
