@@ -1357,6 +1357,9 @@ class Tree:
         new.stats = copy.copy(self.stats)
         new.rec = None if self.rec is None else []
         new.host_alloc_fail = None
+        # The storage hook belongs to the original's book; a fork re-attaches its own
+        # (and its own PrefetchBook: staged slots are copied in host_reserved).
+        new.on_host_backup = None
         new.host_policy = type(self.host_policy)()
         return new
 

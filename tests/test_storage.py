@@ -229,3 +229,14 @@ def test_book_rate_limit_and_storage_writes():
     assert t.evict_host(2).freed == 0           # the storage write holds it
     b.write_ack("w")
     assert t.evict_host(2).freed == 2
+
+
+def test_clone_keeps_staged_slots_but_not_the_storage_hook():
+    t, b = _book()
+    key = [1, 2, 3]
+    b.issue("p", t.match_prefix(key), key)
+    b.hit("p", 3)
+    t.on_host_backup = lambda node: None
+    c = t.clone()
+    assert c.host_reserved == 3 and c.on_host_backup is None
+    c.check()
