@@ -240,3 +240,37 @@ def test_clone_keeps_staged_slots_but_not_the_storage_hook():
     c = t.clone()
     assert c.host_reserved == 3 and c.on_host_backup is None
     c.check()
+
+
+# ------------------------------------------------------------------ storage views
+def test_page_keys_name_the_prefix():
+    from sim.storage.view import page_keys
+    a = page_keys([1, 2, 3])
+    assert a == page_keys([1, 2, 3]) and len(set(a)) == 3
+    assert page_keys([9, 2, 3])[1:] != a[1:]             # same pages, other prefix
+    assert page_keys([3], parent_key=a[1]) == a[2:]       # continues a chain
+
+
+def test_views_per_rank_and_the_min_they_give():
+    from sim.storage.view import StorageView, page_keys, rank_hits
+    keys = page_keys(range(10))
+    r0, r1 = StorageView(), StorageView()
+    r0.write(keys)
+    r1.write(keys[:6])
+    assert r0.exists(keys) == 10 and r1.exists(keys) == 6
+    r0.drop(keys[2:3])                                    # a hole: the hit stops there
+    assert r0.exists(keys) == 2
+    hits = rank_hits([r0, r1], keys, 64)
+    assert hits == [128, 384] and collectives.min_hits(hits, 64) == 128
+
+
+def test_view_capacity_evicts_least_recent():
+    from sim.storage.view import StorageView
+    v = StorageView(capacity_pages=3)
+    v.write([1, 2, 3])
+    v.read([1])
+    v.write([4])                                          # evicts 2, the least recent
+    assert 2 not in v and {1, 3, 4} <= set(v._keys) and v.evicted == 1
+    assert v.exists([1, 3]) == 2 and v.exists([2, 1]) == 0
+    with pytest.raises(ValueError):
+        StorageView(-1)

@@ -8,9 +8,11 @@ calls (docs/STORAGE.md). None of them keeps time or touches the engine.
 * ``collectives.py``: the MIN all_reduce of prefetch hits and the layout of the
   per-step sync vector with the storage queue sizes (``_sync_hicache_ready_counts``);
 * ``prefetch.py``: one replica's in-flight prefetches and storage writes, driving the
-  tree (host locks on anchors, staging slots, ``Tree.insert_host``).
+  tree (host locks on anchors, staging slots, ``Tree.insert_host``);
+* ``view.py``: one rank's storage view (the page keys it holds, ``batch_exists``).
 """
 
 from sim.storage.backends import BACKENDS, StorageBackend, backend  # noqa: F401
 from sim.storage.collectives import min_hits, sync_vector, unpack_sync_vector  # noqa: F401
 from sim.storage.prefetch import PrefetchBook, PrefetchError  # noqa: F401
+from sim.storage.view import StorageView, page_keys, rank_hits  # noqa: F401
