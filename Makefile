@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean venv browser conformance-sglang conformance-hybrid-sglang
+.PHONY: run test bench clean venv browser conformance-sglang conformance-hybrid-sglang \
+	conformance-storage-sglang
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -47,6 +48,16 @@ conformance-hybrid-sglang: $(STAMP)
 	  $${SGLANG_ORACLE_VENV:-$${TMPDIR:-/tmp}/sglang-oracle-venv}/bin/python \
 	  tools/sglang_oracle/make_hybrid_cases.py --check
 	git diff --exit-code -- data/conformance/hybrid
+
+# Rebuild data/conformance/storage/ (storage (L3) ops, docs/OPTRACE.md §14) from SGLang
+# 0.5.23's own tree, with its sanity_check after every op, and fail if any vendored byte
+# changed (docs/STORAGE.md §6).
+conformance-storage-sglang: $(STAMP)
+	bash $(SGLANG_ORACLE)/setup.sh
+	HICACHE_SGLANG_ORACLE=$(abspath $(SGLANG_ORACLE)) \
+	  $${SGLANG_ORACLE_VENV:-$${TMPDIR:-/tmp}/sglang-oracle-venv}/bin/python \
+	  tools/sglang_oracle/make_storage_cases.py --check
+	git diff --exit-code -- data/conformance/storage
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_tree.py

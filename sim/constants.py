@@ -129,3 +129,37 @@ RETRACT_DECODE_STEPS = 20
 # arg_groups/fields/schedule.py max_prefill_tokens: extend tokens one prefill batch
 # may add (PrefillAdder.rem_input_tokens).
 MAX_PREFILL_TOKENS_DEFAULT = 16384
+
+# --- Storage tier (L3; sim/storage, docs/STORAGE.md), SGLang 0.5.23 ------------------
+# hybrid_cache/hybrid_cache_controller.py HybridCacheController.parse_storage_backend_extra_config:
+# defaults of the keys popped from --hicache-storage-backend-extra-config.
+PREFETCH_THRESHOLD_DEFAULT = 256          # tokens; also UnifiedRadixCache.__init__'s value
+PREFETCH_TIMEOUT_BASE_S = 1.0             # "prefetch_timeout_base", seconds
+PREFETCH_TIMEOUT_PER_KI_TOKEN_S = 0.25    # "prefetch_timeout_per_ki_token", seconds per 1024 tokens
+# managers/cache_controller.py attach_storage_backend: cache mode caps the tokens that
+# in-flight prefetches reserve at int(0.5 * mem_pool_host.logical_size) ("leave half the
+# pool for write-back"); buffer_only at int(HICACHE_LOAD_POOL_USAGE_FRACTION * size).
+PREFETCH_CAPACITY_FRACTION_CACHE = 0.5
+# arg_groups/fields/memory.py (ServerArgs defaults).
+HOST_MEMORY_MODE_DEFAULT = "cache"                 # --hicache-host-memory-mode {cache, buffer_only}
+PREFETCH_POLICY_DEFAULT = "timeout"                # --hicache-storage-prefetch-policy
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+HICACHE_WRITE_POLICY_DEFAULT = "write_through"     # --hicache-write-policy
+PREFETCH_RETRY_POLL_INTERVAL = 8                   # --hicache-storage-prefetch-retry-poll-interval
+PREFETCH_RETRY_MAX_ATTEMPTS = 8                    # --hicache-storage-prefetch-retry-max-attempts
+# arg_groups/hicache_hook.py handle_hicache_ratio_default: --hicache-ratio defaults to
+# 1.2 under buffer_only (2.0 in cache mode: HICACHE_RATIO_DEFAULT above).
+HICACHE_RATIO_BUFFER_ONLY = 1.2
+# mem_cache/storage/sim_storage.py SimHiCacheStorage.__init__: extra_config defaults
+# (per scheduler rank; <= 0 GB/s means infinite bandwidth; latency also per exists query).
+SIM_STORAGE_WRITE_GBPS = 5.0
+SIM_STORAGE_OP_LATENCY_US = 100.0
+# unified_radix_cache.py _sync_hicache_ready_counts: with storage on, the sync vector
+# carries these four queue sizes (then one per extra host-release pool) between the
+# write/load ack counts and the [digest, -digest] pair.
+SYNC_STORAGE_QUEUES = ("prefetch_hit", "ack_prefetch", "ack_backup", "host_mem_release")
+HICACHE_LOAD_POOL_USAGE_FRACTION = 0.9  # managers/cache_controller.py: buffer_only prefetch cap, fraction of the host pool
+# mem_cache/hicache_storage.py STORAGE_BATCH_SIZE: a prefetch reads (and
+# HiCacheController._page_transfer acks) its hit pages 128 at a time; each batch is one
+# backend call and one progressive PrefetchAck (completed tokens, MIN-reduced).
+STORAGE_BATCH_PAGES = 128

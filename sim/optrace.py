@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 from sim import optrace_check, safeio
 from sim.errors import InputFormatError
 from sim.hybrid import replay as hybrid_replay
+from sim.storage.prefetch import PrefetchBook, PrefetchError
 from sim.tree import Tree, TreeError
 
 OPS = {
@@ -34,12 +35,26 @@ OPS = {
     # op-trace v2 (docs/OPTRACE.md §2): the write_through ack SGLang's
     # `writing_check` pops (unified_radix_cache.py, `_finish_write_through_ack`).
     "write_ack": {"id": "id"},
+    # op-trace v2, storage (L3) ops (docs/OPTRACE.md §14): what SGLang's tree sees of a
+    # prefetch (unified_radix_cache.py `prefetch_from_storage`, the storage-hit drain,
+    # `_handle_prefetch_result` -> `insert_host`, `revoke_pending_prefetch`) and of a
+    # storage write (`write_backup_storage`, `_drain_backup`).
+    "prefetch": {"tokens": "tokens", "id": "id"},
+    "prefetch_hit": {"id": "id", "n": "int"},
+    "prefetch_done": {"id": "id", "n": "int"},
+    "prefetch_revoke": {"id": "id"},
+    "storage_write": {"node": "int", "id": "id"},
+    "storage_write_ack": {"id": "id"},
 }
+# Ops that need a version 2 header (docs/OPTRACE.md §1, §14).
+STORAGE_OPS = ("prefetch", "prefetch_hit", "prefetch_done", "prefetch_revoke",
+               "storage_write", "storage_write_ack")
 VERSIONS = (1, 2)
 # When write_through backups are acknowledged: v1's reference replayer acks at the
 # end of the issuing op; v2 traces default to the engine's explicit write_ack ops.
 WRITE_ACKS = ("end_of_op", "op")
-HEADER_INTS = ("device_capacity", "host_capacity", "page_size", "load_back_threshold")
+HEADER_INTS = ("device_capacity", "host_capacity", "page_size", "load_back_threshold",
+               "prefetch_threshold")
 WRITE_POLICIES = ("write_back", "write_through")
 
 
@@ -79,6 +94,24 @@ class Replayer:
         if self._alloc_failures:
             self.tree.host_alloc_fail = self._host_alloc_fails
         self.locks: dict = {}
+        # Storage (L3) prefetches and writes (§14); SGLang's default threshold 256.
+        self.storage = PrefetchBook(self.tree, header.get("prefetch_threshold", 256))
+        # "storage_writes": "auto" (§14): every acknowledged D->H backup is written to
+        # storage at once, its node host-locked under the next id "s1", "s2", ...
+        self._auto_writes: list = []
+        self._n_auto = 0
+        if header.get("storage_writes") == "auto":
+            self.tree.on_host_backup = self._auto_write
+
+    def _auto_write(self, node) -> None:
+        if node is self.tree.root or not node.host:
+            return  # build_storage_backup_spec returns None: nothing written, no id
+        n = self._n_auto + 1
+        while f"s{n}" in self.storage.writes:  # an explicit write holds that id
+            n += 1
+        self._n_auto = n
+        self.storage.write(f"s{n}", node)
+        self._auto_writes.append(f"s{n}")
 
     def _host_alloc_fails(self) -> bool:
         attempt = self._attempt
@@ -108,6 +141,7 @@ class Replayer:
         out = {"i": i, "op": kind}
         tree = self.tree
         tree.rec.clear()
+        self._auto_writes = []
         self._op_index, self._attempt = i, 0
         try:
             # Extension: device tokens that running requests hold outside the tree,
@@ -117,7 +151,7 @@ class Replayer:
                 raise TreeError("reserved_overflow")
             tree.reserved = reserved
             out.update(getattr(self, f"_op_{kind}")(op))
-        except TreeError as err:
+        except (TreeError, PrefetchError) as err:
             out = {"i": i, "op": kind, "error": err.code}
             tree.rec.clear()
         if self.write_acks == "end_of_op":
@@ -125,6 +159,9 @@ class Replayer:
             # the end of that op, in issue order (op-trace §9).
             for ack in list(tree.pending_writes):
                 tree.finish_write_through(ack)
+        if self._auto_writes:
+            out["storage_writes"] = self._auto_writes
+            self._auto_writes = []
         out["events"] = [self._event(k, node, extra) for k, node, extra in tree.rec]
         out.update(digest=tree.digest, dev=tree.dev_used, host=tree.host_used,
                    evictable=tree.evictable, protected=tree.protected, nodes=tree.n_nodes)
@@ -196,6 +233,49 @@ class Replayer:
         if op["id"] not in self.tree.pending_writes:
             raise TreeError("unknown_write_id")
         self.tree.finish_write_through(op["id"])
+        return {}
+
+    # -- storage (L3), docs/OPTRACE.md §14
+    def _op_prefetch(self, op):
+        units = self.units(op["tokens"])
+        if op["id"] in self.storage.prefetches:
+            raise PrefetchError("duplicate_prefetch_id")
+        m = self.tree.match_prefix(units)
+        res = self.storage.issue(op["id"], m, units)
+        out = {"device_len": m.device_len, "host_len": m.host_len, "anchor": res.anchor.id,
+               "requested": res.requested, "issued": res.reason is None}
+        if res.reason is not None:
+            out["reason"] = res.reason
+        return out
+
+    def _op_prefetch_hit(self, op):
+        res = self.storage.hit(op["id"], op["n"])
+        out = {"staged": res.staged, "freed": res.host.freed}
+        if res.reason is not None:
+            out["reason"] = res.reason
+        out["held"] = self.tree.host_reserved
+        return out
+
+    def _op_prefetch_done(self, op):
+        res, loaded = self.storage.done(op["id"], op["n"])
+        return {"prefix_len": res.prefix_tokens, "loaded": loaded,
+                "node": None if res.node is None else res.node.id, "dropped": res.dropped,
+                "held": self.tree.host_reserved}
+
+    def _op_prefetch_revoke(self, op):
+        self.storage.revoke(op["id"])
+        return {"held": self.tree.host_reserved}
+
+    def _op_storage_write(self, op):
+        if op["id"] in self.storage.writes:
+            raise PrefetchError("duplicate_storage_write_id")
+        node = self.tree.node_by_id(op["node"])
+        if node is None:
+            raise TreeError("unknown_node")
+        return {"written": self.storage.write(op["id"], node)}
+
+    def _op_storage_write_ack(self, op):
+        self.storage.write_ack(op["id"])
         return {}
 
     def _op_skip_ids(self, op):

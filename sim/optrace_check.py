@@ -58,7 +58,16 @@ def check_header(path, line_no: int, obj: dict) -> None:
         if not isinstance(v, str) or v not in WRITE_ACKS:
             raise InputFormatError(path, line_no, f"write_acks={_short(v)}",
                                    f"'write_acks' one of {', '.join(WRITE_ACKS)}")
-    for key in ("device_capacity", "host_capacity", "page_size", "load_back_threshold"):
+    if "storage_writes" in obj:
+        v = obj["storage_writes"]
+        if obj.get("version", 1) < 2:
+            raise InputFormatError(path, line_no, f"storage_writes={_short(v)} in a version 1 header",
+                                   "'storage_writes' only with \"version\": 2")
+        if v not in ("op", "auto"):
+            raise InputFormatError(path, line_no, f"storage_writes={_short(v)}",
+                                   "'storage_writes' one of op, auto")
+    for key in ("device_capacity", "host_capacity", "page_size", "load_back_threshold",
+                "prefetch_threshold"):
         v = obj.get(key)
         if type(v) is int and v > MAX_COUNT:
             raise InputFormatError(path, line_no, f"{key}={_short(v)}", f"'{key}' of at most {MAX_COUNT}")
@@ -87,12 +96,19 @@ def check_op(path, line_no: int, obj: dict, header: dict | None = None) -> None:
         if header.get("write_acks", "op") != "op":
             raise InputFormatError(path, line_no, f"a write_ack op under write_acks={_short(header['write_acks'])}",
                                    'write_acks "op" (or no write_ack ops)')
+    if header is not None and header.get("version", 1) < 2:
+        from sim.optrace import STORAGE_OPS
+        if obj.get("op") in STORAGE_OPS:
+            raise InputFormatError(path, line_no, f"a {obj['op']} op in a version 1 trace",
+                                   'a header with "version": 2 (docs/OPTRACE.md §14)')
     n = obj.get("n")
     if type(n) is int and abs(n) > MAX_COUNT:
         raise InputFormatError(path, line_no, f"n={_short(n)}", f"'n' of at most {MAX_COUNT}")
     if obj.get("op") == "skip_ids" and type(n) is int and n < 0:
         # Going back would hand out ids that live nodes already have.
         raise InputFormatError(path, line_no, f"n={n}", "'n' >= 0 (ids only move forward)")
+    if obj.get("op") in ("prefetch_hit", "prefetch_done") and type(n) is int and n < 0:
+        raise InputFormatError(path, line_no, f"n={n}", "'n' >= 0 (tokens)")
     r = obj.get("reserved")
     if type(r) is int and r > MAX_COUNT:
         raise InputFormatError(path, line_no, f"reserved={_short(r)}", f"'reserved' of at most {MAX_COUNT}")

@@ -336,6 +336,36 @@ class Backup:
         self.host: HostEviction = NO_HOST_EVICTION
 
 
+class HostInsert:
+    """Result of ``insert_host`` (a storage prefetch landing in the host tier).
+
+    ``prefix_tokens``: SGLang's ``InsertResult.prefix_len``: the leading tokens of
+    the fetched key whose host slots the caller frees at once (write_back: every
+    token the walk matched; write_through: only those matched on nodes that were
+    already backed up); ``node``: ``inserted_host_node``, the node holding the end
+    of the fetched key on host (None: nothing, e.g. an empty key, or the end sits
+    on a device-only node under write_back); ``new_tokens``: tokens of the new
+    host-only leaf; ``refilled_tokens``: write_through only, tokens of device-only
+    nodes that took the fetched host copy; ``dropped``: ``host_insert_dropped``
+    (write_through, the walk ended under an un-backed node: nothing was adopted);
+    ``split``: whether the walk split a node.
+    """
+
+    __slots__ = ("prefix_tokens", "node", "new_tokens", "refilled_tokens", "dropped", "split")
+
+    def __init__(self):
+        self.prefix_tokens = 0
+        self.node = None
+        self.new_tokens = 0
+        self.refilled_tokens = 0
+        self.dropped = False
+        self.split = False
+
+    def __repr__(self) -> str:
+        return (f"HostInsert(prefix={self.prefix_tokens}, node={self.node!r}, "
+                f"new={self.new_tokens}, refilled={self.refilled_tokens}, dropped={self.dropped})")
+
+
 class Stats:
     """Monotone counters since the tree was built, for metrics and plots. What one op
     did is in its result object; nothing needs deltas of these."""
@@ -437,6 +467,16 @@ class Tree:
         # Device tokens held outside the tree: running requests' fresh KV, allocated
         # at admission and adopted by the tree at insert. Counted in every free check.
         self.reserved = 0
+        # Host slots held outside the tree: storage prefetches' staging, allocated at
+        # the storage hit (`allocate_storage_hit`) and released or adopted when the
+        # prefetch lands (`_handle_prefetch_result`). Counted in every host room check.
+        self.host_reserved = 0
+        # Storage (L3) write hook: called with each node whose D->H backup was just
+        # acknowledged, in SGLang's order (`_finish_write_through_ack` then
+        # `write_backup_storage(node_id)` for every published node). write_back's
+        # eviction backups call it before the demote, as `writing_check(write_back=True)`
+        # does. None: no storage tier (nothing else changes).
+        self.on_host_backup: Callable[[Node], None] | None = None
         # Sizes of the D->H backups issued since the engine last drained it (None: off).
         # Rank-local host allocation failure (a physical fault on one rank, sem §5.4.b).
         self.host_alloc_fail: Callable[[], bool] | None = None
@@ -824,12 +864,15 @@ class Tree:
                 x.wt_pending = None
                 self._track(x)
         self.dec_lock(pw.locked)
+        if self.on_host_backup is not None:
+            for x in pw.nodes:  # each fragment is written to storage
+                self.on_host_backup(x)
 
     def _host_room(self, k: int, res) -> bool:
         """Make room for ``k`` host tokens: evict exactly the shortfall, and fail if
         that frees less than asked (sem §3.3 step 1.2). The host eviction is added to
         ``res.host`` (``res``: the public op's result, an Insert, Eviction or Backup)."""
-        avail = self.host_capacity - self.host_used
+        avail = self.host_capacity - self.host_used - self.host_reserved
         if avail < k:
             need = k - avail
             he = res.host
@@ -915,6 +958,8 @@ class Tree:
         if self.rec is not None:
             self._ev("backup", x, n=k)
         self._track(x)
+        if self.on_host_backup is not None:
+            self.on_host_backup(x)
         return True
 
     def backup_node(self, x: Node) -> Backup:
@@ -1153,6 +1198,106 @@ class Tree:
                 self._track(x)
             x = x.parent
 
+    # ------------------------------------------------- storage (L3) prefetch
+    def insert_host(self, anchor: Node, key: list) -> HostInsert:
+        """`UnifiedTreeCore.insert_host(node_id, key, host_value, hash_value)`
+        (unified_tree_core.py): graft a storage prefetch's fetched ``key`` (units,
+        the pages after ``anchor``'s path) onto the host tier below ``anchor``.
+
+        SGLang calls it from `UnifiedRadixCache._handle_prefetch_result`
+        (unified_radix_cache.py) with the rank-agreed completed tokens. Step by step:
+
+        * `_touch_node(anchor)`: one clock draw, even for an empty key (which then
+          returns at once: prefix 0, no node).
+        * The walk: each child whose first page matches is touched (one draw, before
+          a split check), matched page-wise and split where the key diverges
+          (`_split_node`: as insert's split; a pending write_through publish list is
+          patched). Under write_back nothing else happens to the nodes walked: the
+          fetched slots for them are freed by the caller (``prefix_tokens`` counts
+          every matched token), even for a device-only node, which stays
+          device-only. Under write_through a node without a host copy is refilled
+          with the fetched slots (host on, leaf sets, duplicate tracking); a node
+          that already has one adds its tokens to ``prefix_tokens``. A backed node
+          below a refilled one is SGLang's assertion, here an ``InvariantError``.
+        * Key exhausted: ``node`` is the last node walked if it is not the root and
+          was refilled or holds a host copy.
+        * Key left: under write_through, a non-root, un-backed last node drops the
+          whole refill (``dropped``; the caller frees every fetched slot). Else a new
+          host-only leaf takes the rest (`_new_node(priority=node.priority)`: one id,
+          two draws), and the leaf sets of it and its parent are refreshed.
+
+        Host slots: the fetched slots are the caller's (``host_reserved``); the
+        tree adopts ``refilled_tokens + new_tokens`` of them. The anchor's host lock,
+        taken at `prefetch_from_storage`, is the caller's to release.
+        """
+        res = HostInsert()
+        self._set_time(anchor, self._tick())
+        if not key:
+            return res
+        ps = self.page_size
+        write_back = self.write.write_back
+        node, pos, n = anchor, 0, len(key)
+        host_prefix = 0
+        refilled = None
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            self._set_time(child, self._tick())
+            p = self._common(key, pos, child.key)
+            if p < len(child.key):
+                child = self._split(child, p)
+                res.split = True
+            pos += p
+            node = child
+            if not write_back:
+                if not child.host:
+                    self._set_host(child, True)
+                    self._refresh(child)
+                    self._refresh(child.parent)
+                    self._track(child)
+                    refilled = child
+                    k = p * ps
+                    res.refilled_tokens += k
+                    if self.rec is not None:
+                        self._ev("refill", child, n=k)
+                else:
+                    if refilled is not None:
+                        raise InvariantError(
+                            f"node {child.id}: write-through host-prefix invariant broken: "
+                            f"backed node below refilled node {refilled.id}")
+                    host_prefix += p
+        res.prefix_tokens = (pos if write_back else host_prefix) * ps
+        if pos == n:
+            if node is not self.root and (refilled is not None or node.host):
+                res.node = node
+            return res
+        if node is not self.root and not node.host and not write_back:
+            res.dropped = True
+            return res
+        leaf = self._new_node(key[pos:], node)
+        leaf.priority = node.priority
+        node.children[key[pos]] = leaf
+        self.n_nodes += 1
+        self._set_host(leaf, True)
+        self._refresh(leaf)
+        self._refresh(node)
+        res.node = leaf
+        res.new_tokens = (n - pos) * ps
+        if self.rec is not None:
+            self._ev("host_new", leaf, n=res.new_tokens)
+        return res
+
+    def node_by_id(self, nid: int) -> Node | None:
+        """The live node with id ``nid`` (the root included), or None. A walk: for
+        replay and tests, not for the engine's hot path."""
+        if nid == self.root.id:
+            return self.root
+        for x in self.iter_nodes():
+            if x.id == nid:
+                return x
+        return None
+
     # ---------------------------------------------------------------- clone
     def clone(self) -> "Tree":
         """An independent copy (copy-on-divergence forks a rank off with this).
@@ -1212,6 +1357,9 @@ class Tree:
         new.stats = copy.copy(self.stats)
         new.rec = None if self.rec is None else []
         new.host_alloc_fail = None
+        # The storage hook belongs to the original's book; a fork re-attaches its own
+        # (and its own PrefetchBook: staged slots are copied in host_reserved).
+        new.on_host_backup = None
         new.host_policy = type(self.host_policy)()
         return new
 
@@ -1310,7 +1458,7 @@ class Tree:
                                  ("duplicate", self.dup_tokens, dup)):
             if have != want:
                 fail(None, f"{name} tokens {have} != {want}")
-        if dev + self.reserved > self.device_capacity or host > self.host_capacity:
+        if dev + self.reserved > self.device_capacity or host + self.host_reserved > self.host_capacity:
             fail(None, "a pool holds more than its capacity")
         if d_leaves != self.d_leaves:
             fail(next(iter(d_leaves ^ self.d_leaves)), "D-leaf set differs from its predicate")

@@ -1,0 +1,96 @@
+"""One rank's view of its storage backend: which page keys it holds (docs/STORAGE.md §1
+steps 2 and 6, §7 hook 2).
+
+SGLang keys a page by a hash chain over the request's pages
+(``get_storage_hash_str(token_ids, last_hash, page_size)``: each page's key hashes its
+tokens with the previous page's key), so a key names the page *and its whole prefix*.
+Each TP rank writes its own shard under its own keys and asks only its own backend
+(``batch_exists``: the index of the first missing key, sim_storage.py), which is why
+the ranks' hits can differ and are MIN-reduced (``collectives.min_hits``).
+
+Here a page key is the same kind of chain over the tree's units (``page_keys``); with
+the engine's prefix-unique unit ids the unit itself would do, the chain makes any key
+list safe. Units are ints or tuples of ints (the tree's units), which Python hashes
+identically in every process (only str and bytes hashing is seeded), so the keys are
+deterministic.
+
+``capacity_pages`` (None: unbounded, as sim_storage.py, which keeps every key) evicts
+the least recently written or read page first: an assumption, SGLang's backends each
+have their own policy. A write becomes visible only when the caller says it finished
+(``write``), as a ``batch_set`` adds its keys after its transfer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Sequence
+
+
+def page_keys(units: Sequence, parent_key: int = 0) -> list[int]:
+    """The storage key of each page of ``units`` after a prefix whose last key is
+    ``parent_key`` (0 at the root): ``key_i = hash((key_{i-1}, unit_i))``."""
+    out = []
+    k = parent_key
+    for u in units:
+        k = hash((k, u))
+        out.append(k)
+    return out
+
+
+class StorageView:
+    """The page keys one rank's storage holds."""
+
+    __slots__ = ("capacity_pages", "_keys", "evicted")
+
+    def __init__(self, capacity_pages: int | None = None):
+        if capacity_pages is not None and capacity_pages < 0:
+            raise ValueError("capacity_pages must be >= 0")
+        self.capacity_pages = capacity_pages
+        self._keys: OrderedDict = OrderedDict()
+        self.evicted = 0  # pages evicted for capacity (a counter for metrics)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key) -> bool:
+        return key in self._keys
+
+    def write(self, keys: Iterable[int]) -> None:
+        """A finished storage write of these pages (``batch_set``)."""
+        ks = self._keys
+        for k in keys:
+            if k in ks:
+                ks.move_to_end(k)
+            else:
+                ks[k] = None
+        cap = self.capacity_pages
+        if cap is not None:
+            while len(ks) > cap:
+                ks.popitem(last=False)
+                self.evicted += 1
+
+    def exists(self, keys: Sequence[int]) -> int:
+        """``batch_exists``: how many leading pages of ``keys`` this rank holds (the
+        index of the first missing one). A query does not refresh recency."""
+        ks = self._keys
+        for i, k in enumerate(keys):
+            if k not in ks:
+                return i
+        return len(keys)
+
+    def read(self, keys: Iterable[int]) -> None:
+        """A finished storage read of these pages refreshes their recency."""
+        ks = self._keys
+        for k in keys:
+            if k in ks:
+                ks.move_to_end(k)
+
+    def drop(self, keys: Iterable[int]) -> None:
+        """Pages lost on this rank (a fault: a backend that lost or never stored them)."""
+        for k in keys:
+            self._keys.pop(k, None)
+
+
+def rank_hits(views: Sequence[StorageView], keys: Sequence[int], page_size: int) -> list[int]:
+    """Each rank's own hit in tokens, before the MIN all_reduce (``collectives.min_hits``)."""
+    return [v.exists(keys) * page_size for v in views]
