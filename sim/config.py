@@ -62,6 +62,18 @@ class JitterConfig:
 
 
 @dataclass
+class StorageConfig:
+    """The L3 tier (docs/STORAGE.md), resolved: a per-rank backend cost shape and
+    SGLang's prefetch knobs."""
+
+    backend: object = None  # sim.storage.backends.StorageBackend
+    prefetch_policy: str = "timeout"
+    prefetch_threshold: int = 256
+    prefetch_timeout_base: float = 1.0
+    prefetch_timeout_per_ki_token: float = 0.25
+
+
+@dataclass
 class SimConfig:
     tp: int = 1
     # Data-parallel instances (each a TP group) and the router in front of them.
@@ -99,6 +111,8 @@ class SimConfig:
     # "eager": every rank has its own tree from t=0. Bookkeeping only: both write
     # byte-identical results, which is how a user checks the optimisation.
     replicas: str = "shared"
+    # The L3 storage tier; None: no storage (the engine does no storage work at all).
+    storage: StorageConfig | None = None
 
 
 def from_scenario(scn) -> tuple[SimConfig, object]:
@@ -153,6 +167,15 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         max_requests=scn.limits.max_requests, duration_s=scn.limits.duration_s,
         timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,
     )
+    if scn.storage is not None:
+        from sim.storage.backends import backend
+
+        st = scn.storage
+        over = {k: getattr(st, k) for k in ("read_gbps", "write_gbps", "op_latency_us")
+                if getattr(st, k) is not None}
+        cfg.storage = StorageConfig(backend(st.backend, **over), st.prefetch_policy,
+                                    st.prefetch_threshold, st.prefetch_timeout_base,
+                                    st.prefetch_timeout_per_ki_token)
     cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
                      io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
     return cfg, cost
