@@ -48,6 +48,10 @@ class JitterConfig:
     request_order_ranks: tuple[int, ...] = ()
     request_order_swap_p: float = 0.0
     request_order_window: int = 2
+    # L3 storage faults: pages missing on some ranks' storage, or a failing backend.
+    storage_miss_p: float = 0.0
+    storage_miss_ranks: tuple[int, ...] = ()
+    storage_fail_ranks: tuple[int, ...] = ()
     seed: int | None = None  # the jitter draws' own seed; None: the run's seed
 
     def physical_ranks(self, tp: int) -> list[int]:
@@ -58,6 +62,9 @@ class JitterConfig:
             out |= set(self.host_alloc_failure_ranks)
         if self.device_free_delay != "none":
             out |= set(self.device_free_delay_ranks)
+        if self.storage_miss_p > 0:
+            out |= set(self.storage_miss_ranks)
+        out |= set(self.storage_fail_ranks)
         return sorted(r for r in out if 0 <= r < tp)
 
 
@@ -146,6 +153,9 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         request_order_ranks=ranks(j.request_order.ranks) if j.request_order.swap_probability > 0 else (),
         request_order_swap_p=j.request_order.swap_probability,
         request_order_window=j.request_order.window,
+        storage_miss_p=j.storage_miss.probability,
+        storage_miss_ranks=ranks(j.storage_miss.ranks) if j.storage_miss.probability > 0 else (),
+        storage_fail_ranks=tuple(j.storage_fail.ranks),
         seed=scn.seed if j.seed is None else j.seed,
     )
     cfg = SimConfig(

@@ -1373,9 +1373,26 @@ class Simulation:
         ps = self._ps
         for c2 in self._st_holders(op):
             if op.id in c2.st.book.prefetches:
-                self._st_hits.setdefault(op.id, {})[id(c2)] = c2.st.view.exists(op.keys) * ps
+                self._st_hits.setdefault(op.id, {})[id(c2)] = self._st_rank_hit(c2, op.keys) * ps
                 c2.st.hit_q.append(op.id)
         self._kick()
+
+    def _st_rank_hit(self, c: Cohort, keys) -> int:
+        """``batch_exists`` on this replica's storage: leading pages present, cut by the
+        storage faults of a single-rank replica (``jitter.storage_miss`` / ``_fail``)."""
+        n = c.st.view.exists(keys)
+        j = self.jitter
+        if n and len(c.ranks) == 1:
+            r = c.ranks[0]
+            if r in j.fail_ranks:
+                j.perturbations.fire("storage_fail")
+                return 0
+            if r in j.miss_ranks:
+                for i in range(n):
+                    if j.page_missing(r, keys[i]):
+                        j.perturbations.fire("storage_miss")
+                        return i
+        return n
 
     def _st_read(self, c: Cohort, op):
         """`_page_transfer`: the hit in batches of 128 pages, one read call each."""

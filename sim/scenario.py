@@ -529,6 +529,22 @@ class RequestOrder(_Model):
     window: _int(2, 1024) = 2
 
 
+class StorageMiss(_Model):
+    """Pages absent from some ranks' storage (a backend that lost or never stored
+    them): each page key is missing on such a rank with this probability, the same
+    draw every time it is asked. Needs ``storage:``."""
+
+    probability: Probability = 0.0
+    ranks: list[Rank] | None = None
+
+
+class StorageFail(_Model):
+    """These ranks' storage backends fail every query (their hits are 0; through the
+    MIN, every rank's). Needs ``storage:``."""
+
+    ranks: list[Rank] = Field(default_factory=list)
+
+
 class Jitter(_Model):
     """Rank-level perturbations and faults; all default off. Each draw is keyed by
     (``seed``, rank, event); ``seed`` defaults to the scenario's. Capacity skews are
@@ -542,6 +558,8 @@ class Jitter(_Model):
     device_free_delay: DeviceFreeDelay = Field(default_factory=DeviceFreeDelay)
     id_drift: IdDrift | None = None
     request_order: RequestOrder = Field(default_factory=RequestOrder)
+    storage_miss: StorageMiss = Field(default_factory=StorageMiss)
+    storage_fail: StorageFail = Field(default_factory=StorageFail)
 
 
 # ----------------------------------------------------------------------------------
@@ -846,6 +864,11 @@ class Scenario(_Model):
             raise _err(f"storage with discipline {self.collective.discipline!r}",
                        "discipline 'synced' (the storage queues ride on 0.5.23's sync)",
                        "storage")
+        j = self.jitter
+        if self.storage is None and (j.storage_miss.probability > 0 or j.storage_fail.ranks):
+            key = "storage_miss" if j.storage_miss.probability > 0 else "storage_fail"
+            raise _err(f"jitter.{key} without storage",
+                       "a storage: block (it changes nothing otherwise)", f"jitter.{key}")
         for path, ranks in _rank_lists(self.jitter):
             for r in ranks:
                 if r >= self.tp:
@@ -884,6 +907,10 @@ def _rank_lists(j: Jitter):
         yield "jitter.host_capacity_skew", list(j.host_capacity_skew)
     if j.id_drift is not None:
         yield "jitter.id_drift.rank", [j.id_drift.rank]
+    if j.storage_miss.ranks:
+        yield "jitter.storage_miss.ranks", j.storage_miss.ranks
+    if j.storage_fail.ranks:
+        yield "jitter.storage_fail.ranks", j.storage_fail.ranks
 
 
 # ----------------------------------------------------------------------------------

@@ -94,9 +94,31 @@ def test_every_storage_knob_changes_the_run(knob):
     (["storage.prefetch_threshold=-1"], "storage.prefetch_threshold"),
     (["storage.prefetch_policy=never"], "storage.prefetch_policy"),
     (["collective.discipline=local"], "storage"),
+    (["jitter.storage_fail.ranks=[2]"], "jitter.storage_fail.ranks"),
+    (["jitter.storage_miss.probability=2"], "jitter.storage_miss.probability"),
 ])
 def test_bad_storage_values_are_one_line_errors(sets, where):
     with pytest.raises(UserError) as e:
         load_scenario(SCN, sets)
     msg = str(e.value)
     assert where in msg and "\n" not in msg.strip()
+
+
+def test_storage_faults_on_one_rank_cut_every_ranks_hit_and_are_absorbed():
+    clean = run("jitter.storage_miss.probability=0", requests=120)
+    miss = run("jitter.storage_miss.probability=0.2", requests=120)
+    fail = run("jitter.storage_fail.ranks=[1]", requests=120)
+    assert 0 < miss.summary["l3_hit_tokens"] < clean.summary["l3_hit_tokens"]
+    assert fail.summary["l3_hit_tokens"] == 0
+    for res, name in ((miss, "storage_miss"), (fail, "storage_fail")):
+        assert res.summary["verdict"] == "absorbed"
+        assert res.divergence["perturbations"][name] > 0
+    # the knobs' other values change the run too
+    assert run("jitter.storage_miss.ranks=[0]").summary != run().summary
+    assert run("jitter.storage_fail.ranks=[0]").summary != run().summary
+
+
+def test_storage_jitter_needs_a_storage_block():
+    with pytest.raises(UserError) as e:
+        load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["jitter.storage_fail.ranks=[1]"])
+    assert "storage" in str(e.value)
