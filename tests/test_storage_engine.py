@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+from unittest.mock import patch
+
 import pytest
 
 from conftest import ROOT
 from sim.errors import UserError
+from sim.events import Simulation
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 from test_optrace_v2 import check_replays, main
@@ -40,19 +43,42 @@ def test_no_storage_block_means_no_storage_figures():
     assert not STORAGE_KEYS & set(s)
 
 
-def test_storage_op_traces_replay_to_the_engines_trees(tmp_path):
+@pytest.mark.parametrize("sets", [(), ("cache.write_policy=write_back",),
+                                  ("storage.prefetch_policy=best_effort",),
+                                  ("storage.prefetch_policy=wait_complete", "seed=5")])
+def test_storage_op_traces_replay_to_the_engines_trees(tmp_path, sets):
     ops = tmp_path / "ops"
-    rc, _, err = main(["run", SCN, "-o", tmp_path / "res", "--quiet", "--record-ops", ops,
-                       "--set", "workload.num_requests=80"])
+    argv = ["run", SCN, "-o", tmp_path / "res", "--quiet", "--record-ops", ops,
+            "--set", "workload.num_requests=80"]
+    for x in sets:
+        argv += ["--set", x]
+    rc, _, err = main(argv)
     assert rc == 0, err
     index = json.loads((ops / "index.json").read_text())
     heads = check_replays(ops, index)
     assert all(h["storage_writes"] == "auto" and h["prefetch_threshold"] == 256 for h in heads)
     kinds = {json.loads(x)["op"] for x in (ops / "rank0.jsonl").read_text().splitlines()[1:]}
-    assert {"prefetch", "prefetch_hit", "prefetch_done", "storage_write_ack"} <= kinds
+    assert {"prefetch", "prefetch_hit", "storage_write_ack"} <= kinds
+    assert kinds & {"prefetch_done", "prefetch_revoke"}
 
 
-@pytest.mark.parametrize("sets", [("seed=1",), ("seed=7",),
+@pytest.mark.parametrize("sets", [("seed=2",), ("seed=4", "cache.write_policy=write_back"),
+                                  ("seed=6", "storage.prefetch_policy=wait_complete"),
+                                  ("seed=8", "storage.prefetch_policy=best_effort",
+                                   "storage.read_gbps=0.05")])
+def test_decode_runs_with_storage_write_what_a_step_by_step_loop_writes(sets, tmp_path):
+    """The decode fast path stops at every storage completion and timeout deadline."""
+    fast, plain = tmp_path / "fast", tmp_path / "plain"
+    run(*sets, out=fast)
+    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+        run(*sets, out=plain)
+    names = sorted(p.name for p in fast.iterdir())
+    assert names == sorted(p.name for p in plain.iterdir())
+    for f in names:
+        assert (fast / f).read_bytes() == (plain / f).read_bytes(), f
+
+
+@pytest.mark.parametrize("sets", [("seed=1",), ("seed=7", "cache.write_policy=write_back"),
                                   ("seed=3", "jitter.request_order.swap_probability=0.2", "jitter.request_order.ranks=[1]")])
 def test_shared_and_eager_replicas_write_byte_identical_results(sets, tmp_path):
     folders = []
