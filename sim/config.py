@@ -48,6 +48,10 @@ class JitterConfig:
     request_order_ranks: tuple[int, ...] = ()
     request_order_swap_p: float = 0.0
     request_order_window: int = 2
+    # L3 storage faults: pages missing on some ranks' storage, or a failing backend.
+    storage_miss_p: float = 0.0
+    storage_miss_ranks: tuple[int, ...] = ()
+    storage_fail_ranks: tuple[int, ...] = ()
     seed: int | None = None  # the jitter draws' own seed; None: the run's seed
 
     def physical_ranks(self, tp: int) -> list[int]:
@@ -58,7 +62,22 @@ class JitterConfig:
             out |= set(self.host_alloc_failure_ranks)
         if self.device_free_delay != "none":
             out |= set(self.device_free_delay_ranks)
+        if self.storage_miss_p > 0:
+            out |= set(self.storage_miss_ranks)
+        out |= set(self.storage_fail_ranks)
         return sorted(r for r in out if 0 <= r < tp)
+
+
+@dataclass
+class StorageConfig:
+    """The L3 tier (docs/STORAGE.md), resolved: a per-rank backend cost shape and
+    SGLang's prefetch knobs."""
+
+    backend: object = None  # sim.storage.backends.StorageBackend
+    prefetch_policy: str = "timeout"
+    prefetch_threshold: int = 256
+    prefetch_timeout_base: float = 1.0
+    prefetch_timeout_per_ki_token: float = 0.25
 
 
 @dataclass
@@ -99,6 +118,8 @@ class SimConfig:
     # "eager": every rank has its own tree from t=0. Bookkeeping only: both write
     # byte-identical results, which is how a user checks the optimisation.
     replicas: str = "shared"
+    # The L3 storage tier; None: no storage (the engine does no storage work at all).
+    storage: StorageConfig | None = None
 
 
 def from_scenario(scn) -> tuple[SimConfig, object]:
@@ -132,6 +153,9 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         request_order_ranks=ranks(j.request_order.ranks) if j.request_order.swap_probability > 0 else (),
         request_order_swap_p=j.request_order.swap_probability,
         request_order_window=j.request_order.window,
+        storage_miss_p=j.storage_miss.probability,
+        storage_miss_ranks=ranks(j.storage_miss.ranks) if j.storage_miss.probability > 0 else (),
+        storage_fail_ranks=tuple(j.storage_fail.ranks),
         seed=scn.seed if j.seed is None else j.seed,
     )
     cfg = SimConfig(
@@ -153,6 +177,15 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         max_requests=scn.limits.max_requests, duration_s=scn.limits.duration_s,
         timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,
     )
+    if scn.storage is not None:
+        from sim.storage.backends import backend
+
+        st = scn.storage
+        over = {k: getattr(st, k) for k in ("read_gbps", "write_gbps", "op_latency_us")
+                if getattr(st, k) is not None}
+        cfg.storage = StorageConfig(backend(st.backend, **over), st.prefetch_policy,
+                                    st.prefetch_threshold, st.prefetch_timeout_base,
+                                    st.prefetch_timeout_per_ki_token)
     cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
                      io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
     return cfg, cost

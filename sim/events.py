@@ -167,7 +167,7 @@ class Req:
 
     __slots__ = ("r", "key", "slots", "remaining", "generated", "kv", "retractions",
                  "device_hit", "loaded", "load_s", "stall_s", "prefill_s", "start",
-                 "first_token", "finish")
+                 "first_token", "finish", "l3")
 
     def __init__(self, r, key):
         self.r = r
@@ -180,6 +180,7 @@ class Req:
         self.device_hit = self.loaded = 0
         self.load_s = self.stall_s = self.prefill_s = 0.0
         self.start = self.first_token = self.finish = math.nan
+        self.l3 = 0  # tokens its prefetch loaded from storage (rank 0's replica)
 
     @property
     def fill_len(self) -> int:
@@ -285,6 +286,13 @@ class Simulation:
         self._sync_mismatch = False  # the iteration's digest check failed
         self._run = None             # [end, cut] of the decode run in flight
         self._proc = None            # the loop's process (a cut interrupts it)
+        # The L3 tier (docs/STORAGE.md §7); None: no storage work anywhere.
+        self._st = cfg.storage
+        if self._st is not None:
+            self._st_hits: dict = {}  # prefetch id -> {id(replica): its storage hit}
+            self._st_reqs: dict = {}  # prefetch id -> its Req
+            for c in self.group.cohorts:
+                self._st_attach(c)
 
     # ------------------------------------------------------------ plumbing
     def _kick(self, _event=None) -> None:
@@ -373,8 +381,10 @@ class Simulation:
 
     def submit(self, req) -> None:
         """A request arrives now (the cluster's router chose this instance)."""
-        self.waiting.append(Req(req, page_key(req.blocks, req.block_size, self._ps,
-                                              req.input_len)))
+        rq = Req(req, page_key(req.blocks, req.block_size, self._ps, req.input_len))
+        self.waiting.append(rq)
+        if self._st is not None:
+            self._st_arrive(rq)
         self._kick()
 
     def end_arrivals(self) -> None:
@@ -397,6 +407,7 @@ class Simulation:
 
     def _in_flight(self) -> bool:
         return any(c.load_q or c.write_q or self._pending_writes.get(id(c))
+                   or (c.st is not None and c.st.busy())
                    for c in self.group.cohorts)
 
     def _drained(self) -> bool:
@@ -484,6 +495,9 @@ class Simulation:
     def _sync(self) -> None:
         """`check_hicache_events` in the configured discipline (sem §5.2)."""
         self._flush_writes()
+        if self._st is not None:
+            self._sync_storage()
+            return
         group, now, disc = self.group, self.env.now, self.cfg.discipline
         if self._solo and disc != "local":
             c = group.cohorts[0]
@@ -629,6 +643,9 @@ class Simulation:
                 # `total_tokens < remaining_total`): SGLang aborts such a request.
                 self.waiting.popleft()
                 self.metrics.rejected += 1
+                if self._st is not None:
+                    for c in group.cohorts:
+                        self._st_revoke(c, f"p{r.rid}", "aborted")
                 continue
             break
         if not self.waiting and self.chunked is None:
@@ -705,6 +722,8 @@ class Simulation:
             if len(plan.reqs) >= rows:
                 st.batch_is_full = True
                 break
+            if self._st is not None and not self._st_poll(c, rq):
+                continue  # `check_prefetch_progress`: its prefetch is not done
             res = self._add_one(c, rq, adder, plan)
             if res != CONTINUE:
                 if res == NO_TOKEN:
@@ -1269,6 +1288,8 @@ class Simulation:
         c = self.group.fork(rank, cause, self.env.now, detail)
         if c is src:
             return c
+        if c.st is not None:
+            self._st_hook(c)
         sid, cid = id(src), id(c)
         if sid in self._pending_writes:
             self._pending_writes[cid] = list(self._pending_writes[sid])
@@ -1286,6 +1307,263 @@ class Simulation:
             rq.slots[cid] = new
         self._trace("fork", "divergence", [rank], self.env.now, 0, cause=cause)
         return c
+
+    # ------------------------------------------------------------ storage (L3)
+    # docs/STORAGE.md §7: each replica's PrefetchBook, storage view and storage
+    # engines (sim.storage.replica); every tree op recorded as docs/OPTRACE.md §14.
+    def _st_attach(self, c: Cohort) -> None:
+        from sim.storage.prefetch import PrefetchBook
+        from sim.storage.replica import StorageState
+        from sim.storage.view import StorageView
+
+        c.st = StorageState(self.env, PrefetchBook(c.tree, self._st.prefetch_threshold),
+                            StorageView())
+        self._st_hook(c)
+
+    def _st_hook(self, c: Cohort) -> None:
+        c.tree.on_host_backup = lambda node, c=c: self._st_write(c, node)
+
+    def _st_count(self, c: Cohort, name: str, reason: str | None = None, n: int = 1) -> None:
+        if 0 not in c.ranks:
+            return  # metrics describe rank 0
+        st = self.metrics.storage
+        if reason is None:
+            st[name] += n
+        else:
+            st[name][reason] = st[name].get(reason, 0) + n
+
+    def _st_holders(self, op):
+        """The replicas awaiting ``op``'s result (it leaves their in-flight sets)."""
+        for c in self.group.cohorts:
+            if op in c.st.inflight:
+                c.st.inflight.discard(op)
+                yield c
+
+    def _st_arrive(self, rq: Req) -> None:
+        """`_prefetch_kvcache` at arrival, on every replica: match, `prefetch_from_storage`;
+        an issued prefetch queries each rank's storage (`batch_exists`)."""
+        from sim.storage.replica import StorageOp
+        from sim.storage.view import page_keys
+
+        key = self._seq_key(rq, rq.fill_len - 1)
+        pid = f"p{rq.r.rid}"
+        self._st_reqs[pid] = rq
+        keys = None
+        for c in self.group.cohorts:
+            self._op(c, {"op": "prefetch", "key": key, "id": pid})
+            m = c.tree.match_prefix(key)
+            iss = c.st.book.issue(pid, m, key)
+            if iss.reason is not None:
+                if iss.reason != "empty":  # an empty key is no attempt
+                    self._st_count(c, "prefetch_declined", iss.reason)
+                continue
+            self._st_count(c, "prefetch_issued")
+            if keys is None:
+                keys = page_keys(key)
+            op = StorageOp("query", pid, keys[len(key) - len(iss.prefetch.key):])
+            c.st.inflight.add(op)
+            self.env.process(self._st_query(c, op))
+
+    def _st_query(self, c: Cohort, op):
+        with c.st.read.request() as req:
+            yield req
+            dur = self._st.backend.exists_seconds()
+            self._mark(self.env.now + dur)
+            yield self.env.timeout(dur)
+        ps = self._ps
+        for c2 in self._st_holders(op):
+            if op.id in c2.st.book.prefetches:
+                self._st_hits.setdefault(op.id, {})[id(c2)] = self._st_rank_hit(c2, op.keys) * ps
+                c2.st.hit_q.append(op.id)
+        self._kick()
+
+    def _st_rank_hit(self, c: Cohort, keys) -> int:
+        """``batch_exists`` on this replica's storage: leading pages present, cut by the
+        storage faults of a single-rank replica (``jitter.storage_miss`` / ``_fail``)."""
+        n = c.st.view.exists(keys)
+        j = self.jitter
+        if n and len(c.ranks) == 1:
+            r = c.ranks[0]
+            if r in j.fail_ranks:
+                j.perturbations.fire("storage_fail")
+                return 0
+            if r in j.miss_ranks:
+                for i in range(n):
+                    if j.page_missing(r, keys[i]):
+                        j.perturbations.fire("storage_miss")
+                        return i
+        return n
+
+    def _st_read(self, c: Cohort, op):
+        """`_page_transfer`: the hit in batches of 128 pages, one read call each."""
+        from sim.storage.backends import prefetch_batches
+
+        be, ps = self._st.backend, self._ps
+        bpp = ps * self.cost.bytes_per_token
+        with c.st.read.request() as req:
+            yield req
+            for pages in prefetch_batches(op.pages):
+                if op.cancelled:
+                    break
+                dur = be.read_seconds(pages * bpp)
+                self._mark(self.env.now + dur)
+                yield self.env.timeout(dur)
+                op.completed += pages * ps
+                if any(0 in x.ranks for x in self.group.cohorts if op in x.st.inflight):
+                    self.metrics.storage["l3_read_bytes"] += pages * bpp
+        holders = list(self._st_holders(op))
+        if not op.cancelled:
+            for c2 in holders:
+                c2.st.ack_q.append(op.id)
+            self._kick()
+
+    def _st_write(self, c: Cohort, node) -> None:
+        """`write_backup_storage(node)` after a D->H ack (``Tree.on_host_backup``): the
+        node is host-locked until its storage ack; its pages become visible to this
+        rank's `batch_exists` when the write finishes."""
+        from sim.storage.replica import StorageOp
+        from sim.storage.view import page_keys
+
+        if node is c.tree.root or not node.host:
+            return  # build_storage_backup_spec: nothing written, no id
+        st = c.st
+        st.n_writes += 1
+        wid = f"s{st.n_writes}"  # the op-trace's automatic ids (OPTRACE §14)
+        st.book.write(wid, node)
+        n = len(node.key)
+        op = StorageOp("write", wid, page_keys(c.tree.path_units(node))[-n:], n)
+        st.inflight.add(op)
+        self.env.process(self._st_writer(c, op))
+
+    def _st_writer(self, c: Cohort, op):
+        nbytes = op.pages * self._ps * self.cost.bytes_per_token
+        with c.st.write.request() as req:
+            yield req
+            dur = self._st.backend.write_seconds(nbytes)
+            self._mark(self.env.now + dur)
+            yield self.env.timeout(dur)
+        for c2 in self._st_holders(op):
+            c2.st.view.write(op.keys)
+            c2.st.wack_q.append(op.id)
+            self._st_count(c2, "l3_write_bytes", n=nbytes)
+        self._kick()
+
+    def _sync_storage(self) -> None:
+        """`_sync_hicache_ready_counts` with storage on: ``[write_acks, load_acks,
+        prefetch_hit, ack_prefetch, ack_backup, host_mem_release, digest, -digest]``
+        MIN over the TP group; every rank drains the agreed counts, in SGLang's order."""
+        from sim.storage.collectives import sync_vector, unpack_sync_vector
+
+        group, now = self.group, self.env.now
+        if self._solo:
+            c = group.cohorts[0]
+            self._pop(c, c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now))
+            self._st_drain(c, *c.st.queue_sizes()[:3])
+            return
+        vecs: dict[int, list[int]] = {}
+        digest: dict[int, int] = {}
+        for c in group.cohorts:
+            uniform = (all(a.delays is None for a in c.write_q)
+                       and all(a.delays is None for a in c.load_q))
+            q = c.st.queue_sizes()
+            base = None
+            for r in c.ranks:
+                if base is None or not uniform:
+                    base = (c.ready_count(c.write_q, r, now), c.ready_count(c.load_q, r, now))
+                digest[r] = d = c.tree.digest
+                vecs[r] = sync_vector(base[0], base[1], d, storage_queues=q)
+        red = self._all_reduce("sync", vecs)
+        self._check_digest(digest, red[-2], -red[-1])
+        w, l_, qs, _ = unpack_sync_vector(red)
+        for c in group.cohorts:
+            self._pop(c, w, l_)
+            self._st_drain(c, qs[0], qs[1], qs[2])
+
+    def _st_drain(self, c: Cohort, n_hit: int, n_ack: int, n_backup: int) -> None:
+        from sim.storage.collectives import min_hits
+        from sim.storage.replica import StorageOp
+
+        st, book, ps = c.st, c.st.book, self._ps
+        for _ in range(n_hit):
+            pid = st.hit_q.popleft()
+            p = book.prefetches.get(pid)
+            if p is None:
+                continue  # terminated meanwhile
+            hit = min(min_hits(list(self._st_hits[pid].values()), ps), p.requested)
+            self._op(c, {"op": "prefetch_hit", "id": pid, "n": hit})
+            res = book.hit(pid, hit)
+            if res.staged:
+                op = StorageOp("read", pid, pages=res.staged // ps)
+                st.xfers[pid] = op
+                st.inflight.add(op)
+                self.env.process(self._st_read(c, op))
+            else:
+                st.waits.pop(pid, None)
+                self._st_count(c, "prefetch_revoked", res.reason)
+        for _ in range(n_ack):
+            pid = st.ack_q.popleft()
+            op = st.xfers.get(pid)
+            if pid in book.prefetches and op is not None:
+                self._st_done(c, pid, op.completed)
+        for _ in range(n_backup):
+            wid = st.wack_q.popleft()
+            self._op(c, {"op": "storage_write_ack", "id": wid})
+            book.write_ack(wid)
+
+    def _st_done(self, c: Cohort, pid, completed: int) -> None:
+        """`_handle_prefetch_result`: ``insert_host`` of what landed."""
+        st = c.st
+        self._op(c, {"op": "prefetch_done", "id": pid, "n": completed})
+        _, loaded = st.book.done(pid, completed)
+        op = st.xfers.pop(pid, None)
+        if op is not None:
+            op.cancelled = True  # a transfer still running stops at its next batch
+        st.waits.pop(pid, None)
+        if 0 in c.ranks:
+            self.metrics.storage["l3_hit_tokens"] += loaded
+            self._st_reqs[pid].l3 = loaded
+
+    def _st_revoke(self, c: Cohort, pid, reason: str) -> None:
+        st = c.st
+        if pid not in st.book.prefetches:
+            return
+        self._op(c, {"op": "prefetch_revoke", "id": pid})
+        st.book.revoke(pid)
+        op = st.xfers.pop(pid, None)
+        if op is not None:
+            op.cancelled = True
+        st.waits.pop(pid, None)
+        self._st_count(c, "prefetch_revoked", reason)
+
+    def _st_poll(self, c: Cohort, rq: Req) -> bool:
+        """`check_prefetch_progress` at admission: True when the request may go on
+        (no prefetch, or it is terminated now: inserted if staged, else revoked)."""
+        from sim.storage import policy
+
+        pid = f"p{rq.r.rid}"
+        st = c.st
+        p = st.book.prefetches.get(pid)
+        if p is None:
+            return True
+        cfg, now = self._st, self.env.now
+        op = st.xfers.get(pid)
+        landed = p.staged is not None and op is not None and op.completed >= p.staged
+        done, wait = policy.poll(cfg.prefetch_policy, terminated=False, kv_landed=landed,
+                                 wait=st.waits.get(pid), now=now, requested_tokens=p.requested,
+                                 page_size=self._ps, base_s=cfg.prefetch_timeout_base,
+                                 per_ki_token_s=cfg.prefetch_timeout_per_ki_token)
+        if wait is not None:
+            st.waits[pid] = wait
+            if not done and wait.started_at is not None:
+                # the first poll after the deadline (strictly later) terminates it
+                self._mark(math.nextafter(wait.started_at + wait.timeout_s, math.inf))
+        if not done:
+            return False
+        if p.staged:
+            self._st_done(c, pid, op.completed if op is not None else 0)
+        else:
+            self._st_revoke(c, pid, "not_staged")
+        return True
 
     def _live(self):
         yield from self.running

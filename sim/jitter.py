@@ -24,6 +24,7 @@ STREAM_ACK = 0x41434B          # "ACK"
 STREAM_HOST_ALLOC = 0x484F5354  # "HOST"
 STREAM_ORDER = 0x4F5244        # "ORD"
 STREAM_FREE = 0x46524545       # "FREE"
+STREAM_STORAGE = 0x53544F52    # "STOR"
 
 
 def _mix(x: int) -> int:
@@ -42,7 +43,8 @@ def uniform(seed: int, stream: int, rank: int, n: int) -> float:
 
 # The perturbations, in the order reports list them.
 PERTURBATIONS = ("ack_delay", "host_alloc_failure", "host_capacity_skew",
-                 "device_capacity_skew", "device_free_delay", "id_drift", "request_order")
+                 "device_capacity_skew", "device_free_delay", "id_drift", "request_order",
+                 "storage_miss", "storage_fail")
 
 
 class Perturbations:
@@ -103,6 +105,13 @@ class Jitter:
             if cfg.request_order_swap_p > 0 else ()
         if self.order_ranks:
             configured.append("request_order")
+        self.miss_ranks = frozenset(r for r in cfg.storage_miss_ranks if 0 <= r < tp) \
+            if cfg.storage_miss_p > 0 else frozenset()
+        if self.miss_ranks:
+            configured.append("storage_miss")
+        self.fail_ranks = frozenset(r for r in cfg.storage_fail_ranks if 0 <= r < tp)
+        if self.fail_ranks:
+            configured.append("storage_fail")
         self.perturbations = Perturbations(configured)
 
     @property
@@ -124,6 +133,11 @@ class Jitter:
     def host_alloc_fails(self, rank: int, n: int) -> bool:
         """Whether ``rank``'s ``n``-th host allocation attempt fails."""
         return uniform(self.seed, STREAM_HOST_ALLOC, self.base + rank, n) < self.cfg.host_alloc_failure_p
+
+    def page_missing(self, rank: int, key: int) -> bool:
+        """Whether the page with storage key ``key`` is absent from ``rank``'s storage
+        (the same answer every time it is asked)."""
+        return uniform(self.seed, STREAM_STORAGE, self.base + rank, key) < self.cfg.storage_miss_p
 
     def free_delay(self, rank: int, n: int) -> float:
         """Delay of ``rank``'s ``n``-th device free of a finished request."""

@@ -59,6 +59,11 @@ class Metrics:
         self.hit_tokens = 0
         self.device_hit = 0
         self.host_hit = 0
+        # The L3 tier's counters (rank 0's replica), or None with storage off.
+        self.storage = None if getattr(cfg, "storage", None) is None else {
+            "l3_hit_tokens": 0, "prefetch_issued": 0, "prefetch_declined": {},
+            "prefetch_revoked": {}, "l3_read_bytes": 0, "l3_write_bytes": 0,
+            "tier_storage_tokens": 0}
 
     @property
     def hit_rate(self) -> float:
@@ -72,6 +77,9 @@ class Metrics:
         self.hit_tokens += hit
         self.device_hit += rq.device_hit
         self.host_hit += rq.loaded
+        if self.storage is not None:
+            # Of the host hit, the tokens that came from storage for this request.
+            self.storage["tier_storage_tokens"] += min(rq.l3, rq.loaded)
         self.rows.append((
             r.rid, r.session, r.arrival, rq.start, rq.first_token, rq.finish, r.input_len,
             rq.device_hit, rq.loaded, r.input_len - hit, rq.loaded,
@@ -165,7 +173,36 @@ def summarize(metrics: list[Metrics], trees: list, busy_s: list[float] | None = 
         "sim_time_s": sim_time,
     }
     out.update(_load(metrics, df, busy_s, sim_time))
+    if metrics[0].storage is not None:
+        out.update(_storage(metrics, inp, dev_hit, host_hit))
     return out
+
+
+def _storage(metrics, inp: int, dev_hit: int, host_hit: int) -> dict:
+    """The L3 tier's figures (present only with ``storage:``): rank 0's replica."""
+    def tot(k):
+        return int(sum(m.storage[k] for m in metrics))
+
+    def reasons(k):
+        out: dict = {}
+        for m in metrics:
+            for r, n in m.storage[k].items():
+                out[r] = out.get(r, 0) + n
+        return dict(sorted(out.items()))
+
+    l3 = tot("l3_hit_tokens")
+    tier_st = tot("tier_storage_tokens")
+    return {
+        "l3_hit_tokens": l3,
+        "l3_hit_rate": l3 / inp if inp else 0.0,
+        "prefetch_issued": tot("prefetch_issued"),
+        "prefetch_declined": reasons("prefetch_declined"),
+        "prefetch_revoked": reasons("prefetch_revoked"),
+        "l3_read_bytes": tot("l3_read_bytes"),
+        "l3_write_bytes": tot("l3_write_bytes"),
+        "hit_tokens_by_tier": {"device": int(dev_hit), "host": int(host_hit - tier_st),
+                               "storage": tier_st},
+    }
 
 
 def _load(metrics, df, busy_s, sim_time) -> dict:

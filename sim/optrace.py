@@ -411,7 +411,8 @@ def engine_ops_to_trace(ops: list[dict], *, device_capacity: int, host_capacity:
                         page_size: int, write_policy: str, load_back_threshold: int,
                         note: str = "", version: int | None = None, ids: str | None = None,
                         host_policy: str | None = None, eviction_policy: str | None = None,
-                        host_alloc_failures: list | None = None) -> list[dict]:
+                        host_alloc_failures: list | None = None,
+                        storage: int | None = None) -> list[dict]:
     """A replica's recorded engine ops as an op-trace.
 
     The engine keys its tree with one int unit per page; unit ``u`` becomes a page of
@@ -421,7 +422,8 @@ def engine_ops_to_trace(ops: list[dict], *, device_capacity: int, host_capacity:
     ``version``: 2 writes a v2 header (docs/OPTRACE.md) with explicit write acks; None
     picks 2 only when the ops hold a ``write_ack`` (a write_through recording, which
     has no v1 form), so write_back recordings keep their v1 bytes. The other keywords
-    are header fields, written only when given.
+    are header fields, written only when given. ``storage``: the prefetch threshold of
+    a run with the L3 tier; the header then says ``storage_writes: auto`` (§14).
     """
     if version is None:
         version = 2 if any(op.get("op") == "write_ack" for op in ops) else 1
@@ -435,6 +437,8 @@ def engine_ops_to_trace(ops: list[dict], *, device_capacity: int, host_capacity:
                        ("host_alloc_failures", host_alloc_failures or None)):
         if value is not None:
             header[key] = value
+    if storage is not None:
+        header.update(prefetch_threshold=storage, storage_writes="auto")
     if note:
         header["note"] = note
     out = [header]

@@ -59,7 +59,7 @@ class Cohort:
     """Ranks with identical history: one tree, FIFO ack queues, copy engines."""
 
     __slots__ = ("ranks", "tree", "write_q", "load_q", "ops", "acks_issued", "h2d", "d2h",
-                 "alloc_attempts", "frees", "late_free_tokens", "sched")
+                 "alloc_attempts", "frees", "late_free_tokens", "sched", "st")
 
     def __init__(self, env: simpy.Environment, ranks: list[int], tree: Tree, ops=None,
                  sched: SchedState | None = None):
@@ -76,6 +76,7 @@ class Cohort:
         self.alloc_attempts = 0    # host allocation attempts (the key of their draws)
         self.frees = 0             # finished-request device frees (late-free draws)
         self.late_free_tokens = 0  # device KV freed but not yet back in the allocator
+        self.st = None  # the L3 tier's per-replica state (sim.events.StorageState), or None
 
     def ready_count(self, q: deque, rank: int, now: float) -> int:
         """`_count_ready_acks`: ready acks from the front, up to the first that is not."""
@@ -157,8 +158,14 @@ class RankGroup:
         if len(c.ranks) == 1:
             return c
         c.ranks.remove(rank)
-        new = Cohort(self.env, [rank], c.tree.clone(),
+        maps: dict = {}
+        new = Cohort(self.env, [rank], c.tree.clone(maps),
                      list(c.ops) if c.ops is not None else None, c.sched.copy())
+        if c.st is not None:
+            new.st = c.st.fork(self.env, new.tree, maps)
+            for old_e, new_e in ((c.st.read, new.st.read), (c.st.write, new.st.write)):
+                if old_e.count or old_e.queue:
+                    self.env.process(_shadow(old_e, new_e))
         new.write_q = deque(c.write_q)  # the same Ack objects: one copy, per-rank readiness
         new.load_q = deque(c.load_q)
         new.acks_issued = dict(c.acks_issued)

@@ -123,6 +123,7 @@ def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
                 load_back_threshold=cfg.load_back_threshold, version=2, ids=cfg.ids,
                 host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy,
                 host_alloc_failures=fails.get(id(c)),
+                storage=None if cfg.storage is None else cfg.storage.prefetch_threshold,
                 note=f"hicache-sim {__version__} run --record-ops, scenario {scenario.name}, "
                      f"instance {inst.instance}, ranks {c.label}")
             text = "".join(_dumps(op) + "\n" for op in trace)

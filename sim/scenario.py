@@ -21,6 +21,7 @@ import difflib
 import math
 import re
 import reprlib
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -460,6 +461,29 @@ class Engine(_Model):
     replicas: Literal["shared", "eager"] = "shared"
 
 
+class Storage(_Model):
+    """The L3 storage tier below the host (SGLang's ``--hicache-storage-backend``,
+    docs/STORAGE.md). Absent: no L3. Each TP rank has its own backend (its own page
+    keys, its own read and write engine); prefetch hits are MIN-reduced over the ranks.
+
+    ``backend``: a cost shape of ``sim.storage.backends.BACKENDS`` (per rank: op
+    latency plus bytes at the read or write bandwidth); ``read_gbps``, ``write_gbps``
+    and ``op_latency_us`` override its figures (null: the registry's). The prefetch
+    knobs are SGLang's (``--hicache-storage-prefetch-policy`` and the extra_config
+    keys ``prefetch_threshold``, ``prefetch_timeout_base``,
+    ``prefetch_timeout_per_ki_token``). Needs ``collective.discipline: synced``.
+    """
+
+    backend: Literal["sim", "mooncake", "3fs", "nixl", "file"] = "sim"
+    read_gbps: _num(gt=0.0, hi=1e6) | None = None
+    write_gbps: _num(gt=0.0, hi=1e6) | None = None
+    op_latency_us: _num(0.0, 1e9) | None = None
+    prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = "timeout"
+    prefetch_threshold: _int(0, 10**12) = 256
+    prefetch_timeout_base: Seconds = 1.0
+    prefetch_timeout_per_ki_token: Seconds = 0.25
+
+
 _DELAY_DISTS = ("none", "uniform", "exponential", "lognormal")
 
 
@@ -505,6 +529,22 @@ class RequestOrder(_Model):
     window: _int(2, 1024) = 2
 
 
+class StorageMiss(_Model):
+    """Pages absent from some ranks' storage (a backend that lost or never stored
+    them): each page key is missing on such a rank with this probability, the same
+    draw every time it is asked. Needs ``storage:``."""
+
+    probability: Probability = 0.0
+    ranks: list[Rank] | None = None
+
+
+class StorageFail(_Model):
+    """These ranks' storage backends fail every query (their hits are 0; through the
+    MIN, every rank's). Needs ``storage:``."""
+
+    ranks: list[Rank] = Field(default_factory=list)
+
+
 class Jitter(_Model):
     """Rank-level perturbations and faults; all default off. Each draw is keyed by
     (``seed``, rank, event); ``seed`` defaults to the scenario's. Capacity skews are
@@ -518,6 +558,8 @@ class Jitter(_Model):
     device_free_delay: DeviceFreeDelay = Field(default_factory=DeviceFreeDelay)
     id_drift: IdDrift | None = None
     request_order: RequestOrder = Field(default_factory=RequestOrder)
+    storage_miss: StorageMiss = Field(default_factory=StorageMiss)
+    storage_fail: StorageFail = Field(default_factory=StorageFail)
 
 
 # ----------------------------------------------------------------------------------
@@ -783,6 +825,7 @@ class Scenario(_Model):
     collective: Collective = Field(default_factory=Collective)
     router: Router = Field(default_factory=Router)
     engine: Engine = Field(default_factory=Engine)
+    storage: Storage | None = None
     jitter: Jitter = Field(default_factory=Jitter)
     workload: Workload
     scheduler: Scheduler = Field(default_factory=Scheduler)
@@ -817,6 +860,15 @@ class Scenario(_Model):
             if not (bs % self.page_size == 0 or self.page_size % bs == 0):
                 raise _err(f"page_size {self.page_size} with block_size {bs} ({path})",
                            "one of them to divide the other", "page_size")
+        if self.storage is not None and self.collective.discipline != "synced":
+            raise _err(f"storage with discipline {self.collective.discipline!r}",
+                       "discipline 'synced' (the storage queues ride on 0.5.23's sync)",
+                       "storage")
+        j = self.jitter
+        if self.storage is None and (j.storage_miss.probability > 0 or j.storage_fail.ranks):
+            key = "storage_miss" if j.storage_miss.probability > 0 else "storage_fail"
+            raise _err(f"jitter.{key} without storage",
+                       "a storage: block (it changes nothing otherwise)", f"jitter.{key}")
         for path, ranks in _rank_lists(self.jitter):
             for r in ranks:
                 if r >= self.tp:
@@ -855,6 +907,10 @@ def _rank_lists(j: Jitter):
         yield "jitter.host_capacity_skew", list(j.host_capacity_skew)
     if j.id_drift is not None:
         yield "jitter.id_drift.rank", [j.id_drift.rank]
+    if j.storage_miss.ranks:
+        yield "jitter.storage_miss.ranks", j.storage_miss.ranks
+    if j.storage_fail.ranks:
+        yield "jitter.storage_fail.ranks", j.storage_fail.ranks
 
 
 # ----------------------------------------------------------------------------------
@@ -1189,7 +1245,7 @@ def _members(ann) -> list:
     origin = typing.get_origin(ann)
     if origin is Annotated:
         return _members(typing.get_args(ann)[0])
-    if origin is Union:
+    if origin is Union or origin is types.UnionType:
         out = []
         for a in typing.get_args(ann):
             if a is not type(None):

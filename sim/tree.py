@@ -1299,8 +1299,10 @@ class Tree:
         return None
 
     # ---------------------------------------------------------------- clone
-    def clone(self) -> "Tree":
+    def clone(self, maps: dict | None = None) -> "Tree":
         """An independent copy (copy-on-divergence forks a rank off with this).
+        ``maps``: if given, filled with ``node(old) -> new`` and ``holder(old) -> new``
+        (functions), so a caller's own references (a PrefetchBook's) can follow.
 
         Iterative, so deep chains (long multi-turn sessions) do not hit the
         recursion limit that ``copy.deepcopy`` would.
@@ -1361,6 +1363,8 @@ class Tree:
         # (and its own PrefetchBook: staged slots are copied in host_reserved).
         new.on_host_backup = None
         new.host_policy = type(self.host_policy)()
+        if maps is not None:
+            maps["node"], maps["holder"] = m, mh
         return new
 
     # ---------------------------------------------------------------- views

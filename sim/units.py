@@ -43,6 +43,10 @@ SUMMARY_UNITS = {
     "dp": "1", "router": "text", "router_decisions": "text", "instances": "text",
     "utilisation": "1", "queue_wait_p50_s": "s", "prefill_service_p50_s": "s",
     "overload_warning": "text",
+    # the L3 storage tier (present with `storage:` only)
+    "l3_hit_tokens": "tokens", "l3_hit_rate": "1", "prefetch_issued": "1",
+    "prefetch_declined": "text", "prefetch_revoked": "text", "l3_read_bytes": "bytes",
+    "l3_write_bytes": "bytes", "hit_tokens_by_tier": "text",
 }
 
 # Scenario keys whose last part does not say its unit by the rules below.

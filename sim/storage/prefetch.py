@@ -186,6 +186,18 @@ class PrefetchBook:
         self.occupied -= p.requested
         del self.prefetches[p.pid]
 
+    def clone(self, tree: Tree, maps: dict) -> "PrefetchBook":
+        """This book on ``tree``, a ``Tree.clone(maps)`` of this book's tree."""
+        node, holder = maps["node"], maps["holder"]
+        new = PrefetchBook(tree, self.threshold, self.capacity_limit)
+        new.occupied = self.occupied
+        for pid, p in self.prefetches.items():
+            q = Prefetch(pid, node(p.anchor), holder(p.holder), p.key, p.requested)
+            q.staged = p.staged
+            new.prefetches[pid] = q
+        new.writes = {wid: (node(x), holder(h)) for wid, (x, h) in self.writes.items()}
+        return new
+
     # ---------------------------------------------------------------- storage writes
     def write(self, wid, node: Node) -> bool:
         """``write_backup_storage(node)``: False (nothing written) without a host copy."""

@@ -55,6 +55,12 @@ class StorageView:
     def __contains__(self, key) -> bool:
         return key in self._keys
 
+    def copy(self) -> "StorageView":
+        new = StorageView(self.capacity_pages)
+        new._keys = OrderedDict(self._keys)
+        new.evicted = self.evicted
+        return new
+
     def write(self, keys: Iterable[int]) -> None:
         """A finished storage write of these pages (``batch_set``)."""
         ks = self._keys
