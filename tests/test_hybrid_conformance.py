@@ -344,6 +344,11 @@ def test_replay_ops_plays_hybrid_traces(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"{len(_expected_lines(case))} ops replayed; device ")
     assert "mamba 1 states" in err
+    host_case = HYBRID / "x01_mamba_host_backup_demote.jsonl.gz"
+    assert cli.main(["replay-ops", str(host_case), "-o", str(out), "--summary"]) == 0
+    assert out.read_text().splitlines() == _expected_lines(host_case)
+    err = capsys.readouterr().err
+    assert "mamba 0 states, host 8 tokens, mamba host 2 states" in err, err
     # FULL-only flags have no meaning for a hybrid trace: a one-line input error
     assert cli.main(["replay-ops", str(case), "--ids", "sglang"]) == 2
     err = capsys.readouterr().err
