@@ -39,6 +39,9 @@ HYBRID_BENCHES = [
     ("full+swa   ps4 w16", "swa", dict(page_size=4, window=16, device_cap=512, aux_cap=192,
                                        max_len=48)),
     ("full+mamba ps1 c4", "mamba", dict(chunk=4, device_cap=300, aux_cap=60)),
+    # the host tier (write_back): host pools as large as the device's
+    ("full+mamba host ps1", "mamba", dict(chunk=4, device_cap=300, aux_cap=60, hicache=True,
+                                          host_cap=300, aux_host_cap=60)),
 ]
 
 
@@ -139,8 +142,19 @@ def drive_hybrid(ops):
         elif op_kind in ("evict", "evict_for_alloc"):
             tree.evict(op.get("full", 0), op.get(kind, 0))
         elif op_kind == "lock":
-            locks[op["id"]] = tree.inc_lock(tree.match_prefix(key).best,
+            locks[op["id"]] = tree.inc_lock(tree.match_prefix(key).dnode,
                                             skip_aux=bool(op.get("skip")))
+        elif op_kind == "evict_host":
+            comp = "full" if "full" in op else "mamba"
+            tree.evict_host(op[comp], comp)
+        elif op_kind == "load_back":
+            rid = op.get("req")
+            req = None if rid is None else {"holds": rid in held}
+            tree.load_back(tree.match_prefix(key), op["id"], req)
+            if req is not None and req.get("got"):
+                held.add(rid)
+        elif op_kind == "load_back_ack":
+            tree.finish_load_back(op["id"])
         elif op_kind == "unlock":
             tree.dec_lock(locks.pop(op["id"]))
         elif op_kind == "release_swa":
@@ -171,7 +185,8 @@ def sglang_rate(ops):
 
 
 def hybrid_main(n_ops, seed, with_sglang):
-    print(f"\nhybrid trees: {n_ops} ops each (sim/hybrid/gen.py), device tier")
+    print(f"\nhybrid trees: {n_ops} ops each (sim/hybrid/gen.py), device tier, and the host "
+          f"tier of (FULL, MAMBA)")
     print(f"{'components':<20} {'sim ops/s':>10} {'sglang ops/s':>13} {'ratio':>6}")
     for label, kind, opts in HYBRID_BENCHES:
         # dumps are diagnostics, not tree work: both sides skip them

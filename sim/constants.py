@@ -33,6 +33,26 @@ EVICTION_PRIORITY_INTERNAL = {"full": 2, "swa": 1, "mamba": 0}
 # (_COMPONENT_UUID_RANGE_SIZE, SWA's range index 0) and incremented before use.
 SWA_UUID_START = 1 * 100_000_000_000_000
 
+# --- Hybrid pool sizing (sim/hybrid/pools.py, SGLang 0.5.23) -------------------------
+# arg_groups/fields/schedule.py: --swa-full-tokens-ratio falls back to 0.8 (SWA tokens /
+# full tokens, whatever the layer counts), --mamba-full-memory-ratio to 0.9 (Mamba
+# state memory / full KV memory: kv_cache_configurator.py _handle_max_mamba_cache gives
+# the state pool rest * r / (1 + r)).
+SWA_FULL_TOKENS_RATIO_DEFAULT = 0.8
+MAMBA_FULL_MEMORY_RATIO_DEFAULT = 0.9
+# kv_cache_configurator.py: state slots per running request that cap
+# max_running_requests (max_mamba_cache_size // ratio, _calculate_mamba_ratio): base 3,
+# one less under SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK, which without the extra buffer adds
+# it back (MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER); with --enable-mamba-extra-buffer
+# the tracking slots (allocation_sizing.py get_mamba_tracking_slots: 2 with the overlap
+# scheduler, 1 without or lazy) are added.
+MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3
+MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP = 1
+MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER = 1
+# Each device pool keeps one padding slot: the Mamba pool (size + 1) states
+# (_handle_max_mamba_cache "+1 accounts for each pool's padding slot").
+MAMBA_POOL_PADDING_SLOTS = 1
+
 # Default `load_back_threshold` of the HiCache controller: minimum FULL tokens for
 # a load-back (sem §3.6, §7).
 LOAD_BACK_THRESHOLD = 10

@@ -99,6 +99,102 @@ def test_cases_cover_every_component_behaviour():
             ("mamba", "error:unknown_request")} <= seen
 
 
+def test_host_tier_cases_cover_the_host_paths():
+    """The (FULL, MAMBA) cases with HiCache on exercise every host-tier path the trace
+    format reaches: backups with and without the state, demotes, an internal state's
+    backup, host evictions of both components, duplicate reclaim in both passes with
+    the digest moving, sweeps, un-evicting inserts, load-backs started and refused for
+    each reason, and the host-tier errors, at page sizes 1, 2 and 4."""
+    seen, page_sizes, digests = set(), set(), set()
+    n = 0
+    for case in CASES:
+        header = json.loads(gzip.open(case, "rt").readline())
+        if not header.get("hicache"):
+            continue
+        n += 1
+        page_sizes.add(header.get("page_size", 1))
+        for line in _expected_lines(case):
+            r = json.loads(line)
+            seen.add("op:" + r["op"])
+            digests.add(r["digest"])
+            for e in r["events"]:
+                seen.add(e["k"] + (f":{e['pass']}" if "pass" in e else ""))
+            if "reason" in r:
+                seen.add("reason:" + r["reason"])
+            if r.get("started"):
+                seen.add("started")
+            if r.get("mamba_host_len"):
+                seen.add("mamba_host_len")
+            if r.get("host_len"):
+                seen.add("host_len")
+            if "error" in r:
+                seen.add(f"error:{r['op']}:{r['error']}")
+    assert n >= 30
+    assert page_sizes == {1, 2, 4}
+    assert len(digests) > 10
+    want = {"backup", "host_set", "demote", "tomb", "host_tomb", "unevict", "load", "set",
+            "delete", "dup_reclaim:1", "dup_reclaim:2", "dup_sweep", "op:evict_host",
+            "op:load_back", "op:load_back_ack", "started", "reason:no_host_tail",
+            "reason:below_threshold", "reason:no_device_space", "reason:no_mamba_space",
+            "mamba_host_len", "host_len", "error:load_back:duplicate_load_back_id",
+            "error:load_back_ack:unknown_load_back_id", "error:load_back:mamba_full",
+            "error:insert:bad_prev", "op:evict_for_alloc"}
+    assert want <= seen, sorted(want - seen)
+
+
+def test_a_state_that_reached_the_device_after_its_backup_is_pruned_by_the_demote():
+    """sglang #33713's shape in 0.5.23: write_back backs a node's state up only with
+    its FULL (or as an internal state whose node has no FULL host copy). A state
+    that reached the device after its node's FULL went to host (an insert ending at
+    a backed-up node) is dropped, not demoted, when the node is demoted: the prefix
+    then matches nothing although its FULL is on host. The vendored case
+    x02_mamba_state_pruned_on_demote is the same sequence on SGLang's core."""
+    t = MambaTree(device_capacity=64, mamba_capacity=8, mamba_chunk=4, host_capacity=64,
+                  mamba_host_capacity=8)
+    a, ab = list(range(1, 5)), list(range(1, 9))
+    t.insert(a)
+    t.insert(ab)
+    t.match_prefix(ab)                       # the leaf's state is the most recent
+    assert t.evict(0, 1).aux == 1            # internal: backed up, then tombstoned
+    node = t.match_prefix(a).best
+    assert node.host and node.aux_host and not node.aux
+    t.evict(4, 0)                            # the leaf demoted with its state
+    assert t.evict_host(1, "mamba") == 1     # the internal host state goes (LRU tail)
+    assert not node.aux_host and node.host
+    t.insert(a)                              # the state returns, to the device only
+    assert node.aux and not node.aux_host and node.dev and node.host
+    ev = t.evict(4, 0)                       # a backed-up D-leaf: demoted directly
+    assert (ev.full, ev.aux) == (4, 1)
+    assert not node.dev and node.host and not node.aux and not node.aux_host
+    m = t.match_prefix(a)
+    assert (m.best, m.host_len, m.full_len, m.branch) == (t.root, 0, 4, 4)
+    t.check()
+
+
+def test_host_tier_results_leave_the_device_tier_alone():
+    """A tree with the host tier and no host use answers as the device-only tree:
+    the host fields stay at their zero values on every op of a device-tier case."""
+    case = HYBRID / "g11_mamba_c4.jsonl.gz"
+    ops = list(read_trace(case))
+    plain = HybridReplayer(ops[0][2])
+    host = HybridReplayer({**ops[0][2], "hicache": True, "host_capacity": 0,
+                           "mamba_host_capacity": 0})
+    for idx, _, op in ops[1:]:
+        if op["op"] in ("evict", "evict_for_alloc"):
+            continue  # write_back demotes instead of deleting: a different tree
+        a, b = plain.apply(idx, op), host.apply(idx, op)
+        for key in ("host_len", "dnode", "mamba_host_len", "host", "mamba_host", "digest"):
+            b.pop(key, None)
+        if op["op"] == "dump":
+            for row in b["tree"]:
+                for key in ("dev", "host", "host_lock", "mamba_host", "mamba_host_lock",
+                            "pinned_by"):
+                    row.pop(key)
+            for key in ("host_lru", "h_leaves", "duplicates"):
+                b.pop(key)
+        assert a == b
+
+
 # ------------------------------------------------------------------ unit checks
 
 
@@ -199,6 +295,34 @@ def test_refused_inserts_change_nothing():
     (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
       '"sliding_window":2}', '{"op":"insert","tokens":[1],"prev":-2}'],
      "t.jsonl:2: found prev=-2; expected 'prev' as a non-negative int"),
+    # the host tier
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
+      '"sliding_window":2,"hicache":true,"host_capacity":8}'],
+     't.jsonl:1: found "hicache": true in a swa header; expected "hicache": true only with'),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"hicache":true,"host_capacity":8}'],
+     "t.jsonl:1: found no 'mamba_host_capacity'; expected 'mamba_host_capacity' \\(an int\\)"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"hicache":"yes"}'],
+     "t.jsonl:1: found hicache='yes'; expected 'hicache' as true or false"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"host_capacity":8}'],
+     "t.jsonl:1: found 'host_capacity' without \"hicache\": true"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"hicache":true,"host_capacity":8,"mamba_host_capacity":2,'
+      '"write_policy":"write_through"}'],
+     "t.jsonl:1: found write_policy='write_through'; expected 'write_policy' \"write_back\""),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4}', '{"op":"load_back","tokens":[1],"id":1}'],
+     't.jsonl:2: found a load_back op without the host tier; expected load_back only in a'),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"hicache":true,"host_capacity":8,"mamba_host_capacity":2}',
+      '{"op":"evict_host","full":1,"mamba":1}'],
+     "t.jsonl:2: found evict_host naming both components; expected evict_host with exactly"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"hicache":true,"host_capacity":8,"mamba_host_capacity":2}',
+      '{"op":"load_back","tokens":[1]}'],
+     "t.jsonl:2: found no 'id' in a load_back op; expected 'id'"),
 ])
 def test_malformed_hybrid_traces_give_one_line_errors(tmp_path, lines, msg):
     path = tmp_path / "t.jsonl"
@@ -220,13 +344,19 @@ def test_replay_ops_plays_hybrid_traces(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"{len(_expected_lines(case))} ops replayed; device ")
     assert "mamba 1 states" in err
+    host_case = HYBRID / "x01_mamba_host_backup_demote.jsonl.gz"
+    assert cli.main(["replay-ops", str(host_case), "-o", str(out), "--summary"]) == 0
+    assert out.read_text().splitlines() == _expected_lines(host_case)
+    err = capsys.readouterr().err
+    assert "mamba 0 states, host 8 tokens, mamba host 2 states" in err, err
     # FULL-only flags have no meaning for a hybrid trace: a one-line input error
     assert cli.main(["replay-ops", str(case), "--ids", "sglang"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "found a hybrid trace with ids='sglang'" in err
 
 
-@pytest.mark.parametrize("name", ["g12_swa_ps1_w8", "g11_mamba_c4"])
+@pytest.mark.parametrize("name", ["g12_swa_ps1_w8", "g11_mamba_c4",
+                                  "y11_mamba_host_ps1_c4_h600_m120"])
 def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
     """clone() at mid-trace: the clone and the original give SGLang's lines for the
     rest of the case, and a change to one leaves the other's state alone."""

@@ -235,6 +235,104 @@ class MambaMachinePage2(MambaMachine):
     page_size = 2
 
 
+class MambaHostMachine(MambaMachine):
+    """(FULL, MAMBA) with the host tier (write_back): backups, demotes, host
+    eviction of either component, duplicate reclaim, load-backs and their acks, on
+    small host pools, with check() (both tiers) after every op."""
+
+    @initialize(dev_pages=st.integers(4, 40), aux=st.integers(1, 12), chunk=st.integers(1, 6),
+                max_states=st.sampled_from([-1, -1, 1, 2]), host_pages=st.integers(0, 60),
+                aux_host=st.integers(0, 12), threshold=st.sampled_from([1, 3]))
+    def setup(self, dev_pages, aux, chunk, max_states, host_pages, aux_host, threshold):
+        ps = self.page_size
+        self.tree = MambaTree(device_capacity=dev_pages * ps, mamba_capacity=aux,
+                              mamba_chunk=chunk, max_states=max_states, page_size=ps,
+                              extra_buffer=ps > 1, host_capacity=host_pages * ps,
+                              mamba_host_capacity=aux_host, load_back_threshold=threshold)
+        self.locks = []
+        self.held = 0
+        self.loads = []
+        self.next_load = 0
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10), skip=st.booleans())
+    def lock(self, pages, skip):
+        m = self.tree.match_prefix(self.units(pages))
+        assert m.dnode.dev and m.device_len <= m.full_len
+        self.locks.append(self.tree.inc_lock(m.dnode, skip_aux=skip))
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10))
+    def match(self, pages):
+        t = self.tree
+        m = t.match_prefix(self.units(pages))
+        assert m.device_len <= m.full_len <= len(pages) * self.page_size
+        assert m.aux_host_len == (1 if m.best.aux_host and not m.best.aux else 0)
+        # the device anchor is on the best node's root path
+        x = m.best
+        while x is not m.dnode:
+            assert x is not t.root
+            x = x.parent
+
+    @rule(n=st.integers(0, 40), full=st.booleans())
+    def evict_host(self, n, full):
+        t = self.tree
+        before = (t.host_used, t.aux_host_used, t.dev_used)
+        freed = t.evict_host(n, "full" if full else "mamba")
+        assert t.dev_used == before[2]
+        if full:
+            assert before[0] - t.host_used == freed
+        else:
+            assert before[1] - t.aux_host_used == freed
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10), with_req=st.booleans(),
+          holds=st.booleans())
+    def load_back(self, pages, with_req, holds):
+        t = self.tree
+        key = self.units(pages)
+        holds = holds and self.held > 0
+        req = {"holds": holds} if with_req else None
+        if with_req and t.load_back_would_fail(key, holds):
+            return
+        m = t.match_prefix(key)
+        lid = self.next_load
+        self.next_load += 1
+        out = t.load_back(m, lid, req)
+        if req is not None and req.get("got"):
+            self.held += 1
+        assert t.held == self.held
+        if out["started"]:
+            self.loads.append(lid)
+            x = m.best
+            while x is not t.root:  # the anchor's whole path is on device, locked
+                assert x.dev and x.lock > 0
+                x = x.parent
+            assert not (m.best.aux_host and not m.best.aux)
+        else:
+            assert out["reason"] in ("no_host_tail", "below_threshold", "no_device_space",
+                                     "no_mamba_space")
+            assert lid not in t.loads
+
+    @precondition(lambda self: self.loads)
+    @rule(i=st.integers(0, 100))
+    def load_ack(self, i):
+        self.tree.finish_load_back(self.loads.pop(i % len(self.loads)))
+
+    @rule(full=st.integers(0, 40), aux=st.integers(0, 20))
+    def evict(self, full, aux):
+        t = self.tree
+        before = (t.dev_used, t.aux_used)
+        res = t.evict(full, aux)
+        assert before[0] - t.dev_used == res.full and before[1] - t.aux_used == res.aux
+
+
+class MambaHostMachinePage2(MambaHostMachine):
+    page_size = 2
+
+
+TestHybridMambaHost = MambaHostMachine.TestCase
+TestHybridMambaHost.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+TestHybridMambaHostPage2 = MambaHostMachinePage2.TestCase
+TestHybridMambaHostPage2.settings = settings(max_examples=30, stateful_step_count=50,
+                                             deadline=None)
 TestHybridSWA = HybridMachine.TestCase
 TestHybridSWA.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestHybridSWAPage2 = SWAMachinePage2.TestCase

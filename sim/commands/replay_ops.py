@@ -42,7 +42,11 @@ def run(args) -> int:
         import json
 
         final = json.loads(last)
-        if "digest" in final:
+        if "mamba_host" in final:  # a hybrid trace with the host tier
+            print(f"{n} ops replayed; digest {final['digest']}; device {final['dev']} tokens, "
+                  f"mamba {final['mamba']} states, host {final['host']} tokens, mamba host "
+                  f"{final['mamba_host']} states, {final['nodes']} nodes", file=sys.stderr)
+        elif "digest" in final:
             print(f"{n} ops replayed; digest {final['digest']}; device {final['dev']} tokens, "
                   f"host {final['host']} tokens, {final['nodes']} nodes", file=sys.stderr)
         else:  # a hybrid trace (docs/HYBRID.md §6): the component's pool instead of host

@@ -47,15 +47,33 @@ class HybridInvariantError(AssertionError):
 
 
 class HNode:
-    """A radix node: FULL on device always; the auxiliary component's value maybe.
+    """A radix node: FULL's device value (always, with HiCache off) and host value;
+    the auxiliary component's device and host values maybe.
 
     ``lock``: FULL ``lock_ref``; ``aux``/``aux_lock``: the auxiliary component's value
     present / ``lock_ref``; ``uuid``: SWA's window-lock boundary mark
     (``metadata["uuid"]``); ``lp``/``ln``: links in the auxiliary device LRU list
-    (``lru_prev``/``lru_next``), ``lp is None`` when not in it."""
+    (``lru_prev``/``lru_next``), ``lp is None`` when not in it. Host tier (HiCache
+    on): ``dev``/``host``: FULL's device / host value present; ``host_lock``: FULL
+    ``host_lock_ref``, ``host_tops``: the host locks whose boundary (FULL's
+    ``metadata["host_uuid"]``) sits here; ``aux_host``/``aux_host_lock``: the
+    auxiliary host value / ``host_lock_ref``; ``hlp``/``hln``: links in its host LRU;
+    ``lb``: the anchor of the load-back pinning this node (``load_back_pending_id``)."""
 
     __slots__ = ("id", "parent", "children", "key", "lock", "aux", "aux_lock", "uuid",
                  "last_access", "creation", "lp", "ln")
+    # The host tier's fields, at their HiCache-off values: class attributes, so a
+    # device-only node stays as small and as quick to build as before;
+    # ``HostHNode`` holds them per node.
+    dev = True
+    host = False
+    host_lock = 0
+    host_tops = None
+    aux_host = False
+    aux_host_lock = 0
+    hlp = None
+    hln = None
+    lb = None
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
         self.id = nid
@@ -75,6 +93,25 @@ class HNode:
         return f"HNode({self.id}, {len(self.key)}p{', aux' if self.aux else ''})"
 
 
+class HostHNode(HNode):
+    """A node of a tree with the host tier (HiCache on): the host fields per node."""
+
+    __slots__ = ("dev", "host", "host_lock", "host_tops", "aux_host", "aux_host_lock",
+                 "hlp", "hln", "lb")
+
+    def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
+        super().__init__(nid, key, parent, t_access, t_create)
+        self.dev = True
+        self.host = False
+        self.host_lock = 0
+        self.host_tops = None
+        self.aux_host = False
+        self.aux_host_lock = 0
+        self.hlp = None
+        self.hln = None
+        self.lb = None
+
+
 # ---------------------------------------------------------------- op results
 
 
@@ -84,13 +121,21 @@ class HybridMatch:
     matched (``full_kv_hit_length``); ``branch``: the component's branching seqlen
     (``swa_branching_seqlen`` / ``mamba_branching_seqlen``) or None."""
 
-    __slots__ = ("device_len", "full_len", "best", "branch")
+    __slots__ = ("device_len", "full_len", "best", "branch", "dnode", "host_len",
+                 "aux_host_len")
 
-    def __init__(self, device_len, full_len, best, branch):
+    def __init__(self, device_len, full_len, best, branch, dnode=None, host_len=0,
+                 aux_host_len=0):
         self.device_len = device_len
         self.full_len = full_len
         self.best = best
         self.branch = branch
+        # Host tier: last_device_node (the lock anchor), host_hit_length (FULL host
+        # tokens from best up to it) and the component's host hit
+        # (mamba_host_hit_length). With HiCache off dnode is best.
+        self.dnode = best if dnode is None else dnode
+        self.host_len = host_len
+        self.aux_host_len = aux_host_len
 
 
 class HybridInsert:
@@ -186,6 +231,96 @@ class _LRU:
         return out
 
 
+class _HostLRU:
+    """A component's host ``UnifiedLRUList`` (``use_host_ptr=True``): the nodes whose
+    value is host-only, linked through ``hlp``/``hln``."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self):
+        self.head = HostHNode(-3, [], None, 0.0, 0.0)
+        self.tail = HostHNode(-4, [], None, 0.0, 0.0)
+        self.head.hln = self.tail
+        self.tail.hlp = self.head
+
+    def insert_mru(self, node: HNode) -> None:
+        assert node.hlp is None
+        h = self.head
+        nxt = h.hln
+        node.hlp = h
+        node.hln = nxt
+        nxt.hlp = node
+        h.hln = node
+
+    @staticmethod
+    def remove(node: HNode) -> None:
+        p, n = node.hlp, node.hln
+        p.hln = n
+        n.hlp = p
+        node.hlp = node.hln = None
+
+    def prev_no_host_lock(self, node: HNode):
+        """``get_prev_no_host_lock``: the next older entry whose host lock is 0."""
+        x = node.hlp
+        while x.aux_host_lock > 0:
+            x = x.hlp
+        return None if x is self.head else x
+
+    def lru_no_host_lock(self):
+        return self.prev_no_host_lock(self.tail)
+
+    def order(self) -> list:
+        out, x = [], self.head.hln
+        while x is not self.tail:
+            out.append(x)
+            x = x.hln
+        return out
+
+
+class HostLockReceipt:
+    """``inc_host_lock_ref``'s receipt: the anchor, and ``top``, the node carrying
+    FULL's host-lock boundary (``metadata["host_uuid"]``; a split moves it up)."""
+
+    __slots__ = ("anchor", "top")
+
+    def __init__(self, anchor: HNode):
+        self.anchor = anchor
+        self.top = anchor
+
+
+class LoadBack:
+    """An in-flight load-back: its anchor, device lock and host lock receipts."""
+
+    __slots__ = ("anchor", "lock", "host_lock", "tokens")
+
+    def __init__(self, anchor, lock, host_lock, tokens):
+        self.anchor = anchor
+        self.lock = lock
+        self.host_lock = host_lock
+        self.tokens = tokens
+
+
+class _HostState:
+    """A hybrid tree's host tier: pool capacities and use, the component's host LRU,
+    the host leaf set, ``full_host_duplicates`` (insertion-ordered), the reclaim
+    digest and the in-flight load-backs."""
+
+    __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
+                 "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads")
+
+    def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int):
+        self.host_capacity = host_capacity
+        self.aux_host_capacity = aux_host_capacity
+        self.load_back_threshold = load_back_threshold
+        self.host_used = 0       # FULL host tokens
+        self.aux_host_used = 0   # the component's host values
+        self.hlru = _HostLRU()
+        self.h_leaves: set = set()
+        self.dups: dict = {}
+        self.digest = 0
+        self.loads: dict = {}
+
+
 class HybridTree:
     """The unified tree with components ``("full", AUX)``; see the module docstring.
 
@@ -195,9 +330,27 @@ class HybridTree:
     AUX = ""
     # base.py eviction_priority: internal nodes full=2 > swa=1 > mamba=0; leaves all 0.
     AUX_PRIORITY = 0
+    # HiCache off unless the constructor is given a host pool (instance overrides).
+    hicache = False
+    _node_cls = HNode
+
+    # The host tier's state, read-only from outside (``_HostState``).
+    host_capacity = property(lambda self: self.ht.host_capacity)
+    aux_host_capacity = property(lambda self: self.ht.aux_host_capacity)
+    load_back_threshold = property(lambda self: self.ht.load_back_threshold)
+    host_used = property(lambda self: self.ht.host_used, doc="FULL host tokens")
+    aux_host_used = property(lambda self: self.ht.aux_host_used,
+                             doc="the component's host values (Mamba: states)")
+    hlru = property(lambda self: self.ht.hlru, doc="the component's host LRU")
+    h_leaves = property(lambda self: self.ht.h_leaves, doc="evictable host leaves")
+    dups = property(lambda self: self.ht.dups, doc="full_host_duplicates, in order")
+    digest = property(lambda self: self.ht.digest,
+                      doc="write_back_duplicate_reclaim_digest")
+    loads = property(lambda self: self.ht.loads, doc="in-flight load-backs by id")
 
     def __init__(self, *, device_capacity: int, aux_capacity: int, page_size: int = 1,
-                 record: bool = False):
+                 record: bool = False, host_capacity: int | None = None,
+                 aux_host_capacity: int = 0, load_back_threshold: int = 1):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         # _cascade_evict from an internal auxiliary victim reaches only components of
@@ -209,6 +362,8 @@ class HybridTree:
         self.aux_capacity = aux_capacity
         self._clock = C.CLOCK_START
         self._next_id = 0
+        if host_capacity is not None:
+            self._node_cls = HostHNode
         self.root = self._new_node([], None)
         # reset(): root lock_ref 1 for every component; never a leaf, never evicted.
         self.root.lock = 1
@@ -229,6 +384,15 @@ class HybridTree:
         self.aux_protected = 0
         self.n_nodes = 0
         self.rec: list | None = [] if record else None
+        # The host tier (HiCache on, write_back): host_capacity None keeps it off.
+        # Its state lives in one object, so that a tree keeps few enough instance
+        # attributes for CPython's fast attribute access (a dict past 30 shared keys
+        # is slower on every access of the hot path).
+        self.ht = _HostState(host_capacity or 0, aux_host_capacity, load_back_threshold)
+        if host_capacity is not None:
+            self.hicache = True
+            self._refresh = self._refresh_ht
+            self._is_dleaf = self._is_dleaf_ht
 
     # ------------------------------------------------------------------ basics
     def _tick(self) -> float:
@@ -241,7 +405,7 @@ class HybridTree:
         nid = self._next_id
         self._next_id = nid + 1
         t = self._tick()
-        return HNode(nid, key, parent, t, self._tick())
+        return self._node_cls(nid, key, parent, t, self._tick())
 
     def _ev(self, kind: str, node: HNode, **extra) -> None:
         self.rec.append((kind, node, extra))
@@ -264,10 +428,47 @@ class HybridTree:
         raise NotImplementedError
 
     def _is_dleaf(self, node: HNode) -> bool:
-        """core ``_is_device_leaf``: not root, FULL on device (always here), no lock on
-        any component, no child with FULL on device (here: no child)."""
+        """core ``_is_device_leaf``: not root, FULL on device (always, with HiCache
+        off), no lock on any component, no child with FULL on device (here: no
+        child). ``_is_dleaf_ht`` replaces it with HiCache on."""
         return (node.lock == 0 and node.aux_lock == 0 and not node.children
                 and node is not self.root)
+
+    def _is_dleaf_ht(self, node: HNode) -> bool:
+        """core ``_is_device_leaf`` with HiCache on: host-only children do not count."""
+        if node.lock or node.aux_lock or node is self.root or not node.dev:
+            return False
+        for c in node.children.values():
+            if c.dev:
+                return False
+        return True
+
+    def _is_hleaf(self, node: HNode) -> bool:
+        """core ``_is_host_leaf``: not root, FULL evicted and on host, no lock or host
+        lock on any component, no child."""
+        return (not node.dev and node.host and not node.children and node is not self.root
+                and not (node.lock or node.aux_lock or node.host_lock or node.aux_host_lock))
+
+    def _refresh_ht(self, node: HNode) -> None:
+        """core ``_update_evictable_leaf_sets``, both tiers."""
+        if self._is_dleaf(node):
+            self.d_leaves.add(node)
+        else:
+            self.d_leaves.discard(node)
+        if self._is_hleaf(node):
+            self.ht.h_leaves.add(node)
+        else:
+            self.ht.h_leaves.discard(node)
+
+    def _track(self, node: HNode) -> None:
+        """core ``_update_duplicate_tracking``: a settled FULL duplicate (both tiers,
+        no load-back pin; write-backs ack before any op ends) keeps or takes its
+        place in the map; anything else leaves it."""
+        if node.dev and node.host and node.lb is None and node is not self.root:
+            if node.id not in self.ht.dups:
+                self.ht.dups[node.id] = node
+        else:
+            self.ht.dups.pop(node.id, None)
 
     def _refresh(self, node: HNode) -> None:
         """core ``_update_evictable_leaf_sets`` (the device half)."""
@@ -281,6 +482,8 @@ class HybridTree:
         """core ``set_component_device_value``: store the value, MRU in the LRU,
         credited to protected when the node is locked, else evictable."""
         node.aux = True
+        if node.hlp is not None:
+            self.ht.hlru.remove(node)
         self.lru.insert_mru(node)
         self.aux_used += n
         if node.aux_lock > 0:
@@ -299,6 +502,9 @@ class HybridTree:
         self.aux_evictable -= n
         self.aux_used -= n
         self.lru.remove(node)
+        if node.aux_host and node.hlp is None:
+            # evict_component: a device tombstone over a host copy joins the host LRU.
+            self.ht.hlru.insert_mru(node)
         if event and self.rec is not None:
             self._ev("tomb", node, c=self.AUX, n=n)
         return n
@@ -320,8 +526,18 @@ class HybridTree:
         parent = child.parent
         up = self._new_node(child.key[:p], parent)
         up.creation = child.creation
-        # full.py redistribute_on_node_split: the parent copies lock_ref.
+        # full.py redistribute_on_node_split: the parent copies lock_ref (and, host
+        # tier, the host value's slice, host_lock_ref and the host-lock boundary).
         up.lock = child.lock
+        if self.hicache:
+            up.dev = child.dev
+            up.host = child.host
+            up.host_lock = child.host_lock
+            if child.host_tops:
+                up.host_tops, child.host_tops = child.host_tops, None
+                for holder in up.host_tops:
+                    holder.top = up
+            up.lb = child.lb
         parent.children[child.key[0]] = up
         child.key = child.key[p:]
         child.parent = up
@@ -334,6 +550,8 @@ class HybridTree:
         self.n_nodes += 1
         self._refresh(up)
         self._refresh(child)
+        if self.hicache:
+            self._track(up)
         if self.rec is not None:
             self._ev("split", up, child=child.id, n=len(up.key) * self.page_size)
         return up
@@ -357,12 +575,12 @@ class HybridTree:
         return pos
 
     def _at_boundary(self, key: list, units: int) -> bool:
-        """Whether the tree holds ``key[:units]`` as whole nodes (a reused prefix
-        ends where its match ended, at a node boundary: docs/HYBRID.md §6)."""
+        """Whether the tree holds ``key[:units]`` as whole nodes on device (a reused
+        prefix ends where its match ended, at a node boundary: docs/HYBRID.md §6)."""
         node, pos = self.root, 0
         while pos < units:
             child = node.children.get(key[pos])
-            if child is None:
+            if child is None or not child.dev:
                 return False
             k = len(child.key)
             if pos + k > units or key[pos:pos + k] != child.key:
@@ -377,6 +595,8 @@ class HybridTree:
         (device only: ``match_device_only`` validators)."""
         if not key:
             return HybridMatch(0, 0, self.root, None)
+        if self.hicache:
+            return self._match_ht(key)
         ps = self.page_size
         node, pos, n = self.root, 0, len(key)
         best, best_units = self.root, 0
@@ -408,7 +628,65 @@ class HybridTree:
         full_len = pos * ps
         return HybridMatch(device_len, full_len, best, self._aux_branch(device_len, full_len))
 
-    def _aux_validator(self):
+    def _match_ht(self, key: list) -> HybridMatch:
+        """``_match_prefix_helper`` with HiCache on: two validator sets, one that also
+        accepts host copies (``best_match_node``) and the device-only one
+        (``last_device_node``), every validator run at every node; then
+        ``_match_post_processor`` and each component's
+        ``finalize_match_result_in_tree_core`` (FULL's ``host_hit_length``: host
+        tokens from ``best_match_node`` up to ``last_device_node``)."""
+        ps = self.page_size
+        node, pos, n = self.root, 0, len(key)
+        best = dbest = self.root
+        dbest_units = 0
+        valid = self._aux_validator(device_only=False)
+        dvalid = self._aux_validator(device_only=True)
+
+        def update(x):
+            nonlocal best, dbest, dbest_units
+            a = x.dev or x.host
+            if valid(x) and a:
+                best = x
+            b = dvalid(x)
+            if x.dev and b:
+                dbest, dbest_units = x, pos
+
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None or not (child.dev or child.host):
+                break
+            p = self._common(key, pos, child.key)
+            if p < len(child.key):
+                node = self._split(child, p)
+                pos += p
+                update(node)
+                break
+            pos += p
+            node = child
+            update(node)
+        self._aux_match_end(best)
+        t = self._tick()
+        x = best
+        while x is not None:
+            x.last_access = t
+            t -= C.MATCH_ANCESTOR_STEP
+            x = x.parent
+        host = 0
+        x = best
+        while x is not dbest and x is not self.root:
+            if x.host:
+                host += len(x.key) * ps
+            x = x.parent
+        device_len = dbest_units * ps
+        full_len = pos * ps
+        return HybridMatch(device_len, full_len, best,
+                           self._aux_branch(device_len + host, full_len), dbest, host,
+                           self._aux_host_hit(best))
+
+    def _aux_host_hit(self, best) -> int:
+        return 0
+
+    def _aux_validator(self, device_only: bool = True):
         raise NotImplementedError
 
     def _aux_match_end(self, best: HNode) -> None:
@@ -446,7 +724,10 @@ class HybridTree:
             p = self._common(key, pos, child.key)
             if p < len(child.key):
                 child = self._split(child, p)
-            self._aux_overlap(child, p * ps, pos * ps, prev, aux_args)
+            if not child.dev:
+                self._unevict(child)
+            else:
+                self._aux_overlap(child, p * ps, pos * ps, prev, aux_args)
             node = child
             pos += p
         res.prefix_len = pos * ps
@@ -470,6 +751,23 @@ class HybridTree:
             self._aux_insert_end(res.node)
         return res
 
+    def _unevict(self, node: HNode) -> None:
+        """core ``_unevict_node_on_insert``: an evicted node the insert walks over
+        takes the request's fresh KV (a duplicate at once when it has a host copy);
+        the auxiliary ``recover_after_unevict`` does nothing for Mamba."""
+        t = len(node.key) * self.page_size
+        node.dev = True
+        self.dev_used += t
+        if node.lock > 0:
+            self.protected += t
+        else:
+            self.evictable += t
+        self._refresh(node)
+        self._track(node)
+        self._refresh(node.parent)
+        if self.rec is not None:
+            self._ev("unevict", node, n=t)
+
     def _aux_prepare(self, key, prev, res, aux_args) -> None:
         raise NotImplementedError
 
@@ -491,7 +789,12 @@ class HybridTree:
         ``skip_aux`` (``skip_lock_components``: the Mamba-less decode hold)."""
         cur = node
         root = self.root
-        while cur is not root:  # full.py acquire_component_lock
+        # full.py acquire_component_lock: the bottom device-evicted segment is locked
+        # too, with no ledger move (host tier only: a load-back's anchor).
+        while cur is not root and not cur.dev:
+            cur.lock += 1
+            cur = cur.parent
+        while cur is not root:
             if cur.lock == 0:
                 t = len(cur.key) * self.page_size
                 self.evictable -= t
@@ -513,7 +816,7 @@ class HybridTree:
         while cur is not root:  # full.py release_component_lock
             if cur.lock <= 0:
                 raise HybridInvariantError(f"FULL release hit lock_ref=0 on node {cur.id}")
-            if cur.lock == 1:
+            if cur.lock == 1 and cur.dev:
                 t = len(cur.key) * self.page_size
                 self.evictable += t
                 self.protected -= t
@@ -535,6 +838,12 @@ class HybridTree:
         component in tree order walks its own victims until its running total, which
         includes what earlier cascades freed, reaches its request."""
         res = HybridEviction()
+        if self.hicache:
+            if res.full < full:
+                self._evict_full_ht(full, res)
+            if res.aux < aux:
+                self._evict_aux_ht(aux, res)
+            return res
         if res.full < full:
             self._evict_full(full, res)
         if res.aux < aux:
@@ -606,6 +915,462 @@ class HybridTree:
         self.n_nodes -= 1
         self._refresh(parent)
 
+    # ------------------------------------------------------------- host tier
+    # HiCache on, write_back (docs/HYBRID.md §5). Citations: core =
+    # unified_tree_core.py, cache = unified_radix_cache.py.
+
+    def _evict_full_ht(self, request: int, res: HybridEviction) -> None:
+        """The FULL walk (``full._evict_device_next_node``) with each victim handed
+        to ``_evict_dleaf`` (cache ``_evict_components``' write_back branch)."""
+        heap = [(n.last_access, n.id, n) for n in self.d_leaves]
+        heapq.heapify(heap)
+        d_leaves = self.d_leaves
+        last = None
+        while True:
+            if last is not None and last.parent is not None and last.parent in d_leaves:
+                p = last.parent
+                heapq.heappush(heap, (p.last_access, p.id, p))
+            last = None
+            x = None
+            while res.full < request and heap:
+                _, _, cand = heapq.heappop(heap)
+                if cand in d_leaves:
+                    x = cand
+                    break
+            if x is None:
+                return
+            last = x
+            self._evict_dleaf(x, res)
+
+    def _evict_aux_ht(self, request: int, res: HybridEviction) -> None:
+        """The auxiliary walk with HiCache on (mamba ``_evict_device_next_node``): a
+        device leaf goes to ``_evict_dleaf``; an internal state with no host copy on a
+        node whose FULL has none either is first backed up (``InternalStateBackup``:
+        host room, ``backup_node_for_write_back``, then
+        ``finish_mamba_state_eviction``); any other internal state is tombstoned at
+        once, a host copy, if any, staying behind in the host LRU."""
+        lru = self.lru
+        cursor = lru.lru_no_lock()
+        d_leaves = self.d_leaves
+        while True:
+            if cursor is not None and cursor.lp is None:
+                cursor = lru.lru_no_lock()
+            if res.aux >= request or cursor is None:
+                return
+            x = cursor
+            cursor = lru.prev_no_lock(x)
+            if x in d_leaves:
+                self._evict_dleaf(x, res)
+                continue
+            if not x.aux_host and not x.host and x.dev:
+                if self.ht.aux_host_capacity - self.ht.aux_host_used < 1:
+                    self._evict_host_aux(1)
+                self._backup(x)
+                # _finish_internal_component_eviction's re-checks.
+                if (not self._alive(x) or not x.aux or x.aux_lock > 0 or x.lb is not None
+                        or x.lp is None):
+                    continue
+                if x in d_leaves or not x.dev:
+                    cursor = x  # re-selected through the normal walk
+                    continue
+            res.aux += self._aux_tomb(x)
+            self._refresh(x)
+
+    def _alive(self, x: HNode) -> bool:
+        p = x.parent
+        return p is not None and p.children.get(x.key[0]) is x
+
+    def _evict_dleaf(self, x: HNode, res: HybridEviction) -> None:
+        """core ``evict_device_leaf`` under write_back: a backed-up leaf is demoted; an
+        unbacked one is backed up (FULL and the component's state, cache
+        ``_execute_and_commit_kv_backup``) and demoted, or, when the host has no room,
+        dropped with its host-only subtree (``drop_subtree_no_host``) unless
+        something there is locked or pinned."""
+        if x.host:
+            self._demote(x, res)
+        elif self._backup(x) > 0:
+            self._demote(x, res)
+        elif not self._drop(x, res):
+            if self.rec is not None:
+                self._ev("drop_declined", x)
+
+    def _aux_backup_needed(self, x: HNode) -> bool:
+        """``_build_backup_spec``'s component transfer (``needs_incremental_backup`` /
+        ``build_hicache_transfers(BACKUP_HOST)``)."""
+        return False
+
+    def _backup(self, x: HNode) -> int:
+        """One node's D->H backup and its synchronous ack (cache
+        ``_execute_and_commit_kv_backup`` + ``writing_check(write_back=True)``): FULL's
+        tokens unless already on host, and the component's state. Host room: FULL's
+        shortfall is evicted from the FULL host (giving up if that frees less), then
+        the component's slot is allocated, evicting one from its host once
+        (``resolve_host_transfers``); all or nothing. Returns the FULL tokens
+        written (0: failed or nothing to write)."""
+        t = 0 if x.host else len(x.key) * self.page_size
+        aux = self._aux_backup_needed(x)
+        if t == 0 and not aux:
+            return 0
+        avail = self.ht.host_capacity - self.ht.host_used
+        if avail < t and self._evict_host_full(t - avail) < t - avail:
+            return 0
+        if aux and self.ht.aux_host_capacity - self.ht.aux_host_used < 1:
+            self._evict_host_aux(1)
+            if self.ht.aux_host_capacity - self.ht.aux_host_used < 1:
+                return 0
+        if t:
+            x.host = True
+            self.ht.host_used += t
+        if aux:
+            x.aux_host = True
+            self.ht.aux_host_used += 1
+            if self.rec is not None:
+                self._ev("host_set", x, c=self.AUX, n=1)
+        if self.rec is not None:
+            self._ev("backup", x, n=t)
+        self._track(x)  # finish_write_through: a duplicate from its ack
+        return t
+
+    def _demote(self, x: HNode, res: HybridEviction) -> None:
+        """core ``_demote``: FULL's device value goes, the cascade takes the
+        component's device value (a leaf: every priority is 0), a host copy joins
+        the host LRU; the node stays, host-only."""
+        t = len(x.key) * self.page_size
+        if self.rec is not None:
+            self._ev("demote", x, n=t)
+        res.full += t
+        self.evictable -= t
+        self.dev_used -= t
+        if x.aux:
+            res.aux += self._aux_tomb(x)
+        x.dev = False
+        self._refresh(x)
+        if x.aux_host and x.hlp is None:
+            self.ht.hlru.insert_mru(x)
+        self._refresh(x.parent)
+
+    def _locked_any(self, x: HNode) -> bool:
+        return bool(x.lock or x.aux_lock or x.host_lock or x.aux_host_lock)
+
+    def _drop(self, x: HNode, res: HybridEviction) -> bool:
+        """core ``drop_subtree_no_host``: delete an unbackable D-leaf and its
+        host-only subtree, unless anything there is locked or pinned."""
+        if x.lb is not None or self._locked_any(x):
+            return False
+        below = []
+        stack = list(x.children.values())
+        while stack:
+            y = stack.pop()
+            if y.lb is not None or self._locked_any(y):
+                return False
+            below.append(y)
+            stack.extend(y.children.values())
+        for y in reversed(below):
+            self._release_layers(y, res)
+            self._unlink(y)
+        self._release_layers(x, res)
+        parent = x.parent
+        self._unlink(x)
+        self._refresh(parent)
+        self._sweep(parent, res)
+        return True
+
+    def _release_layers(self, x: HNode, res: HybridEviction) -> int:
+        """core ``_release_all_component_layers``: every value on both tiers is
+        freed; device frees count toward the op's totals. Returns the FULL host
+        tokens freed."""
+        t = len(x.key) * self.page_size
+        if x.dev:
+            res.full += t
+            if x.lock:
+                self.protected -= t
+            else:
+                self.evictable -= t
+            self.dev_used -= t
+            x.dev = False
+        host = 0
+        if x.host:
+            x.host = False
+            self.ht.host_used -= t
+            host = t
+        if x.aux:
+            res.aux += self._aux_tomb(x, event=False)
+        if x.aux_host:
+            x.aux_host = False
+            self.ht.aux_host_used -= 1
+            if x.hlp is not None:
+                self.ht.hlru.remove(x)
+        self.d_leaves.discard(x)
+        self.ht.h_leaves.discard(x)
+        return host
+
+    def _unlink(self, x: HNode) -> None:
+        """core ``_remove_leaf_from_parent``."""
+        if self.rec is not None:
+            self._ev("delete", x, n=len(x.key) * self.page_size)
+        del x.parent.children[x.key[0]]
+        self.ht.dups.pop(x.id, None)
+        self.n_nodes -= 1
+
+    def _sweep(self, cur: HNode, res: HybridEviction) -> None:
+        """core ``_iteratively_delete_tombstone_ancestors``: childless ancestors with
+        no FULL on either tier go, a FULL copy on either tier stops the walk."""
+        root = self.root
+        while cur is not root and not cur.children:
+            if self._locked_any(cur):
+                break
+            if cur.dev:
+                self._refresh(cur)
+                break
+            if cur.aux:
+                res.aux += self._aux_tomb(cur)
+            if cur.host:
+                self._refresh(cur)
+                break
+            if cur.aux_host:
+                res.aux += self._aux_host_tomb(cur)
+            self.ht.h_leaves.discard(cur)
+            parent = cur.parent
+            self._unlink(cur)
+            self._refresh(parent)
+            cur = parent
+
+    def _aux_host_tomb(self, x: HNode) -> int:
+        """``evict_component(HOST)`` of the component: its host value only."""
+        x.aux_host = False
+        self.ht.aux_host_used -= 1
+        if x.hlp is not None:
+            self.ht.hlru.remove(x)
+        if self.rec is not None:
+            self._ev("host_tomb", x, c=self.AUX, n=1)
+        return 1
+
+    def evict_host(self, n: int, component: str = "full") -> int:
+        """cache ``evict_host`` -> core ``drive_host_eviction``: FULL (duplicate
+        reclaim first, then LRU host leaves) or the component (its host LRU).
+        Returns what that component's tracker counted."""
+        if component == "full":
+            return self._evict_host_full(n)
+        return self._evict_host_aux(n)
+
+    def _evict_host_full(self, n: int) -> int:
+        """``_reclaim_full_host_duplicates`` (two passes, pass 1 sparing evictable
+        D-leaves; only FULL's host copy goes, the component's stays) then
+        ``full.drive_host_eviction`` over the host leaves by recency."""
+        freed = 0
+        dups = self.ht.dups
+        before = list(dups.values())
+        swept, released = [], set()
+        for spare in (True, False):
+            if freed >= n:
+                break
+            for node in dups.values():
+                if freed >= n:
+                    break
+                if not node.dev or not node.host:
+                    swept.append(node)
+                    continue
+                if spare and node in self.d_leaves:
+                    continue
+                if node.lb is not None or node.host_lock:
+                    continue
+                t = len(node.key) * self.page_size
+                if self.rec is not None:
+                    self._ev("dup_reclaim", node, n=t, **{"pass": 2 if node in self.d_leaves else 1})
+                node.host = False
+                self.ht.host_used -= t
+                freed += t
+                self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + node.id + 1) & C.DIGEST_MASK
+                released.add(node)
+                swept.append(node)
+        for node in swept:
+            dups.pop(node.id, None)
+        if self.rec is not None:
+            for node in before:
+                if node.id not in dups and node not in released:
+                    self._ev("dup_sweep", node)
+        heap = [(x.last_access, x.id, x) for x in self.ht.h_leaves]
+        heapq.heapify(heap)
+        res = HybridEviction()
+        while freed < n and heap:
+            _, _, x = heapq.heappop(heap)
+            if x not in self.ht.h_leaves:
+                continue
+            freed += self._evict_hleaf(x, res)[0]
+            p = x.parent
+            if p is not None and p in self.ht.h_leaves:
+                heapq.heappush(heap, (p.last_access, p.id, p))
+        return freed
+
+    def _evict_hleaf(self, x: HNode, res: HybridEviction) -> tuple[int, int]:
+        """core ``_evict_host_leaf``: every component's values on the node go, and
+        the node; returns (FULL host tokens, component host values) freed."""
+        aux = 1 if x.aux_host else 0
+        host = self._release_layers(x, res)
+        parent = x.parent
+        self._unlink(x)
+        self._sweep(parent, res)
+        return host, aux
+
+    def _evict_host_aux(self, n: int) -> int:
+        """mamba ``drive_host_eviction``: the host LRU from the tail, skipping
+        host-locked entries; a host leaf is evicted whole, any other node loses only
+        its host state."""
+        freed = 0
+        hlru = self.ht.hlru
+        x = hlru.lru_no_host_lock()
+        res = HybridEviction()
+        while freed < n and x is not None and x.hlp is not None:
+            nxt = hlru.prev_no_host_lock(x)
+            if x in self.ht.h_leaves:
+                freed += self._evict_hleaf(x, res)[1]
+            else:
+                freed += self._aux_host_tomb(x)
+                self._refresh(x)
+            x = nxt
+        return freed
+
+    # -- host locks and load-back
+    def inc_host_lock(self, anchor: HNode) -> HostLockReceipt:
+        """core ``inc_host_lock_ref``: FULL pins the anchor (write_back pins a
+        device-only anchor too) with a boundary mark; the component locks the
+        anchor's host value, which leaves the host LRU."""
+        holder = HostLockReceipt(anchor)
+        anchor.host_lock += 1
+        if anchor.host_tops is None:
+            anchor.host_tops = [holder]
+        else:
+            anchor.host_tops.append(holder)
+        self._refresh(anchor)
+        if anchor is not self.root:
+            if anchor.aux_host_lock == 0 and anchor.aux_host and anchor.hlp is not None:
+                self.ht.hlru.remove(anchor)
+            anchor.aux_host_lock += 1
+        self._refresh(anchor)
+        return holder
+
+    def dec_host_lock(self, holder: HostLockReceipt) -> None:
+        """core ``dec_host_lock_ref``: the component first (a host-only value
+        rejoins the host LRU), then FULL up to the boundary mark."""
+        anchor = holder.anchor
+        if anchor is not self.root:
+            anchor.aux_host_lock -= 1
+            if anchor.aux_host_lock == 0:
+                if not anchor.aux and anchor.aux_host and anchor.hlp is None:
+                    self.ht.hlru.insert_mru(anchor)
+                self._refresh(anchor)
+        node = anchor
+        while True:
+            node.host_lock -= 1
+            self._refresh(node)
+            if node is holder.top:
+                break
+            node = node.parent
+        holder.top.host_tops.remove(holder)
+        if not holder.top.host_tops:
+            holder.top.host_tops = None
+        self._refresh(anchor)
+
+    def load_back(self, match: HybridMatch, lid, req=None) -> dict:
+        """cache ``init_load_back`` + ``load_back``: start the H->D load of the
+        anchor's (``best_match_node``) FULL host tail and of the component's
+        host-only state at the anchor. ``req``: the component's request-side
+        hooks (Mamba: ``prepare_load_back``'s slot). Returns ``started``,
+        ``loaded`` and, when not started, ``reason``."""
+        anchor = match.best
+        if anchor.dev and match.host_len == 0 and match.aux_host_len == 0:
+            return {"started": False, "loaded": 0, "reason": "no_host_tail"}
+        holder = self.inc_host_lock(anchor)
+        lock = self.inc_lock(anchor)
+        prep = self._aux_prepare_load_back(anchor, req)
+        reason, n = self._load_transfers(anchor, lock, holder)
+        if reason is not None:
+            self._aux_finalize_load_back(req, prep, False)
+            return {"started": False, "loaded": 0, "reason": reason}
+        self.ht.loads[lid] = LoadBack(anchor, self.inc_lock(anchor), holder, n)
+        self._aux_finalize_load_back(req, prep, True)
+        return {"started": True, "loaded": n}
+
+    def _load_transfers(self, anchor, lock, holder):
+        """cache ``_load_back_transfers``: the spec (FULL's evicted nodes from the
+        anchor up; the component's restore), the threshold, device room (FULL by
+        ``evict_for_alloc``, the component's slot in the controller's load), then
+        ``commit_load_back``."""
+        nodes = []
+        x = anchor
+        while not x.dev:
+            nodes.append(x)
+            x = x.parent
+        nodes.reverse()
+        aux = self._aux_load_needed(anchor)
+        pinned = any(y.lb is not None and y.lb is not anchor for y in nodes)
+        if aux and anchor.lb is not None and anchor.lb is not anchor:
+            pinned = True
+        if pinned:
+            nodes, aux = [], False
+        ps = self.page_size
+        n = sum(len(y.key) for y in nodes) * ps
+        if n < max(1, self.ht.load_back_threshold) and not aux:
+            self.dec_lock(lock)
+            self.dec_host_lock(holder)
+            return "below_threshold", 0
+        avail = self.device_capacity - self.dev_used
+        if avail < n:
+            self.evict(n - avail, 0)
+            if self.device_capacity - self.dev_used < n:
+                self.dec_lock(lock)
+                self.dec_host_lock(holder)
+                return "no_device_space", 0
+        # HybridCacheController.load: FULL rows first (outside the tree until the
+        # commit; nothing below reads FULL room), then the component's device slot.
+        ok = self._aux_alloc_for_load() if aux else True
+        self.dec_lock(lock)
+        if not ok:
+            self.dec_host_lock(holder)
+            return "no_mamba_space", 0
+        for y in nodes:
+            if self.rec is not None:
+                self._ev("load", y, n=len(y.key) * ps)
+        for y in nodes:
+            y.lb = anchor
+            t = len(y.key) * ps
+            y.dev = True
+            self.dev_used += t
+            if y.lock > 0:
+                self.protected += t
+            else:
+                self.evictable += t
+            self._refresh(y)
+        if aux:
+            self._aux_set(anchor, 1)
+        self._refresh(anchor)
+        return None, n
+
+    def finish_load_back(self, lid) -> None:
+        """cache ``loading_check`` for one load: both anchor locks released, then
+        core ``finish_load_back``: this load's pins cleared and the nodes tracked."""
+        lb = self.ht.loads.pop(lid)
+        self.dec_lock(lb.lock)
+        self.dec_host_lock(lb.host_lock)
+        x = lb.anchor
+        while x is not None and x is not self.root:
+            if x.lb is lb.anchor:
+                x.lb = None
+                self._track(x)
+            x = x.parent
+
+    def _aux_prepare_load_back(self, anchor, req):
+        return None
+
+    def _aux_finalize_load_back(self, req, prep, success: bool) -> None:
+        pass
+
+    def _aux_load_needed(self, anchor) -> bool:
+        return False
+
+    def _aux_alloc_for_load(self) -> bool:
+        return True
+
     # ------------------------------------------------------------------ replicas
     def clone(self) -> "HybridTree":
         """An independent copy (the engine forks a diverging rank off with this):
@@ -632,7 +1397,37 @@ class HybridTree:
             prev = nmap[id(x)]
         new.d_leaves = {nmap[id(x)] for x in self.d_leaves}
         new.rec = None if self.rec is None else []
+        if self.hicache:
+            self._clone_host(new, nmap)
         return new
+
+    def _clone_host(self, new: "HybridTree", nmap: dict) -> None:
+        """The host tier's part of ``clone``: the host LRU in order, the host leaf
+        set, the duplicates map in order, in-flight load-backs with their receipts
+        and pins, host-lock boundaries."""
+        new._refresh = new._refresh_ht  # the instance's own bound methods, not ours
+        new._is_dleaf = new._is_dleaf_ht
+        new.ht = copy.copy(self.ht)
+        for y in nmap.values():
+            y.hlp = y.hln = None
+            if y.lb is not None:
+                y.lb = nmap[id(y.lb)]
+        new.ht.hlru = _HostLRU()
+        for x in reversed(self.ht.hlru.order()):
+            new.ht.hlru.insert_mru(nmap[id(x)])
+        new.ht.h_leaves = {nmap[id(x)] for x in self.ht.h_leaves}
+        new.ht.dups = {nid: nmap[id(x)] for nid, x in self.ht.dups.items()}
+        hmap = {}
+        new.ht.loads = {}
+        for lid, lb in self.ht.loads.items():
+            holder = HostLockReceipt(nmap[id(lb.anchor)])
+            holder.top = nmap[id(lb.host_lock.top)]
+            hmap[id(lb.host_lock)] = holder
+            lock = LockReceipt(nmap[id(lb.lock.node)], lb.lock.uuid, lb.lock.skip_aux)
+            new.ht.loads[lid] = LoadBack(holder.anchor, lock, holder, lb.tokens)
+        for x_id, y in nmap.items():
+            if y.host_tops:
+                y.host_tops = [hmap[id(h)] for h in y.host_tops]
 
     def receipt_in(self, receipt: LockReceipt) -> LockReceipt:
         """The same lock, anchored at this tree's node with the receipt's node id
@@ -654,7 +1449,11 @@ class HybridTree:
         while stack:
             x = stack.pop()
             if x is not self.root:
-                out.append((tuple(self.path_units(x)), x.aux, x.lock, x.aux_lock))
+                row = (tuple(self.path_units(x)), x.aux, x.lock, x.aux_lock)
+                if self.hicache:
+                    row += (x.dev, x.host, x.host_lock, x.aux_host, x.aux_host_lock,
+                            x.lb is not None)
+                out.append(row)
             stack.extend(sorted(x.children.values(), key=lambda c: c.key[0], reverse=True))
         return (self.dev_used, self.aux_used, tuple(out))
 
@@ -681,11 +1480,12 @@ class HybridTree:
                 raise HybridInvariantError(f"node {n.id}: empty key")
             if n.parent.children.get(n.key[0]) is not n:
                 raise HybridInvariantError(f"node {n.id}: not its parent's child")
-            dev += t
-            if n.lock > 0:
-                pr += t
-            else:
-                ev += t
+            if n.dev:
+                dev += t
+                if n.lock > 0:
+                    pr += t
+                else:
+                    ev += t
             if n.lock < 0 or n.aux_lock < 0:
                 raise HybridInvariantError(f"node {n.id}: negative lock")
             if n.parent is not self.root and n.lock > n.parent.lock:
@@ -717,7 +1517,59 @@ class HybridTree:
                                        f"counters {want}")
         if dev > self.device_capacity or aux > self.aux_capacity:
             raise HybridInvariantError("a pool is over capacity")
+        if self.hicache:
+            self._check_host(in_tree)
         self._aux_check()
+
+    def _check_host(self, in_tree: set) -> None:
+        """The host tier's invariants (sanity_check's leaf-set, LRU, host-size and
+        structure parts): FULL on device is prefix-closed, every node holds FULL on
+        some tier, host ledgers, the host leaf set, the component's host LRU (the
+        host-only values that are not host-locked, and nothing else but host-only
+        values), duplicates map entries, host-lock boundaries, load-back pins."""
+        ps = self.page_size
+        host = ahost = 0
+        for n in in_tree:
+            t = len(n.key) * ps
+            if not (n.dev or n.host):
+                raise HybridInvariantError(f"node {n.id}: FULL on neither tier")
+            if n.dev and n.parent is not self.root and not n.parent.dev:
+                raise HybridInvariantError(f"node {n.id}: on device below an evicted parent")
+            if n.host:
+                host += t
+            if n.aux_host:
+                ahost += 1
+            if n.host_lock < 0 or n.aux_host_lock < 0:
+                raise HybridInvariantError(f"node {n.id}: negative host lock")
+            if n.hlp is not None and not (n.aux_host and not n.aux):
+                raise HybridInvariantError(f"node {n.id}: in the host LRU without a "
+                                           f"host-only {self.AUX} value")
+            if n.aux_host and not n.aux and not n.aux_host_lock and n.hlp is None:
+                raise HybridInvariantError(f"node {n.id}: host-only {self.AUX} value "
+                                           f"missing from the host LRU")
+            if (n in self.ht.h_leaves) != self._is_hleaf(n):
+                raise HybridInvariantError(f"node {n.id}: host leaf set disagrees")
+            if n.host_tops:
+                for holder in n.host_tops:
+                    if holder.top is not n:
+                        raise HybridInvariantError(f"node {n.id}: host-lock boundary moved")
+            if n.lb is not None and n.lb.id not in {lb.anchor.id for lb in self.ht.loads.values()}:
+                raise HybridInvariantError(f"node {n.id}: pinned by a finished load-back")
+            if n.dev and n.host and n.lb is None and n.id not in self.ht.dups:
+                raise HybridInvariantError(f"node {n.id}: settled duplicate not tracked")
+        order = self.ht.hlru.order()
+        if len(order) != len(set(order)) or not set(order) <= in_tree:
+            raise HybridInvariantError(f"{self.AUX} host LRU holds a node twice or a dead node")
+        if not self.ht.h_leaves <= in_tree:
+            raise HybridInvariantError("host leaf set holds a dead node")
+        for nid, n in self.ht.dups.items():
+            if n not in in_tree or n.id != nid:
+                raise HybridInvariantError(f"duplicates map holds a dead node {nid}")
+        if (host, ahost) != (self.ht.host_used, self.ht.aux_host_used):
+            raise HybridInvariantError(f"host ledgers (FULL, {self.AUX}): tree {(host, ahost)}, "
+                                       f"counters {(self.ht.host_used, self.ht.aux_host_used)}")
+        if host > self.ht.host_capacity or ahost > self.ht.aux_host_capacity:
+            raise HybridInvariantError("a host pool is over capacity")
 
     def _aux_check(self) -> None:
         pass

@@ -8,7 +8,10 @@ prefixes and branch (splits), inserts whose request already freed its SWA below 
 cursor (tombstones, split windows), inserts that recompute a prefix the tree holds as
 a tombstone (revival, with and without a FULL lock), window locks whose boundary later
 splits, early SWA releases, repeated Mamba inserts (``mamba_exist``) and eviction
-requests on each component.
+requests on each component. With ``hicache`` (Mamba only), the host tier too: small
+host pools so write_back backups, demotes, host evictions of either component and
+duplicate reclaims run often, load-backs (with and without a request taking the
+state) and their acks, and inserts over evicted prefixes.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ class SimDriver:
 def options(kind: str, **kw) -> SimpleNamespace:
     """Generator options with gen_hybrid.py's defaults."""
     base = dict(kind=kind, seed=0, ops=800, page_size=1, window=8, chunk=4, max_states=-1,
-                device_cap=96, aux_cap=40, max_len=24, check=False)
+                device_cap=96, aux_cap=40, max_len=24, check=False, hicache=False,
+                host_cap=0, aux_host_cap=0, load_back_threshold=1)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -78,6 +82,16 @@ class Gen:
                 self.header["mamba_max_states"] = args.max_states
             if self.ps > 1:
                 self.header["mamba_extra_buffer"] = True
+        self.hicache = bool(getattr(args, "hicache", False))
+        if self.hicache:
+            host_cap = args.host_cap or 2 * args.device_cap
+            host_cap -= host_cap % self.ps
+            self.header.update(hicache=True, host_capacity=host_cap,
+                               mamba_host_capacity=args.aux_host_cap or 2 * args.aux_cap)
+            if args.load_back_threshold != 1:
+                self.header["load_back_threshold"] = args.load_back_threshold
+        self.loads: set = set()
+        self.next_load = 1
         self.window = args.window
         self.caps = (args.device_cap, args.aux_cap)
         self.oracle = driver(self.header)
@@ -219,10 +233,46 @@ class Gen:
                              else r.randint(1, 3))
         self.emit(op)
 
+    def op_evict_host(self):
+        r = self.rng
+        if r.random() < 0.6:
+            op = {"op": "evict_host", "full": r.randint(1, 2 * self.max_len)}
+        else:
+            op = {"op": "evict_host", "mamba": r.randint(1, 3)}
+        self.emit(op)
+
+    def op_load_back(self):
+        r = self.rng
+        if len(self.loads) >= 3 or (self.loads and r.random() < 0.4):
+            return self.op_load_back_ack()
+        lid = self.next_load
+        self.next_load += 1
+        s = r.choice(self.seqs) if self.seqs and r.random() < 0.85 else self.seq()
+        op = {"op": "load_back", "tokens": s, "id": lid}
+        if r.random() < 0.5:
+            if self.held and r.random() < 0.3:
+                op["req"] = r.choice(sorted(self.held))
+            else:
+                op["req"] = f"r{self.next_req}"
+                self.next_req += 1
+        rec = self.emit(op)
+        if rec is not None and rec.get("started"):
+            self.loads.add(lid)
+            if "req" in op and self.oracle.summary()["mamba_held"] > len(self.held):
+                self.held.add(op["req"])
+
+    def op_load_back_ack(self):
+        if self.loads:
+            lid = self.rng.choice(sorted(self.loads))
+            if self.emit({"op": "load_back_ack", "id": lid}) is not None:
+                self.loads.discard(lid)
+
     def run(self, n_ops: int):
         mamba = self.kind == "mamba"
+        host = 1 if self.hicache else 0
         mix = [("insert", 40), ("match", 20), ("lock", 9), ("unlock", 7), ("evict", 16),
-               ("release_swa", 0 if mamba else 5), ("release", 3 if mamba else 0), ("dump", 3)]
+               ("release_swa", 0 if mamba else 5), ("release", 3 if mamba else 0), ("dump", 3),
+               ("evict_host", 6 * host), ("load_back", 10 * host)]
         names = [m for m, _ in mix]
         weights = [w for _, w in mix]
         while len(self.ops) < n_ops:
@@ -231,6 +281,9 @@ class Gen:
                 self.emit({"op": "dump"})
             else:
                 getattr(self, f"op_{m}")()
+        for lid in sorted(self.loads):
+            self.emit({"op": "load_back_ack", "id": lid})
+        self.loads.clear()
         for lid in sorted(self.locks):  # leave the tree unlocked, then dump it
             self.emit({"op": "unlock", "id": lid})
         self.locks.clear()

@@ -39,7 +39,8 @@ class MambaTree(HybridTree):
 
     def __init__(self, *, device_capacity: int, mamba_capacity: int, mamba_chunk: int,
                  page_size: int = 1, max_states: int = -1, extra_buffer: bool = False,
-                 record: bool = False):
+                 record: bool = False, host_capacity: int | None = None,
+                 mamba_host_capacity: int = 0, load_back_threshold: int = 1):
         # MambaComponent.__init__: without --enable-mamba-extra-buffer only the
         # sequence-end state exists, so a cached state needs page size 1.
         if page_size != 1 and not extra_buffer:
@@ -49,7 +50,9 @@ class MambaTree(HybridTree):
         if max_states == 0 or max_states < -1:
             raise ValueError("max_states must be -1 or a positive integer")
         super().__init__(device_capacity=device_capacity, aux_capacity=mamba_capacity,
-                         page_size=page_size, record=record)
+                         page_size=page_size, record=record, host_capacity=host_capacity,
+                         aux_host_capacity=mamba_host_capacity,
+                         load_back_threshold=load_back_threshold)
         # runtime_context.py mamba_checkpoint_grid: lcm(mamba_cache_chunk_size, page).
         self.grid = math.lcm(mamba_chunk, page_size)
         self.max_states = max_states
@@ -66,8 +69,17 @@ class MambaTree(HybridTree):
         up.aux_lock = 0
 
     # ------------------------------------------------------------------ match
-    def _aux_validator(self):
-        return lambda node: node.aux
+    def _aux_validator(self, device_only: bool = True):
+        """mamba ``create_match_validator``: a state at the node (with HiCache, a
+        host copy also counts for ``best_match_node``)."""
+        if device_only:
+            return lambda node: node.aux
+        return lambda node: node.aux or node.aux_host
+
+    def _aux_host_hit(self, best) -> int:
+        """``finalize_match_result_in_tree_core``: ``mamba_host_hit_length`` is 1 when
+        the boundary's state is host-only (so a load-back is started for it)."""
+        return 1 if best.aux_host and not best.aux else 0
 
     def _aux_match_end(self, best) -> None:
         """mamba ``refresh_lru(MATCH_END)``: only the state the match uses."""
@@ -216,6 +228,72 @@ class MambaTree(HybridTree):
         node.aux_lock -= 1
         if node.aux_lock == 0:
             self._refresh(node)
+
+    # ------------------------------------------------------------------ host tier
+    def _aux_backup_needed(self, x) -> bool:
+        """``needs_incremental_backup`` / ``build_hicache_transfers(BACKUP_HOST)``: the
+        device state, when it has no host copy yet."""
+        return x.aux and not x.aux_host
+
+    def _aux_load_needed(self, anchor) -> bool:
+        """``build_hicache_transfers(LOAD_BACK)``: the anchor's host-only state."""
+        return anchor.aux_host and not anchor.aux
+
+    def _free_slot(self) -> bool:
+        return self.aux_used + self.held < self.aux_capacity
+
+    def _aux_prepare_load_back(self, anchor, req):
+        """mamba ``prepare_load_back``: a request (``req``: whether it holds a slot)
+        loading a host-only state gets a slot of its own for the copy, evicting one
+        state for it when the pool is full (``_alloc_request_state_slot``)."""
+        if req is None or req["holds"] or not self._aux_load_needed(anchor):
+            return None
+        if not self._free_slot():
+            self.evict(0, 1)
+            if not self._free_slot():
+                raise HybridInvariantError("Cannot alloc mamba for load_back")
+        self.held += 1
+        return True
+
+    def _aux_finalize_load_back(self, req, prep, success: bool) -> None:
+        """mamba ``finalize_load_back``: a called-off load returns the slot."""
+        if prep and not success:
+            self.held -= 1
+        if prep and success:
+            req["got"] = True
+
+    def _aux_alloc_for_load(self) -> bool:
+        """The restore's device slot (``_resolve_device_transfers``, evicting once
+        through ``_evict_mamba_for_device_alloc``)."""
+        if not self._free_slot():
+            self.evict(0, 1)
+        return self._free_slot()
+
+    def peek_best_ht(self, key: list):
+        """The node a HiCache match of ``key`` would end at (``best_match_node``),
+        read-only: the deepest wholly matched node, FULL on either tier, with a state
+        on either tier."""
+        node, pos, n, best = self.root, 0, len(key), self.root
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None or not (child.dev or child.host):
+                break
+            p = self._common(key, pos, child.key)
+            if p < len(child.key):
+                break
+            if child.aux or child.aux_host:
+                best = child
+            pos += p
+            node = child
+        return best
+
+    def load_back_would_fail(self, key: list, holds: bool) -> bool:
+        """Whether ``prepare_load_back`` would find no slot for a request loading the
+        state ``key`` matches (SGLang asserts; a trace refuses the op first)."""
+        if holds or self._free_slot():
+            return False
+        best = self.peek_best_ht(key)
+        return self._aux_load_needed(best) and self.aux_evictable <= 0
 
     def _aux_check(self) -> None:
         for n in self.iter_nodes():

@@ -41,10 +41,17 @@ OPS = {
                         "mamba": ("int", False)},
     "release": {"id": ("id", True)},
     "dump": {},
+    # the host tier ("hicache": true): docs/HYBRID.md §6
+    "evict_host": {"full": ("int", False), "mamba": ("int", False)},
+    "load_back": {"tokens": ("tokens", True), "id": ("id", True), "req": ("id", False)},
+    "load_back_ack": {"id": ("id", True)},
 }
+HOST_OPS = ("evict_host", "load_back", "load_back_ack")
+# header fields of the host tier -> minimum
+HOST_HEADER_INTS = {"host_capacity": 0, "mamba_host_capacity": 0, "load_back_threshold": 0}
 # Fields an op may carry only in one kind of tree.
 KIND_ONLY = {"swa_evicted": "swa", "swa": "swa", "mamba": "mamba", "skip": "mamba",
-             "cow": "mamba", "donate": "mamba"}
+             "cow": "mamba", "donate": "mamba", "req": "mamba"}
 OP_KIND_ONLY = {"release_swa": "swa", "release": "mamba"}
 
 
@@ -90,9 +97,37 @@ def check_header(path, line_no: int, obj: dict) -> dict:
         raise InputFormatError(path, line_no, f"page_size={_short(obj['page_size'])}",
                                "page_size 1 in a mamba header without "
                                "\"mamba_extra_buffer\": true (SGLang's MambaComponent)")
-    if obj.get("hicache", False) is not False:
-        raise InputFormatError(path, line_no, f"hicache={_short(obj['hicache'])}",
-                               "no host tier in a hybrid trace (docs/HYBRID.md §6)")
+    hicache = obj.get("hicache", False)
+    if type(hicache) is not bool:
+        raise InputFormatError(path, line_no, f"hicache={_short(hicache)}",
+                               "'hicache' as true or false")
+    if not hicache:
+        for key in (*HOST_HEADER_INTS, "write_policy"):
+            if key in obj:
+                raise InputFormatError(path, line_no, f"'{key}' without \"hicache\": true",
+                                       f"'{key}' only in a header with \"hicache\": true")
+        return obj
+    if kind != "mamba":
+        # The host tier of (FULL, SWA) is not modelled yet (docs/HYBRID.md §9).
+        raise InputFormatError(path, line_no, f"\"hicache\": true in a {kind} header",
+                               "\"hicache\": true only with components [\"full\",\"mamba\"]")
+    for key, lo in HOST_HEADER_INTS.items():
+        if key not in obj:
+            if key != "load_back_threshold":
+                raise InputFormatError(path, line_no, f"no '{key}'",
+                                       f"'{key}' (an int) in a header with \"hicache\": true")
+            continue
+        v = obj[key]
+        if type(v) is not int or v < lo:
+            raise InputFormatError(path, line_no, f"{key}={_short(v)}",
+                                   f"'{key}' as a non-negative int")
+    if obj["host_capacity"] % obj.get("page_size", 1):
+        raise InputFormatError(path, line_no, f"host_capacity={obj['host_capacity']}",
+                               "'host_capacity' a multiple of page_size")
+    if obj.get("write_policy", "write_back") != "write_back":
+        raise InputFormatError(path, line_no, f"write_policy={_short(obj['write_policy'])}",
+                               "'write_policy' \"write_back\" (the only policy modelled for "
+                               "hybrid trees)")
     return obj
 
 
@@ -105,6 +140,14 @@ def check_op(path, line_no: int, obj: dict, header: dict) -> dict:
     if OP_KIND_ONLY.get(op, kind) != kind:
         raise InputFormatError(path, line_no, f"a {op} op in a {kind} trace",
                                f"{op} only with components [\"full\",\"{OP_KIND_ONLY[op]}\"]")
+    if op in HOST_OPS:
+        if not header.get("hicache"):
+            raise InputFormatError(path, line_no, f"a {op} op without the host tier",
+                                   f"{op} only in a trace whose header has \"hicache\": true")
+        if op == "evict_host" and ("full" in obj) == ("mamba" in obj):
+            raise InputFormatError(path, line_no, "evict_host naming "
+                                   + ("both components" if "full" in obj else "no component"),
+                                   "evict_host with exactly one of 'full', 'mamba'")
     for key, (fkind, required) in OPS[op].items():
         if key not in obj:
             if required:
@@ -139,11 +182,17 @@ def make_tree(header: dict, record: bool = False):
         return SWATree(device_capacity=header["device_capacity"],
                        swa_capacity=header["swa_capacity"],
                        sliding_window=header["sliding_window"], page_size=ps, record=record)
+    host = {}
+    if header.get("hicache"):
+        host = dict(host_capacity=header["host_capacity"],
+                    mamba_host_capacity=header["mamba_host_capacity"],
+                    load_back_threshold=header.get("load_back_threshold", 1))
     return MambaTree(device_capacity=header["device_capacity"],
                      mamba_capacity=header["mamba_capacity"],
                      mamba_chunk=header["mamba_chunk"], page_size=ps,
                      max_states=header.get("mamba_max_states", -1),
-                     extra_buffer=header.get("mamba_extra_buffer", False), record=record)
+                     extra_buffer=header.get("mamba_extra_buffer", False), record=record,
+                     **host)
 
 
 class HybridReplayer:
@@ -154,6 +203,7 @@ class HybridReplayer:
         self.kind = kind_of(header)
         self.page_size = header.get("page_size", 1)
         self.tree = make_tree(header, record=True)
+        self.hicache = bool(header.get("hicache"))
         self.locks: dict = {}
         self.held: set = set()  # Mamba: requests holding their own state slot
 
@@ -175,6 +225,10 @@ class HybridReplayer:
         if a == "mamba":  # the pool's use: the tree's states and the requests' own
             out["mamba"] += t.held
             out["mamba_held"] = t.held
+        if self.hicache:
+            out["host"] = t.host_used
+            out["mamba_host"] = t.aux_host_used
+            out["digest"] = t.digest
         return out
 
     def header_output(self) -> dict:
@@ -211,8 +265,11 @@ class HybridReplayer:
 
     def _match(self, tokens):
         m = self.tree.match_prefix(self.units(tokens))
-        return m, {"device_len": m.device_len, "full_len": m.full_len, "node": m.best.id,
-                   "branch": m.branch}
+        out = {"device_len": m.device_len, "full_len": m.full_len, "node": m.best.id,
+               "branch": m.branch}
+        if self.hicache:
+            out.update(host_len=m.host_len, dnode=m.dnode.id, mamba_host_len=m.aux_host_len)
+        return m, out
 
     def _op_match(self, op):
         rid = op.get("cow")
@@ -239,7 +296,7 @@ class HybridReplayer:
         if lid in self.locks:
             raise HybridTreeError("duplicate_lock_id")
         m, out = self._match(op["tokens"])
-        self.locks[lid] = self.tree.inc_lock(m.best, skip_aux=bool(op.get("skip")))
+        self.locks[lid] = self.tree.inc_lock(m.dnode, skip_aux=bool(op.get("skip")))
         return out
 
     def _op_unlock(self, op):
@@ -263,20 +320,57 @@ class HybridReplayer:
     # cache evict_for_alloc stops each walk where evict does here (docs/HYBRID.md §6)
     _op_evict_for_alloc = _op_evict
 
+    def _op_evict_host(self, op):
+        comp = "full" if "full" in op else "mamba"
+        return {"freed": self.tree.evict_host(op[comp], comp)}
+
+    def _op_load_back(self, op):
+        lid, rid = op["id"], op.get("req")
+        tree = self.tree
+        if lid in tree.loads:
+            raise HybridTreeError("duplicate_load_back_id")
+        holds = rid in self.held
+        if rid is not None and tree.load_back_would_fail(self.units(op["tokens"]), holds):
+            raise HybridTreeError("mamba_full")
+        m, out = self._match(op["tokens"])
+        req = None if rid is None else {"holds": holds}
+        out.update(tree.load_back(m, lid, req))
+        if req is not None and req.get("got"):
+            self.held.add(rid)
+        return out
+
+    def _op_load_back_ack(self, op):
+        if op["id"] not in self.tree.loads:
+            raise HybridTreeError("unknown_load_back_id")
+        self.tree.finish_load_back(op["id"])
+        return {}
+
     def _op_dump(self, op):
         tree, a = self.tree, self.kind
         nodes = list(tree.iter_nodes())
         rank = {x.id: r for r, x in enumerate(sorted(nodes, key=lambda x: (x.last_access, x.id)))}
         rows = []
+        anchors = {lb.anchor.id: lid for lid, lb in tree.loads.items()}
         stack = [(tree.root, 0)]
         while stack:
             node, start = stack.pop()
             if node is not tree.root:
-                rows.append({"id": node.id, "parent": node.parent.id, "start": start,
-                             "key": self.key_tokens(node), "lock": node.lock, a: node.aux,
-                             a + "_lock": node.aux_lock, "recency": rank[node.id]})
+                row = {"id": node.id, "parent": node.parent.id, "start": start,
+                       "key": self.key_tokens(node), "lock": node.lock, a: node.aux,
+                       a + "_lock": node.aux_lock, "recency": rank[node.id]}
+                if self.hicache:
+                    pend = node.lb
+                    row.update(dev=node.dev, host=node.host, host_lock=node.host_lock,
+                               mamba_host=node.aux_host, mamba_host_lock=node.aux_host_lock,
+                               pinned_by=None if pend is None else anchors.get(pend.id, pend.id))
+                rows.append(row)
                 start += len(node.key) * self.page_size
             kids = sorted(node.children.values(), key=self.key_tokens)
             stack.extend((c, start) for c in reversed(kids))
-        return {"tree": rows, "lru": [x.id for x in tree.lru.order()],
-                "d_leaves": sorted(x.id for x in tree.d_leaves)}
+        out = {"tree": rows, "lru": [x.id for x in tree.lru.order()],
+               "d_leaves": sorted(x.id for x in tree.d_leaves)}
+        if self.hicache:
+            out.update(host_lru=[x.id for x in tree.hlru.order()],
+                       h_leaves=sorted(x.id for x in tree.h_leaves),
+                       duplicates=list(tree.dups))
+        return out

@@ -61,7 +61,7 @@ class SWATree(HybridTree):
         child.uuid = None
 
     # ------------------------------------------------------------------ match
-    def _aux_validator(self):
+    def _aux_validator(self, device_only: bool = True):
         """swa ``create_match_validator(match_device_only=True)``: a tombstone resets
         the accumulated window; a node is valid once the window is full. The count
         starts at infinity, so every node above the first tombstone is valid."""

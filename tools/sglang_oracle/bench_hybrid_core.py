@@ -17,13 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from oracle_hybrid import HybridOracle  # noqa: E402
+from oracle_hybrid import HostHybridOracle, HybridOracle  # noqa: E402
 
 
 def main():
     with open(sys.argv[1]) as f:
         ops = [json.loads(line) for line in f if line.strip()]
-    oracle = HybridOracle(ops[0])
+    oracle = (HostHybridOracle if ops[0].get("hicache") else HybridOracle)(ops[0])
     body = ops[1:]
     t0 = time.perf_counter()
     errors = 0

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from oracle_hybrid import HybridOracle  # noqa: E402
+from oracle_hybrid import HostHybridOracle, HybridOracle  # noqa: E402
 
 from sim.hybrid.gen import generate  # noqa: E402
 from sim.hybrid.replay import HybridReplayer  # noqa: E402
@@ -41,6 +41,19 @@ def config(rng: random.Random, kind: str, n_ops: int) -> dict:
     return opts
 
 
+def host_config(rng: random.Random, n_ops: int) -> dict:
+    """(FULL, MAMBA) with the host tier: host pools from a few tokens to twice the
+    device's, so backups fail, reclaim and host eviction run."""
+    opts = config(rng, "mamba", n_ops)
+    ps = opts["page_size"]
+    dev = opts["device_cap"]
+    opts.update(hicache=True,
+                host_cap=max(ps, rng.choice([dev // 4, dev // 2, dev, 2 * dev]) // ps * ps),
+                aux_host_cap=rng.choice([1, 2, 4, opts["aux_cap"], 2 * opts["aux_cap"]]),
+                load_back_threshold=rng.choice([1, 1, 4]))
+    return opts
+
+
 def dumps(obj) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
@@ -52,14 +65,17 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="SGLang's sanity_check after every op")
     ap.add_argument("--keep", help="write a differing trace here")
+    ap.add_argument("--hicache", action="store_true",
+                    help="(FULL, MAMBA) traces with the host tier only")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     n_ops = 0
     for t in range(args.traces):
-        kind = "swa" if t % 2 == 0 else "mamba"
-        opts = config(rng, kind, args.ops)
+        kind = "swa" if t % 2 == 0 and not args.hicache else "mamba"
+        opts = host_config(rng, args.ops) if args.hicache else config(rng, kind, args.ops)
         trace = generate(kind, **opts)
-        oracle, sim = HybridOracle(trace[0]), HybridReplayer(trace[0])
+        oracle = (HostHybridOracle if args.hicache else HybridOracle)(trace[0])
+        sim = HybridReplayer(trace[0])
         for i, op in enumerate(trace[1:], start=1):
             want = dumps({"i": i, **oracle.apply(op)})
             got = dumps(sim.apply(i, op))

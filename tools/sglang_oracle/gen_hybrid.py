@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: sim/
 
-from oracle_hybrid import HybridOracle  # noqa: E402
+from oracle_hybrid import HostHybridOracle, HybridOracle  # noqa: E402
 
 from sim.hybrid.gen import Gen  # noqa: E402
 
@@ -43,12 +43,17 @@ def main():
     ap.add_argument("--device-cap", type=int, default=96)
     ap.add_argument("--aux-cap", type=int, default=40)
     ap.add_argument("--max-len", type=int, default=24)
+    ap.add_argument("--hicache", action="store_true", help="the host tier (mamba only)")
+    ap.add_argument("--host-cap", type=int, default=0, help="FULL host tokens (0: 2x device)")
+    ap.add_argument("--aux-host-cap", type=int, default=0,
+                    help="Mamba host states (0: 2x the device pool)")
+    ap.add_argument("--load-back-threshold", type=int, default=1)
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--out-oracle")
     ap.add_argument("--check", action="store_true",
                     help="run SGLang's sanity_check and the pool accounting after every op")
     args = ap.parse_args()
-    g = Gen(args, HybridOracle)
+    g = Gen(args, lambda h: (HostHybridOracle if h.get("hicache") else HybridOracle)(h))
     g.run(args.ops)
     with open(args.out, "w") as f:
         for op in [g.header, *g.ops]:

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen_hybrid  # noqa: E402
-from oracle_hybrid import HybridOracle  # noqa: E402
+from oracle_hybrid import HostHybridOracle, HybridOracle  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parents[2] / "data" / "conformance" / "hybrid"
 
@@ -37,6 +37,27 @@ def swa(dev=64, cap=32, w=4, ps=1, **kw):
 def mamba(dev=64, cap=8, chunk=4, **kw):
     return {"op": "header", "components": ["full", "mamba"], "device_capacity": dev,
             "mamba_capacity": cap, "page_size": 1, "mamba_chunk": chunk, **kw}
+
+
+def hmamba(dev=64, cap=8, chunk=4, host=64, mhost=8, **kw):
+    """A (FULL, MAMBA) header with the host tier (write_back)."""
+    return mamba(dev=dev, cap=cap, chunk=chunk, hicache=True, host_capacity=host,
+                 mamba_host_capacity=mhost, **kw)
+
+
+def lb(tokens, lid, req=None):
+    op = {"op": "load_back", "tokens": list(tokens), "id": lid}
+    if req is not None:
+        op["req"] = req
+    return op
+
+
+def ack(lid):
+    return {"op": "load_back_ack", "id": lid}
+
+
+def ehost(**kw):
+    return {"op": "evict_host", **kw}
 
 
 def ins(tokens, **kw):
@@ -165,6 +186,82 @@ HAND = {
     "h07_mamba_branch": (mamba(chunk=3, note="branching seqlen on the chunk grid"), [
         ins(R(1, 4)), ins(R(1, 11)), match(R(1, 11)), match(R(1, 9)), match(R(1, 7)),
         match(list(R(1, 6)) + [0]), DUMP, ins(R(1, 7)), match(R(1, 9)), DUMP]),
+    # --- (FULL, MAMBA) with the host tier (write_back) ---------------------------
+    "x01_mamba_host_backup_demote": (hmamba(note="write_back: an evicted leaf is backed "
+                                                 "up with its state and demoted; a "
+                                                 "load-back restores both"), [
+        ins(R(1, 7)), ins(list(R(1, 5)) + [7, 8]), DUMP, evict(full=2), DUMP,
+        match(list(R(1, 5)) + [5, 6]), evict(full=2), DUMP, match(R(1, 7)),
+        lb(R(1, 7), 1), DUMP, ack(1), DUMP, lb(list(R(1, 5)) + [7, 8], 2, req="r1"), DUMP,
+        ack(2), {"op": "release", "id": "r1"}, evict(full=40), DUMP]),
+    "x02_mamba_state_pruned_on_demote": (hmamba(note="a state that reached the device "
+                                                     "after its node's FULL backup has no "
+                                                     "host copy: the demote drops it"), [
+        ins(R(1, 5)), ins(R(1, 9)), match(R(1, 9)), evict(mamba=1), evict(full=4), DUMP,
+        ehost(mamba=1), DUMP, ins(R(1, 5)), DUMP, evict(full=4), DUMP, match(R(1, 5)),
+        match(R(1, 9)), lb(R(1, 9), 1), DUMP, ack(1), DUMP]),
+    "x03_mamba_internal_backup": (hmamba(note="an internal state evicted under write_back "
+                                              "is backed up with its node's FULL first "
+                                              "(InternalStateBackup), then tombstoned"), [
+        ins(R(1, 5)), ins(R(1, 9)), match(R(1, 9)), DUMP, evict(mamba=1), DUMP,
+        match(R(1, 5)), lb(R(1, 5), 1), DUMP, ack(1), evict(mamba=1), DUMP,
+        ins(list(R(1, 5)) + [20]), evict(mamba=1), DUMP, match(R(1, 5)), DUMP]),
+    "x04_mamba_internal_state_pruned": (hmamba(note="an internal state on a node whose "
+                                                    "FULL is already on host is tombstoned "
+                                                    "without a backup"), [
+        ins(R(1, 5)), ins(R(1, 9)), match(R(1, 9)), evict(mamba=1), ehost(mamba=1), DUMP,
+        ins(R(1, 9)), ins(R(1, 5)), match(R(1, 9)), ins(list(R(1, 5)) + [20]), DUMP,
+        evict(mamba=1), DUMP, match(R(1, 5)), evict(full=40), DUMP, match(R(1, 5)),
+        match(R(1, 9))]),
+    "x05_mamba_host_pool_full": (hmamba(host=8, mhost=2, note="host room: FULL reclaims "
+                                                               "duplicates then host leaves, "
+                                                               "the state pool its own LRU; "
+                                                               "a backup that finds none drops"
+                                                               " the leaf"), [
+        ins(R(1, 5)), ins(R(10, 14)), ins(R(20, 24)), evict(full=4), DUMP, evict(full=4),
+        DUMP, evict(full=4), DUMP, ins(R(30, 36)), ins(R(40, 49)), DUMP, evict(full=9), DUMP,
+        evict(full=6), DUMP, evict(full=40), DUMP]),
+    "x06_mamba_dup_reclaim_and_digest": (hmamba(host=16, note="duplicate reclaim: pass 1 "
+                                                              "spares evictable D-leaves, "
+                                                              "pass 2 takes them; the digest "
+                                                              "folds each victim; stale "
+                                                              "entries are swept"), [
+        ins(R(1, 5)), ins(R(1, 9)), ins(R(20, 24)), evict(full=40), DUMP,
+        ins(R(1, 9)), ins(R(20, 24)), DUMP, lock(R(1, 9), 1), ehost(full=4), DUMP,
+        ehost(full=4), DUMP, unlock(1), ehost(full=16), DUMP, evict(full=40), DUMP,
+        ehost(full=3), DUMP]),
+    "x07_mamba_host_evict_leaf_vs_internal": (hmamba(note="the state host LRU: a host "
+                                                          "leaf goes whole, an internal "
+                                                          "node loses its host state only"), [
+        ins(R(1, 5)), ins(R(1, 9)), ins(list(R(1, 5)) + [30, 31]), evict(full=40), DUMP,
+        ehost(mamba=1), DUMP, ehost(mamba=1), DUMP, ehost(mamba=5), DUMP,
+        ehost(full=2), DUMP]),
+    "x08_mamba_load_back_reasons": (hmamba(dev=24, cap=3, load_back_threshold=3,
+                                           note="load-backs refused: nothing on host, "
+                                                "under the threshold, no device room, no "
+                                                "state slot; a request with no slot "
+                                                "to copy into"), [
+        ins(R(1, 5)), ins(list(R(1, 5)) + [7, 8]), evict(full=2), lb(R(1, 5), 1),
+        lb(list(R(1, 5)) + [7, 8], 2), DUMP, ack(2), lb(R(1, 5), 2), ack(9),
+        evict(full=30), lock(R(40, 60), 5), ins(R(40, 60)), lock(R(40, 60), 6),
+        lb(list(R(1, 5)) + [7, 8], 3), DUMP, unlock(6), evict(full=20),
+        ins(R(50, 54)), ins(R(60, 64)), ins(R(70, 74)), lock(R(50, 54), 7),
+        lock(R(60, 64), 8), lock(R(70, 74), 9), DUMP, lb(list(R(1, 5)) + [7, 8], 4),
+        lb(list(R(1, 5)) + [7, 8], 4, req="r1"), DUMP, unlock(7), unlock(8), unlock(9),
+        lb(list(R(1, 5)) + [7, 8], 4, req="r1"), lb(R(1, 5), 4), DUMP, ack(4), DUMP]),
+    "x09_mamba_load_back_pinned": (hmamba(note="a load-back pins the FULL it loads until "
+                                               "its ack: another anchor's restore there "
+                                               "comes back empty; duplicate reclaim "
+                                               "skips pinned nodes"), [
+        ins(R(1, 5)), ins(R(1, 9)), evict(full=40), DUMP, lb(R(1, 9), 1), DUMP,
+        lb(R(1, 5), 2), ehost(full=8), DUMP, ack(1), lb(R(1, 5), 2), DUMP, ack(2),
+        ehost(full=8), DUMP]),
+    "x10_mamba_unevict_and_errors": (hmamba(note="an insert over an evicted prefix "
+                                                 "un-evicts it with its fresh KV; a reused "
+                                                 "prefix must be on device"), [
+        ins(R(1, 5)), ins(R(1, 9)), evict(full=40), ins(R(1, 9), prev=4), ins(R(1, 11)),
+        DUMP, lock(R(1, 11), 1), evict(full=40), DUMP, lb(R(1, 9), 1), ack(1),
+        unlock(1), evict(full=40), DUMP, ehost(full=40), DUMP]),
 }
 
 # (name, kind, gen_hybrid options)
@@ -201,13 +298,41 @@ for i, (ps, chunk, dev, cap, ms, ops) in enumerate([
                                     device_cap=dev, aux_cap=cap, max_states=ms,
                                     max_len=12 * ps)))
 
+# (FULL, MAMBA) with the host tier (write_back): host pools from a fraction of the
+# device's to twice it, so backups fail and drop, duplicates are reclaimed and host
+# leaves evicted; state host pools from 1 slot.
+for i, (ps, chunk, dev, cap, host, mhost, ms, thr, ops) in enumerate([
+        (1, 4, 96, 40, 192, 80, -1, 1, 500), (1, 4, 96, 12, 48, 6, -1, 1, 500),
+        (1, 1, 64, 8, 32, 2, -1, 1, 500), (1, 8, 160, 20, 320, 40, -1, 1, 600),
+        (1, 2, 48, 6, 12, 1, -1, 1, 500), (1, 4, 200, 30, 100, 30, -1, 4, 600),
+        (1, 4, 96, 40, 96, 8, 2, 1, 500), (1, 4, 128, 40, 64, 16, 1, 1, 500),
+        (1, 3, 96, 16, 24, 4, 3, 1, 500), (1, 16, 160, 24, 320, 48, -1, 1, 500),
+        (1, 4, 300, 60, 600, 120, -1, 1, 1200), (1, 1, 40, 4, 20, 2, -1, 1, 500),
+        (1, 4, 80, 80, 160, 160, -1, 1, 500), (1, 5, 96, 10, 40, 3, 2, 1, 500),
+        (1, 4, 120, 20, 30, 20, -1, 4, 600), (1, 2, 64, 12, 128, 4, 4, 1, 500),
+        (1, 6, 96, 16, 16, 16, -1, 1, 500), (1, 4, 50, 5, 100, 10, 1, 1, 500),
+        (2, 4, 128, 30, 64, 12, -1, 1, 500), (4, 4, 192, 30, 384, 60, -1, 1, 500),
+        (2, 3, 96, 12, 48, 2, 2, 1, 500), (4, 6, 256, 40, 128, 20, -1, 1, 500),
+        (1, 4, 96, 3, 96, 6, -1, 1, 500), (1, 3, 72, 9, 36, 9, -1, 1, 500)], start=1):
+    name = f"y{i:02d}_mamba_host_ps{ps}_c{chunk}_h{host}_m{mhost}"
+    if ms > 0:
+        name += f"_cap{ms}"
+    GENERATED.append((name, "mamba", dict(
+        seed=300 + i, ops=ops, page_size=ps, chunk=chunk, device_cap=dev, aux_cap=cap,
+        max_states=ms, max_len=12 * ps if ps > 1 else 24, hicache=True, host_cap=host,
+        aux_host_cap=mhost, load_back_threshold=thr)))
+
 
 def dumps(obj) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
+def oracle_for(header):
+    return (HostHybridOracle if header.get("hicache") else HybridOracle)(header)
+
+
 def run_hand(header, ops, check):
-    o = HybridOracle(header)
+    o = oracle_for(header)
     outs = [{"i": 0, "op": "header", "events": [], **o.summary()}]
     for i, op in enumerate(ops, start=1):
         outs.append({"i": i, **o.apply(op)})
@@ -217,9 +342,10 @@ def run_hand(header, ops, check):
 
 
 def run_gen(kind, opts, check):
-    defaults = dict(page_size=1, window=8, chunk=4, max_states=-1, max_len=24, check=check)
+    defaults = dict(page_size=1, window=8, chunk=4, max_states=-1, max_len=24, check=check,
+                    hicache=False, host_cap=0, aux_host_cap=0, load_back_threshold=1)
     args = argparse.Namespace(kind=kind, **{**defaults, **opts})
-    g = gen_hybrid.Gen(args, HybridOracle)
+    g = gen_hybrid.Gen(args, oracle_for)
     g.run(args.ops)
     return [g.header, *g.ops], g.outs
 

@@ -274,14 +274,44 @@ class TracedCore(UnifiedTreeCore):
         ct = comp.component_type
         had = node.component_data[ct].value is not None
         n = comp.value_len(node)
+        host_value = node.component_data[ct].host_value
+        had_host = host_value is not None
+        n_host = 0 if host_value is None else len(host_value)
         out = super()._evict_component_and_detach_lru(node, comp, *a, target=target, **kw)
         if ct is not FULL and target is EvictLayer.DEVICE and had:
             self._ev("tomb", node, c=CT_NAME[ct], n=n)
+        elif ct is not FULL and target is EvictLayer.HOST and had_host:
+            self._ev("host_tomb", node, c=CT_NAME[ct], n=n_host)
         return out
 
     def set_component_device_value(self, node_id, component_type, value):
         super().set_component_device_value(node_id, component_type, value)
         self._ev("set", self.node_by_id(node_id), c=CT_NAME[component_type], n=len(value))
+
+    # -- host tier (HiCache on): the hooks below fire only on host paths ------
+
+    def _demote(self, node, *a, **kw):
+        self._ev("demote", node, n=len(node.component_data[FULL].value))
+        super()._demote(node, *a, **kw)
+
+    def _unevict_node_on_insert(self, node, fresh_value, *a, **kw):
+        super()._unevict_node_on_insert(node, fresh_value, *a, **kw)
+        self._ev("unevict", node, n=len(fresh_value))
+
+    def _release_full_host_duplicate(self, node, *a, **kw):
+        pass_no = 2 if node in self.evictable_device_leaves else 1
+        self._ev("dup_reclaim", node, n=len(node.component_data[FULL].host_value),
+                 **{"pass": pass_no})
+        super()._release_full_host_duplicate(node, *a, **kw)
+
+    def _reclaim_full_host_duplicates(self, *a, **kw):
+        before = list(self.full_host_duplicates.items())
+        n_events = len(self.events)
+        super()._reclaim_full_host_duplicates(*a, **kw)
+        released = {e["id"] for e in self.events[n_events:] if e["k"] == "dup_reclaim"}
+        for nid, node in before:  # stale entries the walk swept, in map order
+            if nid not in self.full_host_duplicates and nid not in released:
+                self._ev("dup_sweep", node)
 
 
 class TracedMamba(MambaComponent):
@@ -289,6 +319,12 @@ class TracedMamba(MambaComponent):
         super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
         if is_new_leaf:
             self.tree_core._ev("set", node, c="mamba", n=1)
+
+    def commit_hicache_transfer(self, node, phase, transfers=(), **kw):
+        had = node.component_data[MAMBA].host_value is not None
+        super().commit_hicache_transfer(node, phase, transfers, **kw)
+        if not had and node.component_data[MAMBA].host_value is not None:
+            self.tree_core._ev("host_set", node, c="mamba", n=1)
 
 
 def build(header: dict):
@@ -349,6 +385,11 @@ def build(header: dict):
     UnifiedTreeNode.counter = 1
     cache.components = comps
     cache.tree_components = tuple(comps)
+    if header.get("hicache") is True:
+        # As oracle.py build_core for write_back: init_hicache's settings.
+        core.set_hicache_enabled()
+        core.is_write_back = True
+        core.write_through_threshold = 2
     return kind, core, alloc, req_pool, comps
 
 
@@ -488,7 +529,12 @@ class HybridOracle:
                "node": r.best_match_node}
         br = r.swa_branching_seqlen if self.kind == "swa" else r.mamba_branching_seqlen
         out["branch"] = br
+        out.update(self._host_fields(r))
         return r, out
+
+    def _host_fields(self, r) -> dict:
+        """Host-tier match fields (none with HiCache off)."""
+        return {}
 
     def _peek_mamba_best(self, tokens):
         """The node a match of tokens would end at (Mamba: the deepest wholly matched
@@ -535,7 +581,7 @@ class HybridOracle:
             self.held[rid] = req.kv.mamba_pool_idx.reshape(1)
         return {"device_len": r.device_prefix_len, "full_len": r.full_kv_hit_length,
                 "node": r.best_match_node, "branch": r.mamba_branching_seqlen,
-                "cow": req.kv.mamba_cow_src_index is not None}
+                **self._host_fields(r), "cow": req.kv.mamba_cow_src_index is not None}
 
     def op_release(self, op):
         """A request that leaves without caching frees its own state slot."""
@@ -736,6 +782,414 @@ class HybridOracle:
         assert core.component_evictable_size_[aux] + core.component_protected_size_[aux] == a
 
 
+# ---------------------------------------------------------------------------
+# The host tier (HiCache on, write_back): docs/HYBRID.md §5
+
+
+class HostHybridOracle(HybridOracle):
+    """A hybrid trace with ``"hicache": true``: SGLang's core with HiCache enabled
+    under write_back (``set_hicache_enabled``, ``is_write_back``), FULL and
+    component host pools, and what ``UnifiedRadixCache`` does around the core on
+    the host paths: ``_evict_components``' write_back branches (the leaf backup and
+    demote, the drop fallback, a Mamba ``InternalStateBackup``: host room, then
+    ``backup_node_for_write_back``, then ``finish_mamba_state_eviction``),
+    ``_execute_and_commit_kv_backup`` with its host allocations
+    (``HybridCacheController.allocate_host_transfers``: FULL first, then each side
+    pool, reclaiming that pool's host once, all or nothing), the blocking
+    ``writing_check(write_back=True)``, ``evict_host`` (``drive_host_eviction``),
+    and ``load_back`` / ``loading_check`` (with a request for Mamba's
+    ``prepare_load_back``). (FULL, MAMBA) only."""
+
+    def __init__(self, header: dict):
+        super().__init__(header)
+        if self.kind != "mamba":
+            raise SystemExit("hicache: the oracle models the host tier of (FULL, MAMBA)")
+        if header.get("write_policy", "write_back") != "write_back":
+            raise SystemExit("hicache: only write_policy write_back is modelled")
+        ps = self.ps
+        self.host = PagePool("host", int(header["host_capacity"]) // ps, ps)
+        self.mamba_host = PagePool("mamba_host", int(header["mamba_host_capacity"]), 1)
+        self.load_back_threshold = int(header.get("load_back_threshold", 1))
+        self.writes: dict = {}       # ack id -> published node ids
+        self.load_backs: dict = {}   # trace id -> (anchor, lock receipt, host receipt)
+
+    # -- pools --------------------------------------------------------------------
+
+    def _host_tokens(self, pool: PagePool, n: int):
+        ps = pool.ps
+        if n > pool.free_pages * ps:
+            return None
+        pages = pool.alloc_pages(n // ps)
+        return torch.tensor([p * ps + o for p in pages for o in range(ps)], dtype=torch.int64)
+
+    def _free_host(self, pool: PagePool, t) -> None:
+        ps = pool.ps
+        for x in t.reshape(-1)[::ps].tolist():
+            pool.free_page(x // ps)
+
+    def _drain(self, result) -> None:
+        for ct in list(result.device_frees):
+            self.comps[ct].apply_component_action(
+                FreeComponentDeviceSlot(result.device_frees.pop(ct), component_type=ct))
+        for ct in list(result.host_frees):
+            pool = self.host if ct is FULL else self.mamba_host
+            for t in result.host_frees.pop(ct):
+                self._free_host(pool, t)
+        self._apply(result.cache_actions)
+
+    # -- backups (UnifiedRadixCache._execute_and_commit_kv_backup) ----------------
+
+    def evict_host(self, n: int, ct=FULL) -> int:
+        """UnifiedRadixCache.evict_host: drive_host_eviction, drained."""
+        res = self.core.drive_host_eviction(ct, n)
+        freed = res.tracker.get(ct, 0)
+        self._drain(res)
+        return freed
+
+    def _backup(self, node_ids) -> int:
+        core, written = self.core, 0
+        for nid in node_ids:
+            device_value, comp_xfers = core.build_backup_spec(nid)
+            if device_value.numel() == 0 and not comp_xfers:
+                continue
+            n = len(device_value)
+            # _execute_kv_backup: make FULL host room, or give up.
+            avail = self.host.free_pages * self.ps
+            if avail < n and self.evict_host(n - avail) < n - avail:
+                return 0
+            host_indices = self._host_tokens(self.host, n)
+            if host_indices is None:
+                return 0
+            # HostPoolGroup.resolve_host_transfers: side pools by name, each
+            # alloc reclaiming its own host once (host_mamba_evict_fn), atomic.
+            allocated = []
+            failed = False
+            for t in sorted((t for ts in comp_xfers.values() for t in ts),
+                            key=lambda t: t.name):
+                if t.host_indices is not None or t.device_indices is None:
+                    continue
+                k = len(t.device_indices)
+                idx = self._host_tokens(self.mamba_host, k)
+                if idx is None:
+                    self.evict_host(k, MAMBA)
+                    idx = self._host_tokens(self.mamba_host, k)
+                if idx is None:
+                    failed = True
+                    break
+                t.host_indices = idx
+                allocated.append(t)
+            if failed:
+                for t in allocated:
+                    self._free_host(self.mamba_host, t.host_indices)
+                    t.host_indices = None
+                self._free_host(self.host, host_indices)
+                return 0
+            core.commit_backup(nid, host_indices, comp_xfers)
+            core._ev("backup", core.node_by_id(nid), n=n)
+            publish = []
+            for ts in comp_xfers.values():
+                for t in ts:
+                    publish.extend(t.nodes_to_load or ())
+            if nid not in publish:
+                publish.append(nid)
+            self.writes[nid] = core.mark_write_through_pending(
+                list(dict.fromkeys(publish)), ack_id=nid)
+            written = n
+        return written
+
+    def _finish_writes(self) -> None:
+        """writing_check(write_back=True): every write acked, in issue order."""
+        while self.writes:
+            ack_id = next(iter(self.writes))
+            self.core.finish_write_through(self.writes.pop(ack_id), ack_id)
+
+    def _backup_node_for_write_back(self, nid) -> bool:
+        self._finish_writes()
+        if self._backup([nid]) == 0:
+            return False
+        self._finish_writes()
+        return True
+
+    # -- eviction (UnifiedRadixCache._evict_components, write_back) ---------------
+
+    def _evict(self, request: dict, targets: dict | None = None) -> dict:
+        core = self.core
+        tracker = {FULL: 0, self.aux: 0}
+
+        def target_reached(ct):
+            if targets is None or ct not in targets:
+                return False
+            return self._available(ct) >= targets[ct]
+
+        def add(delta):
+            for c, k in delta.items():
+                tracker[c] += k
+
+        for ct in (FULL, self.aux):
+            request_cnt = request[ct]
+            to_target = ct is FULL and request_cnt > 0 and targets is not None and ct in targets
+            if target_reached(ct) or (not to_target and tracker[ct] >= request_cnt):
+                continue
+            quota = request_cnt
+            if to_target:
+                quota = max(request_cnt, tracker[ct] + core.full_evictable_size())
+            core.evict_device_start(ct, quota)
+            try:
+                while True:
+                    step = core.evict_device_next_node(ct, tracker)
+                    if step.mamba_backup_node_id is not None:
+                        nid = step.mamba_backup_node_id
+                        if self.mamba_host.free_pages < 1:
+                            self.evict_host(1, MAMBA)
+                        self._backup_node_for_write_back(nid)
+                        step = core.finish_mamba_state_eviction(nid)
+                    node_id, progress = step.node_id, step.made_progress
+                    self._drain(step)
+                    add(step.tracker)
+                    if node_id is None:
+                        if not progress:
+                            break
+                    else:
+                        leaf = core.evict_device_leaf(node_id, True)
+                        backup_kv = leaf.backup_kv
+                        self._drain(leaf)
+                        add(leaf.tracker)
+                        if backup_kv is not None:
+                            if self._backup(backup_kv.node_ids) > 0:
+                                self._finish_writes()
+                                res = core.demote(node_id)
+                            else:
+                                res = core.drop_subtree_no_host(node_id)
+                                if not res.is_dropped:
+                                    core._ev("drop_declined", core.node_by_id(node_id))
+                            self._drain(res)
+                            add(res.tracker)
+                    if target_reached(ct):
+                        break
+            finally:
+                core.evict_device_end(ct)
+        self._finish_writes()
+        return tracker
+
+    def op_evict_host(self, op):
+        """UnifiedRadixCache.evict_host for one component: FULL (duplicate reclaim
+        first, then host leaves) or Mamba (its host LRU)."""
+        if ("full" in op) == ("mamba" in op):
+            raise OpError("evict_host_needs_one_component")
+        ct = FULL if "full" in op else MAMBA
+        return {"freed": self.evict_host(int(op.get(CT_NAME[ct], 0)), ct)}
+
+    # -- reads --------------------------------------------------------------------
+
+    def _device_path_values(self, key: RadixKey, upto: int):
+        """As the device-tier read, and the reused prefix must be on device."""
+        node, got = self.core.root_node, 0
+        while got < upto:
+            child = node.children.get(key[got:].child_key(self.ps))
+            if child is None or child.component_data[FULL].value is None:
+                raise OpError("bad_prev")
+            m = child.key.match(key[got:], page_size=self.ps)
+            if m < len(child.key) or got + m > upto:
+                break
+            got += m
+            node = child
+        return super()._device_path_values(key, upto)
+
+    def _peek_best_ht(self, tokens):
+        """The node a HiCache match of tokens would end at (read-only): the deepest
+        wholly matched node, FULL on either tier, with a state on either tier."""
+        key, node, best = self.key(tokens), self.core.root_node, self.core.root_node
+        while len(key) > 0:
+            child = node.children.get(key.child_key(self.ps))
+            if child is None or (child.evicted and not child.backuped):
+                break
+            m = child.key.match(key, page_size=self.ps)
+            if m < len(child.key):
+                break
+            cd = child.component_data[MAMBA]
+            if cd.value is not None or cd.host_value is not None:
+                best = child
+            node, key = child, key[m:]
+        return best
+
+    def _host_fields(self, r) -> dict:
+        return {"host_len": r.host_hit_length, "dnode": r.last_device_node,
+                "mamba_host_len": r.mamba_host_hit_length}
+
+    # -- load-back (UnifiedRadixCache.load_back / loading_check) ------------------
+
+    def op_load_back(self, op):
+        lid = op["id"]
+        if lid in self.load_backs:
+            raise OpError("duplicate_load_back_id")
+        core, mamba = self.core, self.comps[MAMBA]
+        rid = op.get("req")
+        if rid is not None and rid not in self.held:
+            # prepare_load_back asserts when no slot can be found for the request's
+            # copy: refuse first (read-only), as a copy on write's match does.
+            best = self._peek_best_ht(op["tokens"])
+            cd = best.component_data[MAMBA]
+            if (cd.value is None and cd.host_value is not None
+                    and self.req_pool.mamba_allocator.pool.free_pages == 0
+                    and core.component_evictable_size_[MAMBA] <= 0):
+                raise OpError("mamba_full")
+        r, out = self._match(op["tokens"])
+        out.update(started=False, loaded=0)
+        anchor = r.best_match_node
+        if not (core.is_full_device_evicted(anchor) or r.host_hit_length > 0
+                or r.mamba_host_hit_length > 0):
+            out["reason"] = "no_host_tail"
+            return out
+        req = None
+        if rid is not None:
+            holds = rid in self.held
+            req = SimpleNamespace(kv=SimpleNamespace(
+                holds_mamba=holds,
+                mamba_pool_idx=self.held[rid][0] if holds else None))
+        host_lock = core.inc_host_lock_ref(anchor).to_dec_params()
+        lock = core.inc_lock_ref(anchor).to_dec_params()
+        prep = mamba.prepare_load_back(anchor, req=req)
+        ok = False
+        try:
+            reason = self._load_back_transfers(anchor, req, lock, host_lock, out)
+            ok = reason is None
+            if ok:
+                self.load_backs[lid] = (anchor, core.inc_lock_ref(anchor).to_dec_params(),
+                                        host_lock)
+        finally:
+            mamba.finalize_load_back(req, prep, ok)
+        if not ok:
+            out["reason"] = reason
+            return out
+        if req is not None and req.kv.mamba_pool_idx is not None:
+            self.held[rid] = req.kv.mamba_pool_idx.reshape(1)
+        out["started"] = True
+        return out
+
+    def _load_back_transfers(self, anchor, req, lock, host_lock, out):
+        core = self.core
+        kv_xfer, comp_xfers = core.build_load_back_spec(anchor, req=req)
+        n = len(kv_xfer.host_indices)
+        if n < max(1, self.load_back_threshold) and not comp_xfers:
+            core.dec_lock_ref(anchor, lock)
+            core.dec_host_lock_ref(anchor, host_lock)
+            return "below_threshold"
+        avail = self._available(FULL)
+        if avail < n:
+            self.evict_for_alloc(EvictParams(num_tokens=n - avail))
+            if self._available(FULL) < n:
+                core.dec_lock_ref(anchor, lock)
+                core.dec_host_lock_ref(anchor, host_lock)
+                return "no_device_space"
+        # HybridCacheController.load: FULL rows, then the side pools' device slots
+        # (_resolve_device_transfers, evicting once through device_mamba_evict_fn).
+        device_indices = self.alloc.alloc_request(n) if n else torch.empty((0,), dtype=torch.int64)
+        mamba_alloc = self.req_pool.mamba_allocator
+        failed = False
+        for t in (t for ts in comp_xfers.values() for t in ts):
+            if t.device_indices is not None or t.host_indices is None:
+                continue
+            k = len(t.host_indices)
+            idx = mamba_alloc.alloc(k)
+            if idx is None:
+                short = max(0, k - mamba_alloc.pool.free_pages)
+                if short:
+                    self.evict_for_alloc(EvictParams(num_tokens=0, mamba_num=short))
+                idx = mamba_alloc.alloc(k)
+            if idx is None:
+                failed = True
+                break
+            t.device_indices = idx
+        core.dec_lock_ref(anchor, lock)
+        if failed:
+            for t in (t for ts in comp_xfers.values() for t in ts):
+                if t.nodes_to_load and t.device_indices is not None:
+                    mamba_alloc.free(t.device_indices)
+                    t.device_indices = None
+            if n:
+                self.alloc.free_segment(device_indices)
+            core.dec_host_lock_ref(anchor, host_lock)
+            return "no_mamba_space"
+        for nid in kv_xfer.nodes_to_load or ():
+            node = core.node_by_id(nid)
+            core._ev("load", node, n=len(node.component_data[FULL].host_value))
+        self._apply(core.commit_load_back(anchor, device_indices, kv_xfer, comp_xfers))
+        out["loaded"] = n
+        return None
+
+    def op_load_back_ack(self, op):
+        lid = op["id"]
+        if lid not in self.load_backs:
+            raise OpError("unknown_load_back_id")
+        anchor, lock, host_lock = self.load_backs.pop(lid)
+        self.core.dec_lock_ref(anchor, lock)
+        self.core.dec_host_lock_ref(anchor, host_lock)
+        self.core.finish_load_back(anchor)
+        return {}
+
+    # -- driver ---------------------------------------------------------------------
+
+    def op_insert(self, op):
+        out = super().op_insert(op)
+        self._finish_writes()
+        return out
+
+    def op_dump(self, op):
+        out = super().op_dump(op)
+        core = self.core
+        anchors = {a: lid for lid, (a, _, _) in self.load_backs.items()}
+        for rec in out["tree"]:
+            node = core.node_by_id(rec["id"])
+            f, m = node.component_data[FULL], node.component_data[MAMBA]
+            pend = node.load_back_pending_id
+            rec.update({
+                "dev": f.value is not None, "host": f.host_value is not None,
+                "host_lock": f.host_lock_ref, "mamba_host": m.host_value is not None,
+                "mamba_host_lock": m.host_lock_ref,
+                "pinned_by": None if pend is None else anchors.get(pend, pend),
+            })
+        lru, order = core.host_lru_lists[MAMBA], []
+        pt = lru._pt
+        x = lru.head.lru_next[pt]
+        while x is not lru.tail:
+            order.append(x.id)
+            x = x.lru_next[pt]
+        out["host_lru"] = order
+        out["h_leaves"] = sorted(n.id for n in core.evictable_host_leaves)
+        out["duplicates"] = list(core.full_host_duplicates.keys())
+        return out
+
+    OPS = {**HybridOracle.OPS, "evict_host": op_evict_host, "load_back": op_load_back,
+           "load_back_ack": op_load_back_ack, "insert": op_insert, "dump": op_dump}
+
+    def summary(self) -> dict:
+        out = super().summary()
+        out["host"] = self.host.used_tokens
+        out["mamba_host"] = self.mamba_host.used_tokens
+        out["digest"] = self.core.write_back_duplicate_reclaim_digest
+        return out
+
+    def check(self) -> None:
+        core = self.core
+        core.sanity_check([], [(a, a) for a, _, _ in self.load_backs.values()])
+        dev = host = a = ah = 0
+        for n in core._node_arena.values():
+            if n is core.root_node:
+                continue
+            f, m = n.component_data[FULL], n.component_data[MAMBA]
+            dev += 0 if f.value is None else len(f.value)
+            host += 0 if f.host_value is None else len(f.host_value)
+            a += 0 if m.value is None else len(m.value)
+            ah += 0 if m.host_value is None else len(m.host_value)
+        assert dev == self.alloc.full.used_tokens, (dev, self.alloc.full.used_tokens)
+        assert host == self.host.used_tokens, (host, self.host.used_tokens)
+        assert a == self.req_pool.mamba_allocator.pool.used_tokens - len(self.held)
+        assert ah == self.mamba_host.used_tokens, (ah, self.mamba_host.used_tokens)
+        assert core.component_evictable_size_[FULL] + core.component_protected_size_[FULL] == dev
+        assert core.component_evictable_size_[MAMBA] + core.component_protected_size_[MAMBA] == a
+
+
+
 def replay(lines, out, check=False) -> int:
     oracle, errors = None, 0
     for i, line in enumerate(lines):
@@ -746,7 +1200,7 @@ def replay(lines, out, check=False) -> int:
         if oracle is None:
             if op.get("op") != "header":
                 raise SystemExit("trace must start with a header line")
-            oracle = HybridOracle(op)
+            oracle = (HostHybridOracle if op.get("hicache") is True else HybridOracle)(op)
             rec = {"op": "header", "events": [], **oracle.summary()}
         else:
             rec = oracle.apply(op)
