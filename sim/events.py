@@ -895,7 +895,8 @@ class Simulation:
             self.halted = "untracked"
             raise _Halt()
         c0, p0 = plans[0]
-        yield from self._hold_gpu()
+        if self._gpu_hold is None:
+            yield from self._hold_gpu()
         starts = [p.started for _, p in plans if p.started is not None]
         if starts:
             yield simpy.AllOf(env, starts)
@@ -1043,7 +1044,8 @@ class Simulation:
         busy0, steps = self.busy_s, min(k_cap, limit)
         t, k, busy = cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
         self._forward(b)
-        yield from self._hold_gpu()
+        if self._gpu_hold is None:
+            yield from self._hold_gpu()
         while True:
             self._run = run = [t, False]
             try:
@@ -1090,8 +1092,9 @@ class Simulation:
                     done.append(rq)
         for c in self.group.cohorts:
             c.tree.reserved += pages * ps
-            if not self._retracted_now:
-                c.sched.decay(k)
+            st = c.sched
+            if st.ratio > st.ratio_min and not self._retracted_now:
+                st.decay(k)
         self._retracted_now = False
         if done:
             self.running = [rq for rq in batch if rq.remaining > 0]

@@ -758,9 +758,15 @@ class Tree:
                 break
         t = self._tick()
         stamp = node
+        # `_set_time` for the path, inlined: this loop runs on every match
+        d_leaves, h_leaves, step = self.d_leaves, self.h_leaves, C.MATCH_ANCESTOR_STEP
         while stamp is not None:
-            self._set_time(stamp, t)
-            t -= C.MATCH_ANCESTOR_STEP
+            stamp.last_access = t
+            if stamp in d_leaves:
+                self.dheap.push(stamp)
+            elif stamp in h_leaves:
+                self.hheap.push(stamp)
+            t -= step
             stamp = stamp.parent
         ps = self.page_size
         return Match(dev_pos * ps, (pos - dev_pos) * ps, last_dev, node, split)
@@ -781,6 +787,7 @@ class Tree:
         if not key:
             return res
         wt = self.write.hit_threshold
+        d_leaves, h_leaves = self.d_leaves, self.h_leaves
         node, pos, n = root, 0, len(key)
         while pos < n:
             child = node.children.get(key[pos])
@@ -788,7 +795,13 @@ class Tree:
                 break
             if priority > child.priority:
                 child.priority = priority
-            self._set_time(child, self._tick())
+            # `_set_time(child, self._tick())`, inlined (once per walked node)
+            child.last_access = self._clock
+            self._clock += 1.0
+            if child in d_leaves:
+                self.dheap.push(child)
+            elif child in h_leaves:
+                self.hheap.push(child)
             p = self._common(key, pos, child.key)
             if p < len(child.key):
                 child = self._split(child, p)
