@@ -82,6 +82,13 @@ def compare(trace: Path, ours: Path, theirs: Path) -> tuple[int, str | None]:
     return len(a), None
 
 
+def _has_storage(trace: Path) -> bool:
+    """Whether the trace's header declares the storage tier (docs/OPTRACE.md §14)."""
+    with open(trace) as f:
+        header = json.loads(f.readline())
+    return "prefetch_threshold" in header or "storage_writes" in header
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenarios", nargs="*", help="scenario YAMLs (default: scenarios/*.yaml)")
@@ -113,15 +120,22 @@ def main() -> int:
                              work / name / f"{stem}.sglang.jsonl"))
     # SGLang's side: one oracle process for all traces (importing SGLang takes seconds;
     # each trace builds a fresh core, which resets SGLang's process-global counters).
-    batch = work / "batch.tsv"
-    batch.write_text("".join(f"{trace}\t{theirs}\n" for _, _, trace, _, theirs in jobs))
-    cmd = [str(py), str(REPO / "tools" / "sglang_oracle" / "oracle_v2.py"), "--batch", str(batch)]
-    if args.check:
-        cmd.append("--check")
-    done = subprocess.run(cmd)
-    if done.returncode != 0:
-        print(f"the SGLang oracle failed (exit {done.returncode})", file=sys.stderr)
-        return 1
+    # Traces with storage ops (op-trace §14) go to the storage oracle, which extends
+    # oracle_v2 with SGLang's insert_host and prefetch bookkeeping; the rest to oracle_v2.
+    by_oracle: dict[str, list] = {}
+    for job in jobs:
+        by_oracle.setdefault("oracle_storage.py" if _has_storage(job[2]) else "oracle_v2.py",
+                             []).append(job)
+    for oracle, group in sorted(by_oracle.items()):
+        batch = work / f"batch-{oracle.removesuffix('.py')}.tsv"
+        batch.write_text("".join(f"{trace}\t{theirs}\n" for _, _, trace, _, theirs in group))
+        cmd = [str(py), str(REPO / "tools" / "sglang_oracle" / oracle), "--batch", str(batch)]
+        if args.check:
+            cmd.append("--check")
+        done = subprocess.run(cmd)
+        if done.returncode != 0:
+            print(f"the SGLang oracle ({oracle}) failed (exit {done.returncode})", file=sys.stderr)
+            return 1
     total_ops = 0
     for name, t, trace, ours, theirs in jobs:
         with open(ours, "w") as fh:
