@@ -26,19 +26,52 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 CONFORMANCE = ROOT / "data" / "conformance"
 
 
-def conformance_cases() -> list[Path]:
-    """Every vendored conformance trace (``NAME.jsonl.gz``), sorted by name."""
-    return sorted(p for p in CONFORMANCE.glob("*.jsonl.gz") if not p.name.endswith(".out.jsonl.gz"))
+def conformance_cases(folder: Path = CONFORMANCE) -> list[Path]:
+    """Every vendored conformance trace (``NAME.jsonl.gz``) in ``folder``, by name."""
+    return sorted(p for p in folder.glob("*.jsonl.gz") if not p.name.endswith(".out.jsonl.gz"))
+
+
+def expected_lines(case: Path) -> list[str]:
+    """The output lines SGLang's tree produced for ``case``, as written."""
+    import gzip
+
+    out = case.with_name(case.name.replace(".jsonl.gz", ".out.jsonl.gz"))
+    with gzip.open(out, "rt") as fh:
+        return [line.rstrip("\n") for line in fh if line.strip()]
 
 
 def expected_outputs(case: Path) -> list[dict]:
     """The output SGLang's tree produced for ``case``, one dict per line."""
-    import gzip
     import json
 
-    out = case.with_name(case.name.replace(".jsonl.gz", ".out.jsonl.gz"))
-    with gzip.open(out, "rt") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return [json.loads(line) for line in expected_lines(case)]
+
+
+def vendored_checksums_match(folder: Path) -> set[str]:
+    """Assert every ``*.gz`` in ``folder`` decompresses to the bytes SHA256SUMS names
+    (and nothing else is vendored); returns the names."""
+    import gzip
+    import hashlib
+
+    sums = dict(line.split()[::-1] for line in (folder / "SHA256SUMS").read_text().splitlines())
+    assert set(sums) == {p.name[:-3] for p in folder.glob("*.gz")}
+    for name, digest in sums.items():
+        data = gzip.decompress((folder / f"{name}.gz").read_bytes())
+        assert hashlib.sha256(data).hexdigest() == digest, name
+    return set(sums)
+
+
+def assert_replays_byte_for_byte(case: Path) -> None:
+    """``replay-ops`` on ``case`` writes SGLang's output lines, byte for byte."""
+    import json
+
+    from sim.optrace import replay_lines
+
+    expected = expected_lines(case)
+    got = list(replay_lines(case))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g == e, f"line {json.loads(e)['i']} differs:\n sim    {g[:300]}\n sglang {e[:300]}"
 
 
 def case_id(p: Path) -> str:

@@ -3,38 +3,24 @@ cores bit for bit: every case in data/conformance/hybrid/ gives SGLang's output 
 byte for byte, and the tree's invariants hold after every op."""
 
 import gzip
-import hashlib
 import json
 import re
 
 import pytest
 
-from conftest import ROOT
+from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases,
+                      expected_lines, vendored_checksums_match)
 from sim.errors import InputFormatError
 from sim.hybrid import HybridTreeError, MambaTree, SWATree
 from sim.hybrid.replay import HybridReplayer
 from sim.optrace import read_trace, replay_lines
 
 HYBRID = ROOT / "data" / "conformance" / "hybrid"
-CASES = sorted(p for p in HYBRID.glob("*.jsonl.gz") if not p.name.endswith(".out.jsonl.gz"))
-
-
-def _expected_lines(case):
-    out = case.with_name(case.name.replace(".jsonl.gz", ".out.jsonl.gz"))
-    with gzip.open(out, "rt") as fh:
-        return [line.rstrip("\n") for line in fh if line.strip()]
-
-
-def _case_id(p):
-    return p.name.split(".")[0]
+CASES = conformance_cases(HYBRID)
 
 
 def test_vendored_files_match_their_checksums():
-    sums = dict(line.split()[::-1] for line in (HYBRID / "SHA256SUMS").read_text().splitlines())
-    assert set(sums) == {p.name[:-3] for p in HYBRID.glob("*.gz")}
-    for name, digest in sums.items():
-        data = gzip.decompress((HYBRID / f"{name}.gz").read_bytes())
-        assert hashlib.sha256(data).hexdigest() == digest, name
+    vendored_checksums_match(HYBRID)
 
 
 def test_at_least_30_cases_per_component_pair():
@@ -44,16 +30,12 @@ def test_at_least_30_cases_per_component_pair():
     assert len(hand) >= 14
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_replay_matches_sglang_byte_for_byte(case):
-    expected = _expected_lines(case)
-    got = list(replay_lines(case))
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected):
-        assert g == e, f"line {json.loads(e)['i']} differs:\n sim    {g[:300]}\n sglang {e[:300]}"
+    assert_replays_byte_for_byte(case)
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_invariants_hold_after_every_op(case):
     replayer = None
     for idx, _, op in read_trace(case):
@@ -71,7 +53,7 @@ def test_cases_cover_every_component_behaviour():
     seen = set()
     for case in CASES:
         kind = None
-        for line in _expected_lines(case):
+        for line in expected_lines(case):
             r = json.loads(line)
             if r["op"] == "header":
                 kind = "swa" if "swa" in r else "mamba"
@@ -113,7 +95,7 @@ def test_host_tier_cases_cover_the_host_paths():
             continue
         n += 1
         page_sizes.add(header.get("page_size", 1))
-        for line in _expected_lines(case):
+        for line in expected_lines(case):
             r = json.loads(line)
             seen.add("op:" + r["op"])
             digests.add(r["digest"])
@@ -340,13 +322,13 @@ def test_replay_ops_plays_hybrid_traces(tmp_path, capsys):
     case = HYBRID / "h01_mamba_leaf_state_and_split.jsonl.gz"
     out = tmp_path / "out.jsonl"
     assert cli.main(["replay-ops", str(case), "-o", str(out), "--summary"]) == 0
-    assert out.read_text().splitlines() == _expected_lines(case)
+    assert out.read_text().splitlines() == expected_lines(case)
     err = capsys.readouterr().err
-    assert err.startswith(f"{len(_expected_lines(case))} ops replayed; device ")
+    assert err.startswith(f"{len(expected_lines(case))} ops replayed; device ")
     assert "mamba 1 states" in err
     host_case = HYBRID / "x01_mamba_host_backup_demote.jsonl.gz"
     assert cli.main(["replay-ops", str(host_case), "-o", str(out), "--summary"]) == 0
-    assert out.read_text().splitlines() == _expected_lines(host_case)
+    assert out.read_text().splitlines() == expected_lines(host_case)
     err = capsys.readouterr().err
     assert "mamba 0 states, host 8 tokens, mamba host 2 states" in err, err
     # FULL-only flags have no meaning for a hybrid trace: a one-line input error
@@ -362,7 +344,7 @@ def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
     rest of the case, and a change to one leaves the other's state alone."""
     case = HYBRID / f"{name}.jsonl.gz"
     ops = list(read_trace(case))
-    expected = _expected_lines(case)
+    expected = expected_lines(case)
     orig = HybridReplayer(ops[0][2])
     half = len(ops) // 2
     for idx, _, op in ops[1:half]:

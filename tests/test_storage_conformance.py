@@ -8,37 +8,23 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import io
 import json
 
 import pytest
 
 import cli
-from conftest import ROOT
-from sim.optrace import Replayer, read_trace, replay, replay_lines
+from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases,
+                      expected_lines, vendored_checksums_match)
+from sim.optrace import Replayer, read_trace, replay
 from sim.tree import InvariantError, Tree
 
 STORAGE = ROOT / "data" / "conformance" / "storage"
-CASES = sorted(p for p in STORAGE.glob("*.jsonl.gz") if not p.name.endswith(".out.jsonl.gz"))
-
-
-def _expected_lines(case):
-    out = case.with_name(case.name.replace(".jsonl.gz", ".out.jsonl.gz"))
-    with gzip.open(out, "rt") as fh:
-        return [line.rstrip("\n") for line in fh if line.strip()]
-
-
-def _case_id(p):
-    return p.name.split(".")[0]
+CASES = conformance_cases(STORAGE)
 
 
 def test_vendored_files_match_their_checksums():
-    sums = dict(line.split()[::-1] for line in (STORAGE / "SHA256SUMS").read_text().splitlines())
-    assert set(sums) == {p.name[:-3] for p in STORAGE.glob("*.gz")}
-    for name, digest in sums.items():
-        data = gzip.decompress((STORAGE / f"{name}.gz").read_bytes())
-        assert hashlib.sha256(data).hexdigest() == digest, name
+    vendored_checksums_match(STORAGE)
 
 
 def test_at_least_twenty_generated_and_ten_hand_cases():
@@ -46,16 +32,12 @@ def test_at_least_twenty_generated_and_ten_hand_cases():
     assert len([c for c in CASES if c.name.startswith("h")]) >= 10
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_replay_matches_sglang_byte_for_byte(case):
-    expected = _expected_lines(case)
-    got = list(replay_lines(case))
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected):
-        assert g == e, f"line {json.loads(e)['i']} differs:\n sim    {g[:300]}\n sglang {e[:300]}"
+    assert_replays_byte_for_byte(case)
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_invariants_hold_after_every_op(case):
     replayer = None
     for idx, _, op in read_trace(case):
@@ -76,7 +58,7 @@ def test_cases_cover_every_storage_behaviour():
     seen = set()
     for case in CASES:
         policy = None
-        for line, op_line in zip(_expected_lines(case), gzip.open(case, "rt")):
+        for line, op_line in zip(expected_lines(case), gzip.open(case, "rt")):
             r, op = json.loads(line), json.loads(op_line)
             if r["op"] == "header":
                 policy = op.get("write_policy", "write_back")

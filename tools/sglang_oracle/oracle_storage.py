@@ -46,8 +46,6 @@ slots only; the staged slots are ``held``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -340,52 +338,8 @@ class StorageOracle(v2.V2Oracle):
             self.host = real
 
 
-def replay(lines, out, check=False, reserved_mode="tokens") -> int:
-    oracle, errors, idx = None, 0, 0
-    for line in lines:
-        line = line.strip()
-        if not line:
-            continue
-        op = json.loads(line)
-        if oracle is None:
-            if op.get("op") != "header":
-                raise SystemExit("trace must start with a header line")
-            oracle = StorageOracle(op, reserved_mode)
-            rec = {"op": "header", "events": [], **oracle.summary()}
-        else:
-            rec = oracle.apply_ext(idx, op)
-            errors += "error" in rec
-            if check:
-                oracle.check()
-        out.write(json.dumps({"i": idx, **rec}, separators=(",", ":")) + "\n")
-        idx += 1
-    return errors
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace", nargs="?")
-    ap.add_argument("-o", "--out")
-    ap.add_argument("--batch", metavar="TSV")
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args()
-    if args.batch:
-        with open(args.batch) as f:
-            pairs = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-        for trace, out_path in pairs:
-            with open(trace) as f, open(out_path, "w") as out:
-                replay(f.readlines(), out, check=args.check)
-        return
-    if not args.trace:
-        ap.error("a TRACE or --batch is required")
-    with open(args.trace) as f:
-        lines = f.readlines()
-    out = open(args.out, "w") if args.out else sys.stdout
-    try:
-        replay(lines, out, check=args.check)
-    finally:
-        if args.out:
-            out.close()
+    v2.main(StorageOracle, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -166,8 +166,10 @@ class V2Oracle(ExtOracle):
         return out
 
 
-def replay(lines, out, check=False, reserved_mode="tokens") -> int:
-    """Replay trace lines, one output line per non-blank input line. Returns #errors."""
+def replay(lines, out, check=False, reserved_mode="tokens", oracle_cls=None) -> int:
+    """Replay trace lines, one output line per non-blank input line. Returns #errors.
+    ``oracle_cls``: the oracle to build from the header (default ``V2Oracle``; the
+    storage and other extensions pass their subclass)."""
     oracle, errors, idx = None, 0, 0
     for line in lines:
         line = line.strip()
@@ -177,7 +179,7 @@ def replay(lines, out, check=False, reserved_mode="tokens") -> int:
         if oracle is None:
             if op.get("op") != "header":
                 raise SystemExit("trace must start with a header line")
-            oracle = V2Oracle(op, reserved_mode)
+            oracle = (oracle_cls or V2Oracle)(op, reserved_mode)
             rec = {"op": "header", "events": [], **oracle.summary()}
         else:
             rec = oracle.apply_ext(idx, op)
@@ -189,8 +191,9 @@ def replay(lines, out, check=False, reserved_mode="tokens") -> int:
     return errors
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(oracle_cls=None, description=None):
+    """The command line: one trace, or ``--batch``, replayed on ``oracle_cls``."""
+    ap = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
     ap.add_argument("trace", nargs="?")
     ap.add_argument("-o", "--out")
     ap.add_argument("--batch", metavar="TSV",
@@ -207,7 +210,8 @@ def main():
             pairs = [line.rstrip("\n").split("\t") for line in f if line.strip()]
         for trace, out_path in pairs:
             with open(trace) as f, open(out_path, "w") as out:
-                replay(f.readlines(), out, check=args.check, reserved_mode=args.reserved_mode)
+                replay(f.readlines(), out, check=args.check, reserved_mode=args.reserved_mode,
+                       oracle_cls=oracle_cls)
         return
     if not args.trace:
         ap.error("a TRACE or --batch is required")
@@ -215,7 +219,8 @@ def main():
         lines = f.readlines()
     out = open(args.out, "w") if args.out else sys.stdout
     try:
-        errors = replay(lines, out, check=args.check, reserved_mode=args.reserved_mode)
+        errors = replay(lines, out, check=args.check, reserved_mode=args.reserved_mode,
+                        oracle_cls=oracle_cls)
     finally:
         if args.out:
             out.close()
