@@ -42,3 +42,16 @@ class DivergenceError(Exception):
     """The simulated TP group hit SGLang's digest assertion (on_divergence: halt)."""
 
     exit_code = 3
+
+
+class TreeError(Exception):
+    """An operation a tree refuses (the op-trace reports ``code``): the FULL tree's and
+    the hybrid trees' alike."""
+
+    def __init__(self, code: str):
+        super().__init__(code)
+        self.code = code
+
+
+class InvariantError(AssertionError):
+    """A tree's ``check()`` found a broken invariant; names the node and the invariant."""

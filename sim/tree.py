@@ -34,6 +34,7 @@ import heapq
 from typing import Callable, Iterable
 
 from sim import constants as C
+from sim.errors import InvariantError, TreeError  # noqa: F401  (part of this module's API)
 from sim.policies import resolve
 from sim.policies.eviction import EVICTION_POLICIES
 from sim.policies.host import HOST_POLICIES
@@ -53,18 +54,6 @@ def _content(node) -> int:
     if node.dev or node.host:
         return hash((node.key[0], len(node.key), node.dev, node.host))
     return 0
-
-
-class TreeError(Exception):
-    """An operation the tree refuses (the op-trace reports ``code``)."""
-
-    def __init__(self, code: str):
-        super().__init__(code)
-        self.code = code
-
-
-class InvariantError(AssertionError):
-    """``Tree.check()`` found a broken invariant; names the node and the invariant."""
 
 
 class Node:

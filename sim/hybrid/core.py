@@ -32,18 +32,9 @@ import copy
 import heapq
 
 from sim import constants as C
-
-
-class HybridTreeError(Exception):
-    """An operation the tree refuses; ``code`` is the op-trace error code."""
-
-    def __init__(self, code: str):
-        super().__init__(code)
-        self.code = code
-
-
-class HybridInvariantError(AssertionError):
-    """``check()`` found a broken invariant."""
+# The trees' shared refusals and invariant failures (sim/errors.py), by this package's names.
+from sim.errors import InvariantError as HybridInvariantError  # noqa: F401
+from sim.errors import TreeError as HybridTreeError  # noqa: F401
 
 
 class HNode:
