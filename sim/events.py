@@ -272,6 +272,8 @@ class Simulation:
         self._user_error = None
         self._next_sample = 0.0
         self._wake = self.env.event()
+        self._idle = False               # the loop waits on ``_wake`` ...
+        self._wake_at = math.inf         # ... and a wake-up is due then
         self._marks: list[float] = []    # future relevant times (a heap) ...
         self._marked: set[float] = set()  # ... and the same times, for de-duplication
         self._ps = cfg.page_size
@@ -309,7 +311,11 @@ class Simulation:
             return
         self._marked.add(t)
         heapq.heappush(self._marks, t)
-        self.env.timeout(t - now).callbacks.append(self._kick)
+        if self._idle and t < self._wake_at:
+            # An idle loop sleeps until its next relevant time; a busy one reads the
+            # marks itself (`_next_mark`), so only an idle one needs a wake-up event.
+            self._wake_at = t
+            self.env.timeout(t - now).callbacks.append(self._kick)
         run = self._run
         if run is not None and t < run[0]:
             # A decode run in flight must stop at the step boundary after ``t`` (a copy
@@ -441,7 +447,12 @@ class Simulation:
                 return
             self._release_gpu()
             self._wake = self.env.event()
+            self._idle = True
+            self._wake_at = self._next_mark()
+            if self._wake_at < math.inf:
+                self.env.timeout(self._wake_at - self.env.now).callbacks.append(self._kick)
             yield self._wake
+            self._idle = False
 
     def _hold_gpu(self):
         """The loop's forwards hold the GPU back to back while it is busy; it lets go
@@ -928,9 +939,13 @@ class Simulation:
             yield env.timeout(cost.reclaim_scan_time(p.scanned))
         if p.backups:
             t0 = env.now
-            for k in p.backups:
-                with c.d2h.request() as req:
-                    yield req
+            # One hold for the whole sequence: while the scheduler thread is blocked in
+            # it, nothing else can queue on this replica's D2H engine (write-through
+            # flushes are issued by the same thread), so releasing between backups
+            # would hand the engine straight back.
+            with c.d2h.request() as req:
+                yield req
+                for k in p.backups:
                     yield env.timeout(cost.d2h_time(k, concurrent=c.h2d.count > 0))
             self._trace("blocking_backups", "transfer", c.ranks, t0, env.now - t0,
                         backups=len(p.backups))
