@@ -1255,7 +1255,7 @@ class Simulation:
             ins = self._insert(c, key, 0)
             if 0 < len(pk) < len(key):
                 self._op(c, {"op": "insert", "key": pk, "priority": 1})
-                self._insert(c, pk, 1)
+                self._insert(c, pk, 1, resident=True)  # a prefix of the key just inserted
             if final:
                 self._op(c, {"op": "unlock", "id": slot.lock_id})
                 tree.dec_lock(slot.lock)
@@ -1269,8 +1269,8 @@ class Simulation:
                 tree.dec_lock(slot.lock)
                 slot.lock, slot.lock_id = ins.node, lid
 
-    def _insert(self, c: Cohort, key: list, priority: int):
-        ins = c.tree.insert(key, priority)
+    def _insert(self, c: Cohort, key: list, priority: int, resident: bool = False):
+        ins = c.tree.insert(key, priority, resident)
         cid = id(c)
         self._result_scans[cid] = self._result_scans.get(cid, 0) + ins.host.scanned
         if ins.writes:

@@ -760,14 +760,16 @@ class Tree:
         ps = self.page_size
         return Match(dev_pos * ps, (pos - dev_pos) * ps, last_dev, node, split)
 
-    def insert(self, key: list, priority: int = 0) -> Insert:
+    def insert(self, key: list, priority: int = 0, resident: bool = False) -> Insert:
         """`insert` (sem §3.1). Raises TreeError("device_full") without changing
         anything when the new device tokens do not fit: inserts never evict.
         ``priority``: every node the walk enters or creates keeps the larger of its own
         and this (`_insert_helper`: ``node.priority = max(node.priority, priority)``),
-        which only the ``priority`` eviction policy reads."""
+        which only the ``priority`` eviction policy reads. ``resident``: the caller
+        knows the whole key is on device (a prefix of what it just inserted), so the
+        room check's walk is skipped: nothing new is needed."""
         ps = self.page_size
-        new = (len(key) - self.device_prefix_len(key)) * ps
+        new = 0 if resident else (len(key) - self.device_prefix_len(key)) * ps
         if new > self.device_capacity - self.dev_used - self.reserved:
             raise TreeError("device_full")
         root = self.root
