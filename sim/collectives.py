@@ -17,6 +17,8 @@ entered it: a rank of ``range(world)`` missing from ``inputs`` skipped the call.
 
 from __future__ import annotations
 
+from collections import deque
+
 import math
 import os
 import shutil
@@ -142,11 +144,12 @@ class CollectiveError(Exception):
         self.call = call
 
 
-class CallLog(list):
-    """The last ``LOG_CALLS`` calls, oldest first: one dict per call."""
+class CallLog(deque):
+    """The last ``LOG_CALLS`` calls, oldest first: one dict per call (a uniform call,
+    every rank entering with the same size, is kept compact and read as the same dict)."""
 
     def __init__(self):
-        super().__init__()
+        super().__init__(maxlen=LOG_CALLS)
         # Every call ever recorded, not only those kept. It lives here because the
         # engine reads ``collective.log.calls``: compat, removed once it reads
         # ``Collective.calls``.
@@ -155,8 +158,29 @@ class CallLog(list):
     def record(self, entry: dict) -> None:
         self.calls += 1
         self.append(entry)
-        if len(self) > LOG_CALLS:
-            del self[0]
+
+    def record_uniform(self, step, site: str, world: int, size: int) -> None:
+        self.calls += 1
+        self.append((self.calls, step, site, world, size))
+
+    @staticmethod
+    def _dict(e) -> dict:
+        if type(e) is not tuple:
+            return e
+        call, step, site, world, size = e
+        return {"call": call, "step": step, "site": site, "ranks_in": list(range(world)),
+                "sizes": dict.fromkeys(range(world), size)}
+
+    def __getitem__(self, i):
+        return self._dict(super().__getitem__(i))
+
+    def __iter__(self):
+        return map(self._dict, super().__iter__())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+    __hash__ = None
 
 
 def _skip_detail(ranks_in, ranks_out) -> str:
@@ -283,16 +307,11 @@ class SimulatedCollective(Collective):
     def all_reduce_uniform(self, step: int, site: str, vector: list[int]) -> list[int]:
         # The fast path of an optimisation that must not change results: the same
         # log entry as all_reduce_min's, no per-rank arithmetic.
-        n = len(vector)
-        self.log.record({"call": self.log.calls + 1, "step": step, "site": site,
-                         "ranks_in": list(range(self.world)),
-                         "sizes": dict.fromkeys(range(self.world), n)})
+        self.log.record_uniform(step, site, self.world, len(vector))
         return list(vector)
 
     def forward_uniform(self, step: int, numel: int) -> None:
-        self.log.record({"call": self.log.calls + 1, "step": step, "site": "forward",
-                         "ranks_in": list(range(self.world)),
-                         "sizes": dict.fromkeys(range(self.world), numel)})
+        self.log.record_uniform(step, "forward", self.world, numel)
 
     def _min(self, call, step, site, inputs, ranks_in, ranks_out, sizes):
         if ranks_out:
