@@ -841,10 +841,12 @@ class HybridTree:
             self._evict_aux(aux, res)
         return res
 
-    def _evict_full(self, request: int, res: HybridEviction) -> None:
+    def _evict_full(self, request: int, res: HybridEviction, victim=None) -> None:
         """full.py ``_evict_device_start`` / ``_evict_device_next_node``: a heap of the
         device leaves by ``last_access_time`` (the ``lru`` strategy); a deleted leaf's
-        parent joins when it becomes a leaf."""
+        parent joins when it becomes a leaf. ``victim``: what happens to each leaf
+        (``_delete_leaf`` with HiCache off; ``_evict_dleaf`` with it on)."""
+        act = self._delete_leaf if victim is None else victim
         heap = [(n.last_access, n.id, n) for n in self.d_leaves]
         heapq.heapify(heap)
         d_leaves = self.d_leaves
@@ -863,7 +865,7 @@ class HybridTree:
             if x is None:
                 return
             last = x
-            self._delete_leaf(x, res)
+            act(x, res)
 
     def _evict_aux(self, request: int, res: HybridEviction) -> None:
         """swa.py / mamba.py ``_evict_device_next_node`` (no sessions, no HiCache):
@@ -913,25 +915,7 @@ class HybridTree:
     def _evict_full_ht(self, request: int, res: HybridEviction) -> None:
         """The FULL walk (``full._evict_device_next_node``) with each victim handed
         to ``_evict_dleaf`` (cache ``_evict_components``' write_back branch)."""
-        heap = [(n.last_access, n.id, n) for n in self.d_leaves]
-        heapq.heapify(heap)
-        d_leaves = self.d_leaves
-        last = None
-        while True:
-            if last is not None and last.parent is not None and last.parent in d_leaves:
-                p = last.parent
-                heapq.heappush(heap, (p.last_access, p.id, p))
-            last = None
-            x = None
-            while res.full < request and heap:
-                _, _, cand = heapq.heappop(heap)
-                if cand in d_leaves:
-                    x = cand
-                    break
-            if x is None:
-                return
-            last = x
-            self._evict_dleaf(x, res)
+        self._evict_full(request, res, self._evict_dleaf)
 
     def _evict_aux_ht(self, request: int, res: HybridEviction) -> None:
         """The auxiliary walk with HiCache on (mamba ``_evict_device_next_node``): a
