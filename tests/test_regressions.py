@@ -1,0 +1,58 @@
+"""The upstream reports shipped as scenarios/regressions/ (issue 15 item 5): each run's
+outcome pinned on summary.json figures. The comment at the top of each scenario says
+what the report describes, what hicache-sim gives, and where they differ.
+
+These files are not in tests/test_scenarios_run.py's glob (scenarios/*.yaml). They are
+checked here instead: each validates, runs whole (a few requests, about a second) and
+keeps its trees consistent."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import ROOT
+from test_optrace_v2 import main
+
+from sim.runner import run_scenario
+from sim.scenario import load_scenario
+
+REG = ROOT / "scenarios" / "regressions"
+BYTES_PER_TOKEN = 131072                                  # Llama-3.1-8B, bf16, TP 1
+
+
+def run(name, *sets):
+    res = run_scenario(load_scenario(REG / f"{name}.yaml", list(sets)), None)
+    for c in (c for inst in res.sim.instances for c in inst.group.cohorts):
+        c.tree.check()
+    assert res.summary["verdict"] == "agree"
+    return res.summary
+
+
+def test_every_regression_scenario_is_listed_and_named_after_its_file():
+    paths = sorted(REG.glob("*.yaml"))
+    assert {p.stem for p in paths} == {"sglang_40193"}
+    readme = (REG / "README.md").read_text()
+    for p in paths:
+        assert load_scenario(p).name == p.stem
+        assert f"`{p.name}`" in readme
+    assert "regressions/" in (ROOT / "scenarios" / "README.md").read_text()
+
+
+def test_40193_a_full_storage_hit_is_cut_to_the_free_host_room():
+    s = run("sglang_40193")
+    assert s["host_tokens"] == 18561 and s["device_tokens"] == 20000
+    assert s["prefetch_issued"] == 3
+    assert s["prefetch_revoked"] == {"below_threshold": 2}   # the two first-seen prompts
+    assert s["l3_hit_tokens"] == 2551
+    assert s["hit_tokens_by_tier"] == {"device": 0, "host": 0, "storage": 2551}
+
+
+def test_40193_the_storage_query_hits_all_16010_pages(tmp_path):
+    ops = tmp_path / "ops"
+    rc, _, err = main(["run", REG / "sglang_40193.yaml", "-o", tmp_path / "res", "--quiet",
+                       "--record-ops", ops])
+    assert rc == 0, err
+    recs = [json.loads(x) for x in (ops / "rank0.jsonl").read_text().splitlines()[1:]]
+    hits = [(r["op"], r["n"]) for r in recs if r["op"] in ("prefetch_hit", "prefetch_done")]
+    assert hits == [("prefetch_hit", 0), ("prefetch_hit", 0),
+                    ("prefetch_hit", 16010), ("prefetch_done", 2551)]
