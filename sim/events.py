@@ -142,12 +142,11 @@ class FixedCosts:
 class _Slot:
     """A request's state on one replica: its lock and its KV."""
 
-    __slots__ = ("lock", "lock_id", "prefix", "done", "in_tree", "device_hit", "loaded")
+    __slots__ = ("lock", "lock_id", "done", "in_tree", "device_hit", "loaded")
 
     def __init__(self):
         self.lock = None       # the locked node
         self.lock_id = None    # that lock's op-trace id (when recording)
-        self.prefix = 0        # tokens cached at admission (device hit + loaded)
         self.done = 0          # tokens whose KV exists while prefilling (prefix + chunks)
         self.in_tree = 0       # leading tokens whose pages the tree owns (page-aligned)
         self.device_hit = 0
@@ -181,6 +180,12 @@ class Req:
         self.load_s = self.stall_s = self.prefill_s = 0.0
         self.start = self.first_token = self.finish = math.nan
         self.l3 = 0  # tokens its prefetch loaded from storage (rank 0's replica)
+
+    @property
+    def try_suffix(self) -> str:
+        """The op-trace id suffix of this admission: ``.t<n>`` after n retractions, so
+        a re-admitted request's locks and loads never reuse an earlier try's ids."""
+        return f".t{self.retractions}" if self.retractions else ""
 
     @property
     def fill_len(self) -> int:
@@ -783,7 +788,7 @@ class Simulation:
         # The match stops a token short of the input (`_compute_max_prefix_len`): the
         # last position's logits must be computed.
         key = self._seq_key(rq, fill - 1)
-        lid = f"q{req.rid}" if not rq.retractions else f"q{req.rid}.t{rq.retractions}"
+        lid = f"q{req.rid}{rq.try_suffix}"
         # match + the pin `add_one_req` holds while it decides (`_lock_node`); an
         # admitted request keeps it as its own lock (`_commit_prefill_admission`).
         self._op(c, {"op": "lock", "key": key, "id": lid})
@@ -798,7 +803,7 @@ class Simulation:
         loaded = 0
         if not isinstance(sel, str) and m.host_len:
             # `prepare_load_back` holds for a single-pool budget; `init_load_back`.
-            rid = f"r{req.rid}" if not rq.retractions else f"r{req.rid}.t{rq.retractions}"
+            rid = f"r{req.rid}{rq.try_suffix}"
             self._op(c, {"op": "load_back", "key": key, "id": rid})
             res = tree.load_back(m, rid)
             plan.stall_first += self._charge(plan, res.eviction)
@@ -824,7 +829,7 @@ class Simulation:
         prefix = dev + loaded
         slot = _Slot()
         slot.lock, slot.lock_id = lock, lid
-        slot.prefix = slot.done = slot.in_tree = prefix
+        slot.done = slot.in_tree = prefix
         slot.device_hit, slot.loaded = dev, loaded
         rq.slots[id(c)] = slot
         plan.reqs.append(rq)
@@ -1262,7 +1267,7 @@ class Simulation:
                 self._free(c, page_ceil(rq.kv, ps) - slot.in_tree)
             else:
                 n = slot.done if up_to is None else up_to
-                lid = f"q{rq.r.rid}.i{n}" + (f".t{rq.retractions}" if rq.retractions else "")
+                lid = f"q{rq.r.rid}.i{n}{rq.try_suffix}"
                 self._op(c, {"op": "lock", "key": key, "id": lid})
                 self._op(c, {"op": "unlock", "id": slot.lock_id})
                 tree.inc_lock(ins.node)

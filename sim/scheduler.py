@@ -45,13 +45,11 @@ def page_ceil(tokens: int, ps: int) -> int:
 class SchedState:
     """One replica's scheduler state that outlives an iteration."""
 
-    __slots__ = ("batch_is_full", "priority_calls", "ratio", "ratio_min", "ratio_decay",
-                 "ratio_init")
+    __slots__ = ("batch_is_full", "priority_calls", "ratio", "ratio_min", "ratio_decay")
 
     def __init__(self, conservativeness: float = 1.0):
         # NewTokenRatioTracker.from_config
         init = min(C.INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
-        self.ratio_init = init
         self.ratio_min = min(init * C.MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (init - self.ratio_min) / C.NEW_TOKEN_RATIO_DECAY_STEPS
         self.ratio = init
