@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 from conftest import ROOT
 from test_optrace_v2 import main
 
@@ -30,7 +31,7 @@ def run(name, *sets):
 
 def test_every_regression_scenario_is_listed_and_named_after_its_file():
     paths = sorted(REG.glob("*.yaml"))
-    assert {p.stem for p in paths} == {"sglang_40193"}
+    assert {p.stem for p in paths} == {"sglang_40193", "sglang_39444"}
     readme = (REG / "README.md").read_text()
     for p in paths:
         assert load_scenario(p).name == p.stem
@@ -56,3 +57,63 @@ def test_40193_the_storage_query_hits_all_16010_pages(tmp_path):
     hits = [(r["op"], r["n"]) for r in recs if r["op"] in ("prefetch_hit", "prefetch_done")]
     assert hits == [("prefetch_hit", 0), ("prefetch_hit", 0),
                     ("prefetch_hit", 16010), ("prefetch_done", 2551)]
+
+
+def record(tmp_path, name, *sets):
+    """Run ``name`` with --record-ops: (summary, rank-0 op records, requests table)."""
+    args = ["run", REG / f"{name}.yaml", "-o", tmp_path / "res", "--quiet",
+            "--record-ops", tmp_path / "ops"]
+    for s in sets:
+        args += ["--set", s]
+    rc, _, err = main(args)
+    assert rc == 0, err
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    lines = (tmp_path / "ops" / "rank0.jsonl").read_text().splitlines()[1:]
+    return summary, [json.loads(x) for x in lines], pd.read_parquet(tmp_path / "res" / "requests.parquet")
+
+
+def storage_ops(recs):
+    return [(r["op"], r["id"], r.get("n")) for r in recs
+            if r["op"] in ("prefetch_hit", "prefetch_done", "prefetch_revoke")]
+
+
+WRITE_BACK = ("cache.write_policy=write_back", "storage.prefetch_policy=wait_complete")
+
+
+def test_39444_write_through_brings_back_only_part_of_each_prefix(tmp_path):
+    s, recs, req = record(tmp_path, "sglang_39444")
+    assert s["host_tokens"] == 27127 and s["device_tokens"] == 42763
+    assert s["verdict"] == "agree" and s["prefetch_issued"] == 10
+    # 0.5.23 backs up each chunk at its own insert: p0's two chunks both reach storage,
+    # and its replay (p5) hits all 16,010 pages; p1..p4 only their first chunk (8,192)
+    assert [x for x in storage_ops(recs) if x[0] == "prefetch_hit"][5:] == [
+        ("prefetch_hit", f"p{i}", n) for i, n in zip(range(5, 10), (16010, 8192, 8192, 8192, 8192))]
+    # what reaches each replay is cut to the host's free room
+    assert req["host_hit_tokens"].tolist() == [0] * 5 + [2551, 0, 0, 373, 2551]
+    assert s["l3_hit_tokens"] == 5475
+    assert s["hit_tokens_by_tier"] == {"device": 0, "host": 0, "storage": 5475}
+    assert s["prefetch_revoked"] == {"below_threshold": 5, "host_capacity": 2}
+    assert s["backup_failures"] == 10      # backups that found no evictable host room
+
+
+def test_39444_write_back_wait_complete_restores_two_prefixes_whole(tmp_path):
+    s, recs, req = record(tmp_path, "sglang_39444", *WRITE_BACK)
+    assert s["verdict"] == "agree"
+    assert [x for x in storage_ops(recs) if x[0] == "prefetch_done"] == [
+        ("prefetch_done", f"p{i}", n) for i, n in zip(range(5, 10), (16010, 16010, 16010, 8192, 8192))]
+    assert req["host_hit_tokens"].tolist() == [0] * 5 + [16010, 16010, 0, 8192, 8192]
+    assert s["l3_hit_tokens"] == 3 * 16010 + 2 * 8192
+    assert s["hit_tokens_by_tier"] == {"device": 0, "host": 0, "storage": 2 * 16010 + 2 * 8192}
+    assert s["prefetch_revoked"] == {"below_threshold": 5}
+
+
+def test_39444_the_stop_policy_matters_only_for_best_effort():
+    """The reads end well inside the timeout: timeout gives what wait_complete gives,
+    under either write policy. best_effort ends every prefetch at its first admission
+    poll, before its hit: nothing comes back."""
+    wt = run("sglang_39444", "storage.prefetch_policy=wait_complete")
+    assert (wt["l3_hit_tokens"], wt["prefetch_revoked"]) == (5475, {"below_threshold": 5, "host_capacity": 2})
+    wb = run("sglang_39444", "cache.write_policy=write_back")
+    assert wb["hit_tokens_by_tier"]["storage"] == 2 * 16010 + 2 * 8192
+    be = run("sglang_39444", "storage.prefetch_policy=best_effort")
+    assert be["l3_hit_tokens"] == 0 and be["prefetch_revoked"] == {"not_staged": 10}
