@@ -9,13 +9,16 @@ keeps its trees consistent."""
 from __future__ import annotations
 
 import json
+from unittest.mock import patch
 
 import pandas as pd
 from conftest import ROOT
 from test_optrace_v2 import main
 
+from sim.policies.host import DuplicateFirst
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
+from sim.tree import Tree
 
 REG = ROOT / "scenarios" / "regressions"
 BYTES_PER_TOKEN = 131072                                  # Llama-3.1-8B, bf16, TP 1
@@ -31,7 +34,7 @@ def run(name, *sets):
 
 def test_every_regression_scenario_is_listed_and_named_after_its_file():
     paths = sorted(REG.glob("*.yaml"))
-    assert {p.stem for p in paths} == {"sglang_40193", "sglang_39444"}
+    assert {p.stem for p in paths} == {"sglang_40193", "sglang_39444", "sglang_34519", "sglang_40512"}
     readme = (REG / "README.md").read_text()
     for p in paths:
         assert load_scenario(p).name == p.stem
@@ -117,3 +120,77 @@ def test_39444_the_stop_policy_matters_only_for_best_effort():
     assert wb["hit_tokens_by_tier"]["storage"] == 2 * 16010 + 2 * 8192
     be = run("sglang_39444", "storage.prefetch_policy=best_effort")
     assert be["l3_hit_tokens"] == 0 and be["prefetch_revoked"] == {"not_staged": 10}
+
+
+def pinned_reclaims(name, *sets):
+    """Run ``name``; count, on rank 0's tree, the duplicate-reclaim walks that reached a
+    node only its load-back pin kept (on both tiers, mapped, not host-locked, no
+    write-through pending: ``Tree.reclaimable`` refuses it for ``lb_pending`` alone),
+    and, on every tree, the releases of a pinned node (the #34519 hazard)."""
+    walks, released, cur = {}, [0], [None]
+    reclaimable, release, walk = Tree.reclaimable, Tree.release_duplicate, DuplicateFirst.reclaim
+
+    def spy_walk(self, tree, n):
+        cur[0] = set()
+        r = walk(self, tree, n)
+        if cur[0]:
+            walks[id(tree)] = walks.get(id(tree), 0) + 1
+        return r
+
+    def spy_reclaimable(node):
+        if (node.lb_pending is not None and node.dev and node.host and node.wt_pending is None
+                and not node.host_lock_ref):
+            cur[0].add(node.id)
+        return reclaimable(node)
+
+    def spy_release(self, node, pass_no):
+        released[0] += node.lb_pending is not None
+        return release(self, node, pass_no)
+
+    with patch.object(Tree, "reclaimable", staticmethod(spy_reclaimable)), \
+            patch.object(Tree, "release_duplicate", spy_release), \
+            patch.object(DuplicateFirst, "reclaim", spy_walk):
+        res = run_scenario(load_scenario(REG / f"{name}.yaml", list(sets)), None)
+    rank0 = res.sim.instances[0].group.cohort_of(0).tree
+    return {**res.summary, **res.divergence}, walks.get(id(rank0), 0), released[0]
+
+
+SEEDS = range(1, 21)
+
+
+def test_34519_the_load_back_pin_keeps_in_flight_sources_from_reclaim():
+    per_seed = [pinned_reclaims("sglang_34519", f"seed={k}") for k in SEEDS]
+    assert [s["verdict"] for s, _, _ in per_seed] == ["absorbed"] * 20
+    assert all(s["perturbations"]["ack_delay"] > 0 for s, _, _ in per_seed)
+    assert all(s["reclaim_pass1_tokens"] > 0 for s, _, _ in per_seed)  # reclaim runs
+    walks = [w for _, w, _ in per_seed]
+    assert sum(walks) == 22 and sum(w > 0 for w in walks) == 10
+    assert sum(r for _, _, r in per_seed) == 0          # no in-flight source released
+
+
+def test_34519_write_through_pins_nothing_and_reclaims_nothing():
+    for k in (3, 5, 8):   # seeds where write_back's pin does the work
+        s, walks, released = pinned_reclaims("sglang_34519", f"seed={k}",
+                                             "cache.write_policy=write_through")
+        assert s["verdict"] == "absorbed"
+        assert s["reclaim_pass1_tokens"] == s["reclaim_pass2_tokens"] == 0
+        assert walks == released == 0
+
+
+def verdicts(name, *sets):
+    out = {}
+    for k in SEEDS:
+        res = run_scenario(load_scenario(REG / f"{name}.yaml", [f"seed={k}", *sets]), None)
+        assert res.divergence["perturbations"]["ack_delay"] > 0
+        out[res.divergence["verdict"]] = out.get(res.divergence["verdict"], 0) + 1
+    return out
+
+
+def test_40512_ranks_that_see_acks_in_another_order_reclaim_alike():
+    """0.5.23 drains acks by the MIN-agreed counts in issue order: late acks on two
+    ranks never change a reclaim victim (the digest agrees in every seed)."""
+    assert verdicts("sglang_40512") == {"absorbed": 20}
+
+
+def test_40512_rank_local_ack_draining_makes_victims_order_dependent():
+    assert verdicts("sglang_40512", "collective.discipline=local") == {"detected": 20}
