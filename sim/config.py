@@ -78,6 +78,9 @@ class StorageConfig:
     prefetch_threshold: int = 256
     prefetch_timeout_base: float = 1.0
     prefetch_timeout_per_ki_token: float = 0.25
+    # Ranks whose storage shard nobody writes (attention CP with MLA KV):
+    # sim.storage.collectives.unwritten_ranks.
+    unwritten_ranks: frozenset = frozenset()
 
 
 @dataclass
@@ -183,9 +186,13 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         st = scn.storage
         over = {k: getattr(st, k) for k in ("read_gbps", "write_gbps", "op_latency_us")
                 if getattr(st, k) is not None}
+        from sim.storage.collectives import unwritten_ranks
+
         cfg.storage = StorageConfig(backend(st.backend, **over), st.prefetch_policy,
                                     st.prefetch_threshold, st.prefetch_timeout_base,
-                                    st.prefetch_timeout_per_ki_token)
+                                    st.prefetch_timeout_per_ki_token,
+                                    unwritten_ranks(scn.tp, st.attn_cp_size,
+                                                    scn.model.spec().is_mla))
     cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
                      io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
     return cfg, cost

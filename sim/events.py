@@ -1403,6 +1403,8 @@ class Simulation:
     def _st_rank_hit(self, c: Cohort, keys) -> int:
         """``batch_exists`` on this replica's storage: leading pages present, cut by the
         storage faults of a single-rank replica (``jitter.storage_miss`` / ``_fail``)."""
+        if self._st.unwritten_ranks and not self._st.unwritten_ranks.isdisjoint(c.ranks):
+            return 0  # a shard nobody writes (attention CP, MLA: storage.attn_cp_size)
         n = c.st.view.exists(keys)
         j = self.jitter
         if n and len(c.ranks) == 1:

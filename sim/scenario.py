@@ -472,6 +472,10 @@ class Storage(_Model):
     knobs are SGLang's (``--hicache-storage-prefetch-policy`` and the extra_config
     keys ``prefetch_threshold``, ``prefetch_timeout_base``,
     ``prefetch_timeout_per_ki_token``). Needs ``collective.discipline: synced``.
+    ``attn_cp_size`` (SGLang ``--attn-cp-size``, dividing ``tp``): attention context
+    parallelism, which only decides which ranks write each page to storage
+    (``sim.storage.collectives.unwritten_ranks``; for an MLA model, 0.5.23 writes from
+    global TP rank 0 only, so the other CP coordinates' shards stay empty).
     """
 
     backend: Literal["sim", "mooncake", "3fs", "nixl", "file"] = "sim"
@@ -482,6 +486,7 @@ class Storage(_Model):
     prefetch_threshold: _int(0, 10**12) = 256
     prefetch_timeout_base: Seconds = 1.0
     prefetch_timeout_per_ki_token: Seconds = 0.25
+    attn_cp_size: _int(1, 4096) = 1
 
 
 _DELAY_DISTS = ("none", "uniform", "exponential", "lognormal")
@@ -864,6 +869,9 @@ class Scenario(_Model):
             raise _err(f"storage with discipline {self.collective.discipline!r}",
                        "discipline 'synced' (the storage queues ride on 0.5.23's sync)",
                        "storage")
+        if self.storage is not None and self.tp % self.storage.attn_cp_size:
+            raise _err(f"attn_cp_size {self.storage.attn_cp_size} with tp {self.tp}",
+                       "a divisor of tp", "storage.attn_cp_size")
         j = self.jitter
         if self.storage is None and (j.storage_miss.probability > 0 or j.storage_fail.ranks):
             key = "storage_miss" if j.storage_miss.probability > 0 else "storage_fail"

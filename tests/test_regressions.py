@@ -12,12 +12,15 @@ import json
 from unittest.mock import patch
 
 import pandas as pd
+import pytest
 from conftest import ROOT
 from test_optrace_v2 import main
 
+from sim.errors import UserError
 from sim.policies.host import DuplicateFirst
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
+from sim.storage.collectives import unwritten_ranks
 from sim.tree import Tree
 
 REG = ROOT / "scenarios" / "regressions"
@@ -34,7 +37,8 @@ def run(name, *sets):
 
 def test_every_regression_scenario_is_listed_and_named_after_its_file():
     paths = sorted(REG.glob("*.yaml"))
-    assert {p.stem for p in paths} == {"sglang_40193", "sglang_39444", "sglang_34519", "sglang_40512"}
+    assert {p.stem for p in paths} == {"sglang_40193", "sglang_39444", "sglang_34519", "sglang_40512",
+                                        "sglang_37149"}
     readme = (REG / "README.md").read_text()
     for p in paths:
         assert load_scenario(p).name == p.stem
@@ -194,3 +198,38 @@ def test_40512_ranks_that_see_acks_in_another_order_reclaim_alike():
 
 def test_40512_rank_local_ack_draining_makes_victims_order_dependent():
     assert verdicts("sglang_40512", "collective.discipline=local") == {"detected": 20}
+
+
+def test_37149_under_cp_only_global_rank_0_writes_and_the_min_cuts_every_hit_to_zero(tmp_path):
+    s, recs, _ = record(tmp_path, "sglang_37149")
+    assert s["verdict"] == "agree" and s["prefetch_issued"] == 4
+    assert storage_ops(recs) == [("prefetch_hit", f"p{i}", 0) for i in range(4)]
+    assert s["prefetch_revoked"] == {"below_threshold": 4}
+    assert s["l3_hit_tokens"] == 0 and s["hit_tokens_by_tier"]["storage"] == 0
+    assert s["l3_write_bytes"] > 0          # rank 0 did write (its own CP shard)
+
+
+def test_37149_plain_tp_or_a_non_mla_model_restores_the_prefix(tmp_path):
+    s, recs, _ = record(tmp_path, "sglang_37149", "storage.attn_cp_size=1")
+    assert storage_ops(recs)[-2:] == [("prefetch_hit", "p3", 8192), ("prefetch_done", "p3", 8192)]
+    assert s["hit_tokens_by_tier"]["storage"] == 8192
+    gqa = run("sglang_37149", "model.preset=llama-3.1-8b")       # every rank writes
+    assert gqa["l3_hit_tokens"] == 8192 and gqa["hit_tokens_by_tier"]["storage"] == 8192
+
+
+def test_37149_the_writer_choice_is_0523s():
+    """``unwritten_ranks``: 0.5.23's ``is_storage_writer`` with the global TP rank and
+    per-CP-coordinate keys for replicated KV, CP-major rank layout."""
+    assert unwritten_ranks(8, 2, rank_replicated=True) == {4, 5, 6, 7}
+    assert unwritten_ranks(8, 8, rank_replicated=True) == set(range(1, 8))
+    assert unwritten_ranks(8, 1, rank_replicated=True) == set()   # plain TP: shared keys
+    assert unwritten_ranks(8, 2, rank_replicated=False) == set()  # every rank writes
+    with pytest.raises(ValueError):
+        unwritten_ranks(8, 3, rank_replicated=True)
+
+
+def test_37149_an_attn_cp_size_not_dividing_tp_is_a_one_line_error():
+    with pytest.raises(UserError) as e:
+        load_scenario(REG / "sglang_37149.yaml", ["storage.attn_cp_size=3"])
+    msg = str(e.value)
+    assert "storage.attn_cp_size" in msg and "tp 8" in msg and "\n" not in msg.strip()

@@ -85,3 +85,29 @@ def unpack_sync_vector(reduced: Sequence[int]) -> tuple[int, int, tuple[int, ...
     ``min == max``)."""
     values = list(map(int, reduced))
     return values[0], values[1], tuple(values[2:-2]), values[-2] == -values[-1]
+
+
+def unwritten_ranks(tp: int, attn_cp_size: int, rank_replicated: bool) -> frozenset[int]:
+    """The TP ranks whose storage shard no rank writes, so whose ``batch_exists``
+    always misses (and, through the MIN of hits, every rank's hit is 0).
+
+    SGLang 0.5.23's writer choice (``HiCacheStorageConfig.is_storage_writer``,
+    mem_cache/hicache_storage.py; ``HiCacheController.backup_skip`` /
+    ``backup_thread_func``, managers/cache_controller.py): a rank writes unless its
+    KV is rank-replicated (MLA, ``is_mla_model``) and its ``tp_rank`` is not the DCP
+    rank (0 without DCP). ``tp_rank`` is the global ``parallel.tp_rank``
+    (``_generate_storage_config``; the attention-TP rank only under DP attention).
+    Keys: non-replicated KV is keyed per TP rank (``tp_config_suffix``); replicated KV
+    once per attention-CP coordinate (``config_suffix`` with ``_cp{attn_cp_rank}``,
+    as the file backend builds it), shared by that coordinate's attention-TP ranks.
+    Ranks are laid out CP-major: ``attn_cp_rank = tp_rank // attn_tp_size``
+    (distributed/parallel_state.py ``initialize_model_parallel``). So under attention
+    CP an MLA model has one writer, global rank 0, and every CP coordinate but 0 reads
+    a shard nobody wrote: the fault sglang PR #37149 (writer from ``attn_tp_rank``,
+    not in 0.5.23) addresses."""
+    if tp < 1 or attn_cp_size < 1 or tp % attn_cp_size:
+        raise ValueError("attn_cp_size must divide tp")
+    if not rank_replicated or attn_cp_size == 1:
+        return frozenset()
+    attn_tp = tp // attn_cp_size
+    return frozenset(r for r in range(tp) if r // attn_tp != 0)
