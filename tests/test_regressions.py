@@ -233,3 +233,21 @@ def test_37149_an_attn_cp_size_not_dividing_tp_is_a_one_line_error():
         load_scenario(REG / "sglang_37149.yaml", ["storage.attn_cp_size=3"])
     msg = str(e.value)
     assert "storage.attn_cp_size" in msg and "tp 8" in msg and "\n" not in msg.strip()
+
+
+def test_39444_one_chunk_per_prefix_leaves_three_replays_with_nothing(tmp_path):
+    """The report's sizes without chunking: host room alone leaves three of five
+    replays with nothing from storage under both policies (the scenario's comment
+    says which backup or drop lost each)."""
+    wt = tmp_path / "wt"
+    wt.mkdir()
+    s, recs, req = record(wt, "sglang_39444", "scheduler.chunked_prefill_tokens=16384")
+    assert req["host_hit_tokens"].tolist()[5:] == [11116, 0, 0, 0, 11116]
+    assert [x for x in storage_ops(recs) if x[0] == "prefetch_hit"][5:] == [
+        ("prefetch_hit", f"p{i}", n) for i, n in zip(range(5, 10), (16010, 0, 16010, 0, 16010))]
+    assert s["backup_failures"] == 5
+    wb = tmp_path / "wb"
+    wb.mkdir()
+    s, recs, req = record(wb, "sglang_39444", "scheduler.chunked_prefill_tokens=16384", *WRITE_BACK)
+    assert req["host_hit_tokens"].tolist()[5:] == [16010, 16010, 0, 0, 0]
+    assert s["l3_hit_tokens"] == 3 * 16010                 # p2's load lands, unused
