@@ -27,10 +27,14 @@ REG = ROOT / "scenarios" / "regressions"
 BYTES_PER_TOKEN = 131072                                  # Llama-3.1-8B, bf16, TP 1
 
 
-def run(name, *sets):
-    res = run_scenario(load_scenario(REG / f"{name}.yaml", list(sets)), None)
+def check_trees(res):
     for c in (c for inst in res.sim.instances for c in inst.group.cohorts):
         c.tree.check()
+
+
+def run(name, *sets):
+    res = run_scenario(load_scenario(REG / f"{name}.yaml", list(sets)), None)
+    check_trees(res)
     assert res.summary["verdict"] == "agree"
     return res.summary
 
@@ -155,6 +159,7 @@ def pinned_reclaims(name, *sets):
             patch.object(Tree, "release_duplicate", spy_release), \
             patch.object(DuplicateFirst, "reclaim", spy_walk):
         res = run_scenario(load_scenario(REG / f"{name}.yaml", list(sets)), None)
+    check_trees(res)
     rank0 = res.sim.instances[0].group.cohort_of(0).tree
     return {**res.summary, **res.divergence}, walks.get(id(rank0), 0), released[0]
 
@@ -185,6 +190,7 @@ def verdicts(name, *sets):
     out = {}
     for k in SEEDS:
         res = run_scenario(load_scenario(REG / f"{name}.yaml", [f"seed={k}", *sets]), None)
+        check_trees(res)
         assert res.divergence["perturbations"]["ack_delay"] > 0
         out[res.divergence["verdict"]] = out.get(res.divergence["verdict"], 0) + 1
     return out
