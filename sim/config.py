@@ -78,6 +78,9 @@ class StorageConfig:
     prefetch_threshold: int = 256
     prefetch_timeout_base: float = 1.0
     prefetch_timeout_per_ki_token: float = 0.25
+    # Pages each rank's storage holds (storage.capacity_gb / bytes per page); None:
+    # unbounded (sim_storage.py keeps every key).
+    capacity_pages: int | None = None
 
 
 @dataclass
@@ -188,4 +191,9 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
                                     st.prefetch_timeout_per_ki_token)
     cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
                      io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
+    if cfg.storage is not None and scn.storage.capacity_gb is not None:
+        from sim.storage.view import capacity_pages
+
+        cfg.storage.capacity_pages = capacity_pages(scn.storage.capacity_gb,
+                                                    cost.bytes_per_token, scn.page_size)
     return cfg, cost
