@@ -181,3 +181,23 @@ def test_a_prefetch_read_refreshes_its_pages_in_a_bounded_store():
     with patch.object(StorageView, "read", lambda self, keys: None):
         untouched = run(*sets, requests=120).summary["l3_hit_tokens"]
     assert touched > untouched > 0
+
+
+TRACE_SCN = ROOT / "scenarios" / "storage_mooncake_trace.yaml"
+
+
+def test_three_tier_trace_scenario_fast_path_and_storage_size(tmp_path):
+    """The Mooncake-trace storage scenario: the decode fast path writes what a step-by-step
+    loop writes, and a smaller store (16 GB per rank: full within 300 requests, which the
+    shipped 256 GB is not) gives back less, but more than none."""
+    sets = ["limits.max_requests=300"]
+    fast, plain = tmp_path / "fast", tmp_path / "plain"
+    run_scenario(load_scenario(TRACE_SCN, sets), fast)
+    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+        run_scenario(load_scenario(TRACE_SCN, sets), plain)
+    for f in sorted(p.name for p in fast.iterdir()):
+        assert (fast / f).read_bytes() == (plain / f).read_bytes(), f
+    sized = json.loads((fast / "summary.json").read_text())
+    small = run_scenario(load_scenario(TRACE_SCN, sets + ["storage.capacity_gb=16"])).summary
+    none = run_scenario(load_scenario(TRACE_SCN, sets + ["storage=null"])).summary
+    assert none["hit_rate"] < small["hit_rate"] < sized["hit_rate"]
