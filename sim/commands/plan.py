@@ -188,7 +188,8 @@ def print_plan(plan) -> None:
         print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                                enumerate(zip(row, widths))))
     if plan.opt:
-        print("offline optimum (bound, any policy): " + ", ".join(
+        what = "L1+L2 only, no L3: not a bound with storage" if d.get("storage") else "bound, any policy"
+        print(f"offline optimum ({what}): " + ", ".join(
             f"{g:,.1f} GB -> {h:.1%}" for g, h in plan.opt))
     st = d.get("storage")
     if st:
