@@ -11,7 +11,7 @@ scenario's own point also runs at two more seeds: the spread it prints is over t
     .venv/bin/python benchmarks/three_tier_capacity.py            # writes docs/img/three_tier_capacity.{png,json}
     .venv/bin/python benchmarks/three_tier_capacity.py -o /tmp/x  # elsewhere
 
-About 2 minutes on 2 cores (31 engine runs of 2,000 requests at TP 8). The PNG and
+About 70 s on 2 cores (27 engine runs of 2,000 requests at TP 8). The PNG and
 the JSON are byte-identical from run to run.
 """
 
