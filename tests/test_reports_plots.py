@@ -234,3 +234,17 @@ def test_capacity_bars_split_the_host_hit_by_storage(tmp_path):
     assert l3["capacity_gb=null"] > l3["capacity_gb=0.3"]  # a bigger store gives more back
     labels = [t.get_text() for t in plot.figure.legends[0].get_texts()]
     assert "storage hit (L3, prefetched to host)" in labels
+
+
+def test_storage_share_reads_summary_dicts_and_sweep_table_json():
+    """A sweep table holds ``hit_tokens_by_tier`` as JSON text; a run's summary as a dict;
+    a run without storage has no L3 share (NaN, drawn as no storage bar)."""
+    import json
+
+    from reports.plots import _storage_rate
+
+    tiers = {"device": 60, "host": 20, "storage": 30}
+    assert _storage_rate(tiers, 200) == 0.15
+    assert _storage_rate(json.dumps(tiers), 200) == 0.15
+    assert np.isnan(_storage_rate(None, 200)) and np.isnan(_storage_rate(tiers, 0))
+    assert np.isnan(_storage_rate("not json", 200))
