@@ -9,7 +9,7 @@ from __future__ import annotations
 import matplotlib
 from matplotlib.figure import Figure
 
-from reports.plots import STYLE, _save
+from reports.plots import STYLE, TIER_COLORS, _save
 
 POLICY_COLORS = {
     ("write_back", "duplicate_first"): "#3b75af",
@@ -18,6 +18,7 @@ POLICY_COLORS = {
     ("write_through", "lru"): "#ef9a6b",
 }
 MODEL_STYLE = {"write_back": "-", "write_through": "--"}
+STORAGE_COLOR = "#2a9d8f"  # the L3 band (device and host as in reports.plots)
 
 
 def _label(wp, hp) -> str:
@@ -27,18 +28,25 @@ def _label(wp, hp) -> str:
 def draw_plan(plan) -> Figure:
     d = plan.doc
     bpt = d["bytes_per_token"]
+    st = d.get("storage")
     with matplotlib.rc_context(STYLE):
-        fig = Figure(figsize=(9.5, 8.2), layout="constrained")
-        top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+        if st:
+            fig = Figure(figsize=(9.5, 10.6), layout="constrained")
+            top, tiers, bottom = fig.subplots(3, 1, sharex=True, height_ratios=[3, 2.2, 2])
+        else:
+            fig = Figure(figsize=(9.5, 8.2), layout="constrained")
+            top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
         g = plan.grid_gb
         for key, curve in plan.model.items():
             if key == "dev":
                 continue
             top.plot(g, curve, color="#888888", linestyle=MODEL_STYLE.get(key, "-"), linewidth=1.1,
-                     label=f"model (one-pass LRU), {key.replace('_', ' ')}")
+                     label=f"model (one-pass LRU), {key.replace('_', ' ')}"
+                     + (": L1+L2 only, no L3" if st else ""))
         for (wp, hp), curve in plan.planning.items():
             color = POLICY_COLORS.get((wp, hp), "#555555")
-            top.plot(g, curve, color=color, linewidth=1.8, label=f"planning: {_label(wp, hp)}")
+            what = "engine L1+L2+L3" if st and plan.engine else "planning"
+            top.plot(g, curve, color=color, linewidth=1.8, label=f"{what}: {_label(wp, hp)}")
             row = next(r for r in d["policies"] if (r["write_policy"], r["host_policy"]) == (wp, hp))
             if row["knee_gb_per_rank"] is not None:
                 top.plot([row["knee_gb_per_rank"]], [row["knee_hit_rate"]], marker="D", color=color,
@@ -59,9 +67,12 @@ def draw_plan(plan) -> Figure:
             top.plot([a for a, _ in plan.opt], [b for _, b in plan.opt], color="#111111",
                      linestyle=":", marker="s", markersize=4, linewidth=1.3,
                      label="offline optimum (bound): " + ("OPT(D+H)" if d.get("tier", "host") == "host"
-                                                          else "OPT(device)"))
+                                                          else "OPT(device)")
+                     + (", no L3 (not a bound with storage)" if st else ""))
         _marks(top, d)
         _marks(bottom, d, labels=False)
+        if st:
+            _marks(tiers, d, labels=False)
         target = d["targets"]["hit_rate"]
         if target is not None:
             top.axhline(target, color="#2a9d3a", linewidth=1.0, linestyle="-.")
@@ -72,10 +83,16 @@ def draw_plan(plan) -> Figure:
             bottom.axhline(tt, color="#2a9d3a", linewidth=1.0, linestyle="-.")
         top.set_ylim(0, 1)
         top.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-        top.set_ylabel(("hit rate (device + host)" if d.get("tier", "host") == "host" else "hit rate")
+        top.set_ylabel(("hit rate (device + host + storage)" if st else
+                        "hit rate (device + host)" if d.get("tier", "host") == "host" else "hit rate")
                        + f"\nafter {d['warmup_fraction']:.0%} warm-up")
-        top.set_title("Hit rate  (lines: model shape + engine residual; dots: engine runs; "
-                      "diamonds: knee)", fontsize=9.5)
+        if st:
+            top.set_title("Hit rate  (grey: the model, no L3; colour: engine runs, L1+L2+L3, "
+                          "straight lines between them; diamonds: knee)", fontsize=9.5)
+            _draw_tiers(tiers, plan)
+        else:
+            top.set_title("Hit rate  (lines: model shape + engine residual; dots: engine runs; "
+                          "diamonds: knee)", fontsize=9.5)
         bottom.set_ylabel("TTFT p99 (s)")
         tier = d.get("tier", "host")
         bottom.set_xlabel(f"{tier} KV pool per rank (GB = 1e9 bytes)")
@@ -97,11 +114,43 @@ def draw_plan(plan) -> Figure:
         err_line = (f"model vs engine at {n_pts} runs, max |Δ hit rate| in points: "
                     + ", ".join(errs[:2]) + (",\n" + ", ".join(errs[2:]) if len(errs) > 2 else "")) \
             if errs else "no engine check: model only"
+        if st:
+            cap = st["capacity_gb_per_rank"]
+            err_line = (f"L3: {st['backend']} storage, "
+                        + ("unbounded" if cap is None else f"{cap:g} GB per rank")
+                        + (f"; {n_pts} engine runs (the L3 figures are engine-measured only)"
+                           if n_pts else "; no engine runs: the model has no L3"))
         what = (f"host capacity plan, device {d['device_gb_per_rank']:.1f} GB per rank"
                 if tier == "host" else "single-tier cache curve (host off)")
         fig.suptitle(f"{d['scenario']}: {what}, {d['ranks_per_node']} ranks per node\n{err_line}",
                      fontsize=10.5)
         return fig
+
+
+def _draw_tiers(ax, plan) -> None:
+    """The scenario's own policy pair at its engine points, stacked by tier."""
+    d = plan.doc
+    own = (d["scenario_policy"]["write_policy"], d["scenario_policy"]["host_policy"])
+    row = next((r for r in d["policies"] if (r["write_policy"], r["host_policy"]) == own),
+               d["policies"][0])
+    pts = row.get("engine_tiers") or []
+    ax.set_ylabel("hit rate by tier\n(engine)")
+    ax.set_ylim(0, 1)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    if not pts:
+        ax.text(0.5, 0.5, "no engine check points: no per-tier split", ha="center",
+                va="center", transform=ax.transAxes, color="#777777")
+        return
+    x = [p["host_gb_per_rank"] for p in pts]
+    ys = [[p["device"] for p in pts], [p["host"] for p in pts], [p["storage"] for p in pts]]
+    ax.stackplot(x, ys, colors=[TIER_COLORS["device"], TIER_COLORS["host"], STORAGE_COLOR],
+                 labels=["L1 device hit", "L2 host hit (not from storage)",
+                         "L3 storage hit (prefetched to host)"], alpha=0.85)
+    for i, p in enumerate(pts):
+        ax.plot([x[i]], [p["total"]], marker="o", color="black", markersize=3.5)
+    ax.set_title(f"{row['write_policy']} + host: {row['host_policy']}: per tier at the engine "
+                 "runs (straight lines between them)", fontsize=9.5)
+    ax.legend(loc="upper left", fontsize=7.5)
 
 
 def _marks(ax, d, labels: bool = True) -> None:

@@ -10,6 +10,7 @@ without global pyplot state).
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -53,7 +54,7 @@ PNG_METADATA = {"Software": None}
 SVG_METADATA = {"Date": None, "Creator": None}
 
 # Stacked hit-rate bars: device hits, host hits (loaded back), misses (prefilled).
-TIER_COLORS = {"device": "#3b75af", "host": "#ef8636", "miss": "#d5d5d5"}
+TIER_COLORS = {"device": "#3b75af", "host": "#ef8636", "storage": "#2a9d8f", "miss": "#d5d5d5"}
 BOUND_COLOR = "#222222"
 MAX_PANELS = 16
 MAX_POINTS = 1500  # per line; longer series are thinned evenly (keeps SVGs small)
@@ -155,12 +156,30 @@ def _policy_of(scenario_flat: dict) -> str:
     return _panel_title(values) if values else "policy n/a"
 
 
+def _storage_rate(tiers, input_tokens) -> float:
+    """The L3 share of input tokens from summary.json's ``hit_tokens_by_tier`` (a dict,
+    or its JSON text in a sweep table); NaN for a run without storage."""
+    if isinstance(tiers, str):
+        try:
+            tiers = json.loads(tiers)
+        except ValueError:
+            return np.nan
+    if not isinstance(tiers, dict) or not isinstance(input_tokens, (int, float)) \
+            or not input_tokens > 0:
+        return np.nan
+    return float(tiers.get("storage", 0)) / float(input_tokens)
+
+
 def _rates_of(run: Run) -> dict[str, float]:
-    """Hit-rate split of a run: summary.json when it has it, else from requests."""
+    """Hit-rate split of a run: summary.json when it has it, else from requests. With
+    storage, ``storage_hit_rate`` is the part of ``host_hit_rate`` that came from L3."""
     s = run.summary
     if all(isinstance(s.get(k), (int, float)) for k in
            ("device_hit_rate", "host_hit_rate", "miss_rate")):
-        return {k: float(s[k]) for k in ("device_hit_rate", "host_hit_rate", "miss_rate")}
+        out = {k: float(s[k]) for k in ("device_hit_rate", "host_hit_rate", "miss_rate")}
+        if "hit_tokens_by_tier" in s:
+            out["storage_hit_rate"] = _storage_rate(s["hit_tokens_by_tier"], s.get("input_tokens"))
+        return out
     req = run.requests
     total = float(req["input_tokens"].sum())
     if total <= 0:
@@ -253,6 +272,9 @@ def _points_from_sweep(sweep: Sweep) -> tuple[pd.DataFrame, list[str]]:
         flat = {c: table[c].iloc[0] for c in sweep.parameter_columns if len(table)}
         table["policy"] = _policy_of(flat)
         panel_keys = ["policy"]
+    if "hit_tokens_by_tier" in table.columns and "input_tokens" in table.columns:
+        table["storage_hit_rate"] = [_storage_rate(t, n) for t, n in
+                                     zip(table["hit_tokens_by_tier"], table["input_tokens"])]
     return table, panel_keys
 
 
@@ -270,7 +292,10 @@ def _panel_title(values: dict) -> str:
     """Policies on the first line ("write_back + host: lru"), the workload below."""
     policy, other = [], []
     for key, value in values.items():
-        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            shown = "null"  # a key left null in one run (e.g. storage.capacity_gb: unbounded)
+        else:
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
         if key in POLICY_KEYS:
             policy.append(POLICY_KEYS[key] + shown)
         elif key == "base":
@@ -286,7 +311,8 @@ def _panel_title(values: dict) -> str:
 
 
 def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> Figure:
-    """Stacked device/host/miss bars per host capacity, one panel per policy combination."""
+    """Stacked device/host/miss bars per host capacity, one panel per policy combination;
+    with storage runs the host bar splits into host and storage (L3, prefetched to host)."""
     if not len(points):
         raise NoData("no rows")
     panel_keys = _order_panel_keys(panel_keys)
@@ -311,9 +337,14 @@ def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> F
     else:
         xfmt, xlabel = (lambda v: f"{v:g}×"), "host capacity (× device)"
     any_bound = any_err = False
+    has_l3 = "storage_hit_rate" in points.columns and points["storage_hit_rate"].notna().any()
+    if has_l3:
+        points = points.assign(storage_hit_rate=points["storage_hit_rate"].fillna(0.0))
     for ax, panel in zip(axes.flat, shown):
         sub = points[points["_panel"] == panel]
         agg = {"device_hit_rate": "mean", "host_hit_rate": "mean", "miss_rate": "mean"}
+        if has_l3:
+            agg["storage_hit_rate"] = "mean"
         if "bound_hit_rate" in sub.columns:
             agg["bound_hit_rate"] = "mean"
         grouped = sub.groupby(x_col, sort=True, dropna=True)
@@ -326,7 +357,12 @@ def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> F
                            ("device_hit_rate", "host_hit_rate", "miss_rate"))
         bar_w = 0.7
         ax.bar(xs, dev, bar_w, color=TIER_COLORS["device"])
-        ax.bar(xs, host, bar_w, bottom=dev, color=TIER_COLORS["host"])
+        if has_l3:
+            l3 = mean["storage_hit_rate"].to_numpy()
+            ax.bar(xs, host - l3, bar_w, bottom=dev, color=TIER_COLORS["host"])
+            ax.bar(xs, l3, bar_w, bottom=dev + host - l3, color=TIER_COLORS["storage"])
+        else:
+            ax.bar(xs, host, bar_w, bottom=dev, color=TIER_COLORS["host"])
         ax.bar(xs, miss, bar_w, bottom=dev + host, color=TIER_COLORS["miss"])
         if len(xs) <= 10:
             # The hit rate, written at the foot of the bar: clear of the error bar and
@@ -381,6 +417,10 @@ def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> F
     handles = [Patch(color=TIER_COLORS["device"]), Patch(color=TIER_COLORS["host"]),
                Patch(color=TIER_COLORS["miss"])]
     labels = ["device hit", "host hit (loaded back)", "miss (prefilled)"]
+    if has_l3:
+        handles.insert(2, Patch(color=TIER_COLORS["storage"]))
+        labels[1] = "host hit (loaded back, not from storage)"
+        labels.insert(2, "storage hit (L3, prefetched to host)")
     if any_bound:
         handles.append(Line2D([], [], color=BOUND_COLOR, linestyle="--"))
         labels.append("offline bound (hit rate)")

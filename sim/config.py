@@ -81,6 +81,9 @@ class StorageConfig:
     # Ranks whose storage shard nobody writes (attention CP with MLA KV):
     # sim.storage.collectives.unwritten_ranks.
     unwritten_ranks: frozenset = frozenset()
+    # Pages each rank's storage holds (storage.capacity_gb / bytes per page); None:
+    # unbounded (sim_storage.py keeps every key).
+    capacity_pages: int | None = None
 
 
 @dataclass
@@ -195,4 +198,9 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
                                                     scn.model.spec().is_mla))
     cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
                      io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
+    if cfg.storage is not None and scn.storage.capacity_gb is not None:
+        from sim.storage.view import capacity_pages
+
+        cfg.storage.capacity_pages = capacity_pages(scn.storage.capacity_gb,
+                                                    cost.bytes_per_token, scn.page_size)
     return cfg, cost

@@ -1340,7 +1340,7 @@ class Simulation:
         from sim.storage.view import StorageView
 
         c.st = StorageState(self.env, PrefetchBook(c.tree, self._st.prefetch_threshold),
-                            StorageView())
+                            StorageView(self._st.capacity_pages))
         self._st_hook(c)
 
     def _st_hook(self, c: Cohort) -> None:
@@ -1398,6 +1398,7 @@ class Simulation:
             if op.id in c2.st.book.prefetches:
                 self._st_hits.setdefault(op.id, {})[id(c2)] = self._st_rank_hit(c2, op.keys) * ps
                 c2.st.hit_q.append(op.id)
+                c2.st.qkeys[op.id] = op.keys
         self._kick()
 
     def _st_rank_hit(self, c: Cohort, keys) -> int:
@@ -1437,6 +1438,8 @@ class Simulation:
                 if any(0 in x.ranks for x in self.group.cohorts if op in x.st.inflight):
                     self.metrics.storage["l3_read_bytes"] += pages * bpp
         holders = list(self._st_holders(op))
+        for c2 in holders:  # a read hit refreshes the pages' recency (LRUFileEvictor.touch)
+            c2.st.view.read(op.keys[: op.completed // ps])
         if not op.cancelled:
             for c2 in holders:
                 c2.st.ack_q.append(op.id)
@@ -1512,13 +1515,14 @@ class Simulation:
         for _ in range(n_hit):
             pid = st.hit_q.popleft()
             p = book.prefetches.get(pid)
+            keys = st.qkeys.pop(pid, None)
             if p is None:
                 continue  # terminated meanwhile
             hit = min(min_hits(list(self._st_hits[pid].values()), ps), p.requested)
             self._op(c, {"op": "prefetch_hit", "id": pid, "n": hit})
             res = book.hit(pid, hit)
             if res.staged:
-                op = StorageOp("read", pid, pages=res.staged // ps)
+                op = StorageOp("read", pid, keys, pages=res.staged // ps)
                 st.xfers[pid] = op
                 st.inflight.add(op)
                 self.env.process(self._st_read(c, op))

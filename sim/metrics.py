@@ -64,6 +64,9 @@ class Metrics:
             "l3_hit_tokens": 0, "prefetch_issued": 0, "prefetch_declined": {},
             "prefetch_revoked": {}, "l3_read_bytes": 0, "l3_write_bytes": 0,
             "tier_storage_tokens": 0}
+        # rid -> the tokens of its host hit that came from storage (storage on only;
+        # not a requests.parquet column: ``sim.analysis.plan`` reads it after warm-up).
+        self.l3_by_rid: dict = {}
 
     @property
     def hit_rate(self) -> float:
@@ -79,7 +82,10 @@ class Metrics:
         self.host_hit += rq.loaded
         if self.storage is not None:
             # Of the host hit, the tokens that came from storage for this request.
-            self.storage["tier_storage_tokens"] += min(rq.l3, rq.loaded)
+            n = min(rq.l3, rq.loaded)
+            self.storage["tier_storage_tokens"] += n
+            if n:
+                self.l3_by_rid[r.rid] = n
         self.rows.append((
             r.rid, r.session, r.arrival, rq.start, rq.first_token, rq.finish, r.input_len,
             rq.device_hit, rq.loaded, r.input_len - hit, rq.loaded,

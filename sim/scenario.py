@@ -476,12 +476,19 @@ class Storage(_Model):
     parallelism, which only decides which ranks write each page to storage
     (``sim.storage.collectives.unwritten_ranks``; for an MLA model, 0.5.23 writes from
     global TP rank 0 only, so the other CP coordinates' shards stay empty).
+
+    ``capacity_gb``: each rank's storage size (GB of 1e9 bytes of its KV shard; null:
+    unbounded, as SGLang's ``sim`` backend, which keeps every key). When a finished
+    write would overflow it, the least recently written or read pages go first
+    (``sim.storage.view.StorageView``; the file backend's ``LRUFileEvictor`` order,
+    an assumption for the others, docs/STORAGE.md §7).
     """
 
     backend: Literal["sim", "mooncake", "3fs", "nixl", "file"] = "sim"
     read_gbps: _num(gt=0.0, hi=1e6) | None = None
     write_gbps: _num(gt=0.0, hi=1e6) | None = None
     op_latency_us: _num(0.0, 1e9) | None = None
+    capacity_gb: _num(0.0, 1e9) | None = None
     prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = "timeout"
     prefetch_threshold: _int(0, 10**12) = 256
     prefetch_timeout_base: Seconds = 1.0

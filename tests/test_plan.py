@@ -194,3 +194,43 @@ def test_data_parallel_instances_each_cache_their_own_stream(tmp_path):
     assert plan.model["write_back"][0] == pytest.approx(want0)  # host 0: the devices alone
     whole = curves.lru_pass(curves.compress(trace.paths), trace.arrival).hits_at(0)
     assert sum(h[-1] for h in per) < whole[-1]  # reuse across instances is lost
+
+
+def test_plan_with_storage_reports_each_tier_from_the_engine(tmp_path, capsys):
+    """A scenario with ``storage:``: the engine points carry the device / host / storage
+    split, the planning curve is the engine's L1+L2+L3 (the one-pass model has no L3),
+    and the storage size given changes the L3 share."""
+    from conftest import ROOT
+
+    scn = str(ROOT / "scenarios" / "storage_mooncake.yaml")
+    docs = {}
+    for cap in (None, 0.3):
+        out = tmp_path / f"c{cap}"
+        argv = ["plan", scn, "-o", str(out), "--check-points", "3", "--grid-points", "8",
+                "--opt-points", "0", "--policies", "write_through+duplicate_first", "--quiet"]
+        if cap is not None:
+            argv += ["--set", f"storage.capacity_gb={cap}"]
+        assert cli.main(argv) == 0
+        docs[cap] = json.loads((out / "plan.json").read_text())
+        df = pd.read_parquet(out / "plan.parquet")
+        eng = df[df["series"] == "engine"]
+        assert eng["storage_hit_rate"].notna().all()
+    text = capsys.readouterr().out
+    assert "L3: mooncake storage, unbounded" in text and "0.3 GB per rank" in text
+    d = docs[None]
+    assert d["storage"]["capacity_gb_per_rank"] is None
+    assert docs[0.3]["storage"]["capacity_gb_per_rank"] == 0.3
+    (row,) = d["policies"]
+    assert row["model_vs_engine_max_abs_error"] is None  # the model is not checked against L3
+    pts = row["engine_tiers"]
+    for p in pts:
+        assert p["device"] + p["host"] + p["storage"] == pytest.approx(p["total"])
+    assert max(p["storage"] for p in pts) > 0
+    # the planning curve follows the engine's own L1+L2+L3 points (on the 8-point grid)
+    at_own = next(p for p in pts if p["host_gb_per_rank"] == pytest.approx(d["scenario_host_gb_per_rank"]))
+    assert d["scenario_engine"]["hit_rate"] == pytest.approx(at_own["total"])
+    assert row["hit_rate_at_scenario_host"] == pytest.approx(at_own["total"], abs=0.01)
+    assert d["scenario_engine"]["storage_hit_rate"] == pytest.approx(at_own["storage"])
+    small = {round(p["host_gb_per_rank"], 6): p["storage"] for p in docs[0.3]["policies"][0]["engine_tiers"]}
+    big = {round(p["host_gb_per_rank"], 6): p["storage"] for p in pts}
+    assert sum(small.values()) < sum(big.values())

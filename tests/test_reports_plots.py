@@ -201,3 +201,50 @@ def test_unknown_format_is_rejected(folders, tmp_path):
     runs, _ = folders
     with pytest.raises(ValueError, match="jpg"):
         plot_runs([load_run(runs[0])], tmp_path, formats=["jpg"])
+
+
+def test_capacity_bars_split_the_host_hit_by_storage(tmp_path):
+    """Runs with storage: the host bar is split into host and storage (L3), from
+    summary.json's ``hit_tokens_by_tier``; the panels tell the storage sizes apart."""
+    from conftest import ROOT
+    from sim.runner import run_scenario
+    from sim.scenario import load_scenario
+
+    runs = []
+    for cap in (None, 0.3):
+        out = tmp_path / f"c{cap}"
+        sets = ["workload.num_requests=120"] + ([] if cap is None else [f"storage.capacity_gb={cap}"])
+        run_scenario(load_scenario(ROOT / "scenarios" / "storage_mooncake.yaml", sets), out)
+        runs.append(load_run(out))
+    (plot,) = [p for p in build_plots(runs) if p.stem == "hit_rate_vs_host_capacity"]
+    titles = sorted(a.get_title() for a in plot.figure.axes if a.get_visible())
+    assert titles == ["capacity_gb=0.3", "capacity_gb=null"]
+    bars = _bars(plot.figure)
+    assert len(bars) == 8  # device, host, storage, miss per run
+    for run in runs:
+        s = run.summary
+        title = "capacity_gb=null" if run.scenario["storage"].get("capacity_gb") is None \
+            else "capacity_gb=0.3"
+        device, host, l3, miss = (b for b in bars if b[0] == title)
+        share = s["hit_tokens_by_tier"]["storage"] / s["input_tokens"]
+        assert l3[3] == pytest.approx(share)
+        assert host[3] + l3[3] == pytest.approx(s["host_hit_rate"])
+        assert miss[2] + miss[3] == pytest.approx(1.0)
+    l3 = {t: [b for b in bars if b[0] == t][2][3] for t in titles}
+    assert l3["capacity_gb=null"] > l3["capacity_gb=0.3"]  # a bigger store gives more back
+    labels = [t.get_text() for t in plot.figure.legends[0].get_texts()]
+    assert "storage hit (L3, prefetched to host)" in labels
+
+
+def test_storage_share_reads_summary_dicts_and_sweep_table_json():
+    """A sweep table holds ``hit_tokens_by_tier`` as JSON text; a run's summary as a dict;
+    a run without storage has no L3 share (NaN, drawn as no storage bar)."""
+    import json
+
+    from reports.plots import _storage_rate
+
+    tiers = {"device": 60, "host": 20, "storage": 30}
+    assert _storage_rate(tiers, 200) == 0.15
+    assert _storage_rate(json.dumps(tiers), 200) == 0.15
+    assert np.isnan(_storage_rate(None, 200)) and np.isnan(_storage_rate(tiers, 0))
+    assert np.isnan(_storage_rate("not json", 200))

@@ -32,6 +32,17 @@ where ``g`` falls below ``KNEE_FRACTION`` (10%) of its steepest value: beyond it
 GB buys less than a tenth of what the best GB did. (The steepest point, not the
 first: under write_through the curve is flat until the host outgrows the device.)
 
+With storage (a ``storage:`` block)
+------------------------------------
+The one-pass model is one LRU tier: it cannot say what the L3 tier gives back (what
+storage holds depends on what the host wrote and when, and a prefetch needs host room
+and time). So for a scenario with storage the model curve is drawn as what it is, the
+L1+L2 hit rate without storage, and the planning curve is the engine's own L1+L2+L3
+hit rate, linearly interpolated between the check points (no residual on the model).
+Each engine point carries its per-tier split (``hit_tokens_by_tier``: device, host,
+storage, the storage share counted once, not also as host); the storage size is the
+scenario's (``storage.capacity_gb``, per rank; ``--set`` it to plan another).
+
 Warm-up: ``warmup`` is a fraction of the requests in arrival order; hit rates and
 TTFTs count only the requests after it, in the model and the engine alike (the
 engine's ``rid`` is the arrival index).
@@ -164,6 +175,8 @@ class EnginePoint:
     ttft_p99_s: float | None
     requests: int
     extra: dict = field(default_factory=dict)
+    # Of ``host_hit_rate``, the share that came from storage (L3); None without storage.
+    storage_hit_rate: float | None = None
 
 
 def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int,
@@ -189,6 +202,11 @@ def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int
     dev = float(df["device_hit_tokens"].sum()) / inp if inp else 0.0
     host = float(df["host_hit_tokens"].sum()) / inp if inp else 0.0
     hit = float((df["input_tokens"] - df["miss_tokens"]).sum()) / inp if inp else 0.0
+    l3 = None
+    if s.storage is not None:
+        insts = getattr(res.sim, "instances", None) or [res.sim]
+        l3 = sum(n for i in insts for rid, n in i.metrics.l3_by_rid.items() if rid >= warm)
+        l3 = l3 / inp if inp else 0.0
     ttft = df["ttft_s"].to_numpy(dtype=float)
     ttft = ttft[np.isfinite(ttft)]
     fields = res.summary  # run_scenario adds the per-tier fields (sim.diagnostics)
@@ -197,7 +215,7 @@ def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int
     extra["verdict"] = res.summary.get("verdict")
     return EnginePoint(write_policy, host_policy, host_tokens * bpt / 1e9, host_tokens, hit, dev,
                        host, float(np.percentile(ttft, 50)) if len(ttft) else None,
-                       float(np.percentile(ttft, 99)) if len(ttft) else None, len(df), extra)
+                       float(np.percentile(ttft, 99)) if len(ttft) else None, len(df), extra, l3)
 
 
 def _engine_job(args):
@@ -328,15 +346,21 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
             jobs_args += [(scenario, wp, hp, t, warm, bpt, tier) for t in sizes]
         engine = _run_jobs(jobs_args, jobs, progress)
 
+    storage = scenario.storage is not None
     planning, errors, ttft = {}, {}, {}
     for wp, hp in policies:
         m = model.get(wp, model.get("single_tier", model.get("write_back")))
         pts = [e for e in engine if (e.write_policy, e.host_policy) == (wp, hp)]
-        if pts:
+        if pts and storage:
+            # The model has no L3: the engine's L1+L2+L3 between its points (docstring).
+            planning[(wp, hp)] = np.interp(grid, [e.host_gb for e in pts],
+                                           [e.hit_rate for e in pts])
+        elif pts:
             px = np.array([e.host_gb for e in pts])
             resid = np.array([e.hit_rate for e in pts]) - np.interp(px, grid, m)
             planning[(wp, hp)] = np.clip(m + np.interp(grid, px, resid), 0.0, 1.0)
             errors[(wp, hp)] = float(np.max(np.abs(resid)))
+        if pts:
             p99 = [(e.host_gb, e.ttft_p99_s) for e in pts if e.ttft_p99_s is not None]
             if p99:
                 ttft[(wp, hp)] = np.interp(grid, [a for a, _ in p99], [b for _, b in p99])
@@ -355,6 +379,9 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
             "model_vs_engine_max_abs_error": errors.get((wp, hp)),
             "hit_rate_at_scenario_host": float(np.interp(own_size * bpt / 1e9, grid, curve)),
         }
+        if storage:
+            pts = [e for e in engine if (e.write_policy, e.host_policy) == (wp, hp)]
+            row["engine_tiers"] = [_tiers(e) for e in pts]
         if target_hit_rate is not None:
             row["target_hit_rate_gb_per_rank"] = smallest_meeting(grid, curve, target_hit_rate)
         if target_ttft_p99_s is not None:
@@ -415,10 +442,25 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         # The engine at the scenario's own size and policy pair: the per-tier numbers.
         "scenario_engine": None if at_own is None else {
             "device_hit_rate": at_own.device_hit_rate, "host_hit_rate": at_own.host_hit_rate,
-            "hit_rate": at_own.hit_rate, "ttft_p99_s": at_own.ttft_p99_s, **at_own.extra},
+            "hit_rate": at_own.hit_rate, "ttft_p99_s": at_own.ttft_p99_s, **at_own.extra,
+            **({"storage_hit_rate": at_own.storage_hit_rate} if storage else {})},
+        # The L3 tier the engine points ran with (None: no storage). The model has none.
+        "storage": None if not storage else {
+            "backend": scenario.storage.backend,
+            "capacity_gb_per_rank": scenario.storage.capacity_gb,
+            "planning_curve": ("engine L1+L2+L3 hit rate, linear between check points"
+                               if engine else "model only: L1+L2, no L3 (no check points)"),
+        },
         "scenario_policy": {"write_policy": own[0], "host_policy": own[1]},
     }
     return Plan(doc, grid, {"dev": np.full_like(grid, dev_rate), **model}, planning, opt, engine)
+
+
+def _tiers(e: EnginePoint) -> dict:
+    """An engine point's hit rate per tier (host without the storage share)."""
+    st = e.storage_hit_rate or 0.0
+    return {"host_gb_per_rank": e.host_gb, "device": e.device_hit_rate,
+            "host": max(e.host_hit_rate - st, 0.0), "storage": st, "total": e.hit_rate}
 
 
 def _run_jobs(jobs_args, jobs: int, progress):
@@ -470,6 +512,7 @@ def plan_table(plan: Plan):
         rows.append({"series": "engine", "write_policy": e.write_policy, "host_policy": e.host_policy,
                      "size_gb_per_rank": e.host_gb, "hit_rate": e.hit_rate,
                      "device_hit_rate": e.device_hit_rate, "host_hit_rate": e.host_hit_rate,
+                     "storage_hit_rate": e.storage_hit_rate,
                      "ttft_p50_s": e.ttft_p50_s, "ttft_p99_s": e.ttft_p99_s,
                      "requests_measured": e.requests, "is_bound": False,
                      **{k + ("" if k in ("backup_failures", "verdict") else ""): v
@@ -485,7 +528,8 @@ def plan_table(plan: Plan):
                                         for g in df["device_gb_per_rank"]]
     df[f"{tier}_gb_per_node"] = df[f"{tier}_gb_per_rank"] * d["ranks_per_node"]
     cols = ["series", "write_policy", "host_policy", f"{tier}_gb_per_rank", f"{tier}_tokens_per_rank",
-            f"{tier}_gb_per_node", "hit_rate", "device_hit_rate", "host_hit_rate", "ttft_p50_s",
+            f"{tier}_gb_per_node", "hit_rate", "device_hit_rate", "host_hit_rate",
+            *(["storage_hit_rate"] if d.get("storage") else []), "ttft_p50_s",
             "ttft_p99_s", "requests_measured", "device_pages_mean", "host_pages_mean",
             "duplicate_pages_mean", "unique_pages_mean", "backup_failures", "verdict", "is_bound"]
     for c in cols:

@@ -188,8 +188,20 @@ def print_plan(plan) -> None:
         print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                                enumerate(zip(row, widths))))
     if plan.opt:
-        print("offline optimum (bound, any policy): " + ", ".join(
+        what = "L1+L2 only, no L3: not a bound with storage" if d.get("storage") else "bound, any policy"
+        print(f"offline optimum ({what}): " + ", ".join(
             f"{g:,.1f} GB -> {h:.1%}" for g, h in plan.opt))
+    st = d.get("storage")
+    if st:
+        cap = st["capacity_gb_per_rank"]
+        print(f"L3: {st['backend']} storage, " + ("unbounded" if cap is None else f"{cap:g} GB per rank")
+              + f"; hit rates above are {st['planning_curve']}")
+        for r in d["policies"]:
+            pts = r.get("engine_tiers") or []
+            if pts:
+                print(f"  {r['write_policy']} + {r['host_policy']}, device / host / storage = total: "
+                      + "; ".join(f"{p['host_gb_per_rank']:,.1f} GB {p['device']:.1%} / {p['host']:.1%} / "
+                                  f"{p['storage']:.1%} = {p['total']:.1%}" for p in pts))
     e = d.get("scenario_engine")
     if e:
         fails = "-" if e["backup_failures"] is None else f"{e['backup_failures']:,}"

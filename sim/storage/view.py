@@ -14,16 +14,38 @@ list safe. Units are ints or tuples of ints (the tree's units), which Python has
 identically in every process (only str and bytes hashing is seeded), so the keys are
 deterministic.
 
-``capacity_pages`` (None: unbounded, as sim_storage.py, which keeps every key) evicts
-the least recently written or read page first: an assumption, SGLang's backends each
-have their own policy. A write becomes visible only when the caller says it finished
-(``write``), as a ``batch_set`` adds its keys after its transfer.
+``capacity_pages`` (None: unbounded, as sim_storage.py, whose ``SimHiCacheStorage``
+keeps every key in a set) bounds the pages a rank holds; a finished write that would
+overflow it evicts the least recently written or read pages first, one at a time, until
+it fits. What SGLang 0.5.23's backends do:
+
+* ``file`` (``storage/file/lru_file_evictor.py``, ``LRUFileEvictor``): an LRU over the
+  rank's own files; ``set`` of a present key and a read hit (``get``) refresh it
+  (``touch``), ``exists`` does not. With ``max_size`` set, a write that would exceed the
+  cap evicts down to ``eviction_ratio`` (default 0.9) of it first. The order here is
+  that one; the batch down to 90% is not modelled (evict-to-fit instead).
+* ``mooncake`` (``storage/mooncake_store/mooncake_store.py``): each rank contributes
+  ``global_segment_size // (tp_size * pp_size)`` bytes to a pooled store whose master
+  (outside SGLang) evicts a share of objects at a high watermark. Neither the order nor
+  the pooling across ranks is in SGLang's code: a per-rank LRU is an **assumption**.
+* ``sim``: unbounded.
+
+A write becomes visible only when the caller says it finished (``write``), as a
+``batch_set`` adds its keys after its transfer; the engine calls ``read`` with the
+pages a prefetch transfer landed.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Iterable, Sequence
+
+
+def capacity_pages(capacity_gb: float, bytes_per_token: int, page_size: int) -> int:
+    """Whole pages of ``page_size`` tokens in ``capacity_gb`` GB (1e9 bytes) of one rank's
+    KV shard (``bytes_per_token`` per rank). The epsilon keeps a size given in pages on
+    its page."""
+    return int(capacity_gb * 1e9 / (bytes_per_token * page_size) + 1e-6)
 
 
 def page_keys(units: Sequence, parent_key: int = 0) -> list[int]:
