@@ -292,8 +292,16 @@ def test_refused_inserts_change_nothing():
      "t.jsonl:1: found 'host_capacity' without \"hicache\": true"),
     (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
       '"mamba_chunk":4,"hicache":true,"host_capacity":8,"mamba_host_capacity":2,'
-      '"write_policy":"write_through"}'],
-     "t.jsonl:1: found write_policy='write_through'; expected 'write_policy' \"write_back\""),
+      '"write_policy":"write_around"}'],
+     "t.jsonl:1: found write_policy='write_around'; expected 'write_policy' one of "
+     "\"write_back\", \"write_through\", \"write_through_selective\""),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"hicache":true,"host_capacity":8,"mamba_host_capacity":2}',
+      '{"op":"write_ack","id":1}'],
+     "t.jsonl:2: found a write_ack op under write_back; expected write_ack only with"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4}', '{"op":"write_ack","id":1}'],
+     "t.jsonl:2: found a write_ack op without the host tier; expected write_ack only in"),
     (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
       '"mamba_chunk":4}', '{"op":"load_back","tokens":[1],"id":1}'],
      't.jsonl:2: found a load_back op without the host tier; expected load_back only in a'),

@@ -62,8 +62,10 @@ from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.cache_action import (  # noqa: E402
     ComponentAction,
     FreeComponentDeviceSlot,
+    BackupKV,
     FreeDeviceKV,
     FreeDeviceKVFullOnly,
+    UpdatePendingBackupOnNodeSplit,
 )
 from sglang.srt.mem_cache.unified_cache.components import base as comp_base  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components import mamba as mamba_mod  # noqa: E402
@@ -79,6 +81,7 @@ from sglang.srt.mem_cache.unified_cache.unified_tree_core import (  # noqa: E402
     UnifiedTreeNode,
 )
 
+WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
 CT_NAME = {FULL: "full", SWA: "swa", MAMBA: "mamba"}
 UUID_START = dict(comp_base._COMPONENT_UUID_COUNTERS)  # process-global: reset per trace
@@ -425,7 +428,14 @@ class HybridOracle:
         actions.reverse()
         while actions:
             a = actions.pop()
-            if isinstance(a, ComponentAction):
+            if isinstance(a, UpdatePendingBackupOnNodeSplit) and a.ack_id is not None:
+                # _apply_cache_action: the write's publish list takes both fragments.
+                self._replace_pending_write(a.ack_id, a.old_node_id,
+                                            [a.new_node_id, a.new_child_node_id])
+            if isinstance(a, BackupKV):
+                # _apply_cache_action: an insert's write_through backup chain.
+                self._backup(a.node_ids, write_back=False)
+            elif isinstance(a, ComponentAction):
                 self.comps[a.component_type].apply_component_action(a)
             elif isinstance(a, FreeDeviceKV):
                 for t in a.indices:
@@ -435,6 +445,12 @@ class HybridOracle:
                     self.alloc.free_full_segment(t, start_pos=0)
             else:
                 raise AssertionError(f"unhandled action {type(a).__name__}")
+
+    def _replace_pending_write(self, ack_id, old, new) -> None:
+        raise AssertionError("a pending write with the host tier off")
+
+    def _backup(self, node_ids, write_back: bool = True) -> int:
+        raise AssertionError("a backup with the host tier off")
 
     def _drain(self, result) -> None:
         """UnifiedRadixCache._apply_eviction_result."""
@@ -804,13 +820,22 @@ class HostHybridOracle(HybridOracle):
         super().__init__(header)
         if self.kind != "mamba":
             raise SystemExit("hicache: the oracle models the host tier of (FULL, MAMBA)")
-        if header.get("write_policy", "write_back") != "write_back":
-            raise SystemExit("hicache: only write_policy write_back is modelled")
+        policy = header.get("write_policy", "write_back")
+        if policy not in WRITE_POLICIES:
+            raise SystemExit(f"hicache: write_policy {policy!r} is not one of "
+                             f"{', '.join(WRITE_POLICIES)}")
+        # init_hicache / storage_attachment: write_through_threshold 1 for
+        # write_through, 2 otherwise (write_through_selective; unused by write_back).
+        self.wt = policy != "write_back"
+        self.core.is_write_back = not self.wt
+        self.core.write_through_threshold = 1 if policy == "write_through" else 2
         ps = self.ps
         self.host = PagePool("host", int(header["host_capacity"]) // ps, ps)
         self.mamba_host = PagePool("mamba_host", int(header["mamba_host_capacity"]), 1)
         self.load_back_threshold = int(header.get("load_back_threshold", 1))
-        self.writes: dict = {}       # ack id -> published node ids
+        # ack id -> [published node ids, the backup's device lock receipt or None]
+        # (UnifiedRadixCache.ongoing_write_through)
+        self.writes: dict = {}
         self.load_backs: dict = {}   # trace id -> (anchor, lock receipt, host receipt)
 
     # -- pools --------------------------------------------------------------------
@@ -846,7 +871,10 @@ class HostHybridOracle(HybridOracle):
         self._drain(res)
         return freed
 
-    def _backup(self, node_ids) -> int:
+    def _backup(self, node_ids, write_back: bool = True) -> int:
+        """UnifiedRadixCache._execute_and_commit_kv_backup: top-down, stopping at the
+        first failed node; under write_through (``write_back`` False) each written
+        node is locked on device until its ack."""
         core, written = self.core, 0
         for nid in node_ids:
             device_value, comp_xfers = core.build_backup_spec(nid)
@@ -886,22 +914,47 @@ class HostHybridOracle(HybridOracle):
                 return 0
             core.commit_backup(nid, host_indices, comp_xfers)
             core._ev("backup", core.node_by_id(nid), n=n)
+            lock = None if write_back else core.inc_lock_ref(nid).to_dec_params()
             publish = []
             for ts in comp_xfers.values():
                 for t in ts:
                     publish.extend(t.nodes_to_load or ())
             if nid not in publish:
                 publish.append(nid)
-            self.writes[nid] = core.mark_write_through_pending(
-                list(dict.fromkeys(publish)), ack_id=nid)
+            self.writes[nid] = [core.mark_write_through_pending(
+                list(dict.fromkeys(publish)), ack_id=nid), lock]
             written = n
         return written
 
     def _finish_writes(self) -> None:
         """writing_check(write_back=True): every write acked, in issue order."""
         while self.writes:
-            ack_id = next(iter(self.writes))
-            self.core.finish_write_through(self.writes.pop(ack_id), ack_id)
+            self._finish_write(next(iter(self.writes)))
+
+    def _finish_write(self, ack_id) -> None:
+        """UnifiedRadixCache._finish_write_through_ack: finish_write_through on the
+        published nodes, then the backup's device lock released."""
+        publish, lock = self.writes.pop(ack_id)
+        self.core.finish_write_through(publish, ack_id)
+        if lock is not None:
+            self.core.dec_lock_ref(ack_id, lock)
+
+    def _replace_pending_write(self, ack_id, old, new) -> None:
+        """UnifiedRadixCache._replace_pending_write_through_node."""
+        pending = self.writes.get(ack_id)
+        if pending is None or old not in pending[0]:
+            return
+        out = []
+        for nid in pending[0]:
+            out.extend(new if nid == old else (nid,))
+        pending[0] = out
+
+    def op_write_ack(self, op):
+        """writing_check's ack of one write_through backup (op-trace v2 write_ack)."""
+        if op["id"] not in self.writes:
+            raise OpError("unknown_write_id")
+        self._finish_write(op["id"])
+        return {}
 
     def _backup_node_for_write_back(self, nid) -> bool:
         self._finish_writes()
@@ -968,7 +1021,8 @@ class HostHybridOracle(HybridOracle):
                         break
             finally:
                 core.evict_device_end(ct)
-        self._finish_writes()
+        if not self.wt:
+            self._finish_writes()
         return tracker
 
     def op_evict_host(self, op):
@@ -1131,7 +1185,8 @@ class HostHybridOracle(HybridOracle):
 
     def op_insert(self, op):
         out = super().op_insert(op)
-        self._finish_writes()
+        if not self.wt:
+            self._finish_writes()
         return out
 
     def op_dump(self, op):
@@ -1157,21 +1212,31 @@ class HostHybridOracle(HybridOracle):
         out["host_lru"] = order
         out["h_leaves"] = sorted(n.id for n in core.evictable_host_leaves)
         out["duplicates"] = list(core.full_host_duplicates.keys())
+        if self.wt:
+            for rec in out["tree"]:
+                node = core.node_by_id(rec["id"])
+                rec.update(write_pending=node.write_through_pending_id,
+                           hits=node.hit_count)
+            out["write_ids"] = list(self.writes)
         return out
 
     OPS = {**HybridOracle.OPS, "evict_host": op_evict_host, "load_back": op_load_back,
-           "load_back_ack": op_load_back_ack, "insert": op_insert, "dump": op_dump}
+           "load_back_ack": op_load_back_ack, "insert": op_insert, "dump": op_dump,
+           "write_ack": op_write_ack}
 
     def summary(self) -> dict:
         out = super().summary()
         out["host"] = self.host.used_tokens
         out["mamba_host"] = self.mamba_host.used_tokens
         out["digest"] = self.core.write_back_duplicate_reclaim_digest
+        if self.wt:
+            out["writes"] = len(self.writes)
         return out
 
     def check(self) -> None:
         core = self.core
-        core.sanity_check([], [(a, a) for a, _, _ in self.load_backs.values()])
+        core.sanity_check([(a, a) for a in self.writes],
+                          [(a, a) for a, _, _ in self.load_backs.values()])
         dev = host = a = ah = 0
         for n in core._node_arena.values():
             if n is core.root_node:
