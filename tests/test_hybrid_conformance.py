@@ -300,6 +300,10 @@ def test_refused_inserts_change_nothing():
       '{"op":"write_ack","id":1}'],
      "t.jsonl:2: found a write_ack op under write_back; expected write_ack only with"),
     (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"hicache":true,"host_capacity":8,"mamba_host_capacity":2}',
+      '{"op":"insert","tokens":[1,2],"inserted":1}'],
+     "t.jsonl:2: found 'inserted' without a write_through policy; expected 'inserted' only"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
       '"mamba_chunk":4}', '{"op":"write_ack","id":1}'],
      "t.jsonl:2: found a write_ack op without the host tier; expected write_ack only in"),
     (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
@@ -484,3 +488,19 @@ def test_write_policy_changes_the_run():
         runs.append(json.dumps([r.apply(i, op) for i, op in enumerate(ops, 1)]))
         r.tree.check()
     assert len(set(runs)) == 3
+
+
+def test_inserted_len_gates_write_through_hit_counts():
+    """An insert's ``inserted`` (InsertParams.inserted_len) is a knob: nodes the
+    request inserted before count no hit, so write_through_selective's second hit on
+    a prefix comes only from another request's insert."""
+    def run(inserted):
+        t = MambaTree(device_capacity=64, mamba_capacity=8, mamba_chunk=4, host_capacity=64,
+                      mamba_host_capacity=8, write_policy="write_through_selective")
+        first = t.insert(list(range(1, 9))).node
+        t.insert(list(range(1, 13)), 8, inserted=inserted)
+        t.check()
+        return first.hits, first.host
+
+    assert run(0) == (2, True)      # counted again: its second hit backs it up
+    assert run(8) == (1, False)     # the request's own prefix: not counted

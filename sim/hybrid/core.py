@@ -726,10 +726,12 @@ class HybridTree:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: list, prev: int = 0, **aux_args) -> HybridInsert:
+    def insert(self, key: list, prev: int = 0, inserted: int = 0, **aux_args) -> HybridInsert:
         """``checkpoint``'s insert: the request holds fresh KV past ``prev`` tokens
         (core ``begin_insert`` / ``_insert_walk_step`` / ``_insert_overlap_step`` /
-        ``_insert_commit_step`` / ``_insert_tail_step``)."""
+        ``_insert_commit_step`` / ``_insert_tail_step``). ``inserted``: what the request
+        inserted before (``InsertParams.inserted_len``, ``req.kv.cache_inserted_len``):
+        write_through counts no hit on nodes ending at or below it."""
         ps = self.page_size
         n_tok = len(key) * ps
         if prev % ps or prev > n_tok or not self._at_boundary(key, prev // ps):
@@ -761,7 +763,7 @@ class HybridTree:
                 self._aux_overlap(child, p * ps, pos * ps, prev, aux_args)
             # _finish_insert_walk_node: a walked node whose hit count reaches the
             # threshold is backed up at once (BackupKV is a barrier).
-            if wt and self._inc_hit(child):
+            if wt and (pos + p) * ps > inserted and self._inc_hit(child):
                 self._write_chain(child)
             node = child
             pos += p
@@ -785,28 +787,29 @@ class HybridTree:
         if res.node is not self.root:
             self._aux_insert_end(res.node)
         if wt:
-            self._backup_after_insert(res.node, pos < n)
+            self._backup_after_insert(res.node, (n_tok > inserted) if pos < n else None)
         return res
 
     # ------------------------------------------------- write_through (host tier)
     def _inc_hit(self, node: HNode) -> bool:
         """core ``_inc_hit_count_and_check`` (write_through policies): count the hit
         on a device node and say whether it needs a backup (no host copy yet and
-        ``hit_count >= write_through_threshold``). Nodes the request inserted before
-        (``inserted_len``) are not recounted: every trace insert has inserted_len 0."""
+        ``hit_count >= write_through_threshold``)."""
         if not node.dev:
             return False
         node.hits += 1
         return not node.host and node.hits >= self.ht.threshold
 
-    def _backup_after_insert(self, target: HNode, new_leaf: bool) -> None:
-        """core ``_insert_tail_step`` / ``_should_backup_after_insert``: a new leaf is
-        counted and backed up with its unbacked ancestors at the threshold; an
+    def _backup_after_insert(self, target: HNode, new_leaf) -> None:
+        """core ``_insert_tail_step`` / ``_should_backup_after_insert``: a new leaf
+        (``new_leaf``: True to count it, False when it ends at or below the request's
+        ``inserted_len``, None for an existing target) is counted and backed up with
+        its unbacked ancestors at the threshold; an
         existing target already backed up, with no write in flight, backs up the
         component's value it lacks on host (``_needs_incremental_component_backup``:
         Mamba, a device state with no host copy)."""
-        if new_leaf:
-            if self._inc_hit(target):
+        if new_leaf is not None:
+            if new_leaf and self._inc_hit(target):
                 self._write_chain(target)
         elif target.host and target.wp is None and self._aux_backup_needed(target):
             self._write_chain(target)

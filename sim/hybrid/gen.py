@@ -169,6 +169,10 @@ class Gen:
         op = {"op": "insert", "tokens": s}
         if prev:
             op["prev"] = prev
+            if self.wt and r.random() < 0.4:
+                # A running request's next checkpoint: it inserted its prefix before
+                # (InsertParams.inserted_len), so write_through does not recount it.
+                op["inserted"] = prev if r.random() < 0.7 else r.randint(0, prev // self.ps) * self.ps
         need_aux = 1
         if rid in self.held and r.random() < 0.6:
             op["donate"] = rid  # a finished request hands the tree its own state

@@ -95,11 +95,12 @@ class MambaTree(HybridTree):
         return aligned if aligned > device_len else None
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: list, prev: int = 0, donated: bool = False):
+    def insert(self, key: list, prev: int = 0, donated: bool = False, inserted: int = 0):
         """Insert ``key`` with the request's state: a fresh slot (the fork of a running
         request), or, ``donated``, a finished request's own held slot, which the tree
-        keeps or frees (``prepare_for_caching_req`` / ``cleanup_after_caching_req``)."""
-        res = super().insert(key, prev, donated=donated)
+        keeps or frees (``prepare_for_caching_req`` / ``cleanup_after_caching_req``).
+        ``inserted``: ``InsertParams.inserted_len`` (write_through hit counts)."""
+        res = super().insert(key, prev, inserted, donated=donated)
         if donated:
             self.held -= 1
         return res

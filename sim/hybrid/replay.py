@@ -32,7 +32,8 @@ HEADER_INTS = {
 # op -> {field: (kind, required)}; kinds: tokens, int (>= 0), id
 OPS = {
     "insert": {"tokens": ("tokens", True), "prev": ("int", False),
-               "swa_evicted": ("int", False), "donate": ("id", False)},
+               "swa_evicted": ("int", False), "donate": ("id", False),
+               "inserted": ("int", False)},
     "match": {"tokens": ("tokens", True), "cow": ("id", False)},
     "lock": {"tokens": ("tokens", True), "id": ("id", True), "skip": ("skip", False)},
     "unlock": {"id": ("id", True)},
@@ -143,6 +144,11 @@ def check_op(path, line_no: int, obj: dict, header: dict) -> dict:
     if OP_KIND_ONLY.get(op, kind) != kind:
         raise InputFormatError(path, line_no, f"a {op} op in a {kind} trace",
                                f"{op} only with components [\"full\",\"{OP_KIND_ONLY[op]}\"]")
+    if "inserted" in obj and header.get("write_policy", "write_back") == "write_back":
+        # InsertParams.inserted_len only gates write_through's hit counts.
+        raise InputFormatError(path, line_no, "'inserted' without a write_through policy",
+                               "'inserted' only with \"hicache\": true and \"write_policy\" "
+                               "write_through or write_through_selective")
     if op in HOST_OPS:
         if not header.get("hicache"):
             raise InputFormatError(path, line_no, f"a {op} op without the host tier",
@@ -268,7 +274,8 @@ class HybridReplayer:
             r = self.tree.insert(key, prev, op.get("swa_evicted", 0))
             return {"prefix_len": r.prefix_len, "new": r.new, "swa_new": r.aux_new,
                     "node": r.node.id}
-        r = self.tree.insert(key, prev, donated=donate is not None)
+        r = self.tree.insert(key, prev, donated=donate is not None,
+                             inserted=op.get("inserted", 0))
         self.held.discard(donate)
         return {"prefix_len": r.prefix_len, "new": r.new, "mamba_exist": r.mamba_exist,
                 "node": r.node.id}

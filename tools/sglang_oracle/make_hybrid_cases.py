@@ -61,9 +61,11 @@ ACK_ALL = "ACK_ALL"
 
 def chunked(first, n_chunks=3, chunk=4):
     """A prompt's chunked prefill: one insert per chunk, each reusing the previous
-    checkpoint (``prev``), each bringing a state (a checkpoint)."""
+    checkpoint (``prev``, which the request also inserted: ``inserted``), each bringing
+    a state (a checkpoint)."""
     toks = list(R(first, first + n_chunks * chunk))
-    return [ins(toks[:(k + 1) * chunk], **({"prev": k * chunk} if k else {}))
+    return [ins(toks[:(k + 1) * chunk], **({"prev": k * chunk, "inserted": k * chunk}
+                                           if k else {}))
             for k in range(n_chunks)]
 
 

@@ -497,7 +497,8 @@ class HybridOracle:
         need = n - prev
         if need > self.alloc.full.free_pages * self.ps:
             raise OpError("device_full")
-        params = InsertParams(key=key, prev_prefix_len=prev)
+        params = InsertParams(key=key, prev_prefix_len=prev,
+                              inserted_len=int(op.get("inserted", 0)))
         if self.kind == "swa":
             evicted = int(op.get("swa_evicted", 0))
             if evicted % self.ps:
