@@ -350,7 +350,9 @@ def test_replay_ops_plays_hybrid_traces(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["g12_swa_ps1_w8", "g11_mamba_c4",
-                                  "y11_mamba_host_ps1_c4_h600_m120"])
+                                  "y11_mamba_host_ps1_c4_h600_m120",
+                                  "z11_mamba_wt_ps1_c4_h600_m120",
+                                  "z17_mamba_sel_ps1_c4_h192_m80"])
 def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
     """clone() at mid-trace: the clone and the original give SGLang's lines for the
     rest of the case, and a change to one leaves the other's state alone."""
