@@ -401,7 +401,7 @@ class HybridTree:
         self.aux_protected = 0
         self.n_nodes = 0
         self.rec: list | None = [] if record else None
-        # The host tier (HiCache on, write_back): host_capacity None keeps it off.
+        # The host tier (HiCache on, under write_policy): host_capacity None keeps it off.
         # Its state lives in one object, so that a tree keeps few enough instance
         # attributes for CPython's fast attribute access (a dict past 30 shared keys
         # is slower on every access of the hot path).
@@ -1006,7 +1006,8 @@ class HybridTree:
         self._refresh(parent)
 
     # ------------------------------------------------------------- host tier
-    # HiCache on, write_back (docs/HYBRID.md §5). Citations: core =
+    # HiCache on: write_back (docs/HYBRID.md §5) and the write_through policies
+    # (§5.9; the write_through section above the locks). Citations: core =
     # unified_tree_core.py, cache = unified_radix_cache.py.
 
     def _evict_full_ht(self, request: int, res: HybridEviction) -> None:
