@@ -379,7 +379,8 @@ def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
 
 def _wt_headers():
     for case in CASES:
-        header = json.loads(gzip.open(case, "rt").readline())
+        with gzip.open(case, "rt") as f:
+            header = json.loads(f.readline())
         if header.get("write_policy", "write_back") != "write_back":
             yield case, header
 

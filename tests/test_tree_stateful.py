@@ -331,7 +331,7 @@ class MambaHostMachine(MambaMachine):
         t = self.tree
         ids = list(t.writes)
         ack = ids[i % len(ids)]
-        receipt, nodes = t.writes[ack]
+        nodes = t.writes[ack][1]
         t.write_ack(ack)
         assert ack not in t.writes
         for y in nodes:  # acked: settled, and duplicates while on both tiers

@@ -281,7 +281,7 @@ class HostLockReceipt:
     ``full``: whether FULL took a host lock at all (write_through skips an anchor
     with no host copy: full.py ``acquire_component_lock``)."""
 
-    __slots__ = ("anchor", "top", "full")
+    __slots__ = ("anchor", "full", "top")
 
     def __init__(self, anchor: HNode, full: bool = True):
         self.anchor = anchor

@@ -465,8 +465,8 @@ def run_hand(header, ops, check):
     o = oracle_for(header)
     outs = [{"i": 0, "op": "header", "events": [], **o.summary()}]
     trace = [header]
-    for op in ops:
-        for op in ([wack(a) for a in o.write_ids()] if op == ACK_ALL else [op]):
+    for step in ops:
+        for op in ([wack(a) for a in o.write_ids()] if step == ACK_ALL else [step]):
             trace.append(op)
             outs.append({"i": len(trace) - 1, **o.apply(op)})
             if check:

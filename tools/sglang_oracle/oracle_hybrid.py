@@ -60,9 +60,9 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.cache_action import (  # noqa: E402
+    BackupKV,
     ComponentAction,
     FreeComponentDeviceSlot,
-    BackupKV,
     FreeDeviceKV,
     FreeDeviceKVFullOnly,
     UpdatePendingBackupOnNodeSplit,
