@@ -507,3 +507,28 @@ def test_inserted_len_gates_write_through_hit_counts():
 
     assert run(0) == (2, True)      # counted again: its second hit backs it up
     assert run(8) == (1, False)     # the request's own prefix: not counted
+
+
+def test_sglang_39436_at_the_reports_scale():
+    """sglang #39436's fill-and-replay at its own scale (write_through, chunked prefill
+    4,096: 200 prompts of 8,448 tokens, 3 state checkpoints each, a 2,680,896-token KV
+    host tier): the state host pool bounds what replays from host, at one slot per
+    checkpoint of every prompt filled (600). 565 slots: the 8 oldest prompts replay
+    0/8 from host, 734: 8/8, as reported; 599: the oldest loses its last checkpoint.
+    tools/sglang_oracle/wt_state_host_pool.py --oracle replays the same traces on
+    SGLang's core: every line identical."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "wt_state_host_pool", ROOT / "tools" / "sglang_oracle" / "wt_state_host_pool.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def replays(slots):
+        _, outs = tool.build(slots, prompts=200, device_prompts=40, replay=8)
+        return [(o["host_len"], o["mamba_host_len"]) for o in outs if o["op"] == "match"]
+
+    whole = (8448, 1)
+    assert replays(565) == [(0, 0)] * 8
+    assert replays(734) == [whole] * 8
+    assert replays(600) == [whole] * 8
+    assert replays(599) == [(8192, 1)] + [whole] * 7
