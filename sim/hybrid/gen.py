@@ -11,7 +11,9 @@ splits, early SWA releases, repeated Mamba inserts (``mamba_exist``) and evictio
 requests on each component. With ``hicache`` (Mamba only), the host tier too: small
 host pools so write_back backups, demotes, host evictions of either component and
 duplicate reclaims run often, load-backs (with and without a request taking the
-state) and their acks, and inserts over evicted prefixes.
+state) and their acks, and inserts over evicted prefixes; under a write_through
+``write_policy``, inserts that back nodes up (some carrying the request's
+``inserted``) and ``write_ack`` ops, mostly in issue order.
 """
 
 from __future__ import annotations
