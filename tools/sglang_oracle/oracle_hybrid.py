@@ -815,7 +815,12 @@ class HostHybridOracle(HybridOracle):
     pool, reclaiming that pool's host once, all or nothing), the blocking
     ``writing_check(write_back=True)``, ``evict_host`` (``drive_host_eviction``),
     and ``load_back`` / ``loading_check`` (with a request for Mamba's
-    ``prepare_load_back``). (FULL, MAMBA) only."""
+    ``prepare_load_back``). Under a write_through ``write_policy`` (docs/HYBRID.md
+    §5.9): ``is_write_back`` False, ``write_through_threshold`` 1 or 2, the insert's
+    ``BackupKV`` actions run as ``_apply_cache_action`` runs them (each written node
+    locked until its ack), ``UpdatePendingBackupOnNodeSplit`` relocating a write's
+    publish list, and ``write_ack`` ops as ``_finish_write_through_ack``. (FULL, MAMBA)
+    only."""
 
     def __init__(self, header: dict):
         super().__init__(header)
