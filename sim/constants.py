@@ -183,3 +183,9 @@ HICACHE_LOAD_POOL_USAGE_FRACTION = 0.9  # managers/cache_controller.py: buffer_o
 # HiCacheController._page_transfer acks) its hit pages 128 at a time; each batch is one
 # backend call and one progressive PrefetchAck (completed tokens, MIN-reduced).
 STORAGE_BATCH_PAGES = 128
+
+# Hybrid trees' host-tier write policies (unified_cache/storage_attachment.py
+# _WRITE_POLICIES; --hicache-write-policy): write_back acks each backup before its
+# eviction goes on, the write_through ones back nodes up at insert time once their
+# hit count reaches WRITE_THROUGH_THRESHOLD (unified_radix_cache.py __init__).
+HYBRID_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")

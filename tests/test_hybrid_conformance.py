@@ -292,8 +292,20 @@ def test_refused_inserts_change_nothing():
      "t.jsonl:1: found 'host_capacity' without \"hicache\": true"),
     (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
       '"mamba_chunk":4,"hicache":true,"host_capacity":8,"mamba_host_capacity":2,'
-      '"write_policy":"write_through"}'],
-     "t.jsonl:1: found write_policy='write_through'; expected 'write_policy' \"write_back\""),
+      '"write_policy":"write_around"}'],
+     "t.jsonl:1: found write_policy='write_around'; expected 'write_policy' one of "
+     "\"write_back\", \"write_through\", \"write_through_selective\""),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"hicache":true,"host_capacity":8,"mamba_host_capacity":2}',
+      '{"op":"write_ack","id":1}'],
+     "t.jsonl:2: found a write_ack op under write_back; expected write_ack only with"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4,"hicache":true,"host_capacity":8,"mamba_host_capacity":2}',
+      '{"op":"insert","tokens":[1,2],"inserted":1}'],
+     "t.jsonl:2: found 'inserted' without a write_through policy; expected 'inserted' only"),
+    (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
+      '"mamba_chunk":4}', '{"op":"write_ack","id":1}'],
+     "t.jsonl:2: found a write_ack op without the host tier; expected write_ack only in"),
     (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
       '"mamba_chunk":4}', '{"op":"load_back","tokens":[1],"id":1}'],
      't.jsonl:2: found a load_back op without the host tier; expected load_back only in a'),
@@ -338,7 +350,9 @@ def test_replay_ops_plays_hybrid_traces(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["g12_swa_ps1_w8", "g11_mamba_c4",
-                                  "y11_mamba_host_ps1_c4_h600_m120"])
+                                  "y11_mamba_host_ps1_c4_h600_m120",
+                                  "z11_mamba_wt_ps1_c4_h600_m120",
+                                  "z17_mamba_sel_ps1_c4_h192_m80"])
 def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
     """clone() at mid-trace: the clone and the original give SGLang's lines for the
     rest of the case, and a change to one leaves the other's state alone."""
@@ -361,3 +375,160 @@ def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
     before = twin.tree.fingerprint()
     orig.tree.evict(10**6, 10**6)
     assert twin.tree.fingerprint() == before != orig.tree.fingerprint()
+
+
+def _wt_headers():
+    for case in CASES:
+        with gzip.open(case, "rt") as f:
+            header = json.loads(f.readline())
+        if header.get("write_policy", "write_back") != "write_back":
+            yield case, header
+
+
+def test_write_through_cases_cover_the_write_through_paths():
+    """The write_through cases (w, z) exercise what the policy adds: backups issued
+    by inserts (walked nodes and new leaves, FULL with the state, and a state alone on
+    a backed-up node), acks in flight (a fragment pending under its parent's ack,
+    unknown ids), unbacked leaves deleted by eviction next to demotes, load-backs,
+    under both write_through and write_through_selective, at page sizes 1, 2 and 4."""
+    seen, policies, page_sizes = set(), set(), set()
+    n = 0
+    for case, header in _wt_headers():
+        n += 1
+        policies.add(header["write_policy"])
+        page_sizes.add(header.get("page_size", 1))
+        for line in expected_lines(case):
+            r = json.loads(line)
+            kinds = [e["k"] for e in r["events"]]
+            seen.add("op:" + r["op"])
+            if r["op"] == "insert" and "backup" in kinds:
+                seen.add("insert_backup")
+                if any(e["k"] == "backup" and e["n"] == 0 for e in r["events"]):
+                    seen.add("state_only_backup")
+            if r["op"] in ("evict", "evict_for_alloc"):
+                seen.update("evict:" + k for k in kinds)
+            if r.get("writes"):
+                seen.add("writes_in_flight")
+            if "error" in r:
+                seen.add(f"error:{r['op']}:{r['error']}")
+            if r.get("started"):
+                seen.add("started")
+            for row in r.get("tree", ()):
+                if row["write_pending"] not in (None, row["id"]):
+                    seen.add("fragment_pending")
+    assert n >= 26 and policies == {"write_through", "write_through_selective"}
+    assert page_sizes == {1, 2, 4}
+    want = {"insert_backup", "state_only_backup", "op:write_ack", "writes_in_flight",
+            "error:write_ack:unknown_write_id", "evict:delete", "evict:demote", "evict:tomb",
+            "fragment_pending", "started", "op:evict_host", "op:load_back_ack"}
+    assert want <= seen, sorted(want - seen)
+
+
+def _outputs(name):
+    return [json.loads(x) for x in expected_lines(HYBRID / f"{name}.jsonl.gz")]
+
+
+def test_write_through_prunes_a_state_set_while_its_write_is_in_flight():
+    """sglang #33713 under write_through (w02 on SGLang's core, replayed on the sim):
+    an insert ending at a fragment of a node whose write is still in flight sets the
+    fragment's state, which no backup ever carries (the incremental backup skips a
+    pending node); the demote drops it, so the prefix has no host hit although its
+    FULL is on host. Acked first, the same insert backs the state up alone."""
+    t = MambaTree(device_capacity=64, mamba_capacity=8, mamba_chunk=4, host_capacity=64,
+                  mamba_host_capacity=8, write_policy="write_through")
+    a, ab = list(range(1, 5)), list(range(1, 9))
+    t.insert(ab)
+    assert list(t.writes) == [1]
+    frag = t.insert(a).node                  # splits the pending node: same ack
+    assert frag.wp == 1 and frag.host and frag.aux and not frag.aux_host
+    t.write_ack(1)
+    c, cd = list(range(20, 24)), list(range(20, 28))
+    t.insert(cd)
+    t.write_ack(3)
+    frag2 = t.insert(c).node                 # not pending: the state goes alone
+    assert frag2.aux_host and list(t.writes) == [frag2.id]
+    t.write_ack(frag2.id)
+    t.evict(64, 0)
+    m = t.match_prefix(a)
+    assert (m.best, m.host_len, m.full_len) == (t.root, 0, 4)
+    m = t.match_prefix(c)
+    assert (m.best, m.host_len, m.aux_host_len) == (frag2, 4, 1)
+    t.check()
+    by_op = {r["i"]: r for r in _outputs("w02_mamba_wt_state_pruned")}
+    assert (by_op[13]["node"], by_op[13]["host_len"], by_op[13]["full_len"]) == (0, 0, 4)
+    assert (by_op[15]["host_len"], by_op[15]["mamba_host_len"]) == (4, 1)
+
+
+def test_a_state_host_pool_too_small_for_the_checkpoints_misses_on_replay():
+    """sglang #39436's mechanism at small scale (w03 / w04 on SGLang's core): 8
+    chunk-prefilled prompts with 3 checkpoints each through a device tier of 4 and a
+    FULL host tier for all. With 4 state host slots a backup finds its state slot
+    only by evicting a host-only state (an older prompt's host leaf, FULL and all)
+    or fails whole, so the 4 evicted prompts replay 0/4 from host; with 24 slots,
+    4/4 whole."""
+    def replays(name):
+        outs = _outputs(name)
+        matches = [r for r in outs if r["op"] == "match"]
+        assert len(matches) == 4
+        return [r["host_len"] for r in matches]
+
+    assert replays("w03_mamba_wt_state_host_pool_too_small") == [0, 0, 0, 0]
+    assert replays("w04_mamba_wt_state_host_pool_enough") == [12, 12, 12, 12]
+
+
+def test_write_policy_changes_the_run():
+    """The header's write_policy is a knob: the same ops replay differently under
+    write_back, write_through and write_through_selective."""
+    ops = [{"op": "insert", "tokens": list(range(1, 9))},
+           {"op": "insert", "tokens": list(range(1, 13)), "prev": 8},
+           {"op": "evict", "full": 64}, {"op": "dump"}]
+    header = {"op": "header", "components": ["full", "mamba"], "device_capacity": 64,
+              "mamba_capacity": 8, "mamba_chunk": 4, "hicache": True, "host_capacity": 64,
+              "mamba_host_capacity": 8}
+    runs = []
+    for policy in ("write_back", "write_through", "write_through_selective"):
+        r = HybridReplayer({**header, "write_policy": policy})
+        runs.append(json.dumps([r.apply(i, op) for i, op in enumerate(ops, 1)]))
+        r.tree.check()
+    assert len(set(runs)) == 3
+
+
+def test_inserted_len_gates_write_through_hit_counts():
+    """An insert's ``inserted`` (InsertParams.inserted_len) is a knob: nodes the
+    request inserted before count no hit, so write_through_selective's second hit on
+    a prefix comes only from another request's insert."""
+    def run(inserted):
+        t = MambaTree(device_capacity=64, mamba_capacity=8, mamba_chunk=4, host_capacity=64,
+                      mamba_host_capacity=8, write_policy="write_through_selective")
+        first = t.insert(list(range(1, 9))).node
+        t.insert(list(range(1, 13)), 8, inserted=inserted)
+        t.check()
+        return first.hits, first.host
+
+    assert run(0) == (2, True)      # counted again: its second hit backs it up
+    assert run(8) == (1, False)     # the request's own prefix: not counted
+
+
+def test_sglang_39436_at_the_reports_scale():
+    """sglang #39436's fill-and-replay at its own scale (write_through, chunked prefill
+    4,096: 200 prompts of 8,448 tokens, 3 state checkpoints each, a 2,680,896-token KV
+    host tier): the state host pool bounds what replays from host, at one slot per
+    checkpoint of every prompt filled (600). 565 slots: the 8 oldest prompts replay
+    0/8 from host, 734: 8/8, as reported; 599: the oldest loses its last checkpoint.
+    tools/sglang_oracle/wt_state_host_pool.py --oracle replays the same traces on
+    SGLang's core: every line identical."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "wt_state_host_pool", ROOT / "tools" / "sglang_oracle" / "wt_state_host_pool.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def replays(slots):
+        _, outs = tool.build(slots, prompts=200, device_prompts=40, replay=8)
+        return [(o["host_len"], o["mamba_host_len"]) for o in outs if o["op"] == "match"]
+
+    whole = (8448, 1)
+    assert replays(565) == [(0, 0)] * 8
+    assert replays(734) == [whole] * 8
+    assert replays(600) == [whole] * 8
+    assert replays(599) == [(8192, 1)] + [whole] * 7

@@ -236,19 +236,25 @@ class MambaMachinePage2(MambaMachine):
 
 
 class MambaHostMachine(MambaMachine):
-    """(FULL, MAMBA) with the host tier (write_back): backups, demotes, host
-    eviction of either component, duplicate reclaim, load-backs and their acks, on
-    small host pools, with check() (both tiers) after every op."""
+    """(FULL, MAMBA) with the host tier under each write policy: backups (write_back's
+    at eviction, write_through's at insert with their acks in flight), demotes,
+    deletes of unbacked leaves, host eviction of either component, duplicate
+    reclaim, load-backs and their acks, on small host pools, with check() (both
+    tiers, pending writes) after every op."""
 
     @initialize(dev_pages=st.integers(4, 40), aux=st.integers(1, 12), chunk=st.integers(1, 6),
                 max_states=st.sampled_from([-1, -1, 1, 2]), host_pages=st.integers(0, 60),
-                aux_host=st.integers(0, 12), threshold=st.sampled_from([1, 3]))
-    def setup(self, dev_pages, aux, chunk, max_states, host_pages, aux_host, threshold):
+                aux_host=st.sampled_from([0, 1, 2, 4, 8, 12]), threshold=st.sampled_from([1, 3]),
+                policy=st.sampled_from(["write_back", "write_through",
+                                        "write_through_selective"]))
+    def setup(self, dev_pages, aux, chunk, max_states, host_pages, aux_host, threshold,
+              policy):
         ps = self.page_size
         self.tree = MambaTree(device_capacity=dev_pages * ps, mamba_capacity=aux,
                               mamba_chunk=chunk, max_states=max_states, page_size=ps,
                               extra_buffer=ps > 1, host_capacity=host_pages * ps,
-                              mamba_host_capacity=aux_host, load_back_threshold=threshold)
+                              mamba_host_capacity=aux_host, load_back_threshold=threshold,
+                              write_policy=policy)
         self.locks = []
         self.held = 0
         self.loads = []
@@ -315,6 +321,54 @@ class MambaHostMachine(MambaMachine):
     @rule(i=st.integers(0, 100))
     def load_ack(self, i):
         self.tree.finish_load_back(self.loads.pop(i % len(self.loads)))
+
+    @precondition(lambda self: self.tree.writes)
+    @rule(i=st.integers(0, 100))
+    def write_ack_any(self, i):
+        self.write_ack(i)
+
+    def write_ack(self, i):
+        t = self.tree
+        ids = list(t.writes)
+        ack = ids[i % len(ids)]
+        nodes = t.writes[ack][1]
+        t.write_ack(ack)
+        assert ack not in t.writes
+        for y in nodes:  # acked: settled, and duplicates while on both tiers
+            assert y.wp != ack and y.host
+            if y.dev and y.lb is None and y.wp is None:
+                assert t.dups.get(y.id) is y
+
+    @precondition(lambda self: self.tree.writes)
+    @rule()
+    def write_ack_oldest(self):
+        """SGLang's writing_check acks in issue order."""
+        self.write_ack(0)
+
+    @precondition(lambda self: self.tree.writes)
+    @rule(n=st.integers(1, 4))
+    def write_ack_several(self, n):
+        for _ in range(min(n, len(self.tree.writes))):
+            self.write_ack(0)
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10))
+    def insert_written_through(self, pages):
+        """write_through: an insert's new leaf is written through with its state at
+        once unless the host had no room (then neither tier holds it on host)."""
+        t, ps = self.tree, self.page_size
+        if t.write_policy != "write_through":
+            return
+        key = self.units(pages)
+        try:
+            res = t.insert(key, 0)
+        except HybridTreeError:
+            return
+        leaf = res.node
+        if leaf is not t.root and res.prefix_len < len(key) * ps:
+            if leaf.host:
+                assert leaf.wp == leaf.id and leaf.lock > 0 and leaf.aux_host
+            else:
+                assert not leaf.aux_host and leaf.wp is None
 
     @rule(full=st.integers(0, 40), aux=st.integers(0, 20))
     def evict(self, full, aux):

@@ -49,7 +49,8 @@ class HNode:
     ``host_lock_ref``, ``host_tops``: the host locks whose boundary (FULL's
     ``metadata["host_uuid"]``) sits here; ``aux_host``/``aux_host_lock``: the
     auxiliary host value / ``host_lock_ref``; ``hlp``/``hln``: links in its host LRU;
-    ``lb``: the anchor of the load-back pinning this node (``load_back_pending_id``)."""
+    ``lb``: the anchor of the load-back pinning this node (``load_back_pending_id``);
+    write_through: ``hits`` (``hit_count``) and ``wp`` (``write_through_pending_id``)."""
 
     __slots__ = ("id", "parent", "children", "key", "lock", "aux", "aux_lock", "uuid",
                  "last_access", "creation", "lp", "ln")
@@ -65,6 +66,8 @@ class HNode:
     hlp = None
     hln = None
     lb = None
+    hits = 0
+    wp = None
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
         self.id = nid
@@ -88,7 +91,7 @@ class HostHNode(HNode):
     """A node of a tree with the host tier (HiCache on): the host fields per node."""
 
     __slots__ = ("dev", "host", "host_lock", "host_tops", "aux_host", "aux_host_lock",
-                 "hlp", "hln", "lb")
+                 "hlp", "hln", "lb", "hits", "wp")
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
         super().__init__(nid, key, parent, t_access, t_create)
@@ -101,6 +104,10 @@ class HostHNode(HNode):
         self.hlp = None
         self.hln = None
         self.lb = None
+        # write_through: core ``hit_count`` and ``write_through_pending_id`` (the ack
+        # id, the backed-up node's id, of the write in flight covering this node).
+        self.hits = 0
+        self.wp = None
 
 
 # ---------------------------------------------------------------- op results
@@ -270,13 +277,16 @@ class _HostLRU:
 
 class HostLockReceipt:
     """``inc_host_lock_ref``'s receipt: the anchor, and ``top``, the node carrying
-    FULL's host-lock boundary (``metadata["host_uuid"]``; a split moves it up)."""
+    FULL's host-lock boundary (``metadata["host_uuid"]``; a split moves it up);
+    ``full``: whether FULL took a host lock at all (write_through skips an anchor
+    with no host copy: full.py ``acquire_component_lock``)."""
 
-    __slots__ = ("anchor", "top")
+    __slots__ = ("anchor", "full", "top")
 
-    def __init__(self, anchor: HNode):
+    def __init__(self, anchor: HNode, full: bool = True):
         self.anchor = anchor
         self.top = anchor
+        self.full = full
 
 
 class LoadBack:
@@ -297,9 +307,11 @@ class _HostState:
     digest and the in-flight load-backs."""
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
-                 "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads")
+                 "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads",
+                 "policy", "wt", "threshold", "writes")
 
-    def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int):
+    def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
+                 write_policy: str = "write_back"):
         self.host_capacity = host_capacity
         self.aux_host_capacity = aux_host_capacity
         self.load_back_threshold = load_back_threshold
@@ -310,6 +322,14 @@ class _HostState:
         self.dups: dict = {}
         self.digest = 0
         self.loads: dict = {}
+        # The write policy (cache ``is_write_back`` / ``write_through_threshold``):
+        # write_through and write_through_selective back nodes up at insert time and
+        # ack them asynchronously; ``writes`` is ``ongoing_write_through``: ack id ->
+        # [the backup's device lock receipt, the published nodes, ancestors first].
+        self.policy = write_policy
+        self.wt = write_policy != "write_back"
+        self.threshold = C.WRITE_THROUGH_THRESHOLD.get(write_policy, 2)
+        self.writes: dict = {}
 
 
 class HybridTree:
@@ -338,12 +358,18 @@ class HybridTree:
     digest = property(lambda self: self.ht.digest,
                       doc="write_back_duplicate_reclaim_digest")
     loads = property(lambda self: self.ht.loads, doc="in-flight load-backs by id")
+    write_policy = property(lambda self: self.ht.policy)
+    writes = property(lambda self: self.ht.writes,
+                      doc="write_through backups in flight: ack id -> [receipt, nodes]")
 
     def __init__(self, *, device_capacity: int, aux_capacity: int, page_size: int = 1,
                  record: bool = False, host_capacity: int | None = None,
-                 aux_host_capacity: int = 0, load_back_threshold: int = 1):
+                 aux_host_capacity: int = 0, load_back_threshold: int = 1,
+                 write_policy: str = "write_back"):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if write_policy not in C.HYBRID_WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(C.HYBRID_WRITE_POLICIES)}")
         # _cascade_evict from an internal auxiliary victim reaches only components of
         # lower or equal internal priority: none here, FULL's being higher. The walks
         # below rely on that (a three-component tree would need the cascade).
@@ -375,11 +401,12 @@ class HybridTree:
         self.aux_protected = 0
         self.n_nodes = 0
         self.rec: list | None = [] if record else None
-        # The host tier (HiCache on, write_back): host_capacity None keeps it off.
+        # The host tier (HiCache on, under write_policy): host_capacity None keeps it off.
         # Its state lives in one object, so that a tree keeps few enough instance
         # attributes for CPython's fast attribute access (a dict past 30 shared keys
         # is slower on every access of the hot path).
-        self.ht = _HostState(host_capacity or 0, aux_host_capacity, load_back_threshold)
+        self.ht = _HostState(host_capacity or 0, aux_host_capacity, load_back_threshold,
+                             write_policy)
         if host_capacity is not None:
             self.hicache = True
             self._refresh = self._refresh_ht
@@ -453,9 +480,10 @@ class HybridTree:
 
     def _track(self, node: HNode) -> None:
         """core ``_update_duplicate_tracking``: a settled FULL duplicate (both tiers,
-        no load-back pin; write-backs ack before any op ends) keeps or takes its
-        place in the map; anything else leaves it."""
-        if node.dev and node.host and node.lb is None and node is not self.root:
+        no load-back pin, no write in flight: ``_is_settled_full_host_duplicate``)
+        keeps or takes its place in the map; anything else leaves it."""
+        if (node.dev and node.host and node.lb is None and node.wp is None
+                and node is not self.root):
             if node.id not in self.ht.dups:
                 self.ht.dups[node.id] = node
         else:
@@ -529,6 +557,17 @@ class HybridTree:
                 for holder in up.host_tops:
                     holder.top = up
             up.lb = child.lb
+            # _split_node: the hit count and a pending write_through ack carry over;
+            # UpdatePendingBackupOnNodeSplit puts both fragments in the write's
+            # publish list (cache ``_replace_pending_write_through_node``).
+            up.hits = child.hits
+            ack = child.wp
+            if ack is not None:
+                up.wp = ack
+                nodes = self.ht.writes[ack][1]
+                if child in nodes:
+                    i = nodes.index(child)
+                    nodes[i:i + 1] = [up, child]
         parent.children[child.key[0]] = up
         child.key = child.key[p:]
         child.parent = up
@@ -687,10 +726,12 @@ class HybridTree:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: list, prev: int = 0, **aux_args) -> HybridInsert:
+    def insert(self, key: list, prev: int = 0, inserted: int = 0, **aux_args) -> HybridInsert:
         """``checkpoint``'s insert: the request holds fresh KV past ``prev`` tokens
         (core ``begin_insert`` / ``_insert_walk_step`` / ``_insert_overlap_step`` /
-        ``_insert_commit_step`` / ``_insert_tail_step``)."""
+        ``_insert_commit_step`` / ``_insert_tail_step``). ``inserted``: what the request
+        inserted before (``InsertParams.inserted_len``, ``req.kv.cache_inserted_len``):
+        write_through counts no hit on nodes ending at or below it."""
         ps = self.page_size
         n_tok = len(key) * ps
         if prev % ps or prev > n_tok or not self._at_boundary(key, prev // ps):
@@ -707,6 +748,7 @@ class HybridTree:
             self._aux_empty_insert(res)
             return res
         node, pos, n = self.root, 0, len(key)
+        wt = self.hicache and self.ht.wt
         while pos < n:
             child = node.children.get(key[pos])
             if child is None:
@@ -719,6 +761,10 @@ class HybridTree:
                 self._unevict(child)
             else:
                 self._aux_overlap(child, p * ps, pos * ps, prev, aux_args)
+            # _finish_insert_walk_node: a walked node whose hit count reaches the
+            # threshold is backed up at once (BackupKV is a barrier).
+            if wt and (pos + p) * ps > inserted and self._inc_hit(child):
+                self._write_chain(child)
             node = child
             pos += p
         res.prefix_len = pos * ps
@@ -740,7 +786,58 @@ class HybridTree:
             self._aux_commit(node, False, res, aux_args)
         if res.node is not self.root:
             self._aux_insert_end(res.node)
+        if wt:
+            self._backup_after_insert(res.node, (n_tok > inserted) if pos < n else None)
         return res
+
+    # ------------------------------------------------- write_through (host tier)
+    def _inc_hit(self, node: HNode) -> bool:
+        """core ``_inc_hit_count_and_check`` (write_through policies): count the hit
+        on a device node and say whether it needs a backup (no host copy yet and
+        ``hit_count >= write_through_threshold``)."""
+        if not node.dev:
+            return False
+        node.hits += 1
+        return not node.host and node.hits >= self.ht.threshold
+
+    def _backup_after_insert(self, target: HNode, new_leaf) -> None:
+        """core ``_insert_tail_step`` / ``_should_backup_after_insert``: a new leaf
+        (``new_leaf``: True to count it, False when it ends at or below the request's
+        ``inserted_len``, None for an existing target) is counted and backed up with
+        its unbacked ancestors at the threshold; an
+        existing target already backed up, with no write in flight, backs up the
+        component's value it lacks on host (``_needs_incremental_component_backup``:
+        Mamba, a device state with no host copy)."""
+        if new_leaf is not None:
+            if new_leaf and self._inc_hit(target):
+                self._write_chain(target)
+        elif target.host and target.wp is None and self._aux_backup_needed(target):
+            self._write_chain(target)
+
+    def _write_chain(self, node: HNode) -> None:
+        """core ``_build_backup_kv_action`` (write_through: the node and its unbacked
+        ancestors, ancestors first) run by cache ``_execute_and_commit_kv_backup``:
+        top-down, skipping a node with nothing to write, stopping at the first
+        failed backup."""
+        chain = [node]
+        a, root = node.parent, self.root
+        while a is not None and a is not root and not a.host:
+            chain.append(a)
+            a = a.parent
+        for y in reversed(chain):
+            if self._try_backup(y) is None:
+                return
+
+    def write_ack(self, ack_id) -> None:
+        """cache ``_finish_write_through_ack``: core ``finish_write_through`` (each
+        published node still pending under this ack is cleared and tracked as a
+        duplicate, in list order), then the backup's device lock is released."""
+        receipt, nodes = self.ht.writes.pop(ack_id)
+        for y in nodes:
+            if y.wp == ack_id:
+                y.wp = None
+                self._track(y)
+        self.dec_lock(receipt)
 
     def _unevict(self, node: HNode) -> None:
         """core ``_unevict_node_on_insert``: an evicted node the insert walks over
@@ -909,7 +1006,8 @@ class HybridTree:
         self._refresh(parent)
 
     # ------------------------------------------------------------- host tier
-    # HiCache on, write_back (docs/HYBRID.md §5). Citations: core =
+    # HiCache on: write_back (docs/HYBRID.md §5) and the write_through policies
+    # (§5.9; the write_through section above the locks). Citations: core =
     # unified_tree_core.py, cache = unified_radix_cache.py.
 
     def _evict_full_ht(self, request: int, res: HybridEviction) -> None:
@@ -937,7 +1035,7 @@ class HybridTree:
             if x in d_leaves:
                 self._evict_dleaf(x, res)
                 continue
-            if not x.aux_host and not x.host and x.dev:
+            if not self.ht.wt and not x.aux_host and not x.host and x.dev:
                 if self.ht.aux_host_capacity - self.ht.aux_host_used < 1:
                     self._evict_host_aux(1)
                 self._backup(x)
@@ -963,11 +1061,23 @@ class HybridTree:
         something there is locked or pinned."""
         if x.host:
             self._demote(x, res)
+        elif self.ht.wt:
+            self._delete_unbacked(x, res)
         elif self._backup(x) > 0:
             self._demote(x, res)
         elif not self._drop(x, res):
             if self.rec is not None:
                 self._ev("drop_declined", x)
+
+    def _delete_unbacked(self, x: HNode, res: HybridEviction) -> None:
+        """core ``_delete_unbacked_device_leaf`` (write_through's unbacked D-leaf):
+        every layer freed, the node unlinked, then
+        ``_iteratively_delete_tombstone_leaf`` from its parent."""
+        self._release_layers(x, res)
+        parent = x.parent
+        self._unlink(x)
+        self._refresh(parent)
+        self._sweep(parent, res)
 
     def _aux_backup_needed(self, x: HNode) -> bool:
         """``_build_backup_spec``'s component transfer (``needs_incremental_backup`` /
@@ -975,24 +1085,31 @@ class HybridTree:
         return False
 
     def _backup(self, x: HNode) -> int:
-        """One node's D->H backup and its synchronous ack (cache
-        ``_execute_and_commit_kv_backup`` + ``writing_check(write_back=True)``): FULL's
+        """``_try_backup``; returns the FULL tokens written (0: failed or nothing to
+        write)."""
+        return self._try_backup(x) or 0
+
+    def _try_backup(self, x: HNode):
+        """One node's D->H backup (cache ``_execute_and_commit_kv_backup``): FULL's
         tokens unless already on host, and the component's state. Host room: FULL's
         shortfall is evicted from the FULL host (giving up if that frees less), then
         the component's slot is allocated, evicting one from its host once
-        (``resolve_host_transfers``); all or nothing. Returns the FULL tokens
-        written (0: failed or nothing to write)."""
+        (``resolve_host_transfers``); all or nothing. write_back acks it at once
+        (``writing_check(write_back=True)``); write_through locks the node on device
+        (``inc_lock_ref``) and marks it pending (``_track_write_through_node``) until
+        its ``write_ack``. Returns the FULL tokens written, 0 when there was nothing
+        to write, None when the host had no room."""
         t = 0 if x.host else len(x.key) * self.page_size
         aux = self._aux_backup_needed(x)
         if t == 0 and not aux:
             return 0
         avail = self.ht.host_capacity - self.ht.host_used
         if avail < t and self._evict_host_full(t - avail) < t - avail:
-            return 0
+            return None
         if aux and self.ht.aux_host_capacity - self.ht.aux_host_used < 1:
             self._evict_host_aux(1)
             if self.ht.aux_host_capacity - self.ht.aux_host_used < 1:
-                return 0
+                return None
         if t:
             x.host = True
             self.ht.host_used += t
@@ -1003,7 +1120,12 @@ class HybridTree:
                 self._ev("host_set", x, c=self.AUX, n=1)
         if self.rec is not None:
             self._ev("backup", x, n=t)
-        self._track(x)  # finish_write_through: a duplicate from its ack
+        if self.ht.wt:
+            receipt = self.inc_lock(x)
+            x.wp = x.id
+            self.ht.writes[x.id] = [receipt, [x]]
+        else:
+            self._track(x)  # finish_write_through: a duplicate from its ack
         return t
 
     def _demote(self, x: HNode, res: HybridEviction) -> None:
@@ -1136,7 +1258,8 @@ class HybridTree:
         dups = self.ht.dups
         before = list(dups.values())
         swept, released = [], set()
-        for spare in (True, False):
+        # drive_host_eviction: the duplicate reclaim runs under write_back only.
+        for spare in (() if self.ht.wt else (True, False)):
             if freed >= n:
                 break
             for node in dups.values():
@@ -1210,13 +1333,17 @@ class HybridTree:
         """core ``inc_host_lock_ref``: FULL pins the anchor (write_back pins a
         device-only anchor too) with a boundary mark; the component locks the
         anchor's host value, which leaves the host LRU."""
-        holder = HostLockReceipt(anchor)
-        anchor.host_lock += 1
-        if anchor.host_tops is None:
-            anchor.host_tops = [holder]
-        else:
-            anchor.host_tops.append(holder)
-        self._refresh(anchor)
+        # full.py acquire_component_lock(lock_host): write_through pins only an
+        # anchor with a FULL host copy.
+        full = anchor.host or not self.ht.wt
+        holder = HostLockReceipt(anchor, full)
+        if full:
+            anchor.host_lock += 1
+            if anchor.host_tops is None:
+                anchor.host_tops = [holder]
+            else:
+                anchor.host_tops.append(holder)
+            self._refresh(anchor)
         if anchor is not self.root:
             if anchor.aux_host_lock == 0 and anchor.aux_host and anchor.hlp is not None:
                 self.ht.hlru.remove(anchor)
@@ -1234,8 +1361,15 @@ class HybridTree:
                 if not anchor.aux and anchor.aux_host and anchor.hlp is None:
                     self.ht.hlru.insert_mru(anchor)
                 self._refresh(anchor)
+        if not holder.full:
+            self._refresh(anchor)
+            return
         node = anchor
         while True:
+            if self.ht.wt and not node.host:
+                # full.py release_component_lock: write_through stops at a node
+                # without a host copy.
+                break
             node.host_lock -= 1
             self._refresh(node)
             if node is holder.top:
@@ -1306,8 +1440,10 @@ class HybridTree:
         for y in nodes:
             if self.rec is not None:
                 self._ev("load", y, n=len(y.key) * ps)
+        pin = not self.ht.wt  # commit_load_back pins under write_back only
         for y in nodes:
-            y.lb = anchor
+            if pin:
+                y.lb = anchor
             t = len(y.key) * ps
             y.dev = True
             self.dev_used += t
@@ -1328,8 +1464,12 @@ class HybridTree:
         self.dec_lock(lb.lock)
         self.dec_host_lock(lb.host_lock)
         x = lb.anchor
+        wt = self.ht.wt
         while x is not None and x is not self.root:
-            if x.lb is lb.anchor:
+            if wt:
+                # write_through: no pins; every node on the path is re-tracked.
+                self._track(x)
+            elif x.lb is lb.anchor:
                 x.lb = None
                 self._track(x)
             x = x.parent
@@ -1392,10 +1532,14 @@ class HybridTree:
             new.ht.hlru.insert_mru(nmap[id(x)])
         new.ht.h_leaves = {nmap[id(x)] for x in self.ht.h_leaves}
         new.ht.dups = {nid: nmap[id(x)] for nid, x in self.ht.dups.items()}
+        new.ht.writes = {}
+        for ack, (receipt, nodes) in self.ht.writes.items():
+            lock = LockReceipt(nmap[id(receipt.node)], receipt.uuid, receipt.skip_aux)
+            new.ht.writes[ack] = [lock, [nmap[id(y)] for y in nodes]]
         hmap = {}
         new.ht.loads = {}
         for lid, lb in self.ht.loads.items():
-            holder = HostLockReceipt(nmap[id(lb.anchor)])
+            holder = HostLockReceipt(nmap[id(lb.anchor)], lb.host_lock.full)
             holder.top = nmap[id(lb.host_lock.top)]
             hmap[id(lb.host_lock)] = holder
             lock = LockReceipt(nmap[id(lb.lock.node)], lb.lock.uuid, lb.lock.skip_aux)
@@ -1428,6 +1572,8 @@ class HybridTree:
                 if self.hicache:
                     row += (x.dev, x.host, x.host_lock, x.aux_host, x.aux_host_lock,
                             x.lb is not None)
+                    if self.ht.wt:
+                        row += (x.hits, x.wp is not None)
                 out.append(row)
             stack.extend(sorted(x.children.values(), key=lambda c: c.key[0], reverse=True))
         return (self.dev_used, self.aux_used, tuple(out))
@@ -1530,8 +1676,19 @@ class HybridTree:
                         raise HybridInvariantError(f"node {n.id}: host-lock boundary moved")
             if n.lb is not None and n.lb.id not in {lb.anchor.id for lb in self.ht.loads.values()}:
                 raise HybridInvariantError(f"node {n.id}: pinned by a finished load-back")
-            if n.dev and n.host and n.lb is None and n.id not in self.ht.dups:
+            if (n.dev and n.host and n.lb is None and n.wp is None
+                    and n.id not in self.ht.dups and not self._loading(n)):
                 raise HybridInvariantError(f"node {n.id}: settled duplicate not tracked")
+            if n.wp is not None and (n.wp not in self.ht.writes
+                                     or n not in self.ht.writes[n.wp][1]):
+                raise HybridInvariantError(f"node {n.id}: pending under a write not in flight")
+            if self.ht.wt:
+                if n.host and n.parent is not self.root and not n.parent.host:
+                    raise HybridInvariantError(f"node {n.id}: write_through host copy "
+                                               f"under a parent without one")
+                if n.aux_host and not n.host:
+                    raise HybridInvariantError(f"node {n.id}: host {self.AUX} value "
+                                               f"without FULL's host copy")
         order = self.ht.hlru.order()
         if len(order) != len(set(order)) or not set(order) <= in_tree:
             raise HybridInvariantError(f"{self.AUX} host LRU holds a node twice or a dead node")
@@ -1540,11 +1697,31 @@ class HybridTree:
         for nid, n in self.ht.dups.items():
             if n not in in_tree or n.id != nid:
                 raise HybridInvariantError(f"duplicates map holds a dead node {nid}")
+        for ack, (receipt, nodes) in self.ht.writes.items():
+            if receipt.node not in in_tree or receipt.node.lock <= 0:
+                raise HybridInvariantError(f"write {ack}: its node is gone or unlocked")
+            for y in nodes:
+                if y not in in_tree or not y.host:
+                    raise HybridInvariantError(f"write {ack}: published node {y.id} gone "
+                                               f"or without a host copy")
         if (host, ahost) != (self.ht.host_used, self.ht.aux_host_used):
             raise HybridInvariantError(f"host ledgers (FULL, {self.AUX}): tree {(host, ahost)}, "
                                        f"counters {(self.ht.host_used, self.ht.aux_host_used)}")
         if host > self.ht.host_capacity or ahost > self.ht.aux_host_capacity:
             raise HybridInvariantError("a host pool is over capacity")
+
+    def _loading(self, n: HNode) -> bool:
+        """write_through: whether ``n`` lies on an in-flight load-back's root path
+        (loaded but re-tracked as a duplicate only at the ack, ``finish_load_back``)."""
+        if not self.ht.wt:
+            return False
+        for lb in self.ht.loads.values():
+            x = lb.anchor
+            while x is not None and x is not self.root:
+                if x is n:
+                    return True
+                x = x.parent
+        return False
 
     def _aux_check(self) -> None:
         pass

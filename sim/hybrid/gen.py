@@ -11,7 +11,9 @@ splits, early SWA releases, repeated Mamba inserts (``mamba_exist``) and evictio
 requests on each component. With ``hicache`` (Mamba only), the host tier too: small
 host pools so write_back backups, demotes, host evictions of either component and
 duplicate reclaims run often, load-backs (with and without a request taking the
-state) and their acks, and inserts over evicted prefixes.
+state) and their acks, and inserts over evicted prefixes; under a write_through
+``write_policy``, inserts that back nodes up (some carrying the request's
+``inserted``) and ``write_ack`` ops, mostly in issue order.
 """
 
 from __future__ import annotations
@@ -43,12 +45,16 @@ class SimDriver:
     def check(self) -> None:
         self.r.tree.check()
 
+    def write_ids(self) -> list:
+        """write_through: the acks in flight, in issue order."""
+        return list(self.r.tree.writes)
+
 
 def options(kind: str, **kw) -> SimpleNamespace:
     """Generator options with gen_hybrid.py's defaults."""
     base = dict(kind=kind, seed=0, ops=800, page_size=1, window=8, chunk=4, max_states=-1,
                 device_cap=96, aux_cap=40, max_len=24, check=False, hicache=False,
-                host_cap=0, aux_host_cap=0, load_back_threshold=1)
+                host_cap=0, aux_host_cap=0, load_back_threshold=1, write_policy="write_back")
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -90,6 +96,10 @@ class Gen:
                                mamba_host_capacity=args.aux_host_cap or 2 * args.aux_cap)
             if args.load_back_threshold != 1:
                 self.header["load_back_threshold"] = args.load_back_threshold
+            policy = getattr(args, "write_policy", "write_back")
+            if policy != "write_back":
+                self.header["write_policy"] = policy
+        self.wt = self.hicache and self.header.get("write_policy", "write_back") != "write_back"
         self.loads: set = set()
         self.next_load = 1
         self.window = args.window
@@ -161,6 +171,10 @@ class Gen:
         op = {"op": "insert", "tokens": s}
         if prev:
             op["prev"] = prev
+            if self.wt and r.random() < 0.4:
+                # A running request's next checkpoint: it inserted its prefix before
+                # (InsertParams.inserted_len), so write_through does not recount it.
+                op["inserted"] = prev if r.random() < 0.7 else r.randint(0, prev // self.ps) * self.ps
         need_aux = 1
         if rid in self.held and r.random() < 0.6:
             op["donate"] = rid  # a finished request hands the tree its own state
@@ -267,12 +281,23 @@ class Gen:
             if self.emit({"op": "load_back_ack", "id": lid}) is not None:
                 self.loads.discard(lid)
 
+    def op_write_ack(self):
+        """Ack one to three write_through backups, mostly the oldest first (SGLang's
+        ``writing_check`` pops its ack queue in order), now and then any."""
+        ids = self.oracle.write_ids()
+        for _ in range(self.rng.randint(1, 3)):
+            if not ids:
+                return
+            ack = ids.pop(0 if self.rng.random() < 0.8 else self.rng.randrange(len(ids)))
+            self.emit({"op": "write_ack", "id": ack})
+
     def run(self, n_ops: int):
         mamba = self.kind == "mamba"
         host = 1 if self.hicache else 0
+        wt = 1 if self.wt else 0
         mix = [("insert", 40), ("match", 20), ("lock", 9), ("unlock", 7), ("evict", 16),
                ("release_swa", 0 if mamba else 5), ("release", 3 if mamba else 0), ("dump", 3),
-               ("evict_host", 6 * host), ("load_back", 10 * host)]
+               ("evict_host", 6 * host), ("load_back", 10 * host), ("write_ack", 12 * wt)]
         names = [m for m, _ in mix]
         weights = [w for _, w in mix]
         while len(self.ops) < n_ops:
@@ -281,6 +306,9 @@ class Gen:
                 self.emit({"op": "dump"})
             else:
                 getattr(self, f"op_{m}")()
+        if self.wt:
+            for ack in self.oracle.write_ids():
+                self.emit({"op": "write_ack", "id": ack})
         for lid in sorted(self.loads):
             self.emit({"op": "load_back_ack", "id": lid})
         self.loads.clear()

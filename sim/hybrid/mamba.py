@@ -40,7 +40,8 @@ class MambaTree(HybridTree):
     def __init__(self, *, device_capacity: int, mamba_capacity: int, mamba_chunk: int,
                  page_size: int = 1, max_states: int = -1, extra_buffer: bool = False,
                  record: bool = False, host_capacity: int | None = None,
-                 mamba_host_capacity: int = 0, load_back_threshold: int = 1):
+                 mamba_host_capacity: int = 0, load_back_threshold: int = 1,
+                 write_policy: str = "write_back"):
         # MambaComponent.__init__: without --enable-mamba-extra-buffer only the
         # sequence-end state exists, so a cached state needs page size 1.
         if page_size != 1 and not extra_buffer:
@@ -52,7 +53,8 @@ class MambaTree(HybridTree):
         super().__init__(device_capacity=device_capacity, aux_capacity=mamba_capacity,
                          page_size=page_size, record=record, host_capacity=host_capacity,
                          aux_host_capacity=mamba_host_capacity,
-                         load_back_threshold=load_back_threshold)
+                         load_back_threshold=load_back_threshold,
+                         write_policy=write_policy)
         # runtime_context.py mamba_checkpoint_grid: lcm(mamba_cache_chunk_size, page).
         self.grid = math.lcm(mamba_chunk, page_size)
         self.max_states = max_states
@@ -93,11 +95,12 @@ class MambaTree(HybridTree):
         return aligned if aligned > device_len else None
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: list, prev: int = 0, donated: bool = False):
+    def insert(self, key: list, prev: int = 0, donated: bool = False, inserted: int = 0):
         """Insert ``key`` with the request's state: a fresh slot (the fork of a running
         request), or, ``donated``, a finished request's own held slot, which the tree
-        keeps or frees (``prepare_for_caching_req`` / ``cleanup_after_caching_req``)."""
-        res = super().insert(key, prev, donated=donated)
+        keeps or frees (``prepare_for_caching_req`` / ``cleanup_after_caching_req``).
+        ``inserted``: ``InsertParams.inserted_len`` (write_through hit counts)."""
+        res = super().insert(key, prev, inserted, donated=donated)
         if donated:
             self.held -= 1
         return res

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from sim.constants import HYBRID_WRITE_POLICIES
 from sim.errors import InputFormatError
 from sim.hybrid.core import HybridTreeError
 from sim.hybrid.mamba import MambaTree
@@ -31,7 +32,8 @@ HEADER_INTS = {
 # op -> {field: (kind, required)}; kinds: tokens, int (>= 0), id
 OPS = {
     "insert": {"tokens": ("tokens", True), "prev": ("int", False),
-               "swa_evicted": ("int", False), "donate": ("id", False)},
+               "swa_evicted": ("int", False), "donate": ("id", False),
+               "inserted": ("int", False)},
     "match": {"tokens": ("tokens", True), "cow": ("id", False)},
     "lock": {"tokens": ("tokens", True), "id": ("id", True), "skip": ("skip", False)},
     "unlock": {"id": ("id", True)},
@@ -45,8 +47,10 @@ OPS = {
     "evict_host": {"full": ("int", False), "mamba": ("int", False)},
     "load_back": {"tokens": ("tokens", True), "id": ("id", True), "req": ("id", False)},
     "load_back_ack": {"id": ("id", True)},
+    # write_through: the ack of one insert-time backup (op-trace v2's write_ack)
+    "write_ack": {"id": ("id", True)},
 }
-HOST_OPS = ("evict_host", "load_back", "load_back_ack")
+HOST_OPS = ("evict_host", "load_back", "load_back_ack", "write_ack")
 # header fields of the host tier -> minimum
 HOST_HEADER_INTS = {"host_capacity": 0, "mamba_host_capacity": 0, "load_back_threshold": 0}
 # Fields an op may carry only in one kind of tree.
@@ -124,10 +128,10 @@ def check_header(path, line_no: int, obj: dict) -> dict:
     if obj["host_capacity"] % obj.get("page_size", 1):
         raise InputFormatError(path, line_no, f"host_capacity={obj['host_capacity']}",
                                "'host_capacity' a multiple of page_size")
-    if obj.get("write_policy", "write_back") != "write_back":
+    if obj.get("write_policy", "write_back") not in HYBRID_WRITE_POLICIES:
         raise InputFormatError(path, line_no, f"write_policy={_short(obj['write_policy'])}",
-                               "'write_policy' \"write_back\" (the only policy modelled for "
-                               "hybrid trees)")
+                               "'write_policy' one of "
+                               + ", ".join(f'"{p}"' for p in HYBRID_WRITE_POLICIES))
     return obj
 
 
@@ -140,10 +144,19 @@ def check_op(path, line_no: int, obj: dict, header: dict) -> dict:
     if OP_KIND_ONLY.get(op, kind) != kind:
         raise InputFormatError(path, line_no, f"a {op} op in a {kind} trace",
                                f"{op} only with components [\"full\",\"{OP_KIND_ONLY[op]}\"]")
+    if "inserted" in obj and header.get("write_policy", "write_back") == "write_back":
+        # InsertParams.inserted_len only gates write_through's hit counts.
+        raise InputFormatError(path, line_no, "'inserted' without a write_through policy",
+                               "'inserted' only with \"hicache\": true and \"write_policy\" "
+                               "write_through or write_through_selective")
     if op in HOST_OPS:
         if not header.get("hicache"):
             raise InputFormatError(path, line_no, f"a {op} op without the host tier",
                                    f"{op} only in a trace whose header has \"hicache\": true")
+        if op == "write_ack" and header.get("write_policy", "write_back") == "write_back":
+            raise InputFormatError(path, line_no, "a write_ack op under write_back",
+                                   "write_ack only with \"write_policy\" write_through or "
+                                   "write_through_selective (write_back acks at once)")
         if op == "evict_host" and ("full" in obj) == ("mamba" in obj):
             raise InputFormatError(path, line_no, "evict_host naming "
                                    + ("both components" if "full" in obj else "no component"),
@@ -186,7 +199,8 @@ def make_tree(header: dict, record: bool = False):
     if header.get("hicache"):
         host = dict(host_capacity=header["host_capacity"],
                     mamba_host_capacity=header["mamba_host_capacity"],
-                    load_back_threshold=header.get("load_back_threshold", 1))
+                    load_back_threshold=header.get("load_back_threshold", 1),
+                    write_policy=header.get("write_policy", "write_back"))
     return MambaTree(device_capacity=header["device_capacity"],
                      mamba_capacity=header["mamba_capacity"],
                      mamba_chunk=header["mamba_chunk"], page_size=ps,
@@ -229,6 +243,8 @@ class HybridReplayer:
             out["host"] = t.host_used
             out["mamba_host"] = t.aux_host_used
             out["digest"] = t.digest
+            if t.ht.wt:
+                out["writes"] = len(t.writes)
         return out
 
     def header_output(self) -> dict:
@@ -258,7 +274,8 @@ class HybridReplayer:
             r = self.tree.insert(key, prev, op.get("swa_evicted", 0))
             return {"prefix_len": r.prefix_len, "new": r.new, "swa_new": r.aux_new,
                     "node": r.node.id}
-        r = self.tree.insert(key, prev, donated=donate is not None)
+        r = self.tree.insert(key, prev, donated=donate is not None,
+                             inserted=op.get("inserted", 0))
         self.held.discard(donate)
         return {"prefix_len": r.prefix_len, "new": r.new, "mamba_exist": r.mamba_exist,
                 "node": r.node.id}
@@ -345,12 +362,19 @@ class HybridReplayer:
         self.tree.finish_load_back(op["id"])
         return {}
 
+    def _op_write_ack(self, op):
+        if op["id"] not in self.tree.writes:
+            raise HybridTreeError("unknown_write_id")
+        self.tree.write_ack(op["id"])
+        return {}
+
     def _op_dump(self, op):
         tree, a = self.tree, self.kind
         nodes = list(tree.iter_nodes())
         rank = {x.id: r for r, x in enumerate(sorted(nodes, key=lambda x: (x.last_access, x.id)))}
         rows = []
         anchors = {lb.anchor.id: lid for lid, lb in tree.loads.items()}
+        wt = self.hicache and tree.ht.wt
         stack = [(tree.root, 0)]
         while stack:
             node, start = stack.pop()
@@ -363,6 +387,8 @@ class HybridReplayer:
                     row.update(dev=node.dev, host=node.host, host_lock=node.host_lock,
                                mamba_host=node.aux_host, mamba_host_lock=node.aux_host_lock,
                                pinned_by=None if pend is None else anchors.get(pend.id, pend.id))
+                    if wt:
+                        row.update(write_pending=node.wp, hits=node.hits)
                 rows.append(row)
                 start += len(node.key) * self.page_size
             kids = sorted(node.children.values(), key=self.key_tokens)
@@ -373,4 +399,6 @@ class HybridReplayer:
             out.update(host_lru=[x.id for x in tree.hlru.order()],
                        h_leaves=sorted(x.id for x in tree.h_leaves),
                        duplicates=list(tree.dups))
+            if wt:
+                out["write_ids"] = list(tree.writes)
         return out

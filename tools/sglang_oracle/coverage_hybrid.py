@@ -57,7 +57,12 @@ FUNCS = {
              "build_load_back_spec", "commit_backup", "commit_load_back", "finish_load_back",
              "inc_host_lock_ref", "dec_host_lock_ref", "_is_device_leaf", "_is_host_leaf",
              "_evict_component_and_detach_lru", "_release_all_component_layers",
-             "_update_duplicate_tracking", "finish_write_through"],
+             "_update_duplicate_tracking", "finish_write_through",
+             # write_through
+             "_inc_hit_count_and_check", "_finish_insert_walk_node",
+             "_should_backup_after_insert", "_needs_incremental_component_backup",
+             "_build_backup_kv_action", "mark_write_through_pending",
+             "_is_settled_full_host_duplicate"],
     "full": ["create_match_validator", "finalize_match_result_in_tree_core",
              "redistribute_on_node_split", "evict_component", "drive_host_eviction",
              "acquire_component_lock", "release_component_lock", "build_hicache_transfers",

@@ -7,7 +7,8 @@ compared line by line. Stops at the first difference and writes the trace there.
 Usage (in the oracle venv):
 
     $SGLANG_ORACLE_VENV/bin/python tools/sglang_oracle/fuzz_hybrid.py \
-        [--traces 200] [--ops 400] [--seed 0] [--check] [--keep DIR]
+        [--traces 200] [--ops 400] [--seed 0] [--check] [--keep DIR] \
+        [--hicache [--write-policy write_through|write_through_selective|any]]
 """
 
 from __future__ import annotations
@@ -67,12 +68,20 @@ def main():
     ap.add_argument("--keep", help="write a differing trace here")
     ap.add_argument("--hicache", action="store_true",
                     help="(FULL, MAMBA) traces with the host tier only")
+    ap.add_argument("--write-policy", default="write_back",
+                    choices=("write_back", "write_through", "write_through_selective", "any"),
+                    help="the host tier's write policy (any: drawn per trace)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     n_ops = 0
     for t in range(args.traces):
         kind = "swa" if t % 2 == 0 and not args.hicache else "mamba"
         opts = host_config(rng, args.ops) if args.hicache else config(rng, kind, args.ops)
+        if args.hicache and args.write_policy != "write_back":
+            # Drawn after the pools, so write_back runs keep their configs per seed.
+            opts["write_policy"] = (rng.choice(["write_back", "write_through",
+                                                "write_through", "write_through_selective"])
+                                    if args.write_policy == "any" else args.write_policy)
         trace = generate(kind, **opts)
         oracle = (HostHybridOracle if args.hicache else HybridOracle)(trace[0])
         sim = HybridReplayer(trace[0])

@@ -48,6 +48,8 @@ def main():
     ap.add_argument("--aux-host-cap", type=int, default=0,
                     help="Mamba host states (0: 2x the device pool)")
     ap.add_argument("--load-back-threshold", type=int, default=1)
+    ap.add_argument("--write-policy", default="write_back",
+                    choices=("write_back", "write_through", "write_through_selective"))
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--out-oracle")
     ap.add_argument("--check", action="store_true",

@@ -45,6 +45,47 @@ def hmamba(dev=64, cap=8, chunk=4, host=64, mhost=8, **kw):
                  mamba_host_capacity=mhost, **kw)
 
 
+def wmamba(policy="write_through", **kw):
+    """A (FULL, MAMBA) header with the host tier under a write_through policy."""
+    return hmamba(write_policy=policy, **kw)
+
+
+def wack(ack_id):
+    return {"op": "write_ack", "id": ack_id}
+
+
+# In a hand case: one write_ack per write in flight, in issue order (what SGLang's
+# writing_check does once they have all completed), expanded when the case is built.
+ACK_ALL = "ACK_ALL"
+
+
+def chunked(first, n_chunks=3, chunk=4):
+    """A prompt's chunked prefill: one insert per chunk, each reusing the previous
+    checkpoint (``prev``, which the request also inserted: ``inserted``), each bringing
+    a state (a checkpoint)."""
+    toks = list(R(first, first + n_chunks * chunk))
+    return [ins(toks[:(k + 1) * chunk], **({"prev": k * chunk, "inserted": k * chunk}
+                                           if k else {}))
+            for k in range(n_chunks)]
+
+
+def fill_and_replay(mhost):
+    """sglang #39436 at small scale: 8 prompts of 12 tokens, 3 checkpoints each,
+    chunked-prefilled through a device tier of 4 prompts and a FULL host tier of all
+    8; the state host pool decides what replays from host."""
+    ops = []
+    for k in range(8):
+        if k >= 4:
+            ops.append(evict(full=12))
+        ops.extend(chunked(100 * (k + 1)))
+        ops.append(ACK_ALL)
+    ops.append(DUMP)
+    for k in range(4):  # the evicted prompts, replayed
+        ops.append(match(R(100 * (k + 1), 100 * (k + 1) + 12)))
+    ops.extend([lb(R(100, 112), 1), DUMP, ack(1)])
+    return ops
+
+
 def lb(tokens, lid, req=None):
     op = {"op": "load_back", "tokens": list(tokens), "id": lid}
     if req is not None:
@@ -264,6 +305,67 @@ HAND = {
         unlock(1), evict(full=40), DUMP, ehost(full=40), DUMP]),
 }
 
+HAND.update({
+    # --- (FULL, MAMBA) with the host tier under write_through ----------------------
+    "w01_mamba_wt_insert_backup_and_ack": (wmamba(note="write_through: an insert backs "
+                                                       "its new leaf up with the state at "
+                                                       "once, locked on device until the "
+                                                       "ack; a split pending node puts "
+                                                       "both fragments under the same ack; "
+                                                       "duplicates are tracked at the ack"), [
+        ins(R(1, 9)), DUMP, evict(full=8), ins(list(R(1, 5)) + [20, 21]), DUMP,
+        wack(2), wack(3), wack(1), DUMP, evict(full=40), DUMP, match(R(1, 9)),
+        lb(R(1, 9), 1), DUMP, ack(1), DUMP, wack(1)]),
+    "w02_mamba_wt_state_pruned": (wmamba(note="sglang #33713 under write_through: a state "
+                                              "set on a node whose FULL write is still in "
+                                              "flight is never backed up, and the demote "
+                                              "drops it (no host hit at that node); after "
+                                              "the ack the same insert backs the state up "
+                                              "incrementally"), [
+        ins(R(1, 9)), ins(R(1, 5)), DUMP, wack(1), DUMP, ins(R(20, 28)), wack(3),
+        ins(R(20, 24)), DUMP, wack(4), evict(full=40), DUMP, match(R(1, 5)),
+        match(R(1, 9)), match(R(20, 24)), lb(R(20, 24), 1), DUMP, ack(1), DUMP]),
+    "w03_mamba_wt_state_host_pool_too_small": (wmamba(dev=48, cap=40, host=256, mhost=4,
+                                                      note="sglang #39436 at small scale: "
+                                                           "with 4 state host slots for 8 "
+                                                           "prompts of 3 checkpoints, "
+                                                           "backups fail whole (FULL too) "
+                                                           "or prune older prompts' host "
+                                                           "states; replays of the evicted "
+                                                           "prompts miss the host"),
+                                               fill_and_replay(4)),
+    "w04_mamba_wt_state_host_pool_enough": (wmamba(dev=48, cap=40, host=256, mhost=24,
+                                                   note="w03 with 24 state host slots: "
+                                                        "every evicted prompt replays "
+                                                        "whole from host"),
+                                            fill_and_replay(24)),
+    "w05_mamba_wt_selective": (wmamba(policy="write_through_selective",
+                                      note="write_through_selective: a node is backed up "
+                                           "on its second hit (a walked node before its "
+                                           "state, a new leaf never on its first); an "
+                                           "unbacked leaf is deleted on eviction; a "
+                                           "tombstoned internal state keeps its host "
+                                           "copy"), [
+        ins(R(1, 9)), DUMP, ins(R(1, 13), prev=8), DUMP, wack(1), ins(R(1, 13)), DUMP,
+        ins(R(30, 36)), ins(list(R(30, 33)) + [50]), DUMP, evict(full=6), DUMP,
+        evict(mamba=1), DUMP, wack(2), wack(5), evict(full=40), DUMP, match(R(1, 13)),
+        match(R(30, 33))]),
+    "w06_mamba_wt_host_full_and_errors": (wmamba(host=8, mhost=2,
+                                                 note="write_through with small host pools: "
+                                                      "a backup that finds no room is "
+                                                      "skipped (the chain stops there) and "
+                                                      "its leaf deleted on eviction; an "
+                                                      "unbacked internal state is "
+                                                      "tombstoned without a backup; host "
+                                                      "eviction frees host leaves only (no "
+                                                      "duplicate reclaim); write_ack "
+                                                      "errors"), [
+        ins(R(1, 5)), ins(R(10, 14)), ins(R(20, 24)), ins(R(20, 28), prev=4),
+        evict(mamba=1), DUMP, wack(1), wack(2), wack(99),
+        ehost(full=4), DUMP, evict(full=8), DUMP, ehost(full=4), DUMP, ins(R(30, 34)),
+        DUMP, ehost(mamba=1), ins(R(40, 44)), DUMP, evict(full=40), DUMP, wack(3)]),
+})
+
 # (name, kind, gen_hybrid options)
 GENERATED = []
 for i, (ps, w, dev, cap, ops) in enumerate([
@@ -323,6 +425,34 @@ for i, (ps, chunk, dev, cap, host, mhost, ms, thr, ops) in enumerate([
         aux_host_cap=mhost, load_back_threshold=thr)))
 
 
+# (FULL, MAMBA) with the host tier under write_through (and write_through_selective):
+# insert-time backups, acks in flight (write_ack ops), unbacked leaves deleted on
+# eviction; host pools from a fifth of the device's to twice it, state host pools
+# from 1 slot.
+for i, (policy, ps, chunk, dev, cap, host, mhost, ms, thr, ops) in enumerate([
+        ("wt", 1, 4, 96, 40, 192, 80, -1, 1, 500), ("wt", 1, 4, 96, 12, 48, 6, -1, 1, 500),
+        ("wt", 1, 1, 64, 8, 32, 2, -1, 1, 500), ("wt", 1, 8, 160, 20, 320, 40, -1, 1, 600),
+        ("wt", 1, 2, 48, 6, 12, 1, -1, 1, 500), ("wt", 1, 4, 200, 30, 100, 30, -1, 4, 600),
+        ("wt", 1, 4, 96, 40, 96, 8, 2, 1, 500), ("wt", 1, 4, 128, 40, 64, 16, 1, 1, 500),
+        ("wt", 1, 3, 96, 16, 24, 4, 3, 1, 500), ("wt", 1, 16, 160, 24, 320, 48, -1, 1, 500),
+        ("wt", 1, 4, 300, 60, 600, 120, -1, 1, 1200), ("wt", 1, 4, 96, 3, 96, 6, -1, 1, 500),
+        ("wt", 2, 4, 128, 30, 64, 12, -1, 1, 500), ("wt", 4, 4, 192, 30, 384, 60, -1, 1, 500),
+        ("wt", 2, 3, 96, 12, 48, 2, 2, 1, 500), ("wt", 4, 6, 256, 40, 128, 20, -1, 1, 500),
+        ("sel", 1, 4, 96, 40, 192, 80, -1, 1, 500), ("sel", 1, 4, 96, 12, 48, 6, -1, 1, 500),
+        ("sel", 1, 2, 64, 12, 128, 4, 4, 1, 500), ("sel", 1, 6, 96, 16, 16, 16, -1, 1, 500),
+        ("sel", 1, 4, 120, 20, 30, 20, -1, 4, 600), ("sel", 1, 5, 96, 10, 40, 3, 2, 1, 500),
+        ("sel", 2, 4, 128, 30, 64, 12, -1, 1, 500), ("sel", 4, 4, 192, 30, 384, 60, -1, 1, 500)],
+        start=1):
+    name = f"z{i:02d}_mamba_{policy}_ps{ps}_c{chunk}_h{host}_m{mhost}"
+    if ms > 0:
+        name += f"_cap{ms}"
+    GENERATED.append((name, "mamba", dict(
+        seed=400 + i, ops=ops, page_size=ps, chunk=chunk, device_cap=dev, aux_cap=cap,
+        max_states=ms, max_len=12 * ps if ps > 1 else 24, hicache=True, host_cap=host,
+        aux_host_cap=mhost, load_back_threshold=thr,
+        write_policy="write_through" if policy == "wt" else "write_through_selective")))
+
+
 def dumps(obj) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
@@ -334,16 +464,20 @@ def oracle_for(header):
 def run_hand(header, ops, check):
     o = oracle_for(header)
     outs = [{"i": 0, "op": "header", "events": [], **o.summary()}]
-    for i, op in enumerate(ops, start=1):
-        outs.append({"i": i, **o.apply(op)})
-        if check:
-            o.check()
-    return [header, *ops], outs
+    trace = [header]
+    for step in ops:
+        for op in ([wack(a) for a in o.write_ids()] if step == ACK_ALL else [step]):
+            trace.append(op)
+            outs.append({"i": len(trace) - 1, **o.apply(op)})
+            if check:
+                o.check()
+    return trace, outs
 
 
 def run_gen(kind, opts, check):
     defaults = dict(page_size=1, window=8, chunk=4, max_states=-1, max_len=24, check=check,
-                    hicache=False, host_cap=0, aux_host_cap=0, load_back_threshold=1)
+                    hicache=False, host_cap=0, aux_host_cap=0, load_back_threshold=1,
+                    write_policy="write_back")
     args = argparse.Namespace(kind=kind, **{**defaults, **opts})
     g = gen_hybrid.Gen(args, oracle_for)
     g.run(args.ops)
@@ -373,7 +507,7 @@ def main():
     for name, (header, ops) in HAND.items():
         trace, outs = run_hand(header, ops, args.check)
         write(name, trace, outs, sums)
-        n_ops += len(ops)
+        n_ops += len(trace) - 1
     for name, kind, opts in GENERATED:
         trace, outs = run_gen(kind, opts, args.check)
         write(name, trace, outs, sums)

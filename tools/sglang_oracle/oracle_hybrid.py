@@ -60,10 +60,12 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.cache_action import (  # noqa: E402
+    BackupKV,
     ComponentAction,
     FreeComponentDeviceSlot,
     FreeDeviceKV,
     FreeDeviceKVFullOnly,
+    UpdatePendingBackupOnNodeSplit,
 )
 from sglang.srt.mem_cache.unified_cache.components import base as comp_base  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components import mamba as mamba_mod  # noqa: E402
@@ -79,6 +81,7 @@ from sglang.srt.mem_cache.unified_cache.unified_tree_core import (  # noqa: E402
     UnifiedTreeNode,
 )
 
+WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 FULL, SWA, MAMBA = ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA
 CT_NAME = {FULL: "full", SWA: "swa", MAMBA: "mamba"}
 UUID_START = dict(comp_base._COMPONENT_UUID_COUNTERS)  # process-global: reset per trace
@@ -425,7 +428,14 @@ class HybridOracle:
         actions.reverse()
         while actions:
             a = actions.pop()
-            if isinstance(a, ComponentAction):
+            if isinstance(a, UpdatePendingBackupOnNodeSplit) and a.ack_id is not None:
+                # _apply_cache_action: the write's publish list takes both fragments.
+                self._replace_pending_write(a.ack_id, a.old_node_id,
+                                            [a.new_node_id, a.new_child_node_id])
+            if isinstance(a, BackupKV):
+                # _apply_cache_action: an insert's write_through backup chain.
+                self._backup(a.node_ids, write_back=False)
+            elif isinstance(a, ComponentAction):
                 self.comps[a.component_type].apply_component_action(a)
             elif isinstance(a, FreeDeviceKV):
                 for t in a.indices:
@@ -435,6 +445,12 @@ class HybridOracle:
                     self.alloc.free_full_segment(t, start_pos=0)
             else:
                 raise AssertionError(f"unhandled action {type(a).__name__}")
+
+    def _replace_pending_write(self, ack_id, old, new) -> None:
+        raise AssertionError("a pending write with the host tier off")
+
+    def _backup(self, node_ids, write_back: bool = True) -> int:
+        raise AssertionError("a backup with the host tier off")
 
     def _drain(self, result) -> None:
         """UnifiedRadixCache._apply_eviction_result."""
@@ -481,7 +497,8 @@ class HybridOracle:
         need = n - prev
         if need > self.alloc.full.free_pages * self.ps:
             raise OpError("device_full")
-        params = InsertParams(key=key, prev_prefix_len=prev)
+        params = InsertParams(key=key, prev_prefix_len=prev,
+                              inserted_len=int(op.get("inserted", 0)))
         if self.kind == "swa":
             evicted = int(op.get("swa_evicted", 0))
             if evicted % self.ps:
@@ -798,19 +815,33 @@ class HostHybridOracle(HybridOracle):
     pool, reclaiming that pool's host once, all or nothing), the blocking
     ``writing_check(write_back=True)``, ``evict_host`` (``drive_host_eviction``),
     and ``load_back`` / ``loading_check`` (with a request for Mamba's
-    ``prepare_load_back``). (FULL, MAMBA) only."""
+    ``prepare_load_back``). Under a write_through ``write_policy`` (docs/HYBRID.md
+    §5.9): ``is_write_back`` False, ``write_through_threshold`` 1 or 2, the insert's
+    ``BackupKV`` actions run as ``_apply_cache_action`` runs them (each written node
+    locked until its ack), ``UpdatePendingBackupOnNodeSplit`` relocating a write's
+    publish list, and ``write_ack`` ops as ``_finish_write_through_ack``. (FULL, MAMBA)
+    only."""
 
     def __init__(self, header: dict):
         super().__init__(header)
         if self.kind != "mamba":
             raise SystemExit("hicache: the oracle models the host tier of (FULL, MAMBA)")
-        if header.get("write_policy", "write_back") != "write_back":
-            raise SystemExit("hicache: only write_policy write_back is modelled")
+        policy = header.get("write_policy", "write_back")
+        if policy not in WRITE_POLICIES:
+            raise SystemExit(f"hicache: write_policy {policy!r} is not one of "
+                             f"{', '.join(WRITE_POLICIES)}")
+        # init_hicache / storage_attachment: write_through_threshold 1 for
+        # write_through, 2 otherwise (write_through_selective; unused by write_back).
+        self.wt = policy != "write_back"
+        self.core.is_write_back = not self.wt
+        self.core.write_through_threshold = 1 if policy == "write_through" else 2
         ps = self.ps
         self.host = PagePool("host", int(header["host_capacity"]) // ps, ps)
         self.mamba_host = PagePool("mamba_host", int(header["mamba_host_capacity"]), 1)
         self.load_back_threshold = int(header.get("load_back_threshold", 1))
-        self.writes: dict = {}       # ack id -> published node ids
+        # ack id -> [published node ids, the backup's device lock receipt or None]
+        # (UnifiedRadixCache.ongoing_write_through)
+        self.writes: dict = {}
         self.load_backs: dict = {}   # trace id -> (anchor, lock receipt, host receipt)
 
     # -- pools --------------------------------------------------------------------
@@ -846,7 +877,10 @@ class HostHybridOracle(HybridOracle):
         self._drain(res)
         return freed
 
-    def _backup(self, node_ids) -> int:
+    def _backup(self, node_ids, write_back: bool = True) -> int:
+        """UnifiedRadixCache._execute_and_commit_kv_backup: top-down, stopping at the
+        first failed node; under write_through (``write_back`` False) each written
+        node is locked on device until its ack."""
         core, written = self.core, 0
         for nid in node_ids:
             device_value, comp_xfers = core.build_backup_spec(nid)
@@ -886,22 +920,51 @@ class HostHybridOracle(HybridOracle):
                 return 0
             core.commit_backup(nid, host_indices, comp_xfers)
             core._ev("backup", core.node_by_id(nid), n=n)
+            lock = None if write_back else core.inc_lock_ref(nid).to_dec_params()
             publish = []
             for ts in comp_xfers.values():
                 for t in ts:
                     publish.extend(t.nodes_to_load or ())
             if nid not in publish:
                 publish.append(nid)
-            self.writes[nid] = core.mark_write_through_pending(
-                list(dict.fromkeys(publish)), ack_id=nid)
+            self.writes[nid] = [core.mark_write_through_pending(
+                list(dict.fromkeys(publish)), ack_id=nid), lock]
             written = n
         return written
 
     def _finish_writes(self) -> None:
         """writing_check(write_back=True): every write acked, in issue order."""
         while self.writes:
-            ack_id = next(iter(self.writes))
-            self.core.finish_write_through(self.writes.pop(ack_id), ack_id)
+            self._finish_write(next(iter(self.writes)))
+
+    def _finish_write(self, ack_id) -> None:
+        """UnifiedRadixCache._finish_write_through_ack: finish_write_through on the
+        published nodes, then the backup's device lock released."""
+        publish, lock = self.writes.pop(ack_id)
+        self.core.finish_write_through(publish, ack_id)
+        if lock is not None:
+            self.core.dec_lock_ref(ack_id, lock)
+
+    def _replace_pending_write(self, ack_id, old, new) -> None:
+        """UnifiedRadixCache._replace_pending_write_through_node."""
+        pending = self.writes.get(ack_id)
+        if pending is None or old not in pending[0]:
+            return
+        out = []
+        for nid in pending[0]:
+            out.extend(new if nid == old else (nid,))
+        pending[0] = out
+
+    def write_ids(self) -> list:
+        """The acks in flight, in issue order (for the generator)."""
+        return list(self.writes)
+
+    def op_write_ack(self, op):
+        """writing_check's ack of one write_through backup (op-trace v2 write_ack)."""
+        if op["id"] not in self.writes:
+            raise OpError("unknown_write_id")
+        self._finish_write(op["id"])
+        return {}
 
     def _backup_node_for_write_back(self, nid) -> bool:
         self._finish_writes()
@@ -950,7 +1013,7 @@ class HostHybridOracle(HybridOracle):
                         if not progress:
                             break
                     else:
-                        leaf = core.evict_device_leaf(node_id, True)
+                        leaf = core.evict_device_leaf(node_id, core.is_write_back)
                         backup_kv = leaf.backup_kv
                         self._drain(leaf)
                         add(leaf.tracker)
@@ -968,7 +1031,8 @@ class HostHybridOracle(HybridOracle):
                         break
             finally:
                 core.evict_device_end(ct)
-        self._finish_writes()
+        if not self.wt:
+            self._finish_writes()
         return tracker
 
     def op_evict_host(self, op):
@@ -1131,7 +1195,8 @@ class HostHybridOracle(HybridOracle):
 
     def op_insert(self, op):
         out = super().op_insert(op)
-        self._finish_writes()
+        if not self.wt:
+            self._finish_writes()
         return out
 
     def op_dump(self, op):
@@ -1157,21 +1222,49 @@ class HostHybridOracle(HybridOracle):
         out["host_lru"] = order
         out["h_leaves"] = sorted(n.id for n in core.evictable_host_leaves)
         out["duplicates"] = list(core.full_host_duplicates.keys())
+        if self.wt:
+            for rec in out["tree"]:
+                node = core.node_by_id(rec["id"])
+                rec.update(write_pending=node.write_through_pending_id,
+                           hits=node.hit_count)
+            out["write_ids"] = list(self.writes)
         return out
 
     OPS = {**HybridOracle.OPS, "evict_host": op_evict_host, "load_back": op_load_back,
-           "load_back_ack": op_load_back_ack, "insert": op_insert, "dump": op_dump}
+           "load_back_ack": op_load_back_ack, "insert": op_insert, "dump": op_dump,
+           "write_ack": op_write_ack}
 
     def summary(self) -> dict:
         out = super().summary()
         out["host"] = self.host.used_tokens
         out["mamba_host"] = self.mamba_host.used_tokens
         out["digest"] = self.core.write_back_duplicate_reclaim_digest
+        if self.wt:
+            out["writes"] = len(self.writes)
         return out
 
     def check(self) -> None:
         core = self.core
-        core.sanity_check([], [(a, a) for a, _, _ in self.load_backs.values()])
+        saved = None
+        if self.wt and self.load_backs:
+            # Under write_through commit_load_back pins nothing, so a loaded node is a
+            # settled duplicate at once but tracked only at the ack
+            # (finish_load_back's walk); sanity_check would call it missing. Count the
+            # in-flight loads' root paths as tracked for the check alone.
+            saved = dict(core.full_host_duplicates)
+            for anchor, _, _ in self.load_backs.values():
+                x = core.node_by_id(anchor)
+                while x is not None and x is not core.root_node:
+                    if core._is_settled_full_host_duplicate(x):
+                        core.full_host_duplicates.setdefault(x.id, x)
+                    x = x.parent
+        try:
+            core.sanity_check([(a, a) for a in self.writes],
+                              [(a, a) for a, _, _ in self.load_backs.values()])
+        finally:
+            if saved is not None:
+                core.full_host_duplicates.clear()
+                core.full_host_duplicates.update(saved)
         dev = host = a = ah = 0
         for n in core._node_arena.values():
             if n is core.root_node:
