@@ -1229,6 +1229,8 @@ class Simulation:
         ps = self._ps
         need = ps * sum(1 for i in order if batch[i].kv % ps == 0)
         self._evict_for(c, need, plan)
+        if self._hyb is not None and not self._hyb.decode_fits(c, need, plan):
+            return False
         return available(c.tree) >= need
 
     def _release(self, c: Cohort, rq: Req, plan) -> None:

@@ -424,7 +424,12 @@ class HybridReplica:
                 st.holds = False
         else:
             st = self.reqs.get(rid)
-            res = t.insert(key, prev, swa_evicted=max(prev, st.cursor if st else 0))
+            ev = max(prev, st.cursor if st else 0)
+            short = len(key) * self.page_size - ev - (t.aux_capacity - t.aux_used)
+            if short > 0:
+                # The insert publishes its in-window SWA (SWARebuild): room first.
+                t.evict(0, short)
+            res = t.insert(key, prev, swa_evicted=ev)
         log, scanned, freed = self._drain()
         host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
         return _Insert(res.node, res, host)
@@ -473,6 +478,9 @@ class HybridReplica:
             out["host_states"] = self.h.aux_host if t.hicache else 0
             out["host_states_used"] = t.aux_host_used if t.hicache else 0
         out.update(t.hy.as_dict())
+        if self.kind == "mamba":
+            out["state_backup_bytes"] = t.hy.state_backups * self.h.state_bytes
+            out["state_load_bytes"] = t.hy.state_loads * self.h.state_bytes
         return out
 
 
@@ -637,6 +645,18 @@ class HybridHooks:
             return limit
         per = len(batch) * self.ps
         return min(limit, max(0, self._swa_room(tree)) // per)
+
+    def decode_fits(self, c, need: int, plan) -> bool:
+        """``check_decode_mem``'s SWA half: the step's new SWA pages (one per request
+        at a page boundary, as FULL's) fit after evicting the SWA shortfall; when
+        they do not, the engine retracts as for FULL."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return True
+        short = need - self._swa_room(tree)
+        if short > 0 and tree.t.aux_evictable:
+            self.sim._charge_into(plan, tree.evict(0, short))
+        return self._swa_room(tree) >= need
 
     def decode_evict(self, c, batch, plan) -> None:
         """``alloc_for_decode``'s SWA half for one step: evict the SWA shortfall of a
