@@ -30,7 +30,7 @@ def run(name, *sets):
 
 def test_every_regression_scenario_is_listed_and_named_after_its_file():
     paths = sorted(REG.glob("*.yaml"))
-    assert {p.stem for p in paths} == {"sglang_40193"}
+    assert {p.stem for p in paths} == {"sglang_40193", "sglang_39436"}
     readme = (REG / "README.md").read_text()
     for p in paths:
         assert load_scenario(p).name == p.stem
@@ -56,3 +56,33 @@ def test_40193_the_storage_query_hits_all_16010_pages(tmp_path):
     hits = [(r["op"], r["n"]) for r in recs if r["op"] in ("prefetch_hit", "prefetch_done")]
     assert hits == [("prefetch_hit", 0), ("prefetch_hit", 0),
                     ("prefetch_hit", 16010), ("prefetch_done", 2551)]
+
+
+def _replays(name, *sets, first=200):
+    """The run's summary and the requests from ``first`` on (the trace's replays)."""
+    res = run_scenario(load_scenario(REG / f"{name}.yaml", list(sets)), None)
+    for c in (c for inst in res.sim.instances for c in inst.group.cohorts):
+        c.tree.check()
+    assert res.summary["verdict"] == "agree"
+    df = res.sim.requests_df()
+    return res.summary, df[df["rid"] >= first].sort_values("rid")
+
+
+def test_39436_565_host_state_slots_leave_the_host_tier_inert():
+    s, rep = _replays("sglang_39436")
+    assert s["host_tokens"] == 2680896
+    h = s["hybrid"]
+    assert h["host_states"] == 565 and h["host_states_used"] == 565
+    assert h["state_host_frees"] > 0                     # the Mamba host LRU evicted states
+    assert len(rep) == 8
+    assert (rep["host_hit_tokens"] == 0).all()            # 0 of 8 replays hit the host
+    assert (rep["miss_tokens"] == 8448).all()
+
+
+def test_39436_734_host_state_slots_give_8_of_8_host_hits():
+    s, rep = _replays("sglang_39436", "host.mamba_states=734")
+    h = s["hybrid"]
+    assert h["host_states"] == 734 and h["state_host_frees"] == 0
+    assert h["host_states_used"] == 600                  # 200 prompts x 3 checkpoints
+    assert (rep["host_hit_tokens"] == 8192).all()         # 8 of 8, 8,192 tokens from host
+    assert h["host_hits_with_state"] == 8
