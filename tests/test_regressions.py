@@ -30,7 +30,7 @@ def run(name, *sets):
 
 def test_every_regression_scenario_is_listed_and_named_after_its_file():
     paths = sorted(REG.glob("*.yaml"))
-    assert {p.stem for p in paths} == {"sglang_40193", "sglang_39436"}
+    assert {p.stem for p in paths} == {"sglang_40193", "sglang_39436", "sglang_33713"}
     readme = (REG / "README.md").read_text()
     for p in paths:
         assert load_scenario(p).name == p.stem
@@ -86,3 +86,17 @@ def test_39436_734_host_state_slots_give_8_of_8_host_hits():
     assert h["host_states_used"] == 600                  # 200 prompts x 3 checkpoints
     assert (rep["host_hit_tokens"] == 8192).all()         # 8 of 8, 8,192 tokens from host
     assert h["host_hits_with_state"] == 8
+
+
+def test_33713_under_write_back_the_sentinel_state_is_backed_up_and_loads_back():
+    s, rep = _replays("sglang_33713", first=91)
+    assert s["device_tokens"] == 375755 and s["host_tokens"] == 1136724
+    h = s["hybrid"]
+    assert h["aux_capacity"] == 55 and h["host_states"] == 170
+    assert h["state_host_frees"] == 0                  # the host pools never filled
+    (sentinel,) = rep.itertuples()
+    assert sentinel.input_tokens == 32727
+    assert sentinel.device_hit_tokens == 0             # pushed off the device by the noise
+    assert sentinel.host_hit_tokens == 24576           # its state at the 24,576 chunk end
+    assert sentinel.load_back_tokens == 24576
+    assert h["host_hits_with_state"] == 1 and h["state_loads"] == 1
