@@ -133,3 +133,19 @@ def test_bad_hybrid_input_is_one_line_and_exit_2(small, tmp_path, capsys, args, 
     rc = cli.main(["plan", str(small), "-o", str(tmp_path / "o"), "--quiet", *args])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and where in err and "expected" in err
+
+
+def test_max_slots_sets_the_grid_and_a_host_off_scenario_is_planned(small, tmp_path):
+    s = load_scenario(small, ["host=off"])
+    plan = make_hybrid_plan(s, kv_points=2, slot_points=3, max_slots=50)
+    assert plan.doc["slot_grid"] == [1, 7, 50]
+    assert plan.doc["scenario_host_tokens_per_rank"] == 0
+    # host off: the KV sizes run up to twice the device's FULL pool
+    assert [r["host_kv_tokens_per_rank"] for r in plan.doc["kv_sizes"]] == [8000, 16000]
+    grid = {p.slots for p in plan.points if p.probe == "grid"}
+    assert {1, 7, 50} <= grid and 165 not in grid   # no own count without a host tier
+    # Up to 16,000 host KV tokens the replayed prompts' KV (36,000 tokens of fill
+    # later) is gone from the host at any slot count: no threshold to find.
+    for r in plan.doc["kv_sizes"]:
+        assert r["plateau_host_hit_tokens"] == 0 and r["inert_threshold_slots"] is None
+        assert r["status"] == "no host hits at any slot count"

@@ -100,3 +100,23 @@ def test_33713_under_write_back_the_sentinel_state_is_backed_up_and_loads_back()
     assert sentinel.host_hit_tokens == 24576           # its state at the 24,576 chunk end
     assert sentinel.load_back_tokens == 24576
     assert h["host_hits_with_state"] == 1 and h["state_loads"] == 1
+
+
+def test_the_hybrid_regressions_decode_fast_path_is_exact(tmp_path):
+    """The decode fast path against one step per iteration on the hybrid regression
+    scenarios (tests/test_scheduler.py's property, on these traces)."""
+    import filecmp
+    from unittest.mock import patch
+
+    from sim.events import Simulation
+
+    for name in ("sglang_39436", "sglang_33713"):
+        scn = load_scenario(REG / f"{name}.yaml")
+        fast, plain = tmp_path / f"{name}_fast", tmp_path / f"{name}_plain"
+        run_scenario(scn, fast)
+        with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+            run_scenario(scn, plain)
+        names = sorted(p.name for p in fast.iterdir() if p.is_file())
+        assert names == sorted(p.name for p in plain.iterdir() if p.is_file())
+        _, mismatch, errors = filecmp.cmpfiles(fast, plain, names, shallow=False)
+        assert not mismatch and not errors, name

@@ -335,8 +335,14 @@ def print_hybrid_plan(plan) -> None:
         print(f"note: some engine runs ended with verdict {', '.join(bad)} (the scenario's jitter)")
     for r in d["kv_sizes"]:
         t = r.get("inert_threshold_slots")
-        if t:
-            print(f"answer: with {r['host_kv_gb_per_rank']:,.1f} GB of host KV per rank, the host "
-                  f"tier is inert at {t:,} state slots per rank or fewer ({t * n:,} per node of "
-                  f"{n} ranks; {r['inert_threshold_slots_per_kv_gb']:,.1f} slots per KV GB); "
-                  f"SGLang's split gives {r['sglang_split_slots']:,}")
+        kv = f"with {r['host_kv_gb_per_rank']:,.1f} GB of host KV per rank"
+        if t is None:
+            print(f"answer: {kv}, no slot count gives host hits "
+                  f"(none even with unbounded slots)")
+        elif t == 0:
+            print(f"answer: {kv}, the host tier is never inert: one state slot already gives "
+                  f"host hits; SGLang's split gives {r['sglang_split_slots']:,}")
+        else:
+            print(f"answer: {kv}, the host tier is inert at {t:,} state slots per rank or fewer "
+                  f"({t * n:,} per node of {n} ranks; {r['inert_threshold_slots_per_kv_gb']:,.1f} "
+                  f"slots per KV GB); SGLang's split gives {r['sglang_split_slots']:,}")
