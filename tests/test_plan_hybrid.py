@@ -8,9 +8,9 @@ import json
 
 import pandas as pd
 import pytest
+from conftest import ROOT
 
 import cli
-from conftest import ROOT
 from sim.analysis.plan_hybrid import hybrid_point, make_hybrid_plan, slot_grid
 from sim.scenario import load_scenario
 
@@ -149,3 +149,16 @@ def test_max_slots_sets_the_grid_and_a_host_off_scenario_is_planned(small, tmp_p
     for r in plan.doc["kv_sizes"]:
         assert r["plateau_host_hit_tokens"] == 0 and r["inert_threshold_slots"] is None
         assert r["status"] == "no host hits at any slot count"
+
+
+@pytest.mark.parametrize("gb", [1.0, 2.5, 30.0, 32.0, 333.0])
+def test_the_split_slots_beside_a_kv_size_are_what_that_hicache_size_gives(gb):
+    """``split_slots`` inverts ``_split_hicache_size``: at the KV host pool a
+    ``--hicache-size`` gives, it answers that size's Mamba host pool."""
+    from sim.analysis.plan_hybrid import split_slots
+    from sim.hybrid import pools
+
+    for dev, states, fb, sb in [(400000, 16, 12288, 19316736), (375755, 55, 12288, 38633472),
+                                (20000, 48, 12288, 38633472)]:
+        full, aux = pools.hybrid_host_pools("mamba", dev, states, 1, fb, sb, hicache_gb=gb)
+        assert split_slots(full, 1, fb, dev, states, sb) == aux

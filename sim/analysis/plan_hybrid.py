@@ -165,7 +165,7 @@ def slot_grid(max_slots: int, points: int) -> list[int]:
     """``points`` slot counts from 1 to ``max_slots``, geometrically spaced, unique."""
     if points <= 1:
         return [max_slots]
-    return sorted({int(round(v)) for v in np.geomspace(1, max_slots, points)})
+    return sorted({round(float(v)) for v in np.geomspace(1, max_slots, points)})
 
 
 def split_slots(kv_tokens: int, page: int, bpt: int, device_full: int, device_states: int,
