@@ -195,6 +195,7 @@ class ModelConfig(_Model):
     (FULL, SWA) or (FULL, MAMBA) (docs/HYBRID.md §10), alone."""
 
     preset: str | None = None
+    # A hybrid model (sim.costs.hybrid_models.HYBRID_MODEL_PRESETS), with no other key.
     hybrid_preset: str | None = None
     layers: _int(1, 1024) | None = None
     q_heads: _int(1, 4096) | None = None

@@ -13,7 +13,7 @@ syncs, forks, collectives and verdicts run unchanged on a hybrid model.
 What a hybrid needs beyond it (a running request holds a Mamba state slot and SWA
 tokens outside the tree; evictions per component; Mamba's copy on write) is in
 ``HybridHooks``, which the engine calls at a few named points (``matched``,
-``rejected``, ``fits``, ``alloc_extend``, ``before_insert``, ``released``,
+``rejected``, ``fit``, ``never_admissible``, ``alloc_extend``, ``before_insert``, ``released``,
 ``headroom``, ``decode_evict``, ``decoded``). Each cites the SGLang 0.5.23 function it
 follows (files under ``sglang/srt/``).
 
@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import copy
 
+from sim import constants as C
 from sim.errors import InvariantError, TreeError, UserError
 from sim.hybrid.mamba import MambaTree
 from sim.hybrid.swa import SWATree
+from sim.scheduler import NO_TOKEN
 from sim.tree import Stats
 
 
@@ -416,7 +418,7 @@ class HybridReplica:
             donated = final and st is not None and st.holds
             res = t.insert(key, prev, donated=donated)
         else:
-            st = self.reqs.get(rid)
+            st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             ev = max(prev, st.cursor if st else 0)
             short = len(key) * self.page_size - ev - (t.aux_capacity - t.aux_used)
             if short > 0:
@@ -528,25 +530,66 @@ class HybridHooks:
         if st is not None and st.holds:
             tree.t.release()
 
-    def fits(self, c, plan, extend: int, max_new: int) -> bool:
-        """``SWAPrefillBudget.check_prefill``'s SWA half: the request's peak SWA
-        (``estimate_swa_kv_tokens``) below what the SWA pool has free or
-        evictable less this pass's offset; charged to the offset when it fits."""
-        tree = c.tree
-        if tree.kind != "swa":
-            return True
-        if self._pass is not plan:
-            self._pass, self._swa_offset = plan, 0
+    def _swa_tokens(self, extend: int, max_new: int) -> int:
+        """prefill_budget.py ``estimate_swa_kv_tokens``: a request's peak SWA, its
+        page-ceiled extend's tail past one window plus a window (or less) and a page."""
         ps, w = self.ps, self.h.window
         ext = -(-extend // ps) * ps
-        need = max(ext - w, 0) + min(ext + max_new, w) + ps
-        t = tree.t
+        return max(ext - w, 0) + min(ext + max_new, w) + ps
+
+    def fit(self, c, plan, sel, prefix: int, max_new: int):
+        """``SWAPrefillBudget.check_prefill``'s SWA half for an admission ``sel``
+        (extend, max_new_tokens, chunked): the request's peak SWA below what the SWA
+        pool has free or evictable less this pass's offset, charged to the offset;
+        otherwise, when it could never fit the pool (``swa_never_fits``) and prefill
+        is chunked, a chunk cut to what fits (``_chunk_cap``); else ``NO_TOKEN``."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return sel
+        if self._pass is not plan:
+            self._pass, self._swa_offset = plan, 0
+        ps, t = self.ps, tree.t
+        extend = sel[0]
         remaining = (self.h.aux_capacity - tree.swa_reserved - t.aux_used + t.aux_evictable
                      - self._swa_offset)
-        if not need < remaining:
+        need = self._swa_tokens(extend, max_new)
+        if need < remaining:
+            self._swa_offset += need
+            return sel
+        if self.sim.cfg.chunked_prefill_tokens is None or need < self.h.aux_capacity:
+            return NO_TOKEN
+        cap = max(0, (remaining - self._swa_tokens(0, max_new)) // ps * ps)
+        ext = (prefix + min(extend, cap)) // ps * ps - prefix
+        if ext <= 0:
+            return NO_TOKEN
+        self._swa_offset += self._swa_tokens(ext, max_new)
+        return ext, 0, True
+
+    def chunk_room(self, c, plan, room: int) -> int:
+        """``SWAPrefillBudget.available_chunk_tokens`` for the continuing chunk: also
+        below what the SWA pool has free or evictable, less a page; 0 or less: no
+        room, the chunk waits for decode to free some."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return room
+        if self._pass is not plan:
+            self._pass, self._swa_offset = plan, 0
+        t, ps = tree.t, self.ps
+        swa = (self.h.aux_capacity - tree.swa_reserved - t.aux_used + t.aux_evictable
+               - self._swa_offset - ps)
+        room = min(room, swa // ps * ps)
+        if room > 0:
+            self._swa_offset += room
+        return room
+
+    def never_admissible(self, rq) -> bool:
+        """Without chunked prefill, a request whose peak SWA reaches the whole SWA
+        pool can never be admitted (``swa_never_fits`` and no chunk to cut): it is
+        aborted as one too long for the FULL pool is."""
+        if self.h.kind != "swa" or self.sim.cfg.chunked_prefill_tokens is not None:
             return False
-        self._swa_offset += need
-        return True
+        max_new = min(max(rq.r.output_len - rq.generated, 0), C.CLIP_MAX_NEW_TOKENS)
+        return self._swa_tokens(rq.fill_len, max_new) >= self.h.aux_capacity
 
     # ------------------------------------------------------------ allocation
     def alloc_extend(self, c, plan) -> None:
@@ -618,8 +661,6 @@ class HybridHooks:
         st.cursor = max(st.cursor, prev)
         tree.set_swa_reserved(tree.swa_reserved - st.swa_own)
         st.swa_own = 0
-        if final:
-            tree.reqs.pop(rq.r.rid, None)
 
     def _advance(self, tree, st, end: int) -> None:
         """``free_swa_out_of_window_slots``: the cursor moves to
