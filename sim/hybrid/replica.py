@@ -45,16 +45,18 @@ from sim.tree import Stats
 class HybridStats:
     """Hybrid counters since the tree was built (summary.json ``hybrid``)."""
 
-    __slots__ = ("state_backups", "state_loads", "host_hits_with_state",
-                 "host_hits_full_only", "host_hit_tokens", "state_host_frees", "cows",
-                 "state_evictions", "swa_evicted_tokens", "insert_state_evictions")
+    MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
+             "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
+             "insert_state_evictions", "state_misses", "state_miss_tokens")
+    SWA = ("swa_evicted_tokens",)
+    __slots__ = MAMBA + SWA
 
     def __init__(self):
         for k in self.__slots__:
             setattr(self, k, 0)
 
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
+    def as_dict(self, kind: str) -> dict:
+        return {k: getattr(self, k) for k in (self.MAMBA if kind == "mamba" else self.SWA)}
 
 
 class _Counting:
@@ -236,10 +238,11 @@ class ReqState:
     state slot; SWA: its own SWA tokens and its out-of-window cursor
     (``swa_evicted_seqlen``)."""
 
-    __slots__ = ("holds", "swa_own", "cursor")
+    __slots__ = ("holds", "swa_own", "cursor", "gap")
 
     def __init__(self):
         self.holds = False
+        self.gap = 0         # Mamba: FULL KV matched past the last usable state
         self.swa_own = 0
         self.cursor = 0
 
@@ -472,7 +475,7 @@ class HybridReplica:
             out["held_slots"] = t.held
             out["host_states"] = self.h.aux_host if t.hicache else 0
             out["host_states_used"] = t.aux_host_used if t.hicache else 0
-        out.update(t.hy.as_dict())
+        out.update(t.hy.as_dict(self.kind))
         if self.kind == "mamba":
             out["state_backup_bytes"] = t.hy.state_backups * self.h.state_bytes
             out["state_load_bytes"] = t.hy.state_loads * self.h.state_bytes
@@ -508,6 +511,11 @@ class HybridHooks:
         st = tree.reqs.get(rq.r.rid)
         holds = bool(st and st.holds)
         t = tree.t
+        # FULL KV the walk found (on either tier) past the prefix a state makes usable
+        gap = m.m.full_len - max(m.device_len + m.host_len,
+                                 len(t.path_units(m.m.best)) * self.ps)
+        if gap > 0:
+            (st if st is not None else tree.reqs.setdefault(rq.r.rid, ReqState())).gap = gap
         try:
             copied = t.cow(m.m, holds)
         except InvariantError:
@@ -601,6 +609,12 @@ class HybridHooks:
         t = tree.t
         ps = self.ps
         if tree.kind == "mamba":
+            for rq in plan.reqs:
+                st = tree.reqs.get(rq.r.rid)
+                if st is not None and st.gap:
+                    t.hy.state_misses += 1
+                    t.hy.state_miss_tokens += st.gap
+                    st.gap = 0
             need = [rq for rq in plan.reqs
                     if not (tree.reqs.get(rq.r.rid) and tree.reqs[rq.r.rid].holds)]
             if not need:
