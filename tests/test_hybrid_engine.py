@@ -213,6 +213,7 @@ def test_an_swa_pool_too_tight_for_a_request_and_its_own_window_leaves_it_waitin
     (MAMBA, ["model.preset=llama-3.1-8b"], "model.preset"),
     (MAMBA, ["model.hybrid_preset=qwen3-next"], "model.hybrid_preset"),
     (MAMBA, ["jitter.host_alloc_failure.probability=0.1"], "jitter.host_alloc_failure"),
+    (MAMBA, ["cache.load_back_threshold=256"], "cache.load_back_threshold"),
 ])
 def test_unsupported_hybrid_combinations_are_one_line_errors_naming_the_key(path, sets, key):
     with pytest.raises(UserError) as e:
