@@ -807,11 +807,11 @@ class Simulation:
         # admitted request keeps it as its own lock (`_commit_prefill_admission`).
         self._op(c, {"op": "lock", "key": key, "id": lid})
         m = tree.match_prefix(key)
-        lock = m.last_device
-        tree.inc_lock(lock)
         hyb = self._hyb
         if hyb is not None:
-            hyb.matched(c, rq, m, plan)
+            hyb.matched(c, rq, m, plan)  # inside the match (copy on write), before the pin
+        lock = m.last_device
+        tree.inc_lock(lock)
         dev = m.device_len
         max_new = min(max(req.output_len - rq.generated, 0), C.CLIP_MAX_NEW_TOKENS)
         total = fill - dev + max_new + ps  # + per_req_token_overhead (one page)

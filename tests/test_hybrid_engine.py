@@ -5,7 +5,9 @@ verdicts under jitter, the decode fast path, and FULL-only runs untouched."""
 import filecmp
 from unittest.mock import patch
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from conftest import ROOT
 from sim.errors import UserError
@@ -95,6 +97,49 @@ def test_decode_runs_write_what_a_step_by_step_loop_writes(path, seed, tmp_path)
     with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
         run(path, *sets, out=tmp_path / "plain")
     assert same_folders(tmp_path / "fast", tmp_path / "plain")
+
+
+_compare = Simulation._compare
+
+
+def _checked_compare(self):
+    """Every replica's invariants (ledgers against nodes, leaf sets, LRUs, locks, host
+    tier, the requests' slots against the pools) at each of the engine's compare
+    points: every iteration, after each prefill and each batch of finishes."""
+    for c in self.group.cohorts:
+        t = c.tree
+        t.check()
+        inner = t.t
+        assert 0 <= t.reserved and inner.dev_used <= t.device_capacity - t.reserved
+        if t.kind == "mamba":
+            held = sum(1 for s in t.reqs.values() if s.holds)
+            assert held == inner.held and inner.aux_used + inner.held <= t.h.aux_capacity
+        else:
+            own = sum(s.swa_own for s in t.reqs.values())
+            assert own == t.swa_reserved and inner.aux_used + own <= t.h.aux_capacity
+    _compare(self)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), mamba=st.booleans(), tp=st.sampled_from([2, 4]),
+       running=st.sampled_from([4, 16]), chunk=st.sampled_from(["null", 256, 1024]),
+       tight=st.booleans(), eager=st.booleans())
+def test_every_replica_stays_consistent_at_every_step(seed, mamba, tp, running, chunk, tight,
+                                                      eager):
+    sets = [f"seed={seed}", "workload.num_requests=60", f"tp={tp}", "workload.arrival.rate=10",
+            f"scheduler.max_running_requests={running}",
+            f"scheduler.chunked_prefill_tokens={chunk}",
+            f"engine.replicas={'eager' if eager else 'shared'}"]
+    if mamba:
+        sets += ["device.max_mamba_cache_size=" + ("12" if tight else "48"),
+                 "host.tokens=" + ("6000" if tight else "40000"),
+                 "host.mamba_states=" + ("3" if tight else "40")]
+    else:
+        sets += ["device.swa_full_tokens_ratio=" + ("0.15" if tight else "0.5"),
+                 "jitter.request_order.ranks=[1]", "jitter.request_order.swap_probability=0.1"]
+    with patch.object(Simulation, "_compare", _checked_compare):
+        res = run(MAMBA if mamba else SWA, *sets)
+    assert res.summary["requests"] > 0
 
 
 # ------------------------------------------------------------------ verdicts
