@@ -660,7 +660,8 @@ class Simulation:
         while self.waiting:
             rq = self.waiting[0]
             r = rq.r
-            if rq.fill_len + min(r.output_len - rq.generated, C.CLIP_MAX_NEW_TOKENS) + ps >= cap:
+            if (rq.fill_len + min(r.output_len - rq.generated, C.CLIP_MAX_NEW_TOKENS) + ps >= cap
+                    or (self._hyb is not None and self._hyb.never_admissible(rq))):
                 # Never admissible, even into an empty pool (check_prefill's
                 # `total_tokens < remaining_total`): SGLang aborts such a request.
                 self.waiting.popleft()
@@ -736,7 +737,8 @@ class Simulation:
         adder = Adder(Budget(tree, running_offset(running, st.ratio)), cfg.max_prefill_tokens,
                       cfg.chunked_prefill_tokens)
         if chunked is not None:
-            self._add_chunked(c, chunked, adder, plan)
+            if not self._add_chunked(c, chunked, adder, plan):
+                return plan
             rows += 1  # the continuing chunk's row is held, not free
         for rq in seq:
             if adder.state() == OTHER:
@@ -774,11 +776,16 @@ class Simulation:
             self._op(c, {"op": "match", "key": key})
             tree.match_prefix(key)
 
-    def _add_chunked(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> None:
+    def _add_chunked(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> bool:
         """`add_chunked_req`: the continuing chunk goes first, as large as the chunk
-        budget and the pool allow."""
+        budget and the pool allow. False: a hybrid's SWA pool has no room for it
+        (`available_chunk_tokens` is None): it waits, and so does the pass."""
         slot = rq.slots[id(c)]
         room = adder.chunk_room()
+        if self._hyb is not None:
+            room = self._hyb.chunk_room(c, plan, room)
+            if room <= 0:
+                return False
         cand = rq.fill_len - slot.done
         truncated = cand > room
         extend = min(cand, room)
@@ -786,6 +793,7 @@ class Simulation:
         plan.shape.append((rq.r.rid, slot.done, extend))
         plan.chunks.append((extend, slot.done))
         adder.charge(extend, 0 if truncated else min(rq.r.output_len, C.CLIP_MAX_NEW_TOKENS))
+        return True
 
     def _add_one(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> str:
         """`init_next_round_input` (the match) and `add_one_req` for one candidate."""
@@ -799,18 +807,18 @@ class Simulation:
         # admitted request keeps it as its own lock (`_commit_prefill_admission`).
         self._op(c, {"op": "lock", "key": key, "id": lid})
         m = tree.match_prefix(key)
-        lock = m.last_device
-        tree.inc_lock(lock)
         hyb = self._hyb
         if hyb is not None:
-            hyb.matched(c, rq, m, plan)
+            hyb.matched(c, rq, m, plan)  # inside the match (copy on write), before the pin
+        lock = m.last_device
+        tree.inc_lock(lock)
         dev = m.device_len
         max_new = min(max(req.output_len - rq.generated, 0), C.CLIP_MAX_NEW_TOKENS)
         total = fill - dev + max_new + ps  # + per_req_token_overhead (one page)
         first = not plan.reqs
         sel = adder.select(fill, dev + m.host_len, total, req.output_len, first)
-        if hyb is not None and not isinstance(sel, str) and not hyb.fits(c, plan, sel[0], sel[1]):
-            sel = NO_TOKEN
+        if hyb is not None and not isinstance(sel, str):
+            sel = hyb.fit(c, plan, sel, dev + m.host_len, max_new)
         loaded = 0
         if not isinstance(sel, str) and (m.host_len or (hyb is not None and m.aux_host_len)):
             # `prepare_load_back` holds for a single-pool budget; `init_load_back`.

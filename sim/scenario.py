@@ -195,6 +195,7 @@ class ModelConfig(_Model):
     (FULL, SWA) or (FULL, MAMBA) (docs/HYBRID.md §10), alone."""
 
     preset: str | None = None
+    # A hybrid model (sim.costs.hybrid_models.HYBRID_MODEL_PRESETS), with no other key.
     hybrid_preset: str | None = None
     layers: _int(1, 1024) | None = None
     q_heads: _int(1, 4096) | None = None
@@ -984,6 +985,12 @@ def _hybrid_check(s: "Scenario") -> None:
         elif s.host.mamba_states is not None:
             raise _err("host.mamba_states with host: off", "a host tier for host states",
                        "host.mamba_states")
+        if s.cache.load_back_threshold != LOAD_BACK_THRESHOLD:
+            # every load-back of a Mamba anchor carries its state: only a spec emptied
+            # by another load's pin is below any threshold (docs/HYBRID.md §5.7)
+            raise _err(f"cache.load_back_threshold {s.cache.load_back_threshold} for a Mamba hybrid",
+                       f"the default {LOAD_BACK_THRESHOLD} (SGLang's threshold never refuses a "
+                       "Mamba load-back: each carries a state)", "cache.load_back_threshold")
     c = s.cache
     if c.host_policy != "duplicate_first":
         raise _err(f"cache.host_policy {c.host_policy!r} for a hybrid model",

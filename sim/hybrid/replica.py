@@ -13,7 +13,7 @@ syncs, forks, collectives and verdicts run unchanged on a hybrid model.
 What a hybrid needs beyond it (a running request holds a Mamba state slot and SWA
 tokens outside the tree; evictions per component; Mamba's copy on write) is in
 ``HybridHooks``, which the engine calls at a few named points (``matched``,
-``rejected``, ``fits``, ``alloc_extend``, ``before_insert``, ``released``,
+``rejected``, ``fit``, ``never_admissible``, ``alloc_extend``, ``before_insert``, ``released``,
 ``headroom``, ``decode_evict``, ``decoded``). Each cites the SGLang 0.5.23 function it
 follows (files under ``sglang/srt/``).
 
@@ -34,25 +34,29 @@ from __future__ import annotations
 
 import copy
 
-from sim.errors import InvariantError, TreeError
+from sim import constants as C
+from sim.errors import InvariantError, TreeError, UserError
 from sim.hybrid.mamba import MambaTree
 from sim.hybrid.swa import SWATree
+from sim.scheduler import NO_TOKEN
 from sim.tree import Stats
 
 
 class HybridStats:
     """Hybrid counters since the tree was built (summary.json ``hybrid``)."""
 
-    __slots__ = ("state_backups", "state_loads", "host_hits_with_state",
-                 "host_hits_full_only", "host_hit_tokens", "state_host_frees", "cows",
-                 "state_evictions", "swa_evicted_tokens", "insert_state_evictions")
+    MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
+             "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
+             "insert_state_evictions", "state_misses", "state_miss_tokens")
+    SWA = ("swa_evicted_tokens",)
+    __slots__ = MAMBA + SWA
 
     def __init__(self):
         for k in self.__slots__:
             setattr(self, k, 0)
 
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
+    def as_dict(self, kind: str) -> dict:
+        return {k: getattr(self, k) for k in (self.MAMBA if kind == "mamba" else self.SWA)}
 
 
 class _Counting:
@@ -234,10 +238,11 @@ class ReqState:
     state slot; SWA: its own SWA tokens and its out-of-window cursor
     (``swa_evicted_seqlen``)."""
 
-    __slots__ = ("holds", "swa_own", "cursor")
+    __slots__ = ("holds", "swa_own", "cursor", "gap")
 
     def __init__(self):
         self.holds = False
+        self.gap = 0         # Mamba: FULL KV matched past the last usable state
         self.swa_own = 0
         self.cursor = 0
 
@@ -412,18 +417,11 @@ class HybridReplica:
         self.cur = None
         t = self.t
         if self.kind == "mamba":
-            st = self.reqs.get(rid)
+            st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             donated = final and st is not None and st.holds
-            if not donated and not t._free_slot():
-                # prepare_for_caching_req -> _alloc_mamba_slot: the fork's slot,
-                # evicting one state when the pool is full.
-                t.hy.insert_state_evictions += 1
-                t.evict(0, 1)
             res = t.insert(key, prev, donated=donated)
-            if donated:
-                st.holds = False
         else:
-            st = self.reqs.get(rid)
+            st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             ev = max(prev, st.cursor if st else 0)
             short = len(key) * self.page_size - ev - (t.aux_capacity - t.aux_used)
             if short > 0:
@@ -477,7 +475,7 @@ class HybridReplica:
             out["held_slots"] = t.held
             out["host_states"] = self.h.aux_host if t.hicache else 0
             out["host_states_used"] = t.aux_host_used if t.hicache else 0
-        out.update(t.hy.as_dict())
+        out.update(t.hy.as_dict(self.kind))
         if self.kind == "mamba":
             out["state_backup_bytes"] = t.hy.state_backups * self.h.state_bytes
             out["state_load_bytes"] = t.hy.state_loads * self.h.state_bytes
@@ -489,6 +487,10 @@ class HybridHooks:
     is a no-op where the component has nothing to do."""
 
     def __init__(self, sim):
+        if sim.cfg.record_ops:
+            raise UserError("found --record-ops with a hybrid model; expected a FULL-only "
+                            "model (hybrid op-traces are written by the op-trace tools, "
+                            "docs/HYBRID.md §6, not by the engine yet)", where="run")
         self.sim = sim
         self.h = sim.cfg.hybrid
         self.ps = sim.cfg.page_size
@@ -509,6 +511,11 @@ class HybridHooks:
         st = tree.reqs.get(rq.r.rid)
         holds = bool(st and st.holds)
         t = tree.t
+        # FULL KV the walk found (on either tier) past the prefix a state makes usable
+        gap = m.m.full_len - max(m.device_len + m.host_len,
+                                 len(t.path_units(m.m.best)) * self.ps)
+        if gap > 0:
+            (st if st is not None else tree.reqs.setdefault(rq.r.rid, ReqState())).gap = gap
         try:
             copied = t.cow(m.m, holds)
         except InvariantError:
@@ -531,25 +538,66 @@ class HybridHooks:
         if st is not None and st.holds:
             tree.t.release()
 
-    def fits(self, c, plan, extend: int, max_new: int) -> bool:
-        """``SWAPrefillBudget.check_prefill``'s SWA half: the request's peak SWA
-        (``estimate_swa_kv_tokens``) below what the SWA pool has free or
-        evictable less this pass's offset; charged to the offset when it fits."""
-        tree = c.tree
-        if tree.kind != "swa":
-            return True
-        if self._pass is not plan:
-            self._pass, self._swa_offset = plan, 0
+    def _swa_tokens(self, extend: int, max_new: int) -> int:
+        """prefill_budget.py ``estimate_swa_kv_tokens``: a request's peak SWA, its
+        page-ceiled extend's tail past one window plus a window (or less) and a page."""
         ps, w = self.ps, self.h.window
         ext = -(-extend // ps) * ps
-        need = max(ext - w, 0) + min(ext + max_new, w) + ps
-        t = tree.t
+        return max(ext - w, 0) + min(ext + max_new, w) + ps
+
+    def fit(self, c, plan, sel, prefix: int, max_new: int):
+        """``SWAPrefillBudget.check_prefill``'s SWA half for an admission ``sel``
+        (extend, max_new_tokens, chunked): the request's peak SWA below what the SWA
+        pool has free or evictable less this pass's offset, charged to the offset;
+        otherwise, when it could never fit the pool (``swa_never_fits``) and prefill
+        is chunked, a chunk cut to what fits (``_chunk_cap``); else ``NO_TOKEN``."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return sel
+        if self._pass is not plan:
+            self._pass, self._swa_offset = plan, 0
+        ps, t = self.ps, tree.t
+        extend = sel[0]
         remaining = (self.h.aux_capacity - tree.swa_reserved - t.aux_used + t.aux_evictable
                      - self._swa_offset)
-        if not need < remaining:
+        need = self._swa_tokens(extend, max_new)
+        if need < remaining:
+            self._swa_offset += need
+            return sel
+        if self.sim.cfg.chunked_prefill_tokens is None or need < self.h.aux_capacity:
+            return NO_TOKEN
+        cap = max(0, (remaining - self._swa_tokens(0, max_new)) // ps * ps)
+        ext = (prefix + min(extend, cap)) // ps * ps - prefix
+        if ext <= 0:
+            return NO_TOKEN
+        self._swa_offset += self._swa_tokens(ext, max_new)
+        return ext, 0, True
+
+    def chunk_room(self, c, plan, room: int) -> int:
+        """``SWAPrefillBudget.available_chunk_tokens`` for the continuing chunk: also
+        below what the SWA pool has free or evictable, less a page; 0 or less: no
+        room, the chunk waits for decode to free some."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return room
+        if self._pass is not plan:
+            self._pass, self._swa_offset = plan, 0
+        t, ps = tree.t, self.ps
+        swa = (self.h.aux_capacity - tree.swa_reserved - t.aux_used + t.aux_evictable
+               - self._swa_offset - ps)
+        room = min(room, swa // ps * ps)
+        if room > 0:
+            self._swa_offset += room
+        return room
+
+    def never_admissible(self, rq) -> bool:
+        """Without chunked prefill, a request whose peak SWA reaches the whole SWA
+        pool can never be admitted (``swa_never_fits`` and no chunk to cut): it is
+        aborted as one too long for the FULL pool is."""
+        if self.h.kind != "swa" or self.sim.cfg.chunked_prefill_tokens is not None:
             return False
-        self._swa_offset += need
-        return True
+        max_new = min(max(rq.r.output_len - rq.generated, 0), C.CLIP_MAX_NEW_TOKENS)
+        return self._swa_tokens(rq.fill_len, max_new) >= self.h.aux_capacity
 
     # ------------------------------------------------------------ allocation
     def alloc_extend(self, c, plan) -> None:
@@ -561,6 +609,12 @@ class HybridHooks:
         t = tree.t
         ps = self.ps
         if tree.kind == "mamba":
+            for rq in plan.reqs:
+                st = tree.reqs.get(rq.r.rid)
+                if st is not None and st.gap:
+                    t.hy.state_misses += 1
+                    t.hy.state_miss_tokens += st.gap
+                    st.gap = 0
             need = [rq for rq in plan.reqs
                     if not (tree.reqs.get(rq.r.rid) and tree.reqs[rq.r.rid].holds)]
             if not need:
@@ -599,7 +653,21 @@ class HybridHooks:
         end, and the request's own SWA passes to the tree."""
         tree = c.tree
         tree.cur = (rq.r.rid, prev, final)
-        if tree.kind != "swa":
+        if tree.kind == "mamba":
+            st = tree.reqs.get(rq.r.rid)
+            t = tree.t
+            if not (final and st is not None and st.holds) and not t._free_slot():
+                # prepare_for_caching_req -> _alloc_mamba_slot: the fork's slot,
+                # evicting one state when the pool is full.
+                # Its reclaim scans reach the insert's result (``host.scanned``, charged
+                # as result processing); a blocking backup it makes is counted in the
+                # stats but not timed (docs/HYBRID.md §10, simplifications).
+                t.hy.insert_state_evictions += 1
+                t.evict(0, 1)
+                if not t._free_slot():
+                    self.sim._out_of_memory(c, f"Can not alloc mamba cache: {t.aux_capacity} "
+                                               f"state slots, {t.held} held by requests, every "
+                                               f"cached state locked")
             return
         st = tree.reqs.setdefault(rq.r.rid, ReqState())
         if not final:
@@ -607,8 +675,6 @@ class HybridHooks:
         st.cursor = max(st.cursor, prev)
         tree.set_swa_reserved(tree.swa_reserved - st.swa_own)
         st.swa_own = 0
-        if final:
-            tree.reqs.pop(rq.r.rid, None)
 
     def _advance(self, tree, st, end: int) -> None:
         """``free_swa_out_of_window_slots``: the cursor moves to
