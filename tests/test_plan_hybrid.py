@@ -162,3 +162,13 @@ def test_the_split_slots_beside_a_kv_size_are_what_that_hicache_size_gives(gb):
                                 (20000, 48, 12288, 38633472)]:
         full, aux = pools.hybrid_host_pools("mamba", dev, states, 1, fb, sb, hicache_gb=gb)
         assert split_slots(full, 1, fb, dev, states, sb) == aux
+
+
+def test_the_default_slot_range_is_the_states_the_requests_can_create(small):
+    from sim.analysis.plan import plan_trace
+    from sim.analysis.plan_hybrid import workload_states
+
+    trace = plan_trace(load_scenario(small))
+    assert workload_states(trace, 512) == (PROMPTS + REPLAYS) * 3
+    assert workload_states(trace, 600) == (PROMPTS + REPLAYS) * 2
+    assert workload_states(trace, None) == PROMPTS + REPLAYS      # no chunking: one each

@@ -155,10 +155,13 @@ def _map(fn, jobs_args, jobs: int, progress, done0: int = 0, total: int | None =
     return out
 
 
-def workload_states(trace, chunk: int) -> int:
-    """States the workload's prefills can create: one per prefill chunk, the last one
-    at the prompt's end (``checkpoint_into_tree`` after each chunk and at the finish)."""
-    return int(np.sum(-(-trace.input_len // max(1, chunk))))
+def workload_states(trace, chunk: int | None) -> int:
+    """States the workload's requests can create: one per prefill chunk, the last one
+    at the request's finish (``cache_unfinished_req`` after each chunk but the last,
+    ``cache_finished_req`` at the end); one per request without chunking."""
+    if not chunk:
+        return len(trace.input_len)
+    return int(np.sum(-(-trace.input_len // chunk)))
 
 
 def slot_grid(max_slots: int, points: int) -> list[int]:
