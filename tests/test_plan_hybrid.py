@@ -128,6 +128,8 @@ def test_a_swa_hybrid_is_refused_in_one_line(tmp_path, capsys):
     (["--target-hit-rate", "50%"], "--target-hit-rate"),
     (["--slot-points", "0"], "--slot-points"),
     (["--inert-fraction", "100%"], "--inert-fraction"),
+    (["--check-points", "2"], "--check-points"),
+    (["--grid-points", "20"], "--grid-points"),
 ])
 def test_bad_hybrid_input_is_one_line_and_exit_2(small, tmp_path, capsys, args, where):
     rc = cli.main(["plan", str(small), "-o", str(tmp_path / "o"), "--quiet", *args])
@@ -172,3 +174,10 @@ def test_the_default_slot_range_is_the_states_the_requests_can_create(small):
     assert workload_states(trace, 512) == (PROMPTS + REPLAYS) * 3
     assert workload_states(trace, 600) == (PROMPTS + REPLAYS) * 2
     assert workload_states(trace, None) == PROMPTS + REPLAYS      # no chunking: one each
+
+
+def test_a_hybrid_flag_on_a_full_only_scenario_is_refused(tmp_path, capsys):
+    rc = cli.main(["plan", str(ROOT / "scenarios" / "quickstart.yaml"), "-o", str(tmp_path / "o"),
+                   "--quiet", "--slot-points", "4"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "--slot-points" in err and "FULL-only" in err

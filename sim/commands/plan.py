@@ -30,12 +30,12 @@ def add_arguments(p) -> None:
                    help="print the smallest host per rank whose TTFT p99 is at most S seconds")
     p.add_argument("--warmup", default="0", metavar="FRACTION",
                    help="count hits only after this fraction of the requests (default 0)")
-    p.add_argument("--check-points", default="4", metavar="N",
+    p.add_argument("--check-points", default=DEFAULTS["check_points"], metavar="N",
                    help="engine runs per policy pair, evenly spaced from 0 GB to the range's end "
                         "(default 4; 0: model only)")
-    p.add_argument("--opt-points", default="5", metavar="N",
+    p.add_argument("--opt-points", default=DEFAULTS["opt_points"], metavar="N",
                    help="host sizes for the offline optimum (default 5; 0: none)")
-    p.add_argument("--grid-points", default="50", metavar="N",
+    p.add_argument("--grid-points", default=DEFAULTS["grid_points"], metavar="N",
                    help="host sizes on the model curve (default 50)")
     p.add_argument("--max-host-gb", metavar="GB",
                    help="end of the host range per rank (default: where write_back's model reaches "
@@ -45,16 +45,16 @@ def add_arguments(p) -> None:
                         "write_through+duplicate_first, write_through+lru)")
     p.add_argument("--jobs", default="1", metavar="J", help="engine runs in parallel (default 1)")
     g = p.add_argument_group("(FULL, MAMBA) hybrids (model.hybrid_preset; docs/HYBRID.md §11)")
-    g.add_argument("--kv-points", default="3", metavar="N",
+    g.add_argument("--kv-points", default=DEFAULTS["kv_points"], metavar="N",
                    help="host KV sizes, evenly spaced up to --max-host-gb, plus the scenario's "
                         "(default 3)")
-    g.add_argument("--slot-points", default="8", metavar="N",
+    g.add_argument("--slot-points", default=DEFAULTS["slot_points"], metavar="N",
                    help="host Mamba state slot counts per KV size, 1 to --max-slots, "
                         "geometric (default 8)")
     g.add_argument("--max-slots", metavar="N",
                    help="largest slot count on the grid (default: the states the workload can "
                         "create, one per prefill chunk)")
-    g.add_argument("--inert-fraction", default="1%", metavar="X",
+    g.add_argument("--inert-fraction", default=DEFAULTS["inert_fraction"], metavar="X",
                    help="a slot count is inert when its host hit tokens are below this share of "
                         "the unbounded-slots plateau (default 1%%)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -131,6 +131,11 @@ def run(args) -> int:
         raise UserError("found a file; expected a folder for the plan's outputs", where=str(out))
     if scenario.model.hybrid_preset is not None:
         return _run_hybrid(args, scenario, out, warmup, jobs, max_gb)
+    for flag, key in HYBRID_ONLY:
+        if getattr(args, key) != DEFAULTS[key]:
+            raise UserError(f"found {flag} with a FULL-only model; expected it only with a "
+                            "(FULL, MAMBA) model.hybrid_preset (it sizes host state slots)",
+                            where=flag)
 
     from sim.analysis.plan import make_plan
 
@@ -236,15 +241,25 @@ def print_plan(plan) -> None:
                       f"node of {n} ranks, for {what}{fits}")
 
 
+# Flags of one kind of plan, with their defaults: the other kind refuses a changed one.
+DEFAULTS = {"check_points": "4", "opt_points": "5", "grid_points": "50", "target_hit_rate": None,
+            "target_ttft_p99": None, "policies": None, "kv_points": "3", "slot_points": "8",
+            "max_slots": None, "inert_fraction": "1%"}
+FULL_ONLY = (("--target-hit-rate", "target_hit_rate"), ("--target-ttft-p99", "target_ttft_p99"),
+             ("--policies", "policies"), ("--check-points", "check_points"),
+             ("--opt-points", "opt_points"), ("--grid-points", "grid_points"))
+HYBRID_ONLY = (("--kv-points", "kv_points"), ("--slot-points", "slot_points"),
+               ("--max-slots", "max_slots"), ("--inert-fraction", "inert_fraction"))
+
+
 def _run_hybrid(args, scenario, out, warmup, jobs, max_gb) -> int:
     """A hybrid scenario: the (FULL, MAMBA) plan of ``sim.analysis.plan_hybrid``."""
     from sim.analysis.plan_hybrid import check_hybrid, make_hybrid_plan
     from sim.errors import UserError
 
     check_hybrid(scenario)
-    for flag, v in (("--target-hit-rate", args.target_hit_rate),
-                    ("--target-ttft-p99", args.target_ttft_p99), ("--policies", args.policies)):
-        if v is not None:
+    for flag, key in FULL_ONLY:
+        if getattr(args, key) != DEFAULTS[key]:
             raise UserError(f"found {flag} with the hybrid model {scenario.model.hybrid_preset!r}; "
                             "expected it only for a FULL-only model (a hybrid plan answers host "
                             "KV x state slots, write_back)", where=flag)
