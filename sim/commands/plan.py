@@ -5,6 +5,10 @@ duplicate_first / lru, from the one-pass model checked by engine runs, with the
 offline optimum, the knee, and the smallest host that meets a target
 (``sim.analysis.plan``). Writes ``plan.png``, ``plan.svg``, ``plan.parquet`` and
 ``plan.json`` into ``-o`` (default ``results/<name>_plan``), atomically.
+
+A scenario with a Mamba ``model.hybrid_preset`` gets the (FULL, MAMBA) plan instead
+(``sim.analysis.plan_hybrid``): host hit rate against host KV x host state slots from
+engine runs, and the slot count below which the host tier is inert; same outputs.
 """
 
 from __future__ import annotations
