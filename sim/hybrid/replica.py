@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 
 from sim import constants as C
-from sim.errors import InvariantError, TreeError, UserError
+from sim.errors import InvariantError, TreeError
 from sim.hybrid.mamba import MambaTree
 from sim.hybrid.swa import SWATree
 from sim.scheduler import NO_TOKEN
@@ -167,21 +167,25 @@ class EngineSWATree(_Counting, SWATree):
 
 
 class Handle:
-    """What the engine locks: a node and, while locked, its receipt."""
+    """What the engine locks: a node and, while locked, its receipt (and, recording,
+    the op-trace lock id and the key of the match that handed it out)."""
 
-    __slots__ = ("node", "receipt")
+    __slots__ = ("node", "receipt", "lid", "key")
 
-    def __init__(self, node):
+    def __init__(self, node, key=None):
         self.node = node
         self.receipt = None
+        self.lid = None
+        self.key = key
 
 
 class _Match:
-    __slots__ = ("m", "last_device", "device_len", "host_len", "aux_host_len")
+    __slots__ = ("m", "last_device", "device_len", "host_len", "aux_host_len", "key")
 
-    def __init__(self, m):
+    def __init__(self, m, key):
         self.m = m
-        self.last_device = Handle(m.dnode)
+        self.key = key
+        self.last_device = Handle(m.dnode, key)
         self.device_len = m.device_len
         self.host_len = m.host_len
         self.aux_host_len = m.aux_host_len
@@ -214,8 +218,8 @@ class _Eviction:
 class _Insert:
     __slots__ = ("node", "host", "writes", "res")
 
-    def __init__(self, node, res, host=_NO_HOST):
-        self.node = Handle(node)
+    def __init__(self, node, res, host=_NO_HOST, key=None):
+        self.node = Handle(node, key)
         self.res = res
         self.host = host
         self.writes = ()
@@ -264,9 +268,19 @@ class HybridReplica:
         self.swa_reserved = 0
         self.reqs: dict[int, ReqState] = {}
         self.cur = None  # (rid, prev, final) of the insert the engine is about to make
+        self._load_rid = None
         if tree is None:
             tree = self._build(h, cfg)
         self.t = tree
+        # The replica's hybrid op-trace (docs/HYBRID.md §6, with the engine's
+        # extensions of §10.5), or None when not recording.
+        self.ops: list | None = None
+        self._pending = None  # a match not yet written: (key, cow request id)
+        self._lids = 0
+        if cfg.record_ops:
+            self.ops = []
+            if h.id_offset:
+                self.ops.append({"op": "skip_ids", "n": h.id_offset})
 
     @staticmethod
     def _build(h, cfg):
@@ -362,13 +376,69 @@ class HybridReplica:
         return self.t.path_units(handle.node)
 
     def skip_ids(self, k: int) -> None:
+        if self.ops is not None:
+            self._rec({"op": "skip_ids", "n": k})
         self.t._next_id += k
 
     def clone(self, maps=None) -> "HybridReplica":
+        self._flush()
         new = copy.copy(self)
         new.t = self.t.clone()
         new.reqs = {rid: copy.copy(s) for rid, s in self.reqs.items()}
+        if self.ops is not None:
+            new.ops = list(self.ops)
         return new
+
+    # ---------------------------------------------------------------- op-trace
+    def _units_tokens(self, key: list) -> list:
+        """A key's units as op-trace tokens: the unit itself at page size 1, else
+        ``page_size`` tokens ``u * page_size + j`` (equal pages give equal tuples)."""
+        ps = self.page_size
+        if ps == 1:
+            return list(key)
+        return [u * ps + j for u in key for j in range(ps)]
+
+    def _rec(self, op: dict) -> None:
+        """Append ``op`` with the KV running requests hold outside the tree (the
+        FULL ``reserved`` tokens, SWA's ``swa_reserved``), which shrink what the
+        tree may use during the op."""
+        self._flush()
+        op["reserved"] = self._reserved
+        if self.kind == "swa":
+            op["swa_reserved"] = self.swa_reserved
+        self.ops.append(op)
+
+    def _flush(self) -> None:
+        """A match the engine did not lock: a plain ``match`` op."""
+        p = self._pending
+        if p is not None:
+            self._pending = None
+            op = {"op": "match", "tokens": self._units_tokens(p[0])}
+            if p[1] is not None:
+                op["cow"] = p[1]
+            self._rec(op)
+
+    def header(self, cfg) -> dict:
+        """The op-trace header of this replica (docs/HYBRID.md §6)."""
+        h = self.h
+        out = {"op": "header", "components": ["full", self.kind],
+               "device_capacity": cfg.device_tokens // cfg.page_size * cfg.page_size,
+               "page_size": cfg.page_size}
+        if self.kind == "swa":
+            out.update(swa_capacity=h.aux_capacity, sliding_window=h.window)
+        else:
+            out.update(mamba_capacity=h.aux_capacity, mamba_chunk=h.mamba_chunk)
+            if h.max_states != -1:
+                out["mamba_max_states"] = h.max_states
+            if self.t.hicache:
+                out.update(hicache=True, host_capacity=h.host_tokens,
+                           mamba_host_capacity=h.aux_host,
+                           load_back_threshold=cfg.load_back_threshold)
+        return out
+
+    def trace(self, cfg) -> list:
+        self._flush()
+        return [self.header(cfg)] + list(self.ops)
 
     def lock_in(self, handle) -> Handle:
         """``handle`` (a lock taken on the tree this replica was cloned from) on this
@@ -376,8 +446,9 @@ class HybridReplica:
         if handle.receipt is None:
             raise InvariantError("moving an unlocked handle to a clone")
         r = self.t.receipt_in(handle.receipt)
-        h = Handle(r.node)
+        h = Handle(r.node, handle.key)
         h.receipt = r
+        h.lid = handle.lid
         return h
 
     # ---------------------------------------------------------------- ops
@@ -389,20 +460,73 @@ class HybridReplica:
         return log, scanned, freed
 
     def match_prefix(self, key: list) -> _Match:
-        m = _Match(self.t.match_prefix(key))
+        if self.ops is not None:
+            self._flush()
+            self._pending = (key, None)
+        m = _Match(self.t.match_prefix(key), key)
         self.t.rec.clear()
         return m
 
     def inc_lock(self, handle: Handle) -> None:
+        if self.ops is not None:
+            self._lids += 1
+            handle.lid = f"l{self._lids}"
+            p, self._pending = self._pending, None
+            if p is not None and p[0] is handle.key:
+                # the match just made, pinned: one lock op (with its copy on write)
+                op = {"op": "lock", "tokens": self._units_tokens(handle.key), "id": handle.lid}
+                if p[1] is not None:
+                    op["cow"] = p[1]
+            else:
+                # an insert's target or a load-back's anchor: that node itself
+                self._pending = p
+                self._flush()
+                op = {"op": "lock", "tokens": self._units_tokens(self.t.path_units(handle.node)),
+                      "id": handle.lid, "exact": True}
+            self._rec(op)
         handle.receipt = self.t.inc_lock(handle.node)
 
     def dec_lock(self, handle: Handle) -> None:
+        if self.ops is not None:
+            self._rec({"op": "unlock", "id": handle.lid})
         self.t.dec_lock(handle.receipt)
         handle.receipt = None
+
+    def cow(self, match: _Match, rid, holds: bool) -> bool:
+        """The copy on write of ``match`` for request ``rid`` (recorded with the
+        match it belongs to)."""
+        mine = self.ops is not None and self._pending is not None and self._pending[0] is match.key
+        if mine:
+            self._pending = (match.key, rid)
+        try:
+            return self.t.cow(match.m, holds)
+        except InvariantError:
+            if mine:
+                self._pending = (match.key, None)  # the trace's cow would refuse the op
+            raise
+
+    def alloc_slot(self, rid) -> None:
+        """``alloc_req_slots``: request ``rid`` takes a fresh state slot."""
+        if self.ops is not None:
+            self._rec({"op": "alloc", "id": rid})
+        self.t.held += 1
+
+    def release_slot(self, rid) -> None:
+        """A request leaving without caching frees its slot."""
+        if self.ops is not None:
+            self._rec({"op": "release", "id": rid})
+        self.t.release()
 
     def evict(self, full: int, aux: int) -> _Eviction:
         """cache ``evict`` with per-component requests (FULL tokens, SWA tokens or
         Mamba states); the result carries the op's blocking backups."""
+        if self.ops is not None and (full or aux):
+            op = {"op": "evict"}
+            if full:
+                op["full"] = full
+            if aux:
+                op[self.kind] = aux
+            self._rec(op)
         res = self.t.evict(full, aux)
         log, scanned, freed = self._drain()
         return _Eviction(res.full, res.aux, log, scanned, freed)
@@ -419,6 +543,11 @@ class HybridReplica:
         if self.kind == "mamba":
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             donated = final and st is not None and st.holds
+            if self.ops is not None:
+                op = {"op": "insert", "tokens": self._units_tokens(key), "prev": prev}
+                if donated:
+                    op["donate"] = rid
+                self._rec(op)
             res = t.insert(key, prev, donated=donated)
         else:
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
@@ -426,11 +555,16 @@ class HybridReplica:
             short = len(key) * self.page_size - ev - (t.aux_capacity - t.aux_used)
             if short > 0:
                 # The insert publishes its in-window SWA (SWARebuild): room first.
+                if self.ops is not None:
+                    self._rec({"op": "evict", "swa": short})
                 t.evict(0, short)
+            if self.ops is not None:
+                self._rec({"op": "insert", "tokens": self._units_tokens(key), "prev": prev,
+                           "swa_evicted": ev})
             res = t.insert(key, prev, swa_evicted=ev)
         log, scanned, freed = self._drain()
         host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
-        return _Insert(res.node, res, host)
+        return _Insert(res.node, res, host, key)
 
     def load_back(self, match: _Match, lid) -> _Load:
         """cache ``init_load_back`` + ``load_back`` for the request of the last
@@ -441,6 +575,11 @@ class HybridReplica:
         st = self.reqs.get(rid)
         req = {"holds": bool(st and st.holds)} if self.kind == "mamba" else None
         t.last_load = None
+        if self.ops is not None:
+            op = {"op": "load_back", "tokens": self._units_tokens(match.key), "id": lid}
+            if req is not None:
+                op["req"] = rid
+            self._rec(op)
         r = t.load_back(match.m, lid, req)
         log, scanned, freed = self._drain()
         ev = _Eviction(0, 0, log, scanned, freed) if (log or scanned or freed) else None
@@ -457,9 +596,11 @@ class HybridReplica:
             t.hy.host_hits_with_state += 1
         else:
             t.hy.host_hits_full_only += 1
-        return _Load(True, None, gain, Handle(anchor), ev, moved - gain, restored)
+        return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain, restored)
 
     def finish_load_back(self, lid) -> None:
+        if self.ops is not None:
+            self._rec({"op": "load_back_ack", "id": lid})
         self.t.finish_load_back(lid)
         self.t.rec.clear()
 
@@ -487,10 +628,6 @@ class HybridHooks:
     is a no-op where the component has nothing to do."""
 
     def __init__(self, sim):
-        if sim.cfg.record_ops:
-            raise UserError("found --record-ops with a hybrid model; expected a FULL-only "
-                            "model (hybrid op-traces are written by the op-trace tools, "
-                            "docs/HYBRID.md §6, not by the engine yet)", where="run")
         self.sim = sim
         self.h = sim.cfg.hybrid
         self.ps = sim.cfg.page_size
@@ -517,7 +654,7 @@ class HybridHooks:
         if gap > 0:
             (st if st is not None else tree.reqs.setdefault(rq.r.rid, ReqState())).gap = gap
         try:
-            copied = t.cow(m.m, holds)
+            copied = tree.cow(m, rq.r.rid, holds)
         except InvariantError:
             # SGLang asserts "Can not alloc mamba cache"; here the request gets its
             # slot at allocation instead (alloc_req_slots), or the batch stops there.
@@ -536,7 +673,7 @@ class HybridHooks:
         tree = c.tree
         st = tree.reqs.pop(rq.r.rid, None)
         if st is not None and st.holds:
-            tree.t.release()
+            tree.release_slot(rq.r.rid)
 
     def _swa_tokens(self, extend: int, max_new: int) -> int:
         """prefill_budget.py ``estimate_swa_kv_tokens``: a request's peak SWA, its
@@ -628,7 +765,7 @@ class HybridHooks:
                                            f"wanted, {free} free")
             for rq in need:
                 tree.reqs.setdefault(rq.r.rid, ReqState()).holds = True
-                t.held += 1
+                tree.alloc_slot(rq.r.rid)
             return
         new = 0
         for rq, (_, done, extend) in zip(plan.reqs, plan.shape):
@@ -663,6 +800,8 @@ class HybridHooks:
                 # as result processing); a blocking backup it makes is counted in the
                 # stats but not timed (docs/HYBRID.md §10, simplifications).
                 t.hy.insert_state_evictions += 1
+                if tree.ops is not None:
+                    tree._rec({"op": "evict", "mamba": 1})
                 t.evict(0, 1)
                 if not t._free_slot():
                     self.sim._out_of_memory(c, f"Can not alloc mamba cache: {t.aux_capacity} "
@@ -693,7 +832,7 @@ class HybridHooks:
             return
         if tree.kind == "mamba":
             if st.holds:
-                tree.t.release()
+                tree.release_slot(rq.r.rid)
         else:
             tree.set_swa_reserved(tree.swa_reserved - st.swa_own)
 
