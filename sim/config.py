@@ -87,6 +87,23 @@ class StorageConfig:
 
 
 @dataclass
+class HybridConfig:
+    """A hybrid model's tree (docs/HYBRID.md §10), resolved: the component, its pool,
+    its host pool, and a Mamba state's transfer size in FULL tokens."""
+
+    kind: str                  # "mamba" (components FULL, MAMBA) or "swa" (FULL, SWA)
+    aux_capacity: int          # Mamba state slots, or SWA tokens (device)
+    aux_host: int = 0          # host Mamba state slots (0: no host tier)
+    host_tokens: int = 0       # FULL host tokens (0: no host tier)
+    window: int = 0            # SWA: the sliding window (swa_retain_window), tokens
+    mamba_chunk: int = 1       # Mamba: mamba_cache_chunk_size (with the page: the grid)
+    max_states: int = -1       # Mamba: --mamba-max-states-per-path (-1: off)
+    state_tokens: int = 0      # Mamba: ceil(state bytes / FULL bytes per token) per rank
+    state_bytes: int = 0       # Mamba: one state's bytes per rank
+    id_offset: int = 0         # node ids drawn before the first tree node (cache.ids)
+
+
+@dataclass
 class SimConfig:
     tp: int = 1
     # Data-parallel instances (each a TP group) and the router in front of them.
@@ -126,6 +143,8 @@ class SimConfig:
     replicas: str = "shared"
     # The L3 storage tier; None: no storage (the engine does no storage work at all).
     storage: StorageConfig | None = None
+    # A hybrid model's tree; None: the FULL-only tree (sim.tree).
+    hybrid: HybridConfig | None = None
 
 
 def from_scenario(scn) -> tuple[SimConfig, object]:
@@ -196,6 +215,10 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
                                     st.prefetch_timeout_per_ki_token,
                                     unwritten_ranks(scn.tp, st.attn_cp_size,
                                                     scn.model.spec().is_mla))
+    if scn.model.hybrid_preset is not None:
+        from sim.scenario import resolve_hybrid
+
+        cfg.hybrid, cfg.max_running = resolve_hybrid(scn, cfg.max_running)
     cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
                      io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
     if cfg.storage is not None and scn.storage.capacity_gb is not None:

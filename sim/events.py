@@ -294,6 +294,12 @@ class Simulation:
         self._run = None             # [end, cut] of the decode run in flight
         self._proc = None            # the loop's process (a cut interrupts it)
         # The L3 tier (docs/STORAGE.md §7); None: no storage work anywhere.
+        # Hybrid models' admission and allocation rules (sim.hybrid.replica); None
+        # for a FULL-only model, whose path is unchanged.
+        self._hyb = None
+        if cfg.hybrid is not None:
+            from sim.hybrid.replica import HybridHooks
+            self._hyb = HybridHooks(self)
         self._st = cfg.storage
         if self._st is not None:
             self._st_hits: dict = {}  # prefetch id -> {id(replica): its storage hit}
@@ -654,7 +660,8 @@ class Simulation:
         while self.waiting:
             rq = self.waiting[0]
             r = rq.r
-            if rq.fill_len + min(r.output_len - rq.generated, C.CLIP_MAX_NEW_TOKENS) + ps >= cap:
+            if (rq.fill_len + min(r.output_len - rq.generated, C.CLIP_MAX_NEW_TOKENS) + ps >= cap
+                    or (self._hyb is not None and self._hyb.never_admissible(rq))):
                 # Never admissible, even into an empty pool (check_prefill's
                 # `total_tokens < remaining_total`): SGLang aborts such a request.
                 self.waiting.popleft()
@@ -730,7 +737,8 @@ class Simulation:
         adder = Adder(Budget(tree, running_offset(running, st.ratio)), cfg.max_prefill_tokens,
                       cfg.chunked_prefill_tokens)
         if chunked is not None:
-            self._add_chunked(c, chunked, adder, plan)
+            if not self._add_chunked(c, chunked, adder, plan):
+                return plan
             rows += 1  # the continuing chunk's row is held, not free
         for rq in seq:
             if adder.state() == OTHER:
@@ -768,11 +776,16 @@ class Simulation:
             self._op(c, {"op": "match", "key": key})
             tree.match_prefix(key)
 
-    def _add_chunked(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> None:
+    def _add_chunked(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> bool:
         """`add_chunked_req`: the continuing chunk goes first, as large as the chunk
-        budget and the pool allow."""
+        budget and the pool allow. False: a hybrid's SWA pool has no room for it
+        (`available_chunk_tokens` is None): it waits, and so does the pass."""
         slot = rq.slots[id(c)]
         room = adder.chunk_room()
+        if self._hyb is not None:
+            room = self._hyb.chunk_room(c, plan, room)
+            if room <= 0:
+                return False
         cand = rq.fill_len - slot.done
         truncated = cand > room
         extend = min(cand, room)
@@ -780,6 +793,7 @@ class Simulation:
         plan.shape.append((rq.r.rid, slot.done, extend))
         plan.chunks.append((extend, slot.done))
         adder.charge(extend, 0 if truncated else min(rq.r.output_len, C.CLIP_MAX_NEW_TOKENS))
+        return True
 
     def _add_one(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> str:
         """`init_next_round_input` (the match) and `add_one_req` for one candidate."""
@@ -793,6 +807,9 @@ class Simulation:
         # admitted request keeps it as its own lock (`_commit_prefill_admission`).
         self._op(c, {"op": "lock", "key": key, "id": lid})
         m = tree.match_prefix(key)
+        hyb = self._hyb
+        if hyb is not None:
+            hyb.matched(c, rq, m, plan)  # inside the match (copy on write), before the pin
         lock = m.last_device
         tree.inc_lock(lock)
         dev = m.device_len
@@ -800,8 +817,10 @@ class Simulation:
         total = fill - dev + max_new + ps  # + per_req_token_overhead (one page)
         first = not plan.reqs
         sel = adder.select(fill, dev + m.host_len, total, req.output_len, first)
+        if hyb is not None and not isinstance(sel, str):
+            sel = hyb.fit(c, plan, sel, dev + m.host_len, max_new)
         loaded = 0
-        if not isinstance(sel, str) and m.host_len:
+        if not isinstance(sel, str) and (m.host_len or (hyb is not None and m.aux_host_len)):
             # `prepare_load_back` holds for a single-pool budget; `init_load_back`.
             rid = f"r{req.rid}{rq.try_suffix}"
             self._op(c, {"op": "load_back", "key": key, "id": rid})
@@ -817,13 +836,15 @@ class Simulation:
                 lock = res.anchor
                 tree.inc_lock(lock)
                 plan.loads.append(rid)
-                plan.load_tokens += loaded
+                plan.load_tokens += loaded + (res.extra if hyb is not None else 0)
             else:
                 # Nothing loaded: recomputing the host part may no longer fit.
                 sel = adder.select(fill, dev, total, req.output_len, first)
         if isinstance(sel, str):
             self._op(c, {"op": "unlock", "id": lid})
             tree.dec_lock(lock)
+            if hyb is not None:
+                hyb.rejected(c, rq)
             return sel
         extend, max_new_tokens, chunked = sel
         prefix = dev + loaded
@@ -845,18 +866,22 @@ class Simulation:
         plus a page per request, `alloc_paged_token_slots_extend`), then each request's
         new pages (`get_num_new_pages`)."""
         tree, ps = c.tree, self._ps
+        if self._hyb is not None:
+            self._hyb.alloc_extend(c, plan)
         demand = sum(e for _, _, e in plan.shape) + len(plan.reqs) * ps
         self._evict_for(c, demand, plan)
         need = 0
         for rq, (_, done, extend) in zip(plan.reqs, plan.shape):
             need += page_ceil(done + extend, ps) - page_ceil(done, ps)
         if need > available(tree):
-            self.obs.untracked(self.env.now, self.step_no,
-                               f"prefill out of memory on ranks {c.label}: {need} tokens "
-                               f"wanted, {available(tree)} free")
-            self.halted = "out_of_memory"
-            raise _Halt()
+            self._out_of_memory(c, f"prefill out of memory on ranks {c.label}: {need} tokens "
+                                   f"wanted, {available(tree)} free")
         tree.reserved += need
+
+    def _out_of_memory(self, c: Cohort, detail: str) -> None:
+        self.obs.untracked(self.env.now, self.step_no, detail)
+        self.halted = "out_of_memory"
+        raise _Halt()
 
     def _evict_for(self, c: Cohort, tokens: int, plan: "_Plan") -> None:
         """`evict_from_tree_cache`: evict the shortfall below ``tokens`` free (nothing
@@ -869,6 +894,9 @@ class Simulation:
             self.jitter.perturbations.fire("device_capacity_skew")
         self._op(c, {"op": "evict_device", "n": short})
         plan.stall_first += self._charge(plan, tree.evict_device(short))
+
+    def _charge_into(self, plan: _Plan, ev) -> None:
+        plan.stall_first += self._charge(plan, ev)
 
     def _charge(self, plan: _Plan, ev) -> float:
         """Book an eviction's blocking backups and reclaim scans on ``plan``."""
@@ -1112,6 +1140,8 @@ class Simulation:
                     done.append(rq)
         for c in self.group.cohorts:
             c.tree.reserved += pages * ps
+            if self._hyb is not None:
+                self._hyb.decoded(c, batch)
             st = c.sched
             if st.ratio > st.ratio_min and not self._retracted_now:
                 st.decay(k)
@@ -1142,6 +1172,9 @@ class Simulation:
             limit = steps_without_event(avail, tree.evictable > 0, phases, b, ps, limit)
             if limit == 0:
                 return 0
+        if self._hyb is not None:
+            for c in self.group.cohorts:
+                limit = self._hyb.headroom(c, batch, limit)
         return limit
 
     def _decode_memory(self) -> list:
@@ -1193,6 +1226,8 @@ class Simulation:
                 c.sched.batch_is_full = False
         for c, plan in plans:
             self._evict_for(c, len(self.running) * ps, plan)
+            if self._hyb is not None:
+                self._hyb.decode_evict(c, self.running, plan)
         if plans[0][1].stall_first and self.running:
             self.running[0].stall_s += plans[0][1].stall_first
         return [(c, p) for c, p in plans if p.backups or p.scanned]
@@ -1202,6 +1237,8 @@ class Simulation:
         ps = self._ps
         need = ps * sum(1 for i in order if batch[i].kv % ps == 0)
         self._evict_for(c, need, plan)
+        if self._hyb is not None and not self._hyb.decode_fits(c, need, plan):
+            return False
         return available(c.tree) >= need
 
     def _release(self, c: Cohort, rq: Req, plan) -> None:
@@ -1210,6 +1247,8 @@ class Simulation:
         slot = rq.slots.pop(id(c))
         self._op(c, {"op": "unlock", "id": slot.lock_id})
         c.tree.dec_lock(slot.lock)
+        if self._hyb is not None:
+            self._hyb.released(c, rq)
         self._free(c, page_ceil(rq.kv, self._ps) - slot.in_tree)
 
     def _requeue(self, rq: Req, aborted: bool) -> None:
@@ -1252,13 +1291,17 @@ class Simulation:
             tree, slot = c.tree, rq.slots[id(c)]
             key = self._seq_key(rq, slot.done if up_to is None else up_to)
             tokens = len(key) * ps
+            if self._hyb is not None:
+                self._hyb.before_insert(c, rq, slot.in_tree, tokens, final)
             if tokens > slot.in_tree:
                 # the request's own pages pass to the tree (duplicates are freed)
                 tree.reserved -= tokens - slot.in_tree
                 slot.in_tree = tokens
             self._op(c, {"op": "insert", "key": key})
             ins = self._insert(c, key, 0)
-            if 0 < len(pk) < len(key):
+            if 0 < len(pk) < len(key) and self._hyb is None:
+                # (a hybrid tree skips it: unified_radix_cache.py checkpoint_into_tree
+                # splits at the prompt only for a FULL-only tree)
                 self._op(c, {"op": "insert", "key": pk, "priority": 1})
                 self._insert(c, pk, 1, resident=True)  # a prefix of the key just inserted
             if final:
@@ -1321,6 +1364,10 @@ class Simulation:
             if slot is None:
                 continue
             new = slot.copy()
+            if self._hyb is not None:
+                new.lock = c.tree.lock_in(slot.lock)
+                rq.slots[cid] = new
+                continue
             path = src.tree.path_units(slot.lock)
             x, pos = c.tree.root, 0
             while pos < len(path):

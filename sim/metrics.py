@@ -179,8 +179,21 @@ def summarize(metrics: list[Metrics], trees: list, busy_s: list[float] | None = 
         "sim_time_s": sim_time,
     }
     out.update(_load(metrics, df, busy_s, sim_time))
+    if getattr(trees[0], "kind", None) in ("mamba", "swa"):
+        out["hybrid"] = _hybrid([t.summary() for t in trees], bpt)
     if metrics[0].storage is not None:
         out.update(_storage(metrics, inp, dev_hit, host_hit))
+    return out
+
+
+def _hybrid(rows: list[dict], bpt: int) -> dict:
+    """A hybrid model's component figures (rank 0's replica of each instance, summed):
+    its pool, the states backed up and loaded, host hits with and without a Mamba
+    state (a load-back that restored the anchor's state, or FULL alone)."""
+    out = {"kind": rows[0]["kind"]}
+    for k, v in rows[0].items():
+        if k != "kind":
+            out[k] = int(sum(r[k] for r in rows))
     return out
 
 

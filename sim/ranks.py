@@ -116,6 +116,9 @@ class RankGroup:
     # ---------------------------------------------------------------- trees
     def _make_tree(self) -> Tree:
         cfg = self.cfg
+        if cfg.hybrid is not None:
+            from sim.hybrid.replica import HybridReplica
+            return HybridReplica(cfg.hybrid, cfg)
         return Tree(device_capacity=cfg.device_tokens, host_capacity=cfg.host_tokens,
                     page_size=cfg.page_size, write_policy=cfg.write_policy,
                     host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy,

@@ -108,7 +108,7 @@ def _watch_host_allocs(sim) -> dict:
 def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
     """Every replica's op-trace into the staged ``folder``: ``rank<r>.jsonl`` per rank
     (``instance<i>/rank<r>.jsonl`` with dp > 1) and ``index.json``. Returns the index."""
-    from sim.optrace import _dumps, engine_ops_to_trace
+    from sim.optrace import engine_ops_to_trace
     from sim.resultsdir import OPTRACE_INDEX, OPTRACE_KIND
 
     cfg = sim.cfg
@@ -117,6 +117,13 @@ def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
         sub = folder / f"instance{inst.instance}" if cfg.dp > 1 else folder
         sub.mkdir(exist_ok=True)
         for c in inst.group.cohorts:
+            if cfg.hybrid is not None:
+                # a hybrid replica writes its own trace (docs/HYBRID.md §6, §10.5)
+                trace = c.tree.trace(cfg)
+                trace[0]["note"] = (f"hicache-sim {__version__} run --record-ops, scenario "
+                                    f"{scenario.name}, instance {inst.instance}, ranks {c.label}")
+                _write_trace(folder, sub, traces, inst, c, trace, len(trace) - 1)
+                continue
             trace = engine_ops_to_trace(
                 c.ops, device_capacity=c.tree.device_capacity, host_capacity=c.tree.host_capacity,
                 page_size=cfg.page_size, write_policy=cfg.write_policy,
@@ -126,21 +133,11 @@ def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
                 storage=None if cfg.storage is None else cfg.storage.prefetch_threshold,
                 note=f"hicache-sim {__version__} run --record-ops, scenario {scenario.name}, "
                      f"instance {inst.instance}, ranks {c.label}")
-            text = "".join(_dumps(op) + "\n" for op in trace)
-            t = c.tree
-            for r in c.ranks:
-                name = f"rank{r}.jsonl"
-                write_text(sub / name, text)
-                traces.append({
-                    "instance": inst.instance, "rank": r,
-                    "file": name if sub == folder else f"{sub.name}/{name}",
-                    "ops": len(c.ops), "replica": c.label,
-                    # the engine's own tree after the last op: a replay must end here
-                    "final": {"digest": t.digest, "dev": t.dev_used, "host": t.host_used,
-                              "nodes": t.n_nodes},
-                })
+            _write_trace(folder, sub, traces, inst, c, trace, len(c.ops))
     traces.sort(key=lambda x: (x["instance"], x["rank"]))
-    index = {"kind": OPTRACE_KIND, "format": "op-trace v2 (docs/OPTRACE.md)",
+    fmt = ("hybrid op-trace (docs/HYBRID.md §6)" if cfg.hybrid is not None
+           else "op-trace v2 (docs/OPTRACE.md)")
+    index = {"kind": OPTRACE_KIND, "format": fmt,
              "hicache_sim": __version__, "scenario": scenario.name, "seed": scenario.seed,
              "tp": cfg.tp, "dp": cfg.dp, "write_policy": cfg.write_policy,
              "page_size": cfg.page_size, "ids": cfg.ids,
@@ -148,6 +145,25 @@ def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
              "traces": traces}
     write_json(folder / OPTRACE_INDEX, index)
     return index
+
+
+def _write_trace(folder, sub, traces: list, inst, c, trace: list, n_ops: int) -> None:
+    """One replica's op-trace, once per rank it stands for, and its index rows."""
+    from sim.optrace import _dumps
+
+    text = "".join(_dumps(op) + "\n" for op in trace)
+    t = c.tree
+    for r in c.ranks:
+        name = f"rank{r}.jsonl"
+        write_text(sub / name, text)
+        traces.append({
+            "instance": inst.instance, "rank": r,
+            "file": name if sub == folder else f"{sub.name}/{name}",
+            "ops": n_ops, "replica": c.label,
+            # the engine's own tree after the last op: a replay must end here
+            "final": {"digest": t.digest, "dev": t.dev_used, "host": t.host_used,
+                      "nodes": t.n_nodes},
+        })
 
 
 def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=None) -> RunResult:

@@ -41,6 +41,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from sim import __version__
+from sim.constants import MAMBA_FULL_MEMORY_RATIO_DEFAULT as C_MAMBA_RATIO
+from sim.constants import SWA_FULL_TOKENS_RATIO_DEFAULT as C_SWA_RATIO
 from sim.constants import (
     HICACHE_HOST_MEMORY_FRACTION_DEFAULT,
     HICACHE_RATIO_DEFAULT,
@@ -187,9 +189,14 @@ class Mla(_Model):
 class ModelConfig(_Model):
     """``preset: <name>`` (``sim.costs.MODEL_PRESETS``), optionally with overrides, or a
     custom model: layers, q_heads, head_dim, dtype_bytes, params_b and either
-    ``kv_heads`` (MHA/GQA) or ``mla: {kv_lora_rank, qk_rope_head_dim}``."""
+    ``kv_heads`` (MHA/GQA) or ``mla: {kv_lora_rank, qk_rope_head_dim}``; or
+    ``hybrid_preset: <name>`` (``sim.costs.hybrid_models.HYBRID_MODEL_PRESETS``): a
+    sliding-window or Mamba hybrid, run on the unified tree with components
+    (FULL, SWA) or (FULL, MAMBA) (docs/HYBRID.md §10), alone."""
 
     preset: str | None = None
+    # A hybrid model (sim.costs.hybrid_models.HYBRID_MODEL_PRESETS), with no other key.
+    hybrid_preset: str | None = None
     layers: _int(1, 1024) | None = None
     q_heads: _int(1, 4096) | None = None
     kv_heads: _int(1, 4096) | None = None
@@ -204,7 +211,20 @@ class ModelConfig(_Model):
     @model_validator(mode="after")
     def _known(self):
         from sim.costs import MODEL_PRESETS
+        from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
 
+        if self.hybrid_preset is not None:
+            if self.hybrid_preset not in HYBRID_MODEL_PRESETS:
+                close = difflib.get_close_matches(self.hybrid_preset, list(HYBRID_MODEL_PRESETS), 1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise _err(f"hybrid_preset {self.hybrid_preset!r}",
+                           f"one of {', '.join(HYBRID_MODEL_PRESETS)}{hint}", "hybrid_preset")
+            extra = [k for k in type(self).model_fields
+                     if k != "hybrid_preset" and getattr(self, k) is not None]
+            if extra:
+                raise _err(f"{extra[0]!r} with hybrid_preset",
+                           "hybrid_preset alone (a hybrid preset's geometry is fixed)", extra[0])
+            return self
         if self.preset is not None:
             if self.preset not in MODEL_PRESETS:
                 close = difflib.get_close_matches(self.preset, list(MODEL_PRESETS), 1)
@@ -223,10 +243,21 @@ class ModelConfig(_Model):
             raise _err(f"an invalid model ({e})", "a consistent model geometry") from None
         return self
 
+    def hybrid(self):
+        """The ``HybridModelSpec`` of ``hybrid_preset``, or None."""
+        if self.hybrid_preset is None:
+            return None
+        from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
+
+        return HYBRID_MODEL_PRESETS[self.hybrid_preset]
+
     def spec(self):
-        """The ``sim.costs.ModelSpec`` this section describes."""
+        """The ``sim.costs.ModelSpec`` this section describes (a hybrid: its
+        full-attention layers, what the FULL pool and the cost model see)."""
         from sim.costs import MODEL_PRESETS, ModelSpec
 
+        if self.hybrid_preset is not None:
+            return self.hybrid().full_spec()
         fields: dict = {}
         if self.preset is not None:
             base = MODEL_PRESETS[self.preset]
@@ -264,6 +295,13 @@ class Device(_Model):
     tokens: Tokens | None = None
     gib: _num(gt=0.0, hi=1e6) | None = None
     mem_fraction_static: Union[_num(gt=0.0, hi=1.0), Literal["auto"]] | None = None
+    # Hybrid models only (model.hybrid_preset; sim/hybrid/pools.py). With ``tokens``
+    # (FULL tokens) the SWA pool is ``tokens * swa_full_tokens_ratio`` and the Mamba
+    # pool takes ``mamba_full_memory_ratio`` x the FULL pool's bytes; with ``gib`` or
+    # ``mem_fraction_static`` the budget is split as SGLang splits it.
+    swa_full_tokens_ratio: _num(gt=0.0, hi=1.0) | None = None   # --swa-full-tokens-ratio
+    mamba_full_memory_ratio: _num(gt=0.0, hi=100.0) | None = None  # --mamba-full-memory-ratio
+    max_mamba_cache_size: _int(1, 10**7) | None = None  # --max-mamba-cache-size (state slots)
 
     @model_validator(mode="after")
     def _one(self):
@@ -303,6 +341,9 @@ class Host(_Model):
     ratio: _num(gt=0.0, hi=1e4) | None = None
     size_gb: _num(gt=0.0, hi=1e7) | None = None
     host_memory_fraction: _num(gt=0.0, hi=1.0) | None = None
+    # A Mamba hybrid's host state slots (MambaPoolHost size), overriding what the
+    # sizing unit gives; required with ``tokens``.
+    mamba_states: _int(1, 10**9) | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -888,6 +929,15 @@ class Scenario(_Model):
             for r in ranks:
                 if r >= self.tp:
                     raise _err(f"rank {r}", f"a rank below tp ({self.tp})", path)
+        if self.model.hybrid_preset is not None:
+            _hybrid_check(self)
+        elif self.host.mamba_states is not None or any(
+                getattr(self.device, k) is not None for k in HYBRID_DEVICE_KEYS):
+            key = ("host.mamba_states" if self.host.mamba_states is not None else
+                   "device." + next(k for k in HYBRID_DEVICE_KEYS
+                                    if getattr(self.device, k) is not None))
+            raise _err(f"{key} without model.hybrid_preset",
+                       "it only with a hybrid model (it sizes a component's pool)", key)
         try:
             dev, host = _capacities(self)
             _node_check(self, dev, host)
@@ -899,6 +949,198 @@ class Scenario(_Model):
     def source(self) -> str | None:
         """The file this scenario was loaded from (None when built in code)."""
         return self._source
+
+
+HYBRID_DEVICE_KEYS = ("swa_full_tokens_ratio", "mamba_full_memory_ratio", "max_mamba_cache_size")
+
+
+def _hybrid_check(s: "Scenario") -> None:
+    """What the hybrid engine models (docs/HYBRID.md §10): each combination it does
+    not is refused, naming the key."""
+    h = s.model.hybrid()
+    host_on = not s.host.off
+    if h.kind == "swa":
+        if host_on:
+            raise _err("a host tier for the (FULL, SWA) model "
+                       f"{s.model.hybrid_preset!r}",
+                       "host: off (the (FULL, SWA) host tier is not modelled)", "host")
+        for k in ("mamba_full_memory_ratio", "max_mamba_cache_size"):
+            if getattr(s.device, k) is not None:
+                raise _err(f"device.{k} for an SWA hybrid", "it only with a Mamba hybrid",
+                           f"device.{k}")
+        if s.host.mamba_states is not None:
+            raise _err("host.mamba_states for an SWA hybrid", "it only with a Mamba hybrid",
+                       "host.mamba_states")
+    else:
+        if s.device.swa_full_tokens_ratio is not None:
+            raise _err("device.swa_full_tokens_ratio for a Mamba hybrid",
+                       "it only with an SWA hybrid", "device.swa_full_tokens_ratio")
+        if s.page_size != 1:
+            raise _err(f"page_size {s.page_size} for a Mamba hybrid",
+                       "1 (--enable-mamba-extra-buffer's state tracking is not modelled)",
+                       "page_size")
+        if s.device.max_mamba_cache_size is not None and s.device.mamba_full_memory_ratio is not None:
+            raise _err("both device.max_mamba_cache_size and device.mamba_full_memory_ratio",
+                       "one of them (the state count overrides the ratio)",
+                       "device.mamba_full_memory_ratio")
+        if host_on:
+            mode = s.host.mode()[0]
+            if mode in ("gib", "host_memory_fraction"):
+                raise _err(f"host.{mode} for a hybrid model",
+                           "host.tokens (with host.mamba_states), host.ratio or host.size_gb",
+                           f"host.{mode}")
+            if mode == "tokens" and s.host.mamba_states is None:
+                raise _err("host.tokens without host.mamba_states",
+                           "host.mamba_states (the host Mamba state slots) with host.tokens",
+                           "host.mamba_states")
+            if s.cache.write_policy != "write_back":
+                raise _err(f"cache.write_policy {s.cache.write_policy!r} for a hybrid host tier",
+                           "write_back (write_through is not modelled for hybrids)",
+                           "cache.write_policy")
+        elif s.host.mamba_states is not None:
+            raise _err("host.mamba_states with host: off", "a host tier for host states",
+                       "host.mamba_states")
+        if s.cache.load_back_threshold != LOAD_BACK_THRESHOLD:
+            # every load-back of a Mamba anchor carries its state: only a spec emptied
+            # by another load's pin is below any threshold (docs/HYBRID.md §5.7)
+            raise _err(f"cache.load_back_threshold {s.cache.load_back_threshold} for a Mamba hybrid",
+                       f"the default {LOAD_BACK_THRESHOLD} (SGLang's threshold never refuses a "
+                       "Mamba load-back: each carries a state)", "cache.load_back_threshold")
+    c = s.cache
+    if c.host_policy != "duplicate_first":
+        raise _err(f"cache.host_policy {c.host_policy!r} for a hybrid model",
+                   "duplicate_first (the unified tree's reclaim)", "cache.host_policy")
+    if c.eviction_policy != "lru":
+        raise _err(f"cache.eviction_policy {c.eviction_policy!r} for a hybrid model",
+                   "lru (the unified tree's component LRUs)", "cache.eviction_policy")
+    if c.backend != "python":
+        raise _err(f"cache.backend {c.backend!r} for a hybrid model", "python",
+                   "cache.backend")
+    if s.storage is not None:
+        raise _err("storage for a hybrid model", "no storage: block (not modelled for hybrids)",
+                   "storage")
+    if s.node is not None:
+        raise _err("node for a hybrid model",
+                   "no node: block (host budgets are not modelled per component)", "node")
+    if s.jitter.host_alloc_failure.probability > 0:
+        raise _err("jitter.host_alloc_failure for a hybrid model",
+                   "no host allocation failures (not modelled for hybrids)",
+                   "jitter.host_alloc_failure")
+
+
+def _hybrid_pools(s: "Scenario") -> dict:
+    """A hybrid model's pools per rank (sim/hybrid/pools.py): FULL tokens and the
+    component's device pool (SWA tokens, or Mamba state slots), the FULL host tokens
+    and the host state slots."""
+    from sim import sizing
+    from sim.hybrid import pools
+
+    h = s.model.hybrid()
+    page, tp, d = s.page_size, s.tp, s.device
+    full_b = h.full_bytes_per_token(tp)
+    mode, value = d.mode()
+    try:
+        if mode == "tokens":
+            full = int(value)
+            if full % page:
+                raise _CapacityError("device.tokens", f"{full} tokens",
+                                     f"a multiple of page_size {page} (nearest: {_nearest(full, page)})")
+            budget = None
+        elif mode == "gib":
+            budget = int(value * GIB)
+        else:
+            gpu_gib = _profile_gib(s)
+            spec = h.full_spec()
+            if value == "auto":
+                value = sizing.sglang_mem_fraction_static(
+                    gpu_gib, tp, s.scheduler.chunked_prefill_tokens,
+                    s.scheduler.max_running_requests, False)
+            budget = sizing.device_kv_bytes(value, gpu_gib, sizing.weights_bytes_per_rank(spec, tp))
+            if budget <= 0:
+                raise _CapacityError("device.mem_fraction_static", f"{value:g}",
+                                     "a fraction leaving GPU memory for the KV cache")
+        if h.kind == "swa":
+            swa_b = h.swa_bytes_per_token(tp)
+            ratio = (d.swa_full_tokens_ratio if d.swa_full_tokens_ratio is not None
+                     else C_SWA_RATIO)
+            if budget is None:
+                aux = int(full * ratio) // page * page
+                if h.sliding_window + page >= aux:
+                    raise _CapacityError("device.swa_full_tokens_ratio",
+                                         f"an SWA pool of {aux} tokens",
+                                         f"more than sliding_window {h.sliding_window} + page_size {page}")
+            else:
+                full, aux = pools.swa_device_pools(budget, full_b, swa_b, page,
+                                                   h.sliding_window, ratio)
+            host_full = host_aux = 0
+            aux_b = swa_b
+        else:
+            state_b = h.mamba_state_bytes(tp)
+            ratio = (d.mamba_full_memory_ratio if d.mamba_full_memory_ratio is not None
+                     else C_MAMBA_RATIO)
+            if budget is None:
+                if d.max_mamba_cache_size is not None:
+                    aux = d.max_mamba_cache_size
+                else:
+                    # the FULL pool is what (1 + r) splits off the budget: the state budget
+                    # is r x its bytes (kv_cache_configurator.py _handle_max_mamba_cache)
+                    aux = int((full * full_b * ratio - state_b) // state_b)
+                    if aux <= 0:
+                        raise _CapacityError("device.mamba_full_memory_ratio",
+                                             f"{ratio:g} giving {aux} state slots",
+                                             "a ratio leaving at least one state slot")
+            else:
+                full, aux = pools.mamba_device_pools(budget, full_b, state_b, page, ratio=ratio,
+                                                     max_mamba_cache_size=d.max_mamba_cache_size)
+            aux_b = state_b
+            host_full = host_aux = 0
+            if not s.host.off:
+                hmode, hval = s.host.mode()
+                if hmode == "tokens":
+                    host_full = int(hval)
+                    if host_full % page:
+                        raise _CapacityError("host.tokens", f"{host_full} tokens",
+                                             f"a multiple of page_size {page}")
+                    host_aux = s.host.mamba_states
+                elif hmode == "size_gb":
+                    host_full, host_aux = pools.hybrid_host_pools(
+                        "mamba", full, aux, page, full_b, state_b, hicache_gb=hval)
+                else:
+                    host_full, host_aux = pools.hybrid_host_pools(
+                        "mamba", full, aux, page, full_b, state_b, ratio=hval)
+                if s.host.mamba_states is not None:
+                    host_aux = s.host.mamba_states
+    except UserError as e:
+        raise _CapacityError("device", str(e).split(": ", 1)[-1], "pools SGLang can build") from None
+    if full < page:
+        raise _CapacityError(f"device.{mode}", f"{full} FULL tokens", "at least one page")
+    return {"full": full, "aux": aux, "host_full": host_full, "host_aux": host_aux,
+            "full_bytes_per_token": full_b, "aux_bytes": aux_b}
+
+
+def resolve_hybrid(s: "Scenario", max_running: int):
+    """The engine's ``HybridConfig`` and the running-request cap (a Mamba hybrid's
+    is capped by its state pool: ``resolve_max_num_reqs``)."""
+    from sim.config import HybridConfig
+    from sim.constants import SENTINEL_IDS_PER_COMPONENT
+    from sim.hybrid import pools
+
+    h = s.model.hybrid()
+    p = _hybrid_pools(s)
+    # A bare core's two components draw their LRU sentinels' ids first (ids 1-8,
+    # docs/HYBRID.md §1); op-trace numbering moves them out (first node 1).
+    offset = 0 if s.cache.ids == "optrace" else 2 * SENTINEL_IDS_PER_COMPONENT
+    if h.kind == "swa":
+        return HybridConfig(kind="swa", aux_capacity=p["aux"], window=h.sliding_window,
+                            id_offset=offset), max_running
+    state_b = p["aux_bytes"]
+    hc = HybridConfig(kind="mamba", aux_capacity=p["aux"], aux_host=p["host_aux"],
+                      host_tokens=p["host_full"], mamba_chunk=1,
+                      state_tokens=-(-state_b // p["full_bytes_per_token"]),
+                      state_bytes=state_b, id_offset=offset)
+    requested = s.scheduler.max_running_requests
+    cap = pools.mamba_max_running(p["aux"], p["full"], requested)
+    return hc, min(max_running, cap)
 
 
 def _block_sizes(w, where="workload"):
@@ -1070,6 +1312,12 @@ def _sizing(s: Scenario) -> dict:
         "node": None,
         "warnings": [],
     }
+    if s.model.hybrid_preset is not None:
+        p = _hybrid_pools(s)
+        out.update(device_tokens=p["full"], host_tokens=p["host_full"],
+                   device_gb=sizing.gb(p["full"], bpt), host_gb=sizing.gb(p["host_full"], bpt),
+                   hybrid={"aux_device": p["aux"], "aux_host": p["host_aux"],
+                           "aux_bytes": p["aux_bytes"]})
     if s.node is not None:
         need = host * bpt
         out["node"] = {
@@ -1108,6 +1356,9 @@ def _node_check(s: Scenario, dev: int, host: int) -> None:
 
 
 def _capacities(s: Scenario) -> tuple[int, int]:
+    if s.model.hybrid_preset is not None:
+        p = _hybrid_pools(s)
+        return p["full"], p["host_full"]
     info = _sizing(s)
     return info["device_tokens"], info["host_tokens"]
 

@@ -5,6 +5,10 @@ duplicate_first / lru, from the one-pass model checked by engine runs, with the
 offline optimum, the knee, and the smallest host that meets a target
 (``sim.analysis.plan``). Writes ``plan.png``, ``plan.svg``, ``plan.parquet`` and
 ``plan.json`` into ``-o`` (default ``results/<name>_plan``), atomically.
+
+A scenario with a Mamba ``model.hybrid_preset`` gets the (FULL, MAMBA) plan instead
+(``sim.analysis.plan_hybrid``): host hit rate against host KV x host state slots from
+engine runs, and the slot count below which the host tier is inert; same outputs.
 """
 
 from __future__ import annotations
@@ -30,12 +34,12 @@ def add_arguments(p) -> None:
                    help="print the smallest host per rank whose TTFT p99 is at most S seconds")
     p.add_argument("--warmup", default="0", metavar="FRACTION",
                    help="count hits only after this fraction of the requests (default 0)")
-    p.add_argument("--check-points", default="4", metavar="N",
+    p.add_argument("--check-points", default=DEFAULTS["check_points"], metavar="N",
                    help="engine runs per policy pair, evenly spaced from 0 GB to the range's end "
                         "(default 4; 0: model only)")
-    p.add_argument("--opt-points", default="5", metavar="N",
+    p.add_argument("--opt-points", default=DEFAULTS["opt_points"], metavar="N",
                    help="host sizes for the offline optimum (default 5; 0: none)")
-    p.add_argument("--grid-points", default="50", metavar="N",
+    p.add_argument("--grid-points", default=DEFAULTS["grid_points"], metavar="N",
                    help="host sizes on the model curve (default 50)")
     p.add_argument("--max-host-gb", metavar="GB",
                    help="end of the host range per rank (default: where write_back's model reaches "
@@ -44,6 +48,19 @@ def add_arguments(p) -> None:
                    help="policy pairs (default: write_back+duplicate_first, write_back+lru, "
                         "write_through+duplicate_first, write_through+lru)")
     p.add_argument("--jobs", default="1", metavar="J", help="engine runs in parallel (default 1)")
+    g = p.add_argument_group("(FULL, MAMBA) hybrids (model.hybrid_preset; docs/HYBRID.md §11)")
+    g.add_argument("--kv-points", default=DEFAULTS["kv_points"], metavar="N",
+                   help="host KV sizes, evenly spaced up to --max-host-gb, plus the scenario's "
+                        "(default 3)")
+    g.add_argument("--slot-points", default=DEFAULTS["slot_points"], metavar="N",
+                   help="host Mamba state slot counts per KV size, 1 to --max-slots, "
+                        "geometric (default 8)")
+    g.add_argument("--max-slots", metavar="N",
+                   help="largest slot count on the grid (default: the states the workload can "
+                        "create, one per prefill chunk)")
+    g.add_argument("--inert-fraction", default=DEFAULTS["inert_fraction"], metavar="X",
+                   help="a slot count is inert when its host hit tokens are below this share of "
+                        "the unbounded-slots plateau (default 1%%)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -116,6 +133,13 @@ def run(args) -> int:
     out = Path(args.out or f"results/{scenario.name}_plan")
     if out.exists() and not out.is_dir():
         raise UserError("found a file; expected a folder for the plan's outputs", where=str(out))
+    if scenario.model.hybrid_preset is not None:
+        return _run_hybrid(args, scenario, out, warmup, jobs, max_gb)
+    for flag, key in HYBRID_ONLY:
+        if getattr(args, key) != DEFAULTS[key]:
+            raise UserError(f"found {flag} with a FULL-only model; expected it only with a "
+                            "(FULL, MAMBA) model.hybrid_preset (it sizes host state slots)",
+                            where=flag)
 
     from sim.analysis.plan import make_plan
 
@@ -231,3 +255,125 @@ def print_plan(plan) -> None:
                     f" (more than the node allows: {node['host_budget_gb_per_rank']:,.1f} GB per rank)")
                 print(f"answer: {pol} needs {v:,.1f} GB of {tier} KV per rank, {v * n:,.1f} GB per "
                       f"node of {n} ranks, for {what}{fits}")
+
+
+# Flags of one kind of plan, with their defaults: the other kind refuses a changed one.
+DEFAULTS = {"check_points": "4", "opt_points": "5", "grid_points": "50", "target_hit_rate": None,
+            "target_ttft_p99": None, "policies": None, "kv_points": "3", "slot_points": "8",
+            "max_slots": None, "inert_fraction": "1%"}
+FULL_ONLY = (("--target-hit-rate", "target_hit_rate"), ("--target-ttft-p99", "target_ttft_p99"),
+             ("--policies", "policies"), ("--check-points", "check_points"),
+             ("--opt-points", "opt_points"), ("--grid-points", "grid_points"))
+HYBRID_ONLY = (("--kv-points", "kv_points"), ("--slot-points", "slot_points"),
+               ("--max-slots", "max_slots"), ("--inert-fraction", "inert_fraction"))
+
+
+def _run_hybrid(args, scenario, out, warmup, jobs, max_gb) -> int:
+    """A hybrid scenario: the (FULL, MAMBA) plan of ``sim.analysis.plan_hybrid``."""
+    from sim.analysis.plan_hybrid import check_hybrid, make_hybrid_plan
+    from sim.errors import UserError
+
+    check_hybrid(scenario)
+    for flag, key in FULL_ONLY:
+        if getattr(args, key) != DEFAULTS[key]:
+            raise UserError(f"found {flag} with the hybrid model {scenario.model.hybrid_preset!r}; "
+                            "expected it only for a FULL-only model (a hybrid plan answers host "
+                            "KV x state slots, write_back)", where=flag)
+    kv_points = _number(args.kv_points, "--kv-points", 1, 50, integer=True)
+    slot_points = _number(args.slot_points, "--slot-points", 1, 200, integer=True)
+    max_slots = None if args.max_slots is None else _number(
+        args.max_slots, "--max-slots", 1, 10**9, integer=True)
+    inert = _number(args.inert_fraction, "--inert-fraction", 0.0, 1.0, percent=True, lo_open=True)
+    if inert >= 1.0:
+        raise UserError(f"found {args.inert_fraction!r}; expected a fraction in (0, 1)",
+                        where="--inert-fraction")
+
+    def progress(done, total):
+        if not args.quiet:
+            print(f"engine run {done}/{total}", file=sys.stderr, flush=True)
+
+    plan = make_hybrid_plan(scenario, warmup=warmup, max_host_gb=max_gb, kv_points=kv_points,
+                            slot_points=slot_points, max_slots=max_slots, jobs=jobs,
+                            inert_fraction=inert, progress=progress)
+    written = write_hybrid_plan(plan, out)
+    print_hybrid_plan(plan)
+    print(f"written: {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def write_hybrid_plan(plan, out) -> list:
+    from pathlib import Path
+
+    from reports.plan_hybrid import draw_hybrid_plan, save_hybrid_plan_figure
+    from sim.analysis.plan_hybrid import hybrid_plan_table
+    from sim.atomic import write_json, write_parquet
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fig = draw_hybrid_plan(plan)
+    paths = []
+    for fmt in ("png", "svg"):
+        p = out / f"plan.{fmt}"
+        save_hybrid_plan_figure(fig, p, fmt)
+        paths.append(p)
+    write_parquet(out / "plan.parquet", hybrid_plan_table(plan))
+    write_json(out / "plan.json", plan.doc)
+    return paths + [out / "plan.parquet", out / "plan.json"]
+
+
+def print_hybrid_plan(plan) -> None:
+    from sim.analysis.plan_hybrid import fmt_int
+
+    d = plan.doc
+    n = d["ranks_per_node"]
+    own = (f"host {d['scenario_host_tokens_per_rank']:,} KV tokens, "
+           f"{d['scenario_host_state_slots_per_rank']:,} state slots"
+           if d["scenario_host_tokens_per_rank"] else "host off")
+    print(f"{d['scenario']}: {d['requests']:,} requests ({d['warmup_requests']:,} warm-up), "
+          f"{d['hybrid_preset']} (FULL, MAMBA), per rank: device {d['device_tokens_per_rank']:,} "
+          f"FULL tokens + {d['device_state_slots_per_rank']:,} state slots "
+          f"({d['state_bytes_per_rank'] / 1e6:,.1f} MB a state), {own}; {n} ranks per node; "
+          f"write_back")
+    header = ["host KV per rank", "plateau host hit", "model host hit", "inert below (slots)",
+              "slots per KV GB", "per node", "SGLang split slots", "host hit at split"]
+    rows = [header]
+    for r in d["kv_sizes"]:
+        t = r.get("inert_threshold_slots")
+        rows.append([
+            f"{r['host_kv_gb_per_rank']:,.1f} GB ({r['host_kv_tokens_per_rank']:,})",
+            f"{r['plateau_host_hit_rate']:.1%}", f"{r['model_host_hit_rate']:.1%}",
+            "-" if t is None else ("never" if t == 0 else f"<= {t:,}"),
+            "-" if r["inert_threshold_slots_per_kv_gb"] is None
+            else f"{r['inert_threshold_slots_per_kv_gb']:,.1f}",
+            fmt_int(r["inert_threshold_slots_per_node"]), f"{r['sglang_split_slots']:,}",
+            f"{r['sglang_split_host_hit_rate']:.1%}" + (" (inert)" if r["sglang_split_inert"] else "")])
+    widths = [max(len(x[i]) for x in rows) for i in range(len(header))]
+    for row in rows:
+        print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                               enumerate(zip(row, widths))))
+    slots = sorted({p.slots for p in plan.points if p.probe == "grid"})
+    kvs = [r["host_kv_tokens_per_rank"] for r in d["kv_sizes"]]
+    by = {(p.host_tokens, p.slots): p for p in plan.points}
+    print("host hit rate on the grid (rows: host KV tokens per rank; columns: state slots):")
+    print("  " + "".ljust(11) + "".join(f"{s:>9,}" for s in slots))
+    for kv in kvs:
+        print("  " + f"{kv:>11,}" + "".join(
+            f"{by[(kv, s)].host_hit_rate:>9.1%}" if (kv, s) in by else f"{'':>9}" for s in slots))
+    print(f"inert: {d['inert_rule']}")
+    print(f"model: {d['model_note']}")
+    bad = [v for v in d["verdicts"] if v != "agree"]
+    if bad:
+        print(f"note: some engine runs ended with verdict {', '.join(bad)} (the scenario's jitter)")
+    for r in d["kv_sizes"]:
+        t = r.get("inert_threshold_slots")
+        kv = f"with {r['host_kv_gb_per_rank']:,.1f} GB of host KV per rank"
+        if t is None:
+            print(f"answer: {kv}, no slot count gives host hits "
+                  f"(none even with unbounded slots)")
+        elif t == 0:
+            print(f"answer: {kv}, the host tier is never inert: one state slot already gives "
+                  f"host hits; SGLang's split gives {r['sglang_split_slots']:,}")
+        else:
+            print(f"answer: {kv}, the host tier is inert at {t:,} state slots per rank or fewer "
+                  f"({t * n:,} per node of {n} ranks; {r['inert_threshold_slots_per_kv_gb']:,.1f} "
+                  f"slots per KV GB); SGLang's split gives {r['sglang_split_slots']:,}")

@@ -73,6 +73,12 @@ def run(args) -> int:
     from sim.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.sets, trace_roots=args.trace_roots)
+    if scenario.model.hybrid_preset is not None:
+        from sim.errors import UserError
+
+        raise UserError(f"found model.hybrid_preset {scenario.model.hybrid_preset!r}; expected "
+                        "a FULL-only model (repro bundles hold FULL op-traces; record a hybrid "
+                        "run's traces with `run --record-ops`)", where=args.scenario)
     t0 = time.perf_counter()
 
     def on_try(i, seed, out):

@@ -35,7 +35,8 @@ OPS = {
                "swa_evicted": ("int", False), "donate": ("id", False),
                "inserted": ("int", False)},
     "match": {"tokens": ("tokens", True), "cow": ("id", False)},
-    "lock": {"tokens": ("tokens", True), "id": ("id", True), "skip": ("skip", False)},
+    "lock": {"tokens": ("tokens", True), "id": ("id", True), "skip": ("skip", False),
+             "cow": ("id", False), "exact": ("bool", False)},
     "unlock": {"id": ("id", True)},
     "release_swa": {"id": ("id", True)},
     "evict": {"full": ("int", False), "swa": ("int", False), "mamba": ("int", False)},
@@ -43,6 +44,9 @@ OPS = {
                         "mamba": ("int", False)},
     "release": {"id": ("id", True)},
     "dump": {},
+    # written by the engine (`run --record-ops`, docs/HYBRID.md §10.5)
+    "alloc": {"id": ("id", True)},
+    "skip_ids": {"n": ("int", True)},
     # the host tier ("hicache": true): docs/HYBRID.md §6
     "evict_host": {"full": ("int", False), "mamba": ("int", False)},
     "load_back": {"tokens": ("tokens", True), "id": ("id", True), "req": ("id", False)},
@@ -56,7 +60,10 @@ HOST_HEADER_INTS = {"host_capacity": 0, "mamba_host_capacity": 0, "load_back_thr
 # Fields an op may carry only in one kind of tree.
 KIND_ONLY = {"swa_evicted": "swa", "swa": "swa", "mamba": "mamba", "skip": "mamba",
              "cow": "mamba", "donate": "mamba", "req": "mamba"}
-OP_KIND_ONLY = {"release_swa": "swa", "release": "mamba"}
+OP_KIND_ONLY = {"release_swa": "swa", "release": "mamba", "alloc": "mamba"}
+# Every op may carry the KV running requests hold outside the tree (the engine's
+# traces): FULL tokens, and SWA tokens in a (FULL, SWA) trace.
+RESERVED = {"reserved": None, "swa_reserved": "swa"}
 
 
 def _short(value) -> str:
@@ -178,6 +185,10 @@ def check_op(path, line_no: int, obj: dict, header: dict) -> dict:
             if type(value) is not int or value < 0:
                 raise InputFormatError(path, line_no, f"{key}={_short(value)}",
                                        f"'{key}' as a non-negative int")
+        elif fkind == "bool":
+            if type(value) is not bool:
+                raise InputFormatError(path, line_no, f"{key}={_short(value)}",
+                                       f"'{key}' as true or false")
         elif fkind == "skip":
             if value not in ([], ["mamba"]):
                 raise InputFormatError(path, line_no, f"{key}={_short(value)}",
@@ -185,6 +196,16 @@ def check_op(path, line_no: int, obj: dict, header: dict) -> dict:
         elif not (type(value) is int or isinstance(value, str)):
             raise InputFormatError(path, line_no, f"{key}={_short(value)}",
                                    f"'{key}' as a string or int")
+    for key, only in RESERVED.items():
+        if key not in obj:
+            continue
+        if only is not None and only != kind:
+            raise InputFormatError(path, line_no, f"'{key}' in a {kind} trace",
+                                   f"'{key}' only with components [\"full\",\"{only}\"]")
+        value = obj[key]
+        if type(value) is not int or value < 0:
+            raise InputFormatError(path, line_no, f"{key}={_short(value)}",
+                                   f"'{key}' as a non-negative int")
     return obj
 
 
@@ -254,6 +275,11 @@ class HybridReplayer:
         kind = op["op"]
         tree = self.tree
         tree.rec.clear()
+        # KV held outside the tree is not the tree's to use during the op.
+        h = self.header
+        tree.device_capacity = h["device_capacity"] - op.get("reserved", 0)
+        if self.kind == "swa":
+            tree.aux_capacity = h["swa_capacity"] - op.get("swa_reserved", 0)
         try:
             out = {"i": i, "op": kind, **getattr(self, f"_op_{kind}")(op)}
         except HybridTreeError as err:
@@ -312,9 +338,48 @@ class HybridReplayer:
         lid = op["id"]
         if lid in self.locks:
             raise HybridTreeError("duplicate_lock_id")
+        if op.get("exact"):
+            # the node whose path is exactly ``tokens`` (an insert's target, a
+            # load-back's anchor), locked without a match
+            node = self._node_at(self.units(op["tokens"]))
+            self.locks[lid] = self.tree.inc_lock(node, skip_aux=bool(op.get("skip")))
+            return {"node": node.id}
+        rid = op.get("cow")
+        if rid is not None:
+            holds = rid in self.held
+            if self.tree.cow_would_fail(self.units(op["tokens"]), holds):
+                raise HybridTreeError("mamba_full")
         m, out = self._match(op["tokens"])
+        if rid is not None:
+            out["cow"] = self.tree.cow(m, holds)
+            if out["cow"]:
+                self.held.add(rid)
         self.locks[lid] = self.tree.inc_lock(m.dnode, skip_aux=bool(op.get("skip")))
         return out
+
+    def _node_at(self, key: list):
+        node, pos = self.tree.root, 0
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None or key[pos:pos + len(child.key)] != child.key:
+                raise HybridTreeError("unknown_node")
+            node, pos = child, pos + len(child.key)
+        return node
+
+    def _op_alloc(self, op):
+        """``alloc_req_slots``: a request takes a fresh state slot."""
+        rid = op["id"]
+        if rid in self.held:
+            raise HybridTreeError("duplicate_request")
+        if not self.tree._free_slot():
+            raise HybridTreeError("mamba_full")
+        self.held.add(rid)
+        self.tree.held += 1
+        return {}
+
+    def _op_skip_ids(self, op):
+        self.tree._next_id += op["n"]
+        return {}
 
     def _op_unlock(self, op):
         receipt = self.locks.pop(op["id"], None)

@@ -1,0 +1,899 @@
+"""A hybrid tree as one TP rank's replica in the engine (docs/HYBRID.md §10).
+
+The TP engine (``sim.events``) drives ``sim.tree.Tree`` through a small interface:
+``match_prefix`` -> ``last_device``/``device_len``/``host_len``, ``inc_lock``/``dec_lock``
+on what the match (or an insert, or a load-back) handed out, ``insert(key, priority,
+resident)`` -> ``node``/``host.scanned``/``writes``, ``evict_device(n)`` ->
+``backups``/``reclaim_scanned``/``host.freed``, ``load_back``/``finish_load_back``,
+the ledgers ``available()`` reads (``device_capacity``, ``dev_used``, ``reserved``,
+``evictable``), ``digest``, ``stats``, ``clone``, ``skip_ids``. ``HybridReplica``
+gives a ``MambaTree`` or an ``SWATree`` that interface, so the engine's scheduler,
+syncs, forks, collectives and verdicts run unchanged on a hybrid model.
+
+What a hybrid needs beyond it (a running request holds a Mamba state slot and SWA
+tokens outside the tree; evictions per component; Mamba's copy on write) is in
+``HybridHooks``, which the engine calls at a few named points (``matched``,
+``rejected``, ``fit``, ``never_admissible``, ``alloc_extend``, ``before_insert``, ``released``,
+``headroom``, ``decode_evict``, ``decoded``). Each cites the SGLang 0.5.23 function it
+follows (files under ``sglang/srt/``).
+
+Locks. ``Tree.inc_lock(node)`` has no receipt; a hybrid lock has one
+(``LockReceipt``: SWA's boundary uuid). The replica hands out a fresh ``Handle`` per
+match, insert and load-back; ``inc_lock(h)`` stores the receipt on it and
+``dec_lock(h)`` releases exactly that receipt, so the engine, which passes the same
+object it locked to the unlock, needs no change. A fork moves handles to the clone
+with ``lock_in``.
+
+Transfers. A backup or load-back moves FULL tokens and, for Mamba, one state per
+node; the copy engines price bytes as tokens of the FULL pool's geometry
+(``CostModel.d2h_time(tokens)``), so a state counts as ``state_tokens`` =
+ceil(state bytes / FULL bytes per token) tokens (``HybridConfig.state_tokens``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from sim import constants as C
+from sim.errors import InvariantError, TreeError
+from sim.hybrid.mamba import MambaTree
+from sim.hybrid.swa import SWATree
+from sim.scheduler import NO_TOKEN
+from sim.tree import Stats
+
+
+class HybridStats:
+    """Hybrid counters since the tree was built (summary.json ``hybrid``)."""
+
+    MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
+             "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
+             "insert_state_evictions", "state_misses", "state_miss_tokens")
+    SWA = ("swa_evicted_tokens",)
+    __slots__ = MAMBA + SWA
+
+    def __init__(self):
+        for k in self.__slots__:
+            setattr(self, k, 0)
+
+    def as_dict(self, kind: str) -> dict:
+        return {k: getattr(self, k) for k in (self.MAMBA if kind == "mamba" else self.SWA)}
+
+
+class _Counting:
+    """Counts what the tree's private steps did (``sim.tree.Stats`` names), and the
+    backups of the op in flight (``log``, in state-equivalent tokens). Mixed into
+    the hybrid tree classes; every override calls the model's own step."""
+
+    def _init_counting(self, state_tokens: int) -> None:
+        self.stats = Stats()
+        self.hy = HybridStats()
+        self.log: list = []
+        self.scanned = 0
+        self.host_freed = 0
+        self.state_tokens = state_tokens
+        self.last_load = None
+
+    def clone(self):
+        new = super().clone()
+        new.stats = copy.copy(self.stats)
+        new.hy = copy.copy(self.hy)
+        new.log = []
+        return new
+
+    def _demote(self, x, res):
+        self.stats.demote_tokens += len(x.key) * self.page_size
+        super()._demote(x, res)
+
+    def _delete_leaf(self, x, res):
+        self.stats.delete_tokens += len(x.key) * self.page_size
+        super()._delete_leaf(x, res)
+
+    def _aux_tomb(self, node, event: bool = True) -> int:
+        n = super()._aux_tomb(node, event)
+        if self.AUX == "mamba":
+            self.hy.state_evictions += n
+        else:
+            self.hy.swa_evicted_tokens += n
+        return n
+
+    def _drop(self, x, res) -> bool:
+        f0 = res.full
+        ok = super()._drop(x, res)
+        if ok:
+            self.stats.drops += 1
+            self.stats.drop_tokens += res.full - f0
+        else:
+            self.stats.drop_declined += 1
+        return ok
+
+    def _backup(self, x) -> int:
+        had_full, had_aux = x.host, x.aux_host
+        t = super()._backup(x)
+        full = len(x.key) * self.page_size if x.host and not had_full else 0
+        state = 1 if x.aux_host and not had_aux else 0
+        if full or state:
+            self.stats.backups += 1
+            self.stats.backup_tokens += full
+            self.hy.state_backups += state
+            self.log.append(full + state * self.state_tokens)
+        else:
+            self.stats.backup_failures += 1
+        return t
+
+    def _evict_host_full(self, n: int) -> int:
+        dups = self.ht.dups
+        cands = [x for x in dups.values() if x.dev and x.host] if dups else ()
+        if dups:
+            self.scanned += len(dups)
+        freed = super()._evict_host_full(n)
+        s, ps = self.stats, self.page_size
+        for x in cands:
+            if not x.host and x.dev:
+                t = len(x.key) * ps
+                if x in self.d_leaves:
+                    s.reclaim_pass2_tokens += t
+                else:
+                    s.reclaim_pass1_tokens += t
+                s.reclaims += 1
+        self.host_freed += freed
+        return freed
+
+    def _evict_hleaf(self, x, res):
+        host, aux = super()._evict_hleaf(x, res)
+        self.stats.host_evict_tokens += host
+        return host, aux
+
+    def _aux_host_tomb(self, x) -> int:
+        self.hy.state_host_frees += 1
+        return super()._aux_host_tomb(x)
+
+    def _load_transfers(self, anchor, lock, holder):
+        aux = self._aux_load_needed(anchor)
+        reason, n = super()._load_transfers(anchor, lock, holder)
+        if reason is None:
+            restored = bool(aux and anchor.aux)
+            self.stats.load_tokens += n
+            self.hy.state_loads += restored
+            self.last_load = (n, restored)
+        return reason, n
+
+
+class EngineMambaTree(_Counting, MambaTree):
+    """``MambaTree`` with the engine's counters."""
+
+
+class EngineSWATree(_Counting, SWATree):
+    """``SWATree`` with the engine's counters."""
+
+
+class Handle:
+    """What the engine locks: a node and, while locked, its receipt (and, recording,
+    the op-trace lock id and the key of the match that handed it out)."""
+
+    __slots__ = ("node", "receipt", "lid", "key")
+
+    def __init__(self, node, key=None):
+        self.node = node
+        self.receipt = None
+        self.lid = None
+        self.key = key
+
+
+class _Match:
+    __slots__ = ("m", "last_device", "device_len", "host_len", "aux_host_len", "key")
+
+    def __init__(self, m, key):
+        self.m = m
+        self.key = key
+        self.last_device = Handle(m.dnode, key)
+        self.device_len = m.device_len
+        self.host_len = m.host_len
+        self.aux_host_len = m.aux_host_len
+
+
+class _HostEv:
+    __slots__ = ("freed", "scanned")
+
+    def __init__(self, freed=0, scanned=0):
+        self.freed = freed
+        self.scanned = scanned
+
+
+_NO_HOST = _HostEv()
+
+
+class _Eviction:
+    """``Eviction``'s fields the engine reads."""
+
+    __slots__ = ("freed", "aux", "backups", "reclaim_scanned", "host")
+
+    def __init__(self, freed, aux, backups, scanned, host_freed):
+        self.freed = freed
+        self.aux = aux
+        self.backups = backups
+        self.reclaim_scanned = scanned
+        self.host = _HostEv(host_freed, scanned) if (host_freed or scanned) else _NO_HOST
+
+
+class _Insert:
+    __slots__ = ("node", "host", "writes", "res")
+
+    def __init__(self, node, res, host=_NO_HOST, key=None):
+        self.node = Handle(node, key)
+        self.res = res
+        self.host = host
+        self.writes = ()
+
+
+class _Load:
+    """``LoadResult``'s fields: ``tokens`` is the request's prefix gain (up to the
+    anchor), ``extra`` what else the H->D copy carries (the loaded FULL tokens and
+    restored states, in state-equivalent tokens, beyond ``tokens``)."""
+
+    __slots__ = ("ok", "reason", "tokens", "anchor", "eviction", "extra", "state")
+
+    def __init__(self, ok, reason, tokens, anchor, eviction, extra=0, state=False):
+        self.ok, self.reason, self.tokens, self.anchor = ok, reason, tokens, anchor
+        self.eviction, self.extra, self.state = eviction, extra, state
+
+
+class ReqState:
+    """One running request's hybrid state on one replica: whether it holds a Mamba
+    state slot; SWA: its own SWA tokens and its out-of-window cursor
+    (``swa_evicted_seqlen``)."""
+
+    __slots__ = ("holds", "swa_own", "cursor", "gap")
+
+    def __init__(self):
+        self.holds = False
+        self.gap = 0         # Mamba: FULL KV matched past the last usable state
+        self.swa_own = 0
+        self.cursor = 0
+
+
+class HybridReplica:
+    """One rank's hybrid tree behind ``sim.tree.Tree``'s engine-facing interface.
+
+    ``reserved`` (FULL tokens running requests hold outside the tree) and, for SWA,
+    ``swa_reserved`` shrink the tree's own capacities, so the tree's room checks
+    (an insert's ``device_full``, a load-back's FULL room) see what SGLang's
+    allocator sees."""
+
+    def __init__(self, h, cfg, tree=None):
+        self.h = h
+        self.kind = h.kind
+        self.page_size = cfg.page_size
+        self._cap = cfg.device_tokens
+        self._reserved = 0
+        self.swa_reserved = 0
+        self.reqs: dict[int, ReqState] = {}
+        self.cur = None  # (rid, prev, final) of the insert the engine is about to make
+        self._load_rid = None
+        if tree is None:
+            tree = self._build(h, cfg)
+        self.t = tree
+        # The replica's hybrid op-trace (docs/HYBRID.md §6, with the engine's
+        # extensions of §10.5), or None when not recording.
+        self.ops: list | None = None
+        self._pending = None  # a match not yet written: (key, cow request id)
+        self._lids = 0
+        if cfg.record_ops:
+            self.ops = []
+            if h.id_offset:
+                self.ops.append({"op": "skip_ids", "n": h.id_offset})
+
+    @staticmethod
+    def _build(h, cfg):
+        ps = cfg.page_size
+        if h.kind == "mamba":
+            host = h.host_tokens if h.host_tokens else None
+            t = EngineMambaTree(device_capacity=cfg.device_tokens, mamba_capacity=h.aux_capacity,
+                                mamba_chunk=h.mamba_chunk, page_size=ps,
+                                max_states=h.max_states, extra_buffer=ps != 1,
+                                record=True, host_capacity=host,
+                                mamba_host_capacity=h.aux_host if host else 0,
+                                load_back_threshold=cfg.load_back_threshold)
+        else:
+            t = EngineSWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
+                              sliding_window=h.window, page_size=ps, record=True)
+        t._init_counting(h.state_tokens)
+        t._next_id += h.id_offset
+        return t
+
+    # ---------------------------------------------------------------- ledgers
+    @property
+    def device_capacity(self) -> int:
+        return self._cap
+
+    @device_capacity.setter
+    def device_capacity(self, v: int) -> None:
+        self._cap = v
+        self._sync_cap()
+
+    @property
+    def reserved(self) -> int:
+        return self._reserved
+
+    @reserved.setter
+    def reserved(self, v: int) -> None:
+        self._reserved = v
+        self._sync_cap()
+
+    def _sync_cap(self) -> None:
+        ps = self.page_size
+        self.t.device_capacity = self._cap // ps * ps - self._reserved
+
+    def set_swa_reserved(self, v: int) -> None:
+        self.swa_reserved = v
+        self.t.aux_capacity = self.h.aux_capacity - v
+
+    @property
+    def host_capacity(self) -> int:
+        return self.t.ht.host_capacity if self.t.hicache else 0
+
+    @host_capacity.setter
+    def host_capacity(self, v: int) -> None:
+        self.t.ht.host_capacity = v
+
+    dev_used = property(lambda self: self.t.dev_used)
+    evictable = property(lambda self: self.t.evictable)
+    protected = property(lambda self: self.t.protected)
+    n_nodes = property(lambda self: self.t.n_nodes)
+    stats = property(lambda self: self.t.stats)
+    root = property(lambda self: self.t.root)
+    host_used = property(lambda self: self.t.host_used if self.t.hicache else 0)
+    digest = property(lambda self: self.t.digest if self.t.hicache else 0)
+    dups = property(lambda self: self.t.dups if self.t.hicache else {})
+    loads = property(lambda self: self.t.loads if self.t.hicache else {})
+    pending_writes: dict = {}
+    host_alloc_fail = None
+
+    @property
+    def dup_tokens(self) -> int:
+        if not self.t.hicache:
+            return 0
+        ps = self.page_size
+        return sum(len(x.key) for x in self.t.dups.values()) * ps
+
+    @property
+    def content_hash(self) -> int:
+        """What ``sim.verdict.state`` compares every iteration besides the FULL
+        ledgers: the component's ledgers and the requests' slots (cheap; the whole
+        structure is compared by ``fingerprint`` at the checks that ask for it)."""
+        t = self.t
+        return hash((t.aux_used, t.aux_evictable, t.aux_protected, len(t.d_leaves),
+                     getattr(t, "held", 0), self.swa_reserved,
+                     t.aux_host_used if t.hicache else 0,
+                     len(t.h_leaves) if t.hicache else 0))
+
+    def fingerprint(self):
+        return self.t.fingerprint()
+
+    def check(self) -> None:
+        self.t.check()
+
+    def path_units(self, handle) -> list:
+        return self.t.path_units(handle.node)
+
+    def skip_ids(self, k: int) -> None:
+        if self.ops is not None:
+            self._rec({"op": "skip_ids", "n": k})
+        self.t._next_id += k
+
+    def clone(self, maps=None) -> "HybridReplica":
+        self._flush()
+        new = copy.copy(self)
+        new.t = self.t.clone()
+        new.reqs = {rid: copy.copy(s) for rid, s in self.reqs.items()}
+        if self.ops is not None:
+            new.ops = list(self.ops)
+        return new
+
+    # ---------------------------------------------------------------- op-trace
+    def _units_tokens(self, key: list) -> list:
+        """A key's units as op-trace tokens: the unit itself at page size 1, else
+        ``page_size`` tokens ``u * page_size + j`` (equal pages give equal tuples)."""
+        ps = self.page_size
+        if ps == 1:
+            return list(key)
+        return [u * ps + j for u in key for j in range(ps)]
+
+    def _rec(self, op: dict) -> None:
+        """Append ``op`` with the KV running requests hold outside the tree (the
+        FULL ``reserved`` tokens, SWA's ``swa_reserved``), which shrink what the
+        tree may use during the op."""
+        self._flush()
+        op["reserved"] = self._reserved
+        if self.kind == "swa":
+            op["swa_reserved"] = self.swa_reserved
+        self.ops.append(op)
+
+    def _flush(self) -> None:
+        """A match the engine did not lock: a plain ``match`` op."""
+        p = self._pending
+        if p is not None:
+            self._pending = None
+            op = {"op": "match", "tokens": self._units_tokens(p[0])}
+            if p[1] is not None:
+                op["cow"] = p[1]
+            self._rec(op)
+
+    def header(self, cfg) -> dict:
+        """The op-trace header of this replica (docs/HYBRID.md §6)."""
+        h = self.h
+        out = {"op": "header", "components": ["full", self.kind],
+               "device_capacity": cfg.device_tokens // cfg.page_size * cfg.page_size,
+               "page_size": cfg.page_size}
+        if self.kind == "swa":
+            out.update(swa_capacity=h.aux_capacity, sliding_window=h.window)
+        else:
+            out.update(mamba_capacity=h.aux_capacity, mamba_chunk=h.mamba_chunk)
+            if h.max_states != -1:
+                out["mamba_max_states"] = h.max_states
+            if self.t.hicache:
+                out.update(hicache=True, host_capacity=h.host_tokens,
+                           mamba_host_capacity=h.aux_host,
+                           load_back_threshold=cfg.load_back_threshold)
+        return out
+
+    def trace(self, cfg) -> list:
+        self._flush()
+        return [self.header(cfg)] + list(self.ops)
+
+    def lock_in(self, handle) -> Handle:
+        """``handle`` (a lock taken on the tree this replica was cloned from) on this
+        replica: the same node id, the receipt moved (``receipt_in``)."""
+        if handle.receipt is None:
+            raise InvariantError("moving an unlocked handle to a clone")
+        r = self.t.receipt_in(handle.receipt)
+        h = Handle(r.node, handle.key)
+        h.receipt = r
+        h.lid = handle.lid
+        return h
+
+    # ---------------------------------------------------------------- ops
+    def _drain(self):
+        t = self.t
+        t.rec.clear()
+        log, scanned, freed = t.log, t.scanned, t.host_freed
+        t.log, t.scanned, t.host_freed = [], 0, 0
+        return log, scanned, freed
+
+    def match_prefix(self, key: list) -> _Match:
+        if self.ops is not None:
+            self._flush()
+            self._pending = (key, None)
+        m = _Match(self.t.match_prefix(key), key)
+        self.t.rec.clear()
+        return m
+
+    def inc_lock(self, handle: Handle) -> None:
+        if self.ops is not None:
+            self._lids += 1
+            handle.lid = f"l{self._lids}"
+            p, self._pending = self._pending, None
+            if p is not None and p[0] is handle.key:
+                # the match just made, pinned: one lock op (with its copy on write)
+                op = {"op": "lock", "tokens": self._units_tokens(handle.key), "id": handle.lid}
+                if p[1] is not None:
+                    op["cow"] = p[1]
+            else:
+                # an insert's target or a load-back's anchor: that node itself
+                self._pending = p
+                self._flush()
+                op = {"op": "lock", "tokens": self._units_tokens(self.t.path_units(handle.node)),
+                      "id": handle.lid, "exact": True}
+            self._rec(op)
+        handle.receipt = self.t.inc_lock(handle.node)
+
+    def dec_lock(self, handle: Handle) -> None:
+        if self.ops is not None:
+            self._rec({"op": "unlock", "id": handle.lid})
+        self.t.dec_lock(handle.receipt)
+        handle.receipt = None
+
+    def cow(self, match: _Match, rid, holds: bool) -> bool:
+        """The copy on write of ``match`` for request ``rid`` (recorded with the
+        match it belongs to)."""
+        mine = self.ops is not None and self._pending is not None and self._pending[0] is match.key
+        if mine:
+            self._pending = (match.key, rid)
+        try:
+            return self.t.cow(match.m, holds)
+        except InvariantError:
+            if mine:
+                self._pending = (match.key, None)  # the trace's cow would refuse the op
+            raise
+
+    def alloc_slot(self, rid) -> None:
+        """``alloc_req_slots``: request ``rid`` takes a fresh state slot."""
+        if self.ops is not None:
+            self._rec({"op": "alloc", "id": rid})
+        self.t.held += 1
+
+    def release_slot(self, rid) -> None:
+        """A request leaving without caching frees its slot."""
+        if self.ops is not None:
+            self._rec({"op": "release", "id": rid})
+        self.t.release()
+
+    def evict(self, full: int, aux: int) -> _Eviction:
+        """cache ``evict`` with per-component requests (FULL tokens, SWA tokens or
+        Mamba states); the result carries the op's blocking backups."""
+        if self.ops is not None and (full or aux):
+            op = {"op": "evict"}
+            if full:
+                op["full"] = full
+            if aux:
+                op[self.kind] = aux
+            self._rec(op)
+        res = self.t.evict(full, aux)
+        log, scanned, freed = self._drain()
+        return _Eviction(res.full, res.aux, log, scanned, freed)
+
+    def evict_device(self, n: int) -> _Eviction:
+        return self.evict(n, 0)
+
+    def insert(self, key: list, priority: int = 0, resident: bool = False) -> _Insert:
+        """``checkpoint_into_tree``'s insert, with the request's reused prefix
+        (``cache_protected_len``) and whether it finished, from ``before_insert``."""
+        rid, prev, final = self.cur
+        self.cur = None
+        t = self.t
+        if self.kind == "mamba":
+            st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
+            donated = final and st is not None and st.holds
+            if self.ops is not None:
+                op = {"op": "insert", "tokens": self._units_tokens(key), "prev": prev}
+                if donated:
+                    op["donate"] = rid
+                self._rec(op)
+            res = t.insert(key, prev, donated=donated)
+        else:
+            st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
+            ev = max(prev, st.cursor if st else 0)
+            short = len(key) * self.page_size - ev - (t.aux_capacity - t.aux_used)
+            if short > 0:
+                # The insert publishes its in-window SWA (SWARebuild): room first.
+                if self.ops is not None:
+                    self._rec({"op": "evict", "swa": short})
+                t.evict(0, short)
+            if self.ops is not None:
+                self._rec({"op": "insert", "tokens": self._units_tokens(key), "prev": prev,
+                           "swa_evicted": ev})
+            res = t.insert(key, prev, swa_evicted=ev)
+        log, scanned, freed = self._drain()
+        host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
+        return _Insert(res.node, res, host, key)
+
+    def load_back(self, match: _Match, lid) -> _Load:
+        """cache ``init_load_back`` + ``load_back`` for the request of the last
+        ``HybridHooks.matched`` (Mamba: a request without a slot gets one for a
+        host-only state, ``prepare_load_back``)."""
+        t = self.t
+        rid = self._load_rid
+        st = self.reqs.get(rid)
+        req = {"holds": bool(st and st.holds)} if self.kind == "mamba" else None
+        t.last_load = None
+        if self.ops is not None:
+            op = {"op": "load_back", "tokens": self._units_tokens(match.key), "id": lid}
+            if req is not None:
+                op["req"] = rid
+            self._rec(op)
+        r = t.load_back(match.m, lid, req)
+        log, scanned, freed = self._drain()
+        ev = _Eviction(0, 0, log, scanned, freed) if (log or scanned or freed) else None
+        if req is not None and req.get("got"):
+            self.reqs.setdefault(rid, ReqState()).holds = True
+        if not r["started"]:
+            return _Load(False, r["reason"], 0, None, ev)
+        anchor = match.m.best
+        n, restored = t.last_load
+        gain = len(t.path_units(anchor)) * self.page_size - match.device_len
+        moved = n + (t.state_tokens if restored else 0)
+        t.hy.host_hit_tokens += gain
+        if restored:
+            t.hy.host_hits_with_state += 1
+        else:
+            t.hy.host_hits_full_only += 1
+        return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain, restored)
+
+    def finish_load_back(self, lid) -> None:
+        if self.ops is not None:
+            self._rec({"op": "load_back_ack", "id": lid})
+        self.t.finish_load_back(lid)
+        self.t.rec.clear()
+
+    def finish_write_through(self, ack_id) -> None:
+        raise InvariantError("hybrid replicas run write_back only")
+
+    def summary(self) -> dict:
+        """summary.json ``hybrid``: the component's pool and the hybrid counters."""
+        t = self.t
+        out = {"kind": self.kind, "aux_capacity": self.h.aux_capacity,
+               "aux_used": t.aux_used}
+        if self.kind == "mamba":
+            out["held_slots"] = t.held
+            out["host_states"] = self.h.aux_host if t.hicache else 0
+            out["host_states_used"] = t.aux_host_used if t.hicache else 0
+        out.update(t.hy.as_dict(self.kind))
+        if self.kind == "mamba":
+            out["state_backup_bytes"] = t.hy.state_backups * self.h.state_bytes
+            out["state_load_bytes"] = t.hy.state_loads * self.h.state_bytes
+        return out
+
+
+class HybridHooks:
+    """The engine's hybrid admission and allocation rules, per replica. Each hook
+    is a no-op where the component has nothing to do."""
+
+    def __init__(self, sim):
+        self.sim = sim
+        self.h = sim.cfg.hybrid
+        self.ps = sim.cfg.page_size
+        self._pass = None      # the prefill pass whose SWA offset ``_swa_offset`` is
+        self._swa_offset = 0
+
+    # ------------------------------------------------------------ admission
+    def matched(self, c, rq, m, plan) -> None:
+        """``init_next_round_input`` -> ``match_kv_cache(cow_mamba=True)`` ->
+        mamba ``finalize_match_result_in_cache``: a candidate matching a device
+        state copies it into a slot of its own, allocated (evicting one state if
+        the pool is full) unless it holds one. Also remembers the candidate for a
+        load-back's ``prepare_load_back``."""
+        tree = c.tree
+        tree._load_rid = rq.r.rid
+        if tree.kind != "mamba":
+            return
+        st = tree.reqs.get(rq.r.rid)
+        holds = bool(st and st.holds)
+        t = tree.t
+        # FULL KV the walk found (on either tier) past the prefix a state makes usable
+        gap = m.m.full_len - max(m.device_len + m.host_len,
+                                 len(t.path_units(m.m.best)) * self.ps)
+        if gap > 0:
+            (st if st is not None else tree.reqs.setdefault(rq.r.rid, ReqState())).gap = gap
+        try:
+            copied = tree.cow(m, rq.r.rid, holds)
+        except InvariantError:
+            # SGLang asserts "Can not alloc mamba cache"; here the request gets its
+            # slot at allocation instead (alloc_req_slots), or the batch stops there.
+            copied = False
+        log, scanned, freed = tree._drain()
+        if log or scanned:
+            self.sim._charge_into(plan, _Eviction(0, 0, log, scanned, freed))
+        if copied:
+            t.hy.cows += 1
+            if not holds:
+                tree.reqs.setdefault(rq.r.rid, ReqState()).holds = True
+
+    def rejected(self, c, rq) -> None:
+        """A candidate ``add_one_req`` refused: its slot from the copy on write is
+        freed (``_get_new_batch_prefill_raw``: "revert matched mamba idx")."""
+        tree = c.tree
+        st = tree.reqs.pop(rq.r.rid, None)
+        if st is not None and st.holds:
+            tree.release_slot(rq.r.rid)
+
+    def _swa_tokens(self, extend: int, max_new: int) -> int:
+        """prefill_budget.py ``estimate_swa_kv_tokens``: a request's peak SWA, its
+        page-ceiled extend's tail past one window plus a window (or less) and a page."""
+        ps, w = self.ps, self.h.window
+        ext = -(-extend // ps) * ps
+        return max(ext - w, 0) + min(ext + max_new, w) + ps
+
+    def fit(self, c, plan, sel, prefix: int, max_new: int):
+        """``SWAPrefillBudget.check_prefill``'s SWA half for an admission ``sel``
+        (extend, max_new_tokens, chunked): the request's peak SWA below what the SWA
+        pool has free or evictable less this pass's offset, charged to the offset;
+        otherwise, when it could never fit the pool (``swa_never_fits``) and prefill
+        is chunked, a chunk cut to what fits (``_chunk_cap``); else ``NO_TOKEN``."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return sel
+        if self._pass is not plan:
+            self._pass, self._swa_offset = plan, 0
+        ps, t = self.ps, tree.t
+        extend = sel[0]
+        remaining = (self.h.aux_capacity - tree.swa_reserved - t.aux_used + t.aux_evictable
+                     - self._swa_offset)
+        need = self._swa_tokens(extend, max_new)
+        if need < remaining:
+            self._swa_offset += need
+            return sel
+        if self.sim.cfg.chunked_prefill_tokens is None or need < self.h.aux_capacity:
+            return NO_TOKEN
+        cap = max(0, (remaining - self._swa_tokens(0, max_new)) // ps * ps)
+        ext = (prefix + min(extend, cap)) // ps * ps - prefix
+        if ext <= 0:
+            return NO_TOKEN
+        self._swa_offset += self._swa_tokens(ext, max_new)
+        return ext, 0, True
+
+    def chunk_room(self, c, plan, room: int) -> int:
+        """``SWAPrefillBudget.available_chunk_tokens`` for the continuing chunk: also
+        below what the SWA pool has free or evictable, less a page; 0 or less: no
+        room, the chunk waits for decode to free some."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return room
+        if self._pass is not plan:
+            self._pass, self._swa_offset = plan, 0
+        t, ps = tree.t, self.ps
+        swa = (self.h.aux_capacity - tree.swa_reserved - t.aux_used + t.aux_evictable
+               - self._swa_offset - ps)
+        room = min(room, swa // ps * ps)
+        if room > 0:
+            self._swa_offset += room
+        return room
+
+    def never_admissible(self, rq) -> bool:
+        """Without chunked prefill, a request whose peak SWA reaches the whole SWA
+        pool can never be admitted (``swa_never_fits`` and no chunk to cut): it is
+        aborted as one too long for the FULL pool is."""
+        if self.h.kind != "swa" or self.sim.cfg.chunked_prefill_tokens is not None:
+            return False
+        max_new = min(max(rq.r.output_len - rq.generated, 0), C.CLIP_MAX_NEW_TOKENS)
+        return self._swa_tokens(rq.fill_len, max_new) >= self.h.aux_capacity
+
+    # ------------------------------------------------------------ allocation
+    def alloc_extend(self, c, plan) -> None:
+        """``alloc_for_extend``'s hybrid half, before the batch's FULL eviction:
+        ``alloc_req_slots`` -> ``ensure_mamba_capacity`` (a slot for every request
+        without one, evicting the shortfall of states first); SWA: the batch's new
+        SWA pages (``SWATokenToKVPoolAllocator.alloc``, the SWA shortfall evicted)."""
+        tree = c.tree
+        t = tree.t
+        ps = self.ps
+        if tree.kind == "mamba":
+            for rq in plan.reqs:
+                st = tree.reqs.get(rq.r.rid)
+                if st is not None and st.gap:
+                    t.hy.state_misses += 1
+                    t.hy.state_miss_tokens += st.gap
+                    st.gap = 0
+            need = [rq for rq in plan.reqs
+                    if not (tree.reqs.get(rq.r.rid) and tree.reqs[rq.r.rid].holds)]
+            if not need:
+                return
+            free = t.aux_capacity - t.aux_used - t.held
+            if free < len(need):
+                self.sim._charge_into(plan, tree.evict(0, len(need) - free))
+                free = t.aux_capacity - t.aux_used - t.held
+            if free < len(need):
+                self.sim._out_of_memory(c, f"alloc_req_slots: {len(need)} Mamba state slots "
+                                           f"wanted, {free} free")
+            for rq in need:
+                tree.reqs.setdefault(rq.r.rid, ReqState()).holds = True
+                tree.alloc_slot(rq.r.rid)
+            return
+        new = 0
+        for rq, (_, done, extend) in zip(plan.reqs, plan.shape):
+            new += -(-(done + extend) // ps) * ps - -(-done // ps) * ps
+        short = new - (self.h.aux_capacity - tree.swa_reserved - t.aux_used)
+        if short > 0 and t.aux_evictable:
+            self.sim._charge_into(plan, tree.evict(0, short))
+        if new > self.h.aux_capacity - tree.swa_reserved - t.aux_used:
+            self.sim._out_of_memory(c, f"SWA prefill out of memory: {new} tokens wanted")
+        for rq, (_, done, extend) in zip(plan.reqs, plan.shape):
+            st = tree.reqs.setdefault(rq.r.rid, ReqState())
+            st.swa_own += -(-(done + extend) // ps) * ps - -(-done // ps) * ps
+        tree.set_swa_reserved(tree.swa_reserved + new)
+
+    # ------------------------------------------------------------ results
+    def before_insert(self, c, rq, prev: int, up_to: int, final: bool) -> None:
+        """``checkpoint_into_tree``'s component preparation: the insert reuses the
+        request's ``cache_protected_len`` (``prev``); Mamba forks the request's state
+        (unfinished) or donates it (finished, ``prepare_for_caching_req``); SWA:
+        ``free_out_of_window_slots`` (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS,
+        on by default) moves the cursor to a page-aligned window below the insert's
+        end, and the request's own SWA passes to the tree."""
+        tree = c.tree
+        tree.cur = (rq.r.rid, prev, final)
+        if tree.kind == "mamba":
+            st = tree.reqs.get(rq.r.rid)
+            t = tree.t
+            if not (final and st is not None and st.holds) and not t._free_slot():
+                # prepare_for_caching_req -> _alloc_mamba_slot: the fork's slot,
+                # evicting one state when the pool is full.
+                # Its reclaim scans reach the insert's result (``host.scanned``, charged
+                # as result processing); a blocking backup it makes is counted in the
+                # stats but not timed (docs/HYBRID.md §10, simplifications).
+                t.hy.insert_state_evictions += 1
+                if tree.ops is not None:
+                    tree._rec({"op": "evict", "mamba": 1})
+                t.evict(0, 1)
+                if not t._free_slot():
+                    self.sim._out_of_memory(c, f"Can not alloc mamba cache: {t.aux_capacity} "
+                                               f"state slots, {t.held} held by requests, every "
+                                               f"cached state locked")
+            return
+        st = tree.reqs.setdefault(rq.r.rid, ReqState())
+        if not final:
+            self._advance(tree, st, up_to)
+        st.cursor = max(st.cursor, prev)
+        tree.set_swa_reserved(tree.swa_reserved - st.swa_own)
+        st.swa_own = 0
+
+    def _advance(self, tree, st, end: int) -> None:
+        """``free_swa_out_of_window_slots``: the cursor moves to
+        ``end - ceil_align(max(window, page), page)``, page aligned."""
+        ps = self.ps
+        w_al = -(-max(self.h.window, ps) // ps) * ps
+        cur = max(st.cursor, (end - 1 - w_al) // ps * ps)
+        st.cursor = cur
+
+    def released(self, c, rq) -> None:
+        """``release_kv_cache(checkpoint=False)``: a retracted (or aborted) request's
+        Mamba slot and own SWA go back to their pools."""
+        tree = c.tree
+        st = tree.reqs.pop(rq.r.rid, None)
+        if st is None:
+            return
+        if tree.kind == "mamba":
+            if st.holds:
+                tree.release_slot(rq.r.rid)
+        else:
+            tree.set_swa_reserved(tree.swa_reserved - st.swa_own)
+
+    # ------------------------------------------------------------ decode
+    def _swa_room(self, tree) -> int:
+        t = tree.t
+        return self.h.aux_capacity - tree.swa_reserved - t.aux_used
+
+    def headroom(self, c, batch, limit: int) -> int:
+        """SWA: decode steps before one whose new SWA pages (at most one page per
+        request a step) may not be free; a step never takes more, so the steps of a
+        run of this length would not have evicted one by one either."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return limit
+        per = len(batch) * self.ps
+        return min(limit, max(0, self._swa_room(tree)) // per)
+
+    def decode_fits(self, c, need: int, plan) -> bool:
+        """``check_decode_mem``'s SWA half: the step's new SWA pages (one per request
+        at a page boundary, as FULL's) fit after evicting the SWA shortfall; when
+        they do not, the engine retracts as for FULL."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return True
+        short = need - self._swa_room(tree)
+        if short > 0 and tree.t.aux_evictable:
+            self.sim._charge_into(plan, tree.evict(0, short))
+        return self._swa_room(tree) >= need
+
+    def decode_evict(self, c, batch, plan) -> None:
+        """``alloc_for_decode``'s SWA half for one step: evict the SWA shortfall of a
+        page per request."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return
+        short = len(batch) * self.ps - self._swa_room(tree)
+        if short > 0 and tree.t.aux_evictable:
+            self.sim._charge_into(plan, tree.evict(0, short))
+
+    def decoded(self, c, batch) -> None:
+        """After decode steps: each request's own SWA is its committed KV past its
+        cursor, the cursor kept one page-aligned window below the sequence end
+        (``maybe_evict_swa`` -> ``free_swa_out_of_window_slots`` every step)."""
+        tree = c.tree
+        if tree.kind != "swa":
+            return
+        ps = self.ps
+        total = tree.swa_reserved
+        for rq in batch:
+            st = tree.reqs.get(rq.r.rid)
+            if st is None:
+                continue
+            self._advance(tree, st, rq.kv)
+            slot = rq.slots[id(c)]
+            low = max(slot.in_tree, st.cursor)
+            own = max(0, -(-rq.kv // ps) * ps - low)
+            total += own - st.swa_own
+            st.swa_own = own
+        tree.set_swa_reserved(total)
+
+
+__all__ = ["HybridReplica", "HybridHooks", "Handle", "EngineMambaTree", "EngineSWATree",
+           "TreeError"]

@@ -1,0 +1,341 @@
+"""Hybrid models (FULL, MAMBA) and (FULL, SWA) through the TP engine (docs/HYBRID.md §10):
+end-to-end runs at TP 2, determinism, every hybrid knob, refusals, replica invariants,
+verdicts under jitter, the decode fast path, and FULL-only runs untouched."""
+
+import filecmp
+from unittest.mock import patch
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from conftest import ROOT
+from sim.errors import UserError
+from sim.events import Simulation
+from sim.hybrid.replica import HybridReplica
+from sim.runner import run_scenario
+from sim.scenario import load_scenario
+from sim.tree import Tree
+
+MAMBA = ROOT / "scenarios" / "hybrid_mamba.yaml"
+SWA = ROOT / "scenarios" / "hybrid_swa.yaml"
+
+
+def scn(path, *sets):
+    return load_scenario(path, list(sets))
+
+
+def run(path, *sets, out=None):
+    return run_scenario(scn(path, *sets), out)
+
+
+def replicas(res):
+    return [c.tree for inst in res.sim.instances for c in inst.group.cohorts]
+
+
+def same_folders(a, b) -> bool:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    _, mismatch, errors = filecmp.cmpfiles(a, b, [n for n in names if (a / n).is_file()],
+                                           shallow=False)
+    return not mismatch and not errors
+
+
+# ------------------------------------------------------------------ end to end
+@pytest.mark.parametrize("path", [MAMBA, SWA], ids=["mamba", "swa"])
+def test_a_hybrid_scenario_runs_at_tp2_to_a_results_folder(path, tmp_path):
+    res = run(path, "workload.num_requests=120", out=tmp_path / "r")
+    for name in ("requests.parquet", "timeseries.parquet", "summary.json", "divergence.json",
+                 "scenario.yaml", "meta.json"):
+        assert (tmp_path / "r" / name).exists()
+    s = res.summary
+    assert s["requests"] > 0 and s["hit_rate"] > 0
+    hyb = s["hybrid"]
+    assert hyb["kind"] == ("mamba" if path is MAMBA else "swa")
+    assert res.sim.instances[0].cfg.tp == 2
+    for t in replicas(res):
+        assert isinstance(t, HybridReplica)
+        t.check()  # ledgers, leaf sets, LRUs, locks, host tier: every replica
+
+
+def test_the_mamba_scenario_backs_up_states_reclaims_duplicates_and_loads_them_back():
+    s = run(MAMBA).summary
+    h = s["hybrid"]
+    assert s["reclaim_pass1_tokens"] > 0          # host pressure: duplicate reclaim runs
+    assert h["state_backups"] > 0 and h["state_loads"] > 0
+    assert h["host_hits_with_state"] == h["state_loads"] > 0
+    assert h["state_backup_bytes"] == h["state_backups"] * 38633472  # qwen3-next, tp 2
+    assert h["cows"] > 0                            # matched states copied on admission
+    assert s["host_hit_rate"] > 0
+
+
+def test_the_swa_scenario_tombstones_out_of_window_kv():
+    s = run(SWA, "workload.num_requests=150").summary
+    assert s["hybrid"]["swa_evicted_tokens"] > 0
+    assert s["verdict"] == "agree"
+
+
+@pytest.mark.parametrize("path", [MAMBA, SWA], ids=["mamba", "swa"])
+def test_same_scenario_and_seed_write_byte_identical_results(path, tmp_path):
+    run(path, "workload.num_requests=100", out=tmp_path / "a")
+    run(path, "workload.num_requests=100", out=tmp_path / "b")
+    assert same_folders(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.parametrize("path", [MAMBA, SWA], ids=["mamba", "swa"])
+def test_shared_and_eager_replicas_write_byte_identical_results(path, tmp_path):
+    run(path, "workload.num_requests=100", out=tmp_path / "a")
+    run(path, "workload.num_requests=100", "engine.replicas=eager", out=tmp_path / "b")
+    assert same_folders(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.parametrize("path", [MAMBA, SWA], ids=["mamba", "swa"])
+@pytest.mark.parametrize("seed", [2, 5])
+def test_decode_runs_write_what_a_step_by_step_loop_writes(path, seed, tmp_path):
+    sets = ("workload.num_requests=80", f"seed={seed}")
+    run(path, *sets, out=tmp_path / "fast")
+    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+        run(path, *sets, out=tmp_path / "plain")
+    assert same_folders(tmp_path / "fast", tmp_path / "plain")
+
+
+_compare = Simulation._compare
+
+
+def _checked_compare(self):
+    """Every replica's invariants (ledgers against nodes, leaf sets, LRUs, locks, host
+    tier, the requests' slots against the pools) at each of the engine's compare
+    points: every iteration, after each prefill and each batch of finishes."""
+    for c in self.group.cohorts:
+        t = c.tree
+        t.check()
+        inner = t.t
+        assert 0 <= t.reserved and inner.dev_used <= t.device_capacity - t.reserved
+        if t.kind == "mamba":
+            held = sum(1 for s in t.reqs.values() if s.holds)
+            assert held == inner.held and inner.aux_used + inner.held <= t.h.aux_capacity
+        else:
+            own = sum(s.swa_own for s in t.reqs.values())
+            assert own == t.swa_reserved and inner.aux_used + own <= t.h.aux_capacity
+    _compare(self)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), mamba=st.booleans(), tp=st.sampled_from([2, 4]),
+       running=st.sampled_from([4, 16]), chunk=st.sampled_from(["null", 256, 1024]),
+       tight=st.booleans(), eager=st.booleans())
+def test_every_replica_stays_consistent_at_every_step(seed, mamba, tp, running, chunk, tight,
+                                                      eager):
+    sets = [f"seed={seed}", "workload.num_requests=60", f"tp={tp}", "workload.arrival.rate=10",
+            f"scheduler.max_running_requests={running}",
+            f"scheduler.chunked_prefill_tokens={chunk}",
+            f"engine.replicas={'eager' if eager else 'shared'}"]
+    if mamba:
+        sets += ["device.max_mamba_cache_size=" + ("12" if tight else "48"),
+                 "host.tokens=" + ("6000" if tight else "40000"),
+                 "host.mamba_states=" + ("3" if tight else "40")]
+    else:
+        sets += ["device.swa_full_tokens_ratio=" + ("0.15" if tight else "0.5"),
+                 "jitter.request_order.ranks=[1]", "jitter.request_order.swap_probability=0.1"]
+    with patch.object(Simulation, "_compare", _checked_compare):
+        res = run(MAMBA if mamba else SWA, *sets)
+    assert res.summary["requests"] > 0
+
+
+# ------------------------------------------------------------------ verdicts
+def test_late_load_acks_drained_locally_are_caught_by_the_digest_over_seeds():
+    verdicts = []
+    for seed in (1, 2, 3, 4):
+        res = run(MAMBA, f"seed={seed}")
+        assert res.divergence["perturbations"]["ack_delay"] > 0
+        verdicts.append(res.divergence["verdict"])
+        for t in replicas(res):
+            t.check()
+        assert len(res.sim.instances[0].group.cohorts) == 2  # rank 1 forked off
+    assert set(verdicts) <= {"detected", "missed"}
+    assert verdicts.count("detected") >= 2
+
+
+def test_the_same_late_acks_are_absorbed_by_the_synced_discipline():
+    res = run(MAMBA, "collective.discipline=synced", "workload.num_requests=120")
+    assert res.divergence["verdict"] == "absorbed"
+    for t in replicas(res):
+        t.check()
+
+
+def test_request_order_jitter_forks_an_swa_replica_and_the_clone_keeps_its_locks():
+    res = run(SWA, "jitter.request_order.ranks=[1]", "jitter.request_order.swap_probability=0.3",
+              "workload.num_requests=150", "workload.arrival.rate=40")
+    assert res.divergence["perturbations"]["request_order"] > 0
+    assert res.divergence["verdict"] in {"missed", "size_mismatch", "absorbed"}
+    assert len(res.sim.instances[0].group.cohorts) == 2
+    for t in replicas(res):
+        t.check()
+
+
+# ------------------------------------------------------------------ knobs
+def _m(*sets):
+    return run(MAMBA, *sets)
+
+
+def _s(*sets):
+    return run(SWA, "workload.num_requests=100", *sets)
+
+
+def _key(res):
+    s = res.summary
+    return (s["hit_rate"], s["ttft_p50_s"], s["reclaim_pass1_tokens"], s["backup_bytes"],
+            tuple(sorted(s["hybrid"].items())), res.sim.instances[0].group.cohorts[0].tree.digest)
+
+
+def test_every_mamba_knob_changes_the_run():
+    ref = _key(_m())
+    for sets in (["device.max_mamba_cache_size=36"],
+                 ["device.max_mamba_cache_size=null", "device.mamba_full_memory_ratio=3.0"],
+                 ["host.mamba_states=8"],
+                 ["host.tokens=24000"],
+                 ["host.tokens=null", "host.mamba_states=null", "host.ratio=1.0"],
+                 ["host.tokens=null", "host.mamba_states=null", "host.size_gb=0.8"],
+                 ["device.tokens=null", "device.max_mamba_cache_size=null", "device.gib=2.0"],
+                 ["cache.ids=optrace"],
+                 ["model.hybrid_preset=nemotron-h-8b"]):
+        assert _key(_m(*sets)) != ref, sets
+
+
+def test_the_mamba_state_pool_caps_the_running_requests():
+    cfg = _m("device.max_mamba_cache_size=9").sim.instances[0].cfg
+    assert cfg.max_running == 3   # 9 slots // 3 per request (resolve_max_num_reqs)
+    assert cfg.hybrid.aux_capacity == 9
+
+
+def test_mamba_full_memory_ratio_sizes_the_state_pool_from_the_full_pool():
+    cfg = _m("device.max_mamba_cache_size=null", "device.mamba_full_memory_ratio=5").sim.instances[0].cfg
+    full_b = 12 * 1 * 2 * 256 * 2  # 12 full layers, 1 KV head per rank at tp 2, K+V, bf16
+    assert cfg.hybrid.aux_capacity == int((20000 * full_b * 5 - 38633472) // 38633472) == 30
+
+
+def test_a_state_pool_too_small_for_its_locked_states_halts_as_sglang_asserts():
+    res = _m("device.max_mamba_cache_size=null", "device.mamba_full_memory_ratio=0.9")
+    assert res.sim.instances[0].cfg.hybrid.aux_capacity == 4
+    assert res.sim.halted == "out_of_memory"
+    assert "Can not alloc mamba cache" in str(res.divergence)
+
+
+def test_every_swa_knob_changes_the_run():
+    ref = _key(_s())
+    for sets in (["device.swa_full_tokens_ratio=0.3"],
+                 ["device.swa_full_tokens_ratio=null"],
+                 ["device.tokens=null", "device.swa_full_tokens_ratio=null", "device.gib=0.6"],
+                 ["model.hybrid_preset=gpt-oss-120b"]):
+        # (cache.ids reaches only the reclaim digest: a host tier, not modelled for SWA)
+        assert _key(_s(*sets)) != ref, sets
+
+
+def test_swa_full_tokens_ratio_sizes_the_swa_pool():
+    cfg = _s("device.swa_full_tokens_ratio=0.5").sim.instances[0].cfg
+    assert cfg.hybrid.aux_capacity == 12000 and cfg.hybrid.window == 128
+
+
+def test_an_swa_pool_too_tight_for_a_request_and_its_own_window_leaves_it_waiting():
+    res = run(SWA, "device.swa_full_tokens_ratio=0.1")
+    assert res.sim.stuck is not None and res.summary["requests"] < 300
+    for t in replicas(res):
+        t.check()
+
+
+# ------------------------------------------------------------------ refusals
+@pytest.mark.parametrize("path,sets,key", [
+    (SWA, ["host=null", "host.ratio=2"], "host"),
+    (MAMBA, ["cache.write_policy=write_through"], "cache.write_policy"),
+    (MAMBA, ["cache.host_policy=lru"], "cache.host_policy"),
+    (MAMBA, ["cache.eviction_policy=priority"], "cache.eviction_policy"),
+    (MAMBA, ["page_size=16"], "page_size"),
+    (MAMBA, ["host.mamba_states=null"], "host.mamba_states"),
+    (MAMBA, ["device.mamba_full_memory_ratio=0.5"], "device.mamba_full_memory_ratio"),
+    (MAMBA, ["device.swa_full_tokens_ratio=0.5"], "device.swa_full_tokens_ratio"),
+    (SWA, ["device.max_mamba_cache_size=10"], "device.max_mamba_cache_size"),
+    (MAMBA, ["host.tokens=null", "host.mamba_states=null", "host.gib=1"], "host.gib"),
+    (MAMBA, ["model.preset=llama-3.1-8b"], "model.preset"),
+    (MAMBA, ["model.hybrid_preset=qwen3-next"], "model.hybrid_preset"),
+    (MAMBA, ["jitter.host_alloc_failure.probability=0.1"], "jitter.host_alloc_failure"),
+    (MAMBA, ["cache.load_back_threshold=256"], "cache.load_back_threshold"),
+])
+def test_unsupported_hybrid_combinations_are_one_line_errors_naming_the_key(path, sets, key):
+    with pytest.raises(UserError) as e:
+        scn(path, *sets)
+    msg = str(e.value)
+    assert "\n" not in msg and key in msg and "found" in msg and "expected" in msg
+
+
+def test_hybrid_device_and_host_keys_are_refused_for_a_full_model():
+    for sets in (["device.max_mamba_cache_size=10"], ["host.mamba_states=4"],
+                 ["device.swa_full_tokens_ratio=0.5"]):
+        with pytest.raises(UserError) as e:
+            scn(ROOT / "scenarios" / "quickstart.yaml", *sets)
+        assert "without model.hybrid_preset" in str(e.value)
+
+
+# ------------------------------------------------------------------ op-traces
+def _replay(path):
+    import json
+
+    from sim.hybrid.replay import HybridReplayer, check_header, check_op
+
+    lines = path.read_text().splitlines()
+    header = check_header(path, 1, json.loads(lines[0]))
+    rp = HybridReplayer(header)
+    for i, line in enumerate(lines[1:], 1):
+        out = rp.apply(i, check_op(path, i + 1, json.loads(line), header))
+        assert "error" not in out, (i, line[:200], out)
+    rp.tree.check()
+    return rp
+
+
+def _units_back(fp, ps):
+    """A replayed tree's fingerprint in the engine's units: a trace writes page ``u``
+    as the tokens ``u * ps + j``, which the replay reads as one tuple."""
+    if ps == 1:
+        return fp
+    dev, aux, rows = fp
+    return dev, aux, tuple((tuple(u[0] // ps for u in row[0]),) + row[1:] for row in rows)
+
+
+@pytest.mark.parametrize("path,sets", [
+    (MAMBA, ["workload.num_requests=120"]),
+    (SWA, ["workload.num_requests=150", "jitter.request_order.ranks=[1]",
+           "jitter.request_order.swap_probability=0.3", "workload.arrival.rate=40"]),
+    (SWA, ["workload.num_requests=80", "page_size=1", "cache.ids=optrace"]),
+], ids=["mamba", "swa-forked", "swa-page1"])
+def test_recorded_hybrid_op_traces_replay_to_the_engines_final_trees(path, sets, tmp_path):
+    import json
+
+    res = run_scenario(scn(path, *sets), tmp_path / "r", record_ops_dir=tmp_path / "ops")
+    index = json.loads((tmp_path / "ops" / "index.json").read_text())
+    assert index["format"].startswith("hybrid op-trace")
+    by_rank = {r: c.tree for c in res.sim.instances[0].group.cohorts for r in c.ranks}
+    assert len(index["traces"]) == 2
+    for row in index["traces"]:
+        rp = _replay(tmp_path / "ops" / row["file"])
+        engine = by_rank[row["rank"]]
+        assert _units_back(rp.tree.fingerprint(), rp.page_size) == engine.fingerprint()
+        assert rp.tree.digest == engine.digest if rp.hicache else True
+        assert rp.tree.n_nodes == row["final"]["nodes"] == engine.n_nodes
+        assert rp.tree._next_id == engine.t._next_id  # the same node ids were drawn
+        assert sorted(rp.held) == sorted(k for k, s in engine.reqs.items() if s.holds)
+
+
+def test_a_recorded_hybrid_trace_replays_with_the_cli(tmp_path):
+    from cli import main
+
+    run_scenario(scn(MAMBA, "workload.num_requests=40"), None, record_ops_dir=tmp_path / "ops")
+    assert main(["replay-ops", str(tmp_path / "ops" / "rank0.jsonl"), "-o",
+                 str(tmp_path / "out.jsonl")]) == 0
+    assert '"error"' not in (tmp_path / "out.jsonl").read_text()
+
+
+# ------------------------------------------------------------------ FULL untouched
+def test_a_full_only_scenario_runs_on_the_full_tree_without_hybrid_figures():
+    res = run(ROOT / "scenarios" / "quickstart.yaml", "limits.max_requests=40")
+    assert res.sim.instances[0].cfg.hybrid is None
+    assert all(type(t) is Tree for t in replicas(res))
+    assert "hybrid" not in res.summary

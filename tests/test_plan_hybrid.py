@@ -1,0 +1,183 @@
+"""`plan` on a (FULL, MAMBA) hybrid: host hit rate against host KV x host Mamba state
+slots, the inert threshold (bisection over engine runs), the outputs, determinism, and
+the refusals (sim.analysis.plan_hybrid)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+import cli
+from sim.analysis.plan_hybrid import hybrid_point, make_hybrid_plan, slot_grid
+from sim.scenario import load_scenario
+
+PROMPTS, LEN, REPLAYS = 30, 1200, 6   # 3 checkpoints a prompt at chunk 512: 512, 1024, 1200
+
+SMALL = """\
+name: small_hybrid
+seed: 1
+model: {hybrid_preset: qwen3-next-80b-a3b}
+tp: 1
+page_size: 1
+device:
+  tokens: 8000
+  max_mamba_cache_size: 6
+host:
+  tokens: 40000
+  mamba_states: 40
+cache: {write_policy: write_back}
+workload: {kind: trace, format: generic, path: small.jsonl}
+scheduler: {max_running_requests: 2, chunked_prefill_tokens: 512}
+"""
+
+
+@pytest.fixture
+def small(tmp_path):
+    """Distinct prompts, then replays of the first ones: their states reach the host
+    (the device keeps 6) and the Mamba host LRU evicts the oldest first."""
+    lines = [{"arrival_s": float(i), "input_len": LEN, "output_len": 1, "block_size": LEN,
+              "blocks": [i]} for i in range(PROMPTS)]
+    lines += [{"arrival_s": PROMPTS + 5.0 + j, "input_len": LEN, "output_len": 1,
+               "block_size": LEN, "blocks": [j]} for j in range(REPLAYS)]
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    return p
+
+
+def test_host_hit_rate_rises_with_slots(small):
+    plan = make_hybrid_plan(load_scenario(small), kv_points=1, slot_points=6)
+    kvs = [r["host_kv_tokens_per_rank"] for r in plan.doc["kv_sizes"]]
+    assert kvs == [40000, 80000]            # the scenario's own, and twice it
+    for kv in kvs:
+        pts = sorted((p for p in plan.points if p.host_tokens == kv), key=lambda p: p.slots)
+        hits = [p.host_hit_tokens for p in pts]
+        assert hits == sorted(hits)          # never falls as slots grow
+        assert hits[0] == 0 and hits[-1] > 0
+        assert pts[-1].probe == "plateau" and pts[-1].slots == 8000 + kv
+    # The grid: 6 geometric counts up to the workload's states (36 x 3), plus the
+    # scenario's own count, the split's and the unbounded one.
+    assert plan.doc["workload_states"] == (PROMPTS + REPLAYS) * 3
+    assert plan.doc["slot_grid"] == slot_grid(108, 6)
+
+
+def test_the_inert_threshold_is_inert_and_one_more_slot_is_not(small):
+    s = load_scenario(small)
+    plan = make_hybrid_plan(s, kv_points=1, slot_points=5)
+    bpt = plan.doc["bytes_per_token"]
+    for row in plan.doc["kv_sizes"]:
+        t, kv = row["inert_threshold_slots"], row["host_kv_tokens_per_rank"]
+        limit = row["inert_below_host_hit_tokens"]
+        assert t is not None and t > 0 and limit > 0
+        assert hybrid_point(s, kv, t, 0, bpt).host_hit_tokens < limit
+        assert hybrid_point(s, kv, t + 1, 0, bpt).host_hit_tokens >= limit
+        # every grid count at or below it is inert
+        for p in plan.points:
+            if p.host_tokens == kv and p.slots <= t:
+                assert p.host_hit_tokens < limit
+        assert row["inert_threshold_slots_per_kv_gb"] == pytest.approx(t / row["host_kv_gb_per_rank"])
+        # The mechanism: the host must keep the replayed prompts' states beside the ones
+        # evicted after them, so the threshold sits below the 90 states of the fill.
+        assert 40 < t < PROMPTS * 3
+
+
+def test_a_larger_inert_fraction_moves_the_threshold_up(small):
+    s = load_scenario(small)
+    lo = make_hybrid_plan(s, kv_points=1, slot_points=4, inert_fraction=0.01)
+    hi = make_hybrid_plan(s, kv_points=1, slot_points=4, inert_fraction=0.9)
+    t_lo = lo.doc["kv_sizes"][0]["inert_threshold_slots"]
+    t_hi = hi.doc["kv_sizes"][0]["inert_threshold_slots"]
+    assert t_hi > t_lo
+
+
+def test_outputs_are_written_and_deterministic(small, tmp_path, capsys):
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        rc = cli.main(["plan", str(small), "-o", str(out), "--kv-points", "2", "--slot-points", "4",
+                       "--jobs", "2" if name == "b" else "1", "--quiet"])
+        assert rc == 0
+        outs.append(out)
+    text = capsys.readouterr().out
+    assert "inert below (slots)" in text and "answer: with" in text and "cannot see Mamba" in text
+    for f in ("plan.png", "plan.svg", "plan.parquet", "plan.json"):
+        assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f
+    assert not list(outs[0].glob(".*.tmp"))      # atomic writes leave no temporaries
+    doc = json.loads((outs[0] / "plan.json").read_text())
+    assert doc["kind"] == "hybrid_mamba"
+    assert [r["host_kv_tokens_per_rank"] for r in doc["kv_sizes"]] == [40000, 80000]
+    df = pd.read_parquet(outs[0] / "plan.parquet")
+    assert {"host_kv_tokens_per_rank", "host_state_slots_per_rank", "host_hit_rate",
+            "probe"} <= set(df.columns)
+    assert set(df["probe"]) == {"grid", "plateau", "bisect"}
+
+
+def test_a_swa_hybrid_is_refused_in_one_line(tmp_path, capsys):
+    rc = cli.main(["plan", str(ROOT / "scenarios" / "hybrid_swa.yaml"), "-o", str(tmp_path / "o"),
+                   "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert "model.hybrid_preset" in err and "(FULL, SWA)" in err and "expected" in err
+
+
+@pytest.mark.parametrize("args, where", [
+    (["--policies", "write_back+lru"], "--policies"),
+    (["--target-hit-rate", "50%"], "--target-hit-rate"),
+    (["--slot-points", "0"], "--slot-points"),
+    (["--inert-fraction", "100%"], "--inert-fraction"),
+    (["--check-points", "2"], "--check-points"),
+    (["--grid-points", "20"], "--grid-points"),
+])
+def test_bad_hybrid_input_is_one_line_and_exit_2(small, tmp_path, capsys, args, where):
+    rc = cli.main(["plan", str(small), "-o", str(tmp_path / "o"), "--quiet", *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and where in err and "expected" in err
+
+
+def test_max_slots_sets_the_grid_and_a_host_off_scenario_is_planned(small, tmp_path):
+    s = load_scenario(small, ["host=off"])
+    plan = make_hybrid_plan(s, kv_points=2, slot_points=3, max_slots=50)
+    assert plan.doc["slot_grid"] == [1, 7, 50]
+    assert plan.doc["scenario_host_tokens_per_rank"] == 0
+    # host off: the KV sizes run up to twice the device's FULL pool
+    assert [r["host_kv_tokens_per_rank"] for r in plan.doc["kv_sizes"]] == [8000, 16000]
+    grid = {p.slots for p in plan.points if p.probe == "grid"}
+    assert {1, 7, 50} <= grid and 165 not in grid   # no own count without a host tier
+    # Up to 16,000 host KV tokens the replayed prompts' KV (36,000 tokens of fill
+    # later) is gone from the host at any slot count: no threshold to find.
+    for r in plan.doc["kv_sizes"]:
+        assert r["plateau_host_hit_tokens"] == 0 and r["inert_threshold_slots"] is None
+        assert r["status"] == "no host hits at any slot count"
+
+
+@pytest.mark.parametrize("gb", [1.0, 2.5, 30.0, 32.0, 333.0])
+def test_the_split_slots_beside_a_kv_size_are_what_that_hicache_size_gives(gb):
+    """``split_slots`` inverts ``_split_hicache_size``: at the KV host pool a
+    ``--hicache-size`` gives, it answers that size's Mamba host pool."""
+    from sim.analysis.plan_hybrid import split_slots
+    from sim.hybrid import pools
+
+    for dev, states, fb, sb in [(400000, 16, 12288, 19316736), (375755, 55, 12288, 38633472),
+                                (20000, 48, 12288, 38633472)]:
+        full, aux = pools.hybrid_host_pools("mamba", dev, states, 1, fb, sb, hicache_gb=gb)
+        assert split_slots(full, 1, fb, dev, states, sb) == aux
+
+
+def test_the_default_slot_range_is_the_states_the_requests_can_create(small):
+    from sim.analysis.plan import plan_trace
+    from sim.analysis.plan_hybrid import workload_states
+
+    trace = plan_trace(load_scenario(small))
+    assert workload_states(trace, 512) == (PROMPTS + REPLAYS) * 3
+    assert workload_states(trace, 600) == (PROMPTS + REPLAYS) * 2
+    assert workload_states(trace, None) == PROMPTS + REPLAYS      # no chunking: one each
+
+
+def test_a_hybrid_flag_on_a_full_only_scenario_is_refused(tmp_path, capsys):
+    rc = cli.main(["plan", str(ROOT / "scenarios" / "quickstart.yaml"), "-o", str(tmp_path / "o"),
+                   "--quiet", "--slot-points", "4"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "--slot-points" in err and "FULL-only" in err
