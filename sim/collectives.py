@@ -444,8 +444,12 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
     while True:
         try:
             msg = conn.recv()
-        except EOFError:  # the parent went away
-            break
+        except EOFError:
+            # The parent went away (its teardown closes the pipes only after the workers
+            # are gone). Its files are ours to remove now: a plain return would race the
+            # watchdog thread, whose rmtree dies with the interpreter's exit.
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            os._exit(1)
         if msg is None:
             break
         what, arg = msg
