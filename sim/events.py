@@ -298,6 +298,11 @@ class Simulation:
         if self._st is not None:
             self._st_hits: dict = {}  # prefetch id -> {id(replica): its storage hit}
             self._st_reqs: dict = {}  # prefetch id -> its Req
+            # The timeout votes of this iteration's admission polls (`_st_vote`):
+            # prefetch id -> the reduced verdict, and each replica's polled ids.
+            self._st_votes: dict = {}
+            self._st_polled: dict = {}
+            self._st_vote_at = None  # (step, time) of the admission those belong to
             for c in self.group.cohorts:
                 self._st_attach(c)
 
@@ -1390,7 +1395,7 @@ class Simulation:
     def _st_query(self, c: Cohort, op):
         with c.st.read.request() as req:
             yield req
-            dur = self._st.backend.exists_seconds()
+            dur = self._st_seconds(c, self._st.backend.exists_seconds())
             self._mark(self.env.now + dur)
             yield self.env.timeout(dur)
         ps = self._ps
@@ -1398,6 +1403,8 @@ class Simulation:
             if op.id in c2.st.book.prefetches:
                 self._st_hits.setdefault(op.id, {})[id(c2)] = self._st_rank_hit(c2, op.keys) * ps
                 c2.st.hit_q.append(op.id)
+            else:
+                self._st_drop_stale("hit_q", op.id)
         self._kick()
 
     def _st_rank_hit(self, c: Cohort, keys) -> int:
@@ -1428,7 +1435,7 @@ class Simulation:
             for pages in prefetch_batches(op.pages):
                 if op.cancelled:
                     break
-                dur = be.read_seconds(pages * bpp)
+                dur = self._st_seconds(c, be.read_seconds(pages * bpp))
                 self._mark(self.env.now + dur)
                 yield self.env.timeout(dur)
                 op.completed += pages * ps
@@ -1439,6 +1446,8 @@ class Simulation:
             for c2 in holders:
                 c2.st.ack_q.append(op.id)
             self._kick()
+        else:
+            self._st_drop_stale("ack_q", op.id)
 
     def _st_write(self, c: Cohort, node) -> None:
         """`write_backup_storage(node)` after a D->H ack (``Tree.on_host_backup``): the
@@ -1462,7 +1471,7 @@ class Simulation:
         nbytes = op.pages * self._ps * self.cost.bytes_per_token
         with c.st.write.request() as req:
             yield req
-            dur = self._st.backend.write_seconds(nbytes)
+            dur = self._st_seconds(c, self._st.backend.write_seconds(nbytes))
             self._mark(self.env.now + dur)
             yield self.env.timeout(dur)
         for c2 in self._st_holders(op):
@@ -1483,6 +1492,8 @@ class Simulation:
             self._pop(c, c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now))
             self._st_drain(c, *c.st.queue_sizes()[:3])
             return
+        if self._st_vote_at is not None:
+            self._st_check_votes()
         vecs: dict[int, list[int]] = {}
         digest: dict[int, int] = {}
         for c in group.cohorts:
@@ -1560,7 +1571,9 @@ class Simulation:
 
     def _st_poll(self, c: Cohort, rq: Req) -> bool:
         """`check_prefetch_progress` at admission: True when the request may go on
-        (no prefetch, or it is terminated now: inserted if staged, else revoked)."""
+        (no prefetch, or it is terminated now: inserted if staged, else revoked).
+        What has landed is the rank-agreed progress (`_st_completed`); under
+        `timeout` the verdict is the TP group's MAX of every rank's vote (`_st_vote`)."""
         from sim.storage import policy
 
         pid = f"p{rq.r.rid}"
@@ -1569,12 +1582,16 @@ class Simulation:
         if p is None:
             return True
         cfg, now = self._st, self.env.now
-        op = st.xfers.get(pid)
-        landed = p.staged is not None and op is not None and op.completed >= p.staged
+        completed = self._st_completed(pid)
+        landed = p.staged is not None and completed is not None and completed >= p.staged
+        verdict = None
+        if cfg.prefetch_policy == "timeout" and not self._solo:
+            verdict = self._st_vote(c, pid)
         done, wait = policy.poll(cfg.prefetch_policy, terminated=False, kv_landed=landed,
                                  wait=st.waits.get(pid), now=now, requested_tokens=p.requested,
                                  page_size=self._ps, base_s=cfg.prefetch_timeout_base,
-                                 per_ki_token_s=cfg.prefetch_timeout_per_ki_token)
+                                 per_ki_token_s=cfg.prefetch_timeout_per_ki_token,
+                                 consensus=verdict)
         if wait is not None:
             st.waits[pid] = wait
             if not done and wait.started_at is not None:
@@ -1583,10 +1600,126 @@ class Simulation:
         if not done:
             return False
         if p.staged:
-            self._st_done(c, pid, op.completed if op is not None else 0)
+            self._st_done(c, pid, completed or 0)
         else:
             self._st_revoke(c, pid, "not_staged")
         return True
+
+    def _st_drop_stale(self, queue: str, pid) -> None:
+        """A prefetch terminated while its query (or transfer) was still running on
+        this replica, after it had finished on faster ones. SGLang's threads queue
+        every op's hit and every transfer's last ack on every rank, terminated or not
+        (`prefetch_thread_func` queries a terminated op as a miss;
+        `prefetch_io_aux_func` sends `completed_req` in a `finally`), so the ranks'
+        queues pair item for item under the sync vector's MIN counts and the drain
+        skips the stale ones. Here a replica whose op ends after the termination
+        queues nothing, so the faster replicas' stale items are dropped with it: the
+        queues pair the same ids, as SGLang's do. (On one replica nothing is stale.)"""
+        for c in self.group.cohorts:
+            q = getattr(c.st, queue)
+            if pid in q:
+                q.remove(pid)
+
+    def _st_seconds(self, c: Cohort, base_s: float) -> float:
+        """One storage call's duration on this replica: the backend's figure, or, on a
+        rank with a slow backend (``jitter.storage_latency``; such a rank has its own
+        replica from t=0), that figure scaled plus its drawn extra delay."""
+        j = self.jitter
+        if not j.slow_ranks or len(c.ranks) != 1 or c.ranks[0] not in j.slow_ranks:
+            return base_s
+        n = c.st.calls
+        c.st.calls += 1
+        dur = j.storage_seconds(c.ranks[0], n, base_s)
+        if dur != base_s:
+            j.perturbations.fire("storage_latency")
+        return dur
+
+    def _st_completed(self, pid) -> int | None:
+        """The tokens of prefetch ``pid`` every rank agrees have landed, or None before
+        its hit is staged. Each rank's `_page_transfer` sends one progressive ack per
+        128-page batch; `prefetch_sync_thread_func` MIN-reduces each ack across the TP
+        group (`_reduce_prefetch_ack`, a blocking collective, so the i-th ack lands on
+        every rank when the slowest rank sent it) and the scheduler moves
+        `operation.completed_tokens` only through the drained acks
+        (`_drain_ack_prefetch`). Every rank's transfers run FIFO on its one
+        `prefetch_io_aux_thread`, in the rank-agreed drain order of the hit queue, so
+        the i-th ack is the same batch of the same prefetch everywhere: the agreed
+        figure is the MIN over the ranks of what each has read so far."""
+        out = None
+        for c in self.group.cohorts:
+            op = c.st.xfers.get(pid)
+            if op is not None and (out is None or op.completed < out):
+                out = op.completed
+        return out
+
+    def _st_vote(self, c: Cohort, pid) -> bool:
+        """`_can_terminate_prefetch` under `timeout`: PP0's TP ranks each vote
+        (`_prefetch_deadline_expired`: its own timer, the agreed progress) and MAX-reduce
+        the votes (`_all_reduce(..., ReduceOp.MAX)` over the attention TP group, one
+        collective per poll), so every rank terminates the prefetch at the same poll.
+        The first replica to poll ``pid`` in this admission takes every rank's vote
+        from its state before the poll and issues the collective once for the group;
+        the others reuse the verdict. Which ids each replica polled is kept:
+        ``_st_check_votes`` checks at the next sync that every rank entered the same
+        calls in the same order."""
+        from sim.storage import policy
+
+        key = (self.step_no, self.env.now)
+        if self._st_vote_at != key:
+            self._st_vote_at = key
+            self._st_votes.clear()
+            self._st_polled.clear()
+        self._st_polled.setdefault(id(c), []).append(pid)
+        verdict = self._st_votes.get(pid)
+        if verdict is not None:
+            return verdict
+        completed = self._st_completed(pid)
+        votes: dict[int, int] = {}
+        for c2 in self.group.cohorts:
+            p2 = c2.st.book.prefetches.get(pid)
+            if p2 is None:
+                continue  # `check_prefetch_progress` returns before the vote there
+            landed = p2.staged is not None and completed is not None and completed >= p2.staged
+            v = int(policy.can_terminate("timeout", kv_landed=landed,
+                                         wait=c2.st.waits.get(pid), now=self.env.now))
+            for r in c2.ranks:
+                votes[r] = v
+        if len(votes) == self.cfg.tp and len(set(votes.values())) == 1:
+            v = next(iter(votes.values()))
+            red = self.collective.all_reduce_uniform(self.step_no, "prefetch_terminate", [-v])
+        else:
+            # MAX as the MIN of negated votes; a rank without the prefetch skipped it
+            red = self._all_reduce("prefetch_terminate", {r: [-v] for r, v in votes.items()})
+        verdict = policy.terminate_consensus([-red[0]])
+        self._st_votes[pid] = verdict
+        return verdict
+
+    def _st_check_votes(self) -> None:
+        """The last admission's timeout votes paired the same prefetch on every rank:
+        each rank's n-th `_can_terminate_prefetch` collective meets the others' n-th.
+        A rank that entered more of them than another blocks in its extra one (a hang,
+        reported at that admission's step); ranks that polled different ids in equal
+        numbers (another admission order) pair other requests' votes, which this
+        engine does not follow (untracked)."""
+        polled = self._st_polled
+        step, now = self._st_vote_at
+        self._st_vote_at = None
+        seqs = {r: tuple(polled.get(id(c), ())) for c in self.group.cohorts for r in c.ranks}
+        self._st_votes.clear()
+        polled.clear()
+        if len(set(seqs.values())) == 1:
+            return
+        most = max(len(x) for x in seqs.values())
+        if any(len(x) != most for x in seqs.values()):
+            try:
+                self.collective.all_reduce_min(step, "prefetch_terminate",
+                                               {r: [0] for r, x in seqs.items() if len(x) == most})
+            except CollectiveError as err:
+                self._collective_failed(err)
+        self.obs.untracked(now, step, "ranks polled different prefetches in the timeout "
+                           "vote (their collectives pair different requests)")
+        self.halted = "untracked"
+        raise _Halt()
 
     def _live(self):
         yield from self.running

@@ -34,7 +34,7 @@ class StorageOp:
 
 class StorageState:
     __slots__ = ("book", "view", "read", "write", "hit_q", "ack_q", "wack_q",
-                 "inflight", "xfers", "waits", "n_writes")
+                 "inflight", "xfers", "waits", "n_writes", "calls")
 
     def __init__(self, env: simpy.Environment, book: PrefetchBook, view: StorageView):
         self.book = book
@@ -48,6 +48,7 @@ class StorageState:
         self.xfers: dict = {}          # pid -> its read StorageOp (after the hit)
         self.waits: dict = {}          # pid -> policy.PrefetchWait
         self.n_writes = 0              # the auto storage-write ids issued (s1, s2, ...)
+        self.calls = 0                 # storage calls begun (the key of latency draws)
 
     def queue_sizes(self) -> tuple[int, int, int, int]:
         """``(prefetch_hit, ack_prefetch, ack_backup, host_mem_release)``: staged tails
@@ -65,4 +66,5 @@ class StorageState:
         new.xfers = dict(self.xfers)
         new.waits = {k: type(w)(w.timeout_s, w.started_at, w.expired) for k, w in self.waits.items()}
         new.n_writes = self.n_writes
+        new.calls = self.calls
         return new
