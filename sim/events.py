@@ -1494,6 +1494,20 @@ class Simulation:
             return
         if self._st_vote_at is not None:
             self._st_check_votes()
+        if len(group.cohorts) == 1:
+            c = group.cohorts[0]
+            if (all(a.delays is None for a in c.write_q)
+                    and all(a.delays is None for a in c.load_q)):
+                # Every rank shares one replica and sees the same acks and queues: one
+                # vector stands for all (the MIN of equal vectors), as `_sync` does.
+                d = c.tree.digest
+                vec = sync_vector(c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now),
+                                  d, storage_queues=c.st.queue_sizes())
+                w, l_, qs, _ = unpack_sync_vector(
+                    self.collective.all_reduce_uniform(self.step_no, "sync", vec))
+                self._pop(c, w, l_)
+                self._st_drain(c, qs[0], qs[1], qs[2])
+                return
         vecs: dict[int, list[int]] = {}
         digest: dict[int, int] = {}
         for c in group.cohorts:
