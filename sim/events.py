@@ -1360,6 +1360,36 @@ class Simulation:
         else:
             st[name][reason] = st[name].get(reason, 0) + n
 
+    def _st_node_keys(self, c: Cohort, node) -> list[int]:
+        """The storage keys of ``node``'s own pages: ``page_keys`` of its path, the
+        last ``len(node.key)`` of them, chained from the parent's last key, which the
+        replica keeps per node id (`StorageState.chain`) so a write costs its own
+        pages, not its whole path."""
+        from sim.storage.view import page_keys
+
+        keys = page_keys(node.key, self._st_chain_key(c, node.parent))
+        c.st.chain[node.id] = keys[-1]
+        return keys
+
+    def _st_chain_key(self, c: Cohort, x) -> int:
+        """The storage key of the last page of ``x``'s path (0 at the root)."""
+        root, chain = c.tree.root, c.st.chain
+        if x is root:
+            return 0
+        k = chain.get(x.id)
+        if k is not None:
+            return k
+        path = []
+        while x is not root and x.id not in chain:
+            path.append(x)
+            x = x.parent
+        k = 0 if x is root else chain[x.id]
+        for y in reversed(path):
+            for u in y.key:
+                k = hash((k, u))
+            chain[y.id] = k
+        return k
+
     def _st_holders(self, op):
         """The replicas awaiting ``op``'s result (it leaves their in-flight sets)."""
         for c in self.group.cohorts:
@@ -1376,7 +1406,6 @@ class Simulation:
         key = self._seq_key(rq, rq.fill_len - 1)
         pid = f"p{rq.r.rid}"
         self._st_reqs[pid] = rq
-        keys = None
         for c in self.group.cohorts:
             self._op(c, {"op": "prefetch", "key": key, "id": pid})
             m = c.tree.match_prefix(key)
@@ -1386,9 +1415,10 @@ class Simulation:
                     self._st_count(c, "prefetch_declined", iss.reason)
                 continue
             self._st_count(c, "prefetch_issued")
-            if keys is None:
-                keys = page_keys(key)
-            op = StorageOp("query", pid, keys[len(key) - len(iss.prefetch.key):])
+            # the key's pages after the anchor, chained from the anchor's last key
+            # (its path is the matched prefix): as `page_keys(key)[matched:]`
+            op = StorageOp("query", pid, page_keys(iss.prefetch.key,
+                                                   self._st_chain_key(c, iss.anchor)))
             c.st.inflight.add(op)
             self.env.process(self._st_query(c, op))
 
@@ -1463,7 +1493,7 @@ class Simulation:
         wid = f"s{st.n_writes}"  # the op-trace's automatic ids (OPTRACE §14)
         st.book.write(wid, node)
         n = len(node.key)
-        op = StorageOp("write", wid, page_keys(c.tree.path_units(node))[-n:], n)
+        op = StorageOp("write", wid, self._st_node_keys(c, node), n)
         st.inflight.add(op)
         self.env.process(self._st_writer(c, op))
 

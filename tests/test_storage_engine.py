@@ -282,3 +282,35 @@ def test_timeout_votes_are_one_max_collective_per_poll():
     for policy in ("best_effort", "wait_complete"):
         assert _vote_calls(*SLOW_RANK, f"storage.prefetch_policy={policy}")[0] == 0
     assert _vote_calls(*SLOW_RANK[:-1], "tp=1", "jitter={}")[0] == 0
+
+
+@pytest.mark.parametrize("sets", [(), ("cache.write_policy=write_back", "seed=4"),
+                                  ("seed=3", "jitter.request_order.swap_probability=0.2",
+                                   "jitter.request_order.ranks=[1]"),
+                                  ("seed=5",) + SLOW_RANK])
+def test_storage_keys_from_the_chain_cache_are_the_whole_path_chain(sets):
+    """Writes and queries take their page keys from each replica's per-node chain
+    cache (`_st_node_keys`, `_st_chain_key`); every one must equal `page_keys` of the
+    whole path (a write) or of the whole request key (a query)."""
+    from sim.storage.view import page_keys
+
+    seen = {"write": 0, "query": 0}
+    node_keys, query = Simulation._st_node_keys, Simulation._st_query
+
+    def check_node(self, c, node):
+        keys = node_keys(self, c, node)
+        assert keys == page_keys(c.tree.path_units(node))[-len(node.key):]
+        seen["write"] += 1
+        return keys
+
+    def check_query(self, c, op):
+        rq = self._st_reqs[op.id]
+        full = page_keys(self._seq_key(rq, rq.fill_len - 1))
+        assert op.keys == full[len(full) - len(op.keys):]
+        seen["query"] += 1
+        return query(self, c, op)
+
+    with patch.object(Simulation, "_st_node_keys", check_node), \
+            patch.object(Simulation, "_st_query", check_query):
+        run(*sets, requests=80)
+    assert seen["write"] > 50 and seen["query"] > 10
