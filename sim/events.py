@@ -1392,6 +1392,16 @@ class Simulation:
 
     def _st_holders(self, op):
         """The replicas awaiting ``op``'s result (it leaves their in-flight sets)."""
+        cohorts = self.group.cohorts
+        if len(cohorts) == 1:
+            st = cohorts[0].st
+            if op in st.inflight:
+                st.inflight.discard(op)
+                return cohorts
+            return ()
+        return self._st_holders_of(op)
+
+    def _st_holders_of(self, op):
         for c in self.group.cohorts:
             if op in c.st.inflight:
                 c.st.inflight.discard(op)
@@ -1530,13 +1540,15 @@ class Simulation:
                     and all(a.delays is None for a in c.load_q)):
                 # Every rank shares one replica and sees the same acks and queues: one
                 # vector stands for all (the MIN of equal vectors), as `_sync` does.
-                d = c.tree.digest
-                vec = sync_vector(c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now),
-                                  d, storage_queues=c.st.queue_sizes())
-                w, l_, qs, _ = unpack_sync_vector(
-                    self.collective.all_reduce_uniform(self.step_no, "sync", vec))
-                self._pop(c, w, l_)
-                self._st_drain(c, qs[0], qs[1], qs[2])
+                st, d = c.st, c.tree.digest
+                red = self.collective.all_reduce_uniform(self.step_no, "sync", [
+                    c.ready_count(c.write_q, 0, now) if c.write_q else 0,
+                    c.ready_count(c.load_q, 0, now) if c.load_q else 0,
+                    *st.queue_sizes(), d, -d])
+                if red[0] or red[1]:
+                    self._pop(c, red[0], red[1])
+                if red[2] or red[3] or red[4]:
+                    self._st_drain(c, red[2], red[3], red[4])
                 return
         vecs: dict[int, list[int]] = {}
         digest: dict[int, int] = {}

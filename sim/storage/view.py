@@ -64,12 +64,17 @@ class StorageView:
     def write(self, keys: Iterable[int]) -> None:
         """A finished storage write of these pages (``batch_set``)."""
         ks = self._keys
+        cap = self.capacity_pages
+        if cap is None:
+            # unbounded: recency is never read, so new keys are appended and present
+            # ones left where they are (one C-level update)
+            ks.update(dict.fromkeys(keys))
+            return
         for k in keys:
             if k in ks:
                 ks.move_to_end(k)
             else:
                 ks[k] = None
-        cap = self.capacity_pages
         if cap is not None:
             while len(ks) > cap:
                 ks.popitem(last=False)
@@ -85,7 +90,10 @@ class StorageView:
         return len(keys)
 
     def read(self, keys: Iterable[int]) -> None:
-        """A finished storage read of these pages refreshes their recency."""
+        """A finished storage read of these pages refreshes their recency (only read
+        by a bounded view's evictions)."""
+        if self.capacity_pages is None:
+            return
         ks = self._keys
         for k in keys:
             if k in ks:
