@@ -46,7 +46,9 @@ class StorageView:
         if capacity_pages is not None and capacity_pages < 0:
             raise ValueError("capacity_pages must be >= 0")
         self.capacity_pages = capacity_pages
-        self._keys: OrderedDict = OrderedDict()
+        # recency order matters only to a bounded view's evictions; an unbounded one
+        # keeps a plain dict (its C-level updates are several times cheaper)
+        self._keys: dict = OrderedDict() if capacity_pages is not None else {}
         self.evicted = 0  # pages evicted for capacity (a counter for metrics)
 
     def __len__(self) -> int:
@@ -57,7 +59,7 @@ class StorageView:
 
     def copy(self) -> "StorageView":
         new = StorageView(self.capacity_pages)
-        new._keys = OrderedDict(self._keys)
+        new._keys = type(self._keys)(self._keys)
         new.evicted = self.evicted
         return new
 
