@@ -1524,8 +1524,6 @@ class Simulation:
         """`_sync_hicache_ready_counts` with storage on: ``[write_acks, load_acks,
         prefetch_hit, ack_prefetch, ack_backup, host_mem_release, digest, -digest]``
         MIN over the TP group; every rank drains the agreed counts, in SGLang's order."""
-        from sim.storage.collectives import sync_vector, unpack_sync_vector
-
         group, now = self.group, self.env.now
         if self._solo:
             c = group.cohorts[0]
@@ -1536,20 +1534,23 @@ class Simulation:
             self._st_check_votes()
         if len(group.cohorts) == 1:
             c = group.cohorts[0]
-            if (all(a.delays is None for a in c.write_q)
-                    and all(a.delays is None for a in c.load_q)):
+            wq, lq = c.write_q, c.load_q
+            if ((not wq or all(a.delays is None for a in wq))
+                    and (not lq or all(a.delays is None for a in lq))):
                 # Every rank shares one replica and sees the same acks and queues: one
                 # vector stands for all (the MIN of equal vectors), as `_sync` does.
                 st, d = c.st, c.tree.digest
                 red = self.collective.all_reduce_uniform(self.step_no, "sync", [
-                    c.ready_count(c.write_q, 0, now) if c.write_q else 0,
-                    c.ready_count(c.load_q, 0, now) if c.load_q else 0,
+                    c.ready_count(wq, 0, now) if wq else 0,
+                    c.ready_count(lq, 0, now) if lq else 0,
                     *st.queue_sizes(), d, -d])
                 if red[0] or red[1]:
                     self._pop(c, red[0], red[1])
                 if red[2] or red[3] or red[4]:
                     self._st_drain(c, red[2], red[3], red[4])
                 return
+        from sim.storage.collectives import sync_vector, unpack_sync_vector
+
         vecs: dict[int, list[int]] = {}
         digest: dict[int, int] = {}
         for c in group.cohorts:
