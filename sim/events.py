@@ -1727,9 +1727,9 @@ class Simulation:
             self._st_votes.clear()
             self._st_polled.clear()
         self._st_polled.setdefault(id(c), []).append(pid)
-        verdict = self._st_votes.get(pid)
-        if verdict is not None:
-            return verdict
+        known = self._st_votes.get(pid)
+        if known is not None:
+            return known[0]
         completed = self._st_completed(pid)
         votes: dict[int, int] = {}
         for c2 in self.group.cohorts:
@@ -1748,35 +1748,44 @@ class Simulation:
             # MAX as the MIN of negated votes; a rank without the prefetch skipped it
             red = self._all_reduce("prefetch_terminate", {r: [-v] for r, v in votes.items()})
         verdict = policy.terminate_consensus([-red[0]])
-        self._st_votes[pid] = verdict
+        self._st_votes[pid] = (verdict, votes)
         return verdict
 
     def _st_check_votes(self) -> None:
-        """The last admission's timeout votes paired the same prefetch on every rank:
-        each rank's n-th `_can_terminate_prefetch` collective meets the others' n-th.
-        A rank that entered more of them than another blocks in its extra one (a hang,
-        reported at that admission's step); ranks that polled different ids in equal
-        numbers (another admission order) pair other requests' votes, which this
-        engine does not follow (untracked)."""
-        polled = self._st_polled
+        """The last admission's timeout votes, paired as SGLang pairs them: each rank's
+        n-th `_can_terminate_prefetch` collective meets the others' n-th. Replicas that
+        polled the same ids in the same order got exactly the verdicts `_st_vote`
+        gave them. Otherwise (another admission order): a rank that entered more
+        calls than another blocks in its extra one (a hang, at that admission's step);
+        with equal counts, each n-th call's MAX over the ranks' n-th votes must be the
+        verdict each rank used, or the ranks acted on verdicts this engine did not
+        follow (untracked). The calls were counted once per id polled."""
+        polled, votes = self._st_polled, self._st_votes
         step, now = self._st_vote_at
         self._st_vote_at = None
         seqs = {r: tuple(polled.get(id(c), ())) for c in self.group.cohorts for r in c.ranks}
-        self._st_votes.clear()
         polled.clear()
-        if len(set(seqs.values())) == 1:
-            return
-        most = max(len(x) for x in seqs.values())
-        if any(len(x) != most for x in seqs.values()):
-            try:
-                self.collective.all_reduce_min(step, "prefetch_terminate",
-                                               {r: [0] for r, x in seqs.items() if len(x) == most})
-            except CollectiveError as err:
-                self._collective_failed(err)
-        self.obs.untracked(now, step, "ranks polled different prefetches in the timeout "
-                           "vote (their collectives pair different requests)")
-        self.halted = "untracked"
-        raise _Halt()
+        try:
+            if len(set(seqs.values())) == 1:
+                return
+            most = max(len(x) for x in seqs.values())
+            if any(len(x) != most for x in seqs.values()):
+                try:
+                    self.collective.all_reduce_min(
+                        step, "prefetch_terminate",
+                        {r: [0] for r, x in seqs.items() if len(x) == most})
+                except CollectiveError as err:
+                    self._collective_failed(err)
+            for n in range(most):
+                paired = max(votes[x[n]][1].get(r, 0) for r, x in seqs.items())
+                if any(bool(paired) != votes[x[n]][0] for x in seqs.values()):
+                    self.obs.untracked(now, step, "ranks polled different prefetches in the "
+                                       "timeout vote and their paired collectives gave "
+                                       "other verdicts")
+                    self.halted = "untracked"
+                    raise _Halt()
+        finally:
+            votes.clear()
 
     def _live(self):
         yield from self.running

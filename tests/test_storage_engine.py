@@ -314,3 +314,33 @@ def test_storage_keys_from_the_chain_cache_are_the_whole_path_chain(sets):
             patch.object(Simulation, "_st_query", check_query):
         run(*sets, requests=80)
     assert seen["write"] > 50 and seen["query"] > 10
+
+
+def test_timeout_votes_of_another_admission_order_pair_other_requests():
+    """Rank 1 admits in another order (request-order jitter), so its n-th timeout vote
+    can be for another request than rank 0's n-th. Where every paired MAX still gives
+    each rank the verdict it used, the run goes on (and is absorbed); under a short
+    timeout some pairings give other verdicts, which the engine reports as untracked."""
+    check = Simulation._st_check_votes
+    differed = []
+
+    def spy(self):
+        seqs = {tuple(self._st_polled.get(id(c), ())) for c in self.group.cohorts}
+        differed.append(len(seqs) > 1)
+        return check(self)
+
+    order = ("jitter.request_order.swap_probability=0.2", "jitter.request_order.ranks=[1]")
+    out = {}
+    with patch.object(Simulation, "_st_check_votes", spy):
+        for sets, seeds in ((("storage.read_gbps=0.5",), (0, 2, 3)),
+                            (("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01"),
+                             (1, 2))):
+            differed.clear()
+            res = [run(*order, *sets, f"seed={seed}", requests=80) for seed in seeds]
+            out[sets] = ({r.summary["verdict"] for r in res}, sum(differed),
+                         {(r.divergence["untracked"] or {}).get("why", "") for r in res})
+    verdicts, n_differed, _ = out[("storage.read_gbps=0.5",)]
+    assert n_differed > 0 and verdicts == {"absorbed"}
+    verdicts, n_differed, why = out[("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01")]
+    assert n_differed > 0 and "missed" in verdicts
+    assert any("paired collectives gave other verdicts" in w for w in why)
