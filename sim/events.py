@@ -1571,10 +1571,10 @@ class Simulation:
             self._st_drain(c, qs[0], qs[1], qs[2])
 
     def _st_drain(self, c: Cohort, n_hit: int, n_ack: int, n_backup: int) -> None:
-        from sim.storage.collectives import min_hits
-        from sim.storage.replica import StorageOp
-
         st, book, ps = c.st, c.st.book, self._ps
+        if n_hit:
+            from sim.storage.collectives import min_hits
+            from sim.storage.replica import StorageOp
         for _ in range(n_hit):
             pid = st.hit_q.popleft()
             p = book.prefetches.get(pid)
@@ -1596,9 +1596,11 @@ class Simulation:
             op = st.xfers.get(pid)
             if pid in book.prefetches and op is not None:
                 self._st_done(c, pid, op.completed)
+        recording = c.ops is not None
         for _ in range(n_backup):
             wid = st.wack_q.popleft()
-            self._op(c, {"op": "storage_write_ack", "id": wid})
+            if recording:
+                self._op(c, {"op": "storage_write_ack", "id": wid})
             book.write_ack(wid)
 
     def _st_done(self, c: Cohort, pid, completed: int) -> None:

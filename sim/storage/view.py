@@ -47,8 +47,8 @@ class StorageView:
             raise ValueError("capacity_pages must be >= 0")
         self.capacity_pages = capacity_pages
         # recency order matters only to a bounded view's evictions; an unbounded one
-        # keeps a plain dict (its C-level updates are several times cheaper)
-        self._keys: dict = OrderedDict() if capacity_pages is not None else {}
+        # keeps a set (one C-level update per write)
+        self._keys = OrderedDict() if capacity_pages is not None else set()
         self.evicted = 0  # pages evicted for capacity (a counter for metrics)
 
     def __len__(self) -> int:
@@ -68,9 +68,7 @@ class StorageView:
         ks = self._keys
         cap = self.capacity_pages
         if cap is None:
-            # unbounded: recency is never read, so new keys are appended and present
-            # ones left where they are (one C-level update)
-            ks.update(dict.fromkeys(keys))
+            ks.update(keys)  # unbounded: recency is never read
             return
         for k in keys:
             if k in ks:
@@ -103,8 +101,12 @@ class StorageView:
 
     def drop(self, keys: Iterable[int]) -> None:
         """Pages lost on this rank (a fault: a backend that lost or never stored them)."""
+        ks = self._keys
+        if self.capacity_pages is None:
+            ks.difference_update(keys)
+            return
         for k in keys:
-            self._keys.pop(k, None)
+            ks.pop(k, None)
 
 
 def rank_hits(views: Sequence[StorageView], keys: Sequence[int], page_size: int) -> list[int]:
