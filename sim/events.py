@@ -1494,7 +1494,6 @@ class Simulation:
         node is host-locked until its storage ack; its pages become visible to this
         rank's `batch_exists` when the write finishes."""
         from sim.storage.replica import StorageOp
-        from sim.storage.view import page_keys
 
         if node is c.tree.root or not node.host:
             return  # build_storage_backup_spec: nothing written, no id
