@@ -1444,7 +1444,7 @@ class Simulation:
                 self._st_hits.setdefault(op.id, {})[id(c2)] = self._st_rank_hit(c2, op.keys) * ps
                 c2.st.hit_q.append(op.id)
             else:
-                self._st_drop_stale("hit_q", op.id)
+                self._st_stale(c2, "hit_q", op.id)
         self._kick()
 
     def _st_rank_hit(self, c: Cohort, keys) -> int:
@@ -1487,7 +1487,8 @@ class Simulation:
                 c2.st.ack_q.append(op.id)
             self._kick()
         else:
-            self._st_drop_stale("ack_q", op.id)
+            for c2 in holders:
+                self._st_stale(c2, "ack_q", op.id)
 
     def _st_write(self, c: Cohort, node) -> None:
         """`write_backup_storage(node)` after a D->H ack (``Tree.on_host_backup``): the
@@ -1663,18 +1664,27 @@ class Simulation:
             self._st_revoke(c, pid, "not_staged")
         return True
 
-    def _st_drop_stale(self, queue: str, pid) -> None:
-        """A prefetch terminated while its query (or transfer) was still running on
-        this replica, after it had finished on faster ones. SGLang's threads queue
-        every op's hit and every transfer's last ack on every rank, terminated or not
+    def _st_stale(self, c: Cohort, queue: str, pid) -> None:
+        """Replica ``c``'s query (``hit_q``) or transfer (``ack_q``) of prefetch ``pid``
+        ended after the prefetch was terminated there. SGLang's threads queue every
+        op's hit and every transfer's last ack on every rank, terminated or not
         (`prefetch_thread_func` queries a terminated op as a miss;
         `prefetch_io_aux_func` sends `completed_req` in a `finally`), so the ranks'
-        queues pair item for item under the sync vector's MIN counts and the drain
-        skips the stale ones. Here a replica whose op ends after the termination
-        queues nothing, so the faster replicas' stale items are dropped with it: the
-        queues pair the same ids, as SGLang's do. (On one replica nothing is stale.)"""
-        for c in self.group.cohorts:
-            q = getattr(c.st, queue)
+        queues pair item for item under the sync vector's MIN counts, and each drain
+        skips its stale items. Here: while some replica still runs the prefetch (its
+        trees differ), ``c`` queues the stale item as SGLang does; once no replica
+        does, the stale items the faster replicas queued are dropped instead, so the
+        queues still pair the same ids (and one replica never holds a stale item)."""
+        cohorts = self.group.cohorts
+        if queue == "hit_q":
+            alive = any(pid in x.st.book.prefetches for x in cohorts)
+        else:
+            alive = any(pid in x.st.xfers for x in cohorts)
+        if alive:
+            getattr(c.st, queue).append(pid)
+            return
+        for x in cohorts:
+            q = getattr(x.st, queue)
             if pid in q:
                 q.remove(pid)
 
