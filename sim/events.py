@@ -1728,8 +1728,8 @@ class Simulation:
         The first replica to poll ``pid`` in this admission takes every rank's vote
         from its state before the poll and issues the collective once for the group;
         the others reuse the verdict. Which ids each replica polled is kept:
-        ``_st_check_votes`` checks at the next sync that every rank entered the same
-        calls in the same order."""
+        ``_st_check_votes`` pairs the ranks' calls at the next sync, as SGLang's
+        collectives pair them."""
         from sim.storage import policy
 
         key = (self.step_no, self.env.now)
