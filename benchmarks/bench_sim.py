@@ -5,6 +5,10 @@ Usage: python benchmarks/bench_sim.py [--requests 10000] [--profile] [--no-class
 The workload is quickstart.yaml's multi-turn chat generator at 10k requests. Jitter
 "on" delays every rank's acks (exponential, mean 2 ms): under SGLang's synced ack
 discipline that is absorbed, so it measures the cost of per-rank ack bookkeeping.
+"storage" adds a Mooncake L3 tier (``storage: {backend: mooncake}``, SGLang's default
+``timeout`` prefetch policy) at TP=8: every D->H backup is written to each rank's
+store and an arriving turn prefetches what the host lost (target: 3,000 simulated
+requests per wall-second).
 Then every shipped jitter scenario runs with ``engine.replicas`` shared and eager
 (results are byte-identical by construction; only the wall time differs).
 """
@@ -27,11 +31,17 @@ from sim.scenario import load_scenario  # noqa: E402
 JITTER = ["jitter.ack_delay.dist=exponential", "jitter.ack_delay.mean=0.002"]
 
 
-def one(tp: int, jitter: bool, n: int):
+STORAGE = ["storage.backend=mooncake"]
+STORAGE_TARGET = 3000  # simulated requests per wall-second, TP=8 with storage on
+
+
+def one(tp: int, jitter: bool, n: int, storage: bool = False):
     sets = [f"tp={tp}", f"workload.num_requests={n}", "scheduler.max_running_requests=64",
             "workload.arrival.rate=20"]
     if jitter:
         sets += JITTER
+    if storage:
+        sets += STORAGE
     scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", sets)
     t0 = time.perf_counter()
     res = run_scenario(scn, None)
@@ -43,17 +53,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--profile", action="store_true", help="cProfile the TP=8 jitter-off run")
+    ap.add_argument("--storage", action="store_true",
+                    help="only the TP=8 storage run (with --profile: profile it)")
     ap.add_argument("--no-classes", action="store_true", help="skip the shared-vs-eager table")
     args = ap.parse_args()
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
-        one(8, False, args.requests)
+        one(8, False, args.requests, storage=args.storage)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
         return
     rates = {}
     one(1, False, 500)  # warm-up (imports, caches): not timed
+    if args.storage:
+        storage(args.requests)
+        return
     print(f"{args.requests} requests (quickstart multi-turn chat), simulated collective")
     print(f"{'tp':>3} {'jitter':>7} {'req/s':>9} {'wall s':>7} {'hit':>6} {'verdict':>9} {'steps':>7}")
     for tp in (1, 8):
@@ -64,9 +79,21 @@ def main():
                   f"{res.summary['hit_rate']:>6.1%} {res.divergence['verdict']:>9} {res.divergence['steps']:>7}")
     print(f"TP8/TP1 wall-time ratio, jitter off: {rates[8, False] / rates[1, False]:.2f}")
     print(f"TP8/TP1 wall-time ratio, jitter on:  {rates[8, True] / rates[1, True]:.2f}")
+    storage(args.requests, rates[8, False])
     if not args.no_classes:
         replicas()
     cluster()
+
+
+def storage(n: int, plain_wall: float | None = None):
+    """TP=8 with the Mooncake L3 tier on (same workload)."""
+    rate, wall, res = one(8, False, n, storage=True)
+    s = res.summary
+    print(f"  8 storage {rate:>9,.0f} {wall:>7.2f} {s['hit_rate']:>6.1%} {res.divergence['verdict']:>9} "
+          f"{res.divergence['steps']:>7}  (L3 {s['l3_hit_tokens']:,} tokens, {s['prefetch_issued']:,} "
+          f"prefetches, {STORAGE_TARGET:,} req/s target: {rate / STORAGE_TARGET:.2f} of it)")
+    if plain_wall is not None:
+        print(f"TP8 storage/no-storage wall-time ratio: {wall / plain_wall:.2f}")
 
 
 def cluster():

@@ -52,6 +52,12 @@ class JitterConfig:
     storage_miss_p: float = 0.0
     storage_miss_ranks: tuple[int, ...] = ()
     storage_fail_ranks: tuple[int, ...] = ()
+    # A slow storage backend on some ranks: each storage call costs ``factor`` times
+    # the backend's figure plus a drawn extra delay (distribution name and params).
+    storage_latency_factor: float = 1.0
+    storage_latency: str = "none"
+    storage_latency_params: dict = field(default_factory=dict)
+    storage_latency_ranks: tuple[int, ...] = ()
     seed: int | None = None  # the jitter draws' own seed; None: the run's seed
 
     def physical_ranks(self, tp: int) -> list[int]:
@@ -65,6 +71,7 @@ class JitterConfig:
         if self.storage_miss_p > 0:
             out |= set(self.storage_miss_ranks)
         out |= set(self.storage_fail_ranks)
+        out |= set(self.storage_latency_ranks)
         return sorted(r for r in out if 0 <= r < tp)
 
 
@@ -160,6 +167,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         return all_ranks if lst is None else tuple(lst)
 
     fd = j.device_free_delay
+    sl = j.storage_latency
     jit = JitterConfig(
         ack_delay=j.ack_delay.dist,
         ack_delay_params=j.ack_delay.params() if j.ack_delay.dist != "none" else {},
@@ -181,6 +189,10 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         storage_miss_p=j.storage_miss.probability,
         storage_miss_ranks=ranks(j.storage_miss.ranks) if j.storage_miss.probability > 0 else (),
         storage_fail_ranks=tuple(j.storage_fail.ranks),
+        storage_latency_factor=sl.factor,
+        storage_latency=sl.dist,
+        storage_latency_params=sl.params() if sl.dist != "none" else {},
+        storage_latency_ranks=(ranks(sl.ranks) if sl.factor != 1.0 or sl.dist != "none" else ()),
         seed=scn.seed if j.seed is None else j.seed,
     )
     cfg = SimConfig(

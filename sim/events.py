@@ -304,6 +304,11 @@ class Simulation:
         if self._st is not None:
             self._st_hits: dict = {}  # prefetch id -> {id(replica): its storage hit}
             self._st_reqs: dict = {}  # prefetch id -> its Req
+            # The timeout votes of this iteration's admission polls (`_st_vote`):
+            # prefetch id -> the reduced verdict, and each replica's polled ids.
+            self._st_votes: dict = {}
+            self._st_polled: dict = {}
+            self._st_vote_at = None  # (step, time) of the admission those belong to
             for c in self.group.cohorts:
                 self._st_attach(c)
 
@@ -1402,8 +1407,48 @@ class Simulation:
         else:
             st[name][reason] = st[name].get(reason, 0) + n
 
+    def _st_node_keys(self, c: Cohort, node) -> list[int]:
+        """The storage keys of ``node``'s own pages: ``page_keys`` of its path, the
+        last ``len(node.key)`` of them, chained from the parent's last key, which the
+        replica keeps per node id (`StorageState.chain`) so a write costs its own
+        pages, not its whole path."""
+        from sim.storage.view import page_keys
+
+        keys = page_keys(node.key, self._st_chain_key(c, node.parent))
+        c.st.chain[node.id] = keys[-1]
+        return keys
+
+    def _st_chain_key(self, c: Cohort, x) -> int:
+        """The storage key of the last page of ``x``'s path (0 at the root)."""
+        root, chain = c.tree.root, c.st.chain
+        if x is root:
+            return 0
+        k = chain.get(x.id)
+        if k is not None:
+            return k
+        path = []
+        while x is not root and x.id not in chain:
+            path.append(x)
+            x = x.parent
+        k = 0 if x is root else chain[x.id]
+        for y in reversed(path):
+            for u in y.key:
+                k = hash((k, u))
+            chain[y.id] = k
+        return k
+
     def _st_holders(self, op):
         """The replicas awaiting ``op``'s result (it leaves their in-flight sets)."""
+        cohorts = self.group.cohorts
+        if len(cohorts) == 1:
+            st = cohorts[0].st
+            if op in st.inflight:
+                st.inflight.discard(op)
+                return cohorts
+            return ()
+        return self._st_holders_of(op)
+
+    def _st_holders_of(self, op):
         for c in self.group.cohorts:
             if op in c.st.inflight:
                 c.st.inflight.discard(op)
@@ -1418,7 +1463,6 @@ class Simulation:
         key = self._seq_key(rq, rq.fill_len - 1)
         pid = f"p{rq.r.rid}"
         self._st_reqs[pid] = rq
-        keys = None
         for c in self.group.cohorts:
             self._op(c, {"op": "prefetch", "key": key, "id": pid})
             m = c.tree.match_prefix(key)
@@ -1428,16 +1472,17 @@ class Simulation:
                     self._st_count(c, "prefetch_declined", iss.reason)
                 continue
             self._st_count(c, "prefetch_issued")
-            if keys is None:
-                keys = page_keys(key)
-            op = StorageOp("query", pid, keys[len(key) - len(iss.prefetch.key):])
+            # the key's pages after the anchor, chained from the anchor's last key
+            # (its path is the matched prefix): as `page_keys(key)[matched:]`
+            op = StorageOp("query", pid, page_keys(iss.prefetch.key,
+                                                   self._st_chain_key(c, iss.anchor)))
             c.st.inflight.add(op)
             self.env.process(self._st_query(c, op))
 
     def _st_query(self, c: Cohort, op):
         with c.st.read.request() as req:
             yield req
-            dur = self._st.backend.exists_seconds()
+            dur = self._st_seconds(c, self._st.backend.exists_seconds())
             self._mark(self.env.now + dur)
             yield self.env.timeout(dur)
         ps = self._ps
@@ -1446,6 +1491,8 @@ class Simulation:
                 self._st_hits.setdefault(op.id, {})[id(c2)] = self._st_rank_hit(c2, op.keys) * ps
                 c2.st.hit_q.append(op.id)
                 c2.st.qkeys[op.id] = op.keys
+            else:
+                self._st_stale(c2, "hit_q", op.id)
         self._kick()
 
     def _st_rank_hit(self, c: Cohort, keys) -> int:
@@ -1478,7 +1525,7 @@ class Simulation:
             for pages in prefetch_batches(op.pages):
                 if op.cancelled:
                     break
-                dur = be.read_seconds(pages * bpp)
+                dur = self._st_seconds(c, be.read_seconds(pages * bpp))
                 self._mark(self.env.now + dur)
                 yield self.env.timeout(dur)
                 op.completed += pages * ps
@@ -1491,13 +1538,15 @@ class Simulation:
             for c2 in holders:
                 c2.st.ack_q.append(op.id)
             self._kick()
+        else:
+            for c2 in holders:
+                self._st_stale(c2, "ack_q", op.id)
 
     def _st_write(self, c: Cohort, node) -> None:
         """`write_backup_storage(node)` after a D->H ack (``Tree.on_host_backup``): the
         node is host-locked until its storage ack; its pages become visible to this
         rank's `batch_exists` when the write finishes."""
         from sim.storage.replica import StorageOp
-        from sim.storage.view import page_keys
 
         if node is c.tree.root or not node.host:
             return  # build_storage_backup_spec: nothing written, no id
@@ -1506,7 +1555,7 @@ class Simulation:
         wid = f"s{st.n_writes}"  # the op-trace's automatic ids (OPTRACE §14)
         st.book.write(wid, node)
         n = len(node.key)
-        op = StorageOp("write", wid, page_keys(c.tree.path_units(node))[-n:], n)
+        op = StorageOp("write", wid, self._st_node_keys(c, node), n)
         st.inflight.add(op)
         self.env.process(self._st_writer(c, op))
 
@@ -1514,7 +1563,7 @@ class Simulation:
         nbytes = op.pages * self._ps * self.cost.bytes_per_token
         with c.st.write.request() as req:
             yield req
-            dur = self._st.backend.write_seconds(nbytes)
+            dur = self._st_seconds(c, self._st.backend.write_seconds(nbytes))
             self._mark(self.env.now + dur)
             yield self.env.timeout(dur)
         for c2 in self._st_holders(op):
@@ -1527,14 +1576,33 @@ class Simulation:
         """`_sync_hicache_ready_counts` with storage on: ``[write_acks, load_acks,
         prefetch_hit, ack_prefetch, ack_backup, host_mem_release, digest, -digest]``
         MIN over the TP group; every rank drains the agreed counts, in SGLang's order."""
-        from sim.storage.collectives import sync_vector, unpack_sync_vector
-
         group, now = self.group, self.env.now
         if self._solo:
             c = group.cohorts[0]
             self._pop(c, c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now))
             self._st_drain(c, *c.st.queue_sizes()[:3])
             return
+        if self._st_vote_at is not None:
+            self._st_check_votes()
+        if len(group.cohorts) == 1:
+            c = group.cohorts[0]
+            wq, lq = c.write_q, c.load_q
+            if ((not wq or all(a.delays is None for a in wq))
+                    and (not lq or all(a.delays is None for a in lq))):
+                # Every rank shares one replica and sees the same acks and queues: one
+                # vector stands for all (the MIN of equal vectors), as `_sync` does.
+                st, d = c.st, c.tree.digest
+                red = self.collective.all_reduce_uniform(self.step_no, "sync", [
+                    c.ready_count(wq, 0, now) if wq else 0,
+                    c.ready_count(lq, 0, now) if lq else 0,
+                    *st.queue_sizes(), d, -d])
+                if red[0] or red[1]:
+                    self._pop(c, red[0], red[1])
+                if red[2] or red[3] or red[4]:
+                    self._st_drain(c, red[2], red[3], red[4])
+                return
+        from sim.storage.collectives import sync_vector, unpack_sync_vector
+
         vecs: dict[int, list[int]] = {}
         digest: dict[int, int] = {}
         for c in group.cohorts:
@@ -1555,10 +1623,10 @@ class Simulation:
             self._st_drain(c, qs[0], qs[1], qs[2])
 
     def _st_drain(self, c: Cohort, n_hit: int, n_ack: int, n_backup: int) -> None:
-        from sim.storage.collectives import min_hits
-        from sim.storage.replica import StorageOp
-
         st, book, ps = c.st, c.st.book, self._ps
+        if n_hit:
+            from sim.storage.collectives import min_hits
+            from sim.storage.replica import StorageOp
         for _ in range(n_hit):
             pid = st.hit_q.popleft()
             p = book.prefetches.get(pid)
@@ -1581,9 +1649,11 @@ class Simulation:
             op = st.xfers.get(pid)
             if pid in book.prefetches and op is not None:
                 self._st_done(c, pid, op.completed)
+        recording = c.ops is not None
         for _ in range(n_backup):
             wid = st.wack_q.popleft()
-            self._op(c, {"op": "storage_write_ack", "id": wid})
+            if recording:
+                self._op(c, {"op": "storage_write_ack", "id": wid})
             book.write_ack(wid)
 
     def _st_done(self, c: Cohort, pid, completed: int) -> None:
@@ -1613,7 +1683,9 @@ class Simulation:
 
     def _st_poll(self, c: Cohort, rq: Req) -> bool:
         """`check_prefetch_progress` at admission: True when the request may go on
-        (no prefetch, or it is terminated now: inserted if staged, else revoked)."""
+        (no prefetch, or it is terminated now: inserted if staged, else revoked).
+        What has landed is the rank-agreed progress (`_st_completed`); under
+        `timeout` the verdict is the TP group's MAX of every rank's vote (`_st_vote`)."""
         from sim.storage import policy
 
         pid = f"p{rq.r.rid}"
@@ -1622,12 +1694,16 @@ class Simulation:
         if p is None:
             return True
         cfg, now = self._st, self.env.now
-        op = st.xfers.get(pid)
-        landed = p.staged is not None and op is not None and op.completed >= p.staged
+        completed = self._st_completed(pid)
+        landed = p.staged is not None and completed is not None and completed >= p.staged
+        verdict = None
+        if cfg.prefetch_policy == "timeout" and not self._solo:
+            verdict = self._st_vote(c, pid)
         done, wait = policy.poll(cfg.prefetch_policy, terminated=False, kv_landed=landed,
                                  wait=st.waits.get(pid), now=now, requested_tokens=p.requested,
                                  page_size=self._ps, base_s=cfg.prefetch_timeout_base,
-                                 per_ki_token_s=cfg.prefetch_timeout_per_ki_token)
+                                 per_ki_token_s=cfg.prefetch_timeout_per_ki_token,
+                                 consensus=verdict)
         if wait is not None:
             st.waits[pid] = wait
             if not done and wait.started_at is not None:
@@ -1636,10 +1712,144 @@ class Simulation:
         if not done:
             return False
         if p.staged:
-            self._st_done(c, pid, op.completed if op is not None else 0)
+            self._st_done(c, pid, completed or 0)
         else:
             self._st_revoke(c, pid, "not_staged")
         return True
+
+    def _st_stale(self, c: Cohort, queue: str, pid) -> None:
+        """Replica ``c``'s query (``hit_q``) or transfer (``ack_q``) of prefetch ``pid``
+        ended after the prefetch was terminated there. SGLang's threads queue every
+        op's hit and every transfer's last ack on every rank, terminated or not
+        (`prefetch_thread_func` queries a terminated op as a miss;
+        `prefetch_io_aux_func` sends `completed_req` in a `finally`), so the ranks'
+        queues pair item for item under the sync vector's MIN counts, and each drain
+        skips its stale items. Here: while some replica still runs the prefetch (its
+        trees differ), ``c`` queues the stale item as SGLang does; once no replica
+        does, the stale items the faster replicas queued are dropped instead, so the
+        queues still pair the same ids (and one replica never holds a stale item)."""
+        cohorts = self.group.cohorts
+        if queue == "hit_q":
+            alive = any(pid in x.st.book.prefetches for x in cohorts)
+        else:
+            alive = any(pid in x.st.xfers for x in cohorts)
+        if alive:
+            getattr(c.st, queue).append(pid)
+            return
+        for x in cohorts:
+            q = getattr(x.st, queue)
+            if pid in q:
+                q.remove(pid)
+
+    def _st_seconds(self, c: Cohort, base_s: float) -> float:
+        """One storage call's duration on this replica: the backend's figure, or, on a
+        rank with a slow backend (``jitter.storage_latency``; such a rank has its own
+        replica from t=0), that figure scaled plus its drawn extra delay."""
+        j = self.jitter
+        if not j.slow_ranks or len(c.ranks) != 1 or c.ranks[0] not in j.slow_ranks:
+            return base_s
+        n = c.st.calls
+        c.st.calls += 1
+        dur = j.storage_seconds(c.ranks[0], n, base_s)
+        if dur != base_s:
+            j.perturbations.fire("storage_latency")
+        return dur
+
+    def _st_completed(self, pid) -> int | None:
+        """The tokens of prefetch ``pid`` every rank agrees have landed, or None before
+        its hit is staged. Each rank's `_page_transfer` sends one progressive ack per
+        128-page batch; `prefetch_sync_thread_func` MIN-reduces each ack across the TP
+        group (`_reduce_prefetch_ack`, a blocking collective, so the i-th ack lands on
+        every rank when the slowest rank sent it) and the scheduler moves
+        `operation.completed_tokens` only through the drained acks
+        (`_drain_ack_prefetch`). Every rank's transfers run FIFO on its one
+        `prefetch_io_aux_thread`, in the rank-agreed drain order of the hit queue, so
+        the i-th ack is the same batch of the same prefetch everywhere: the agreed
+        figure is the MIN over the ranks of what each has read so far."""
+        out = None
+        for c in self.group.cohorts:
+            op = c.st.xfers.get(pid)
+            if op is not None and (out is None or op.completed < out):
+                out = op.completed
+        return out
+
+    def _st_vote(self, c: Cohort, pid) -> bool:
+        """`_can_terminate_prefetch` under `timeout`: PP0's TP ranks each vote
+        (`_prefetch_deadline_expired`: its own timer, the agreed progress) and MAX-reduce
+        the votes (`_all_reduce(..., ReduceOp.MAX)` over the attention TP group, one
+        collective per poll), so every rank terminates the prefetch at the same poll.
+        The first replica to poll ``pid`` in this admission takes every rank's vote
+        from its state before the poll and issues the collective once for the group;
+        the others reuse the verdict. Which ids each replica polled is kept:
+        ``_st_check_votes`` pairs the ranks' calls at the next sync, as SGLang's
+        collectives pair them."""
+        from sim.storage import policy
+
+        key = (self.step_no, self.env.now)
+        if self._st_vote_at != key:
+            self._st_vote_at = key
+            self._st_votes.clear()
+            self._st_polled.clear()
+        self._st_polled.setdefault(id(c), []).append(pid)
+        known = self._st_votes.get(pid)
+        if known is not None:
+            return known[0]
+        completed = self._st_completed(pid)
+        votes: dict[int, int] = {}
+        for c2 in self.group.cohorts:
+            p2 = c2.st.book.prefetches.get(pid)
+            if p2 is None:
+                continue  # `check_prefetch_progress` returns before the vote there
+            landed = p2.staged is not None and completed is not None and completed >= p2.staged
+            v = int(policy.can_terminate("timeout", kv_landed=landed,
+                                         wait=c2.st.waits.get(pid), now=self.env.now))
+            for r in c2.ranks:
+                votes[r] = v
+        if len(votes) == self.cfg.tp and len(set(votes.values())) == 1:
+            v = next(iter(votes.values()))
+            red = self.collective.all_reduce_uniform(self.step_no, "prefetch_terminate", [-v])
+        else:
+            # MAX as the MIN of negated votes; a rank without the prefetch skipped it
+            red = self._all_reduce("prefetch_terminate", {r: [-v] for r, v in votes.items()})
+        verdict = policy.terminate_consensus([-red[0]])
+        self._st_votes[pid] = (verdict, votes)
+        return verdict
+
+    def _st_check_votes(self) -> None:
+        """The last admission's timeout votes, paired as SGLang pairs them: each rank's
+        n-th `_can_terminate_prefetch` collective meets the others' n-th. Replicas that
+        polled the same ids in the same order got exactly the verdicts `_st_vote`
+        gave them. Otherwise (another admission order): a rank that entered more
+        calls than another blocks in its extra one (a hang, at that admission's step);
+        with equal counts, each n-th call's MAX over the ranks' n-th votes must be the
+        verdict each rank used, or the ranks acted on verdicts this engine did not
+        follow (untracked). The calls were counted once per id polled."""
+        polled, votes = self._st_polled, self._st_votes
+        step, now = self._st_vote_at
+        self._st_vote_at = None
+        seqs = {r: tuple(polled.get(id(c), ())) for c in self.group.cohorts for r in c.ranks}
+        polled.clear()
+        try:
+            if len(set(seqs.values())) == 1:
+                return
+            most = max(len(x) for x in seqs.values())
+            if any(len(x) != most for x in seqs.values()):
+                try:
+                    self.collective.all_reduce_min(
+                        step, "prefetch_terminate",
+                        {r: [0] for r, x in seqs.items() if len(x) == most})
+                except CollectiveError as err:
+                    self._collective_failed(err)
+            for n in range(most):
+                paired = max(votes[x[n]][1].get(r, 0) for r, x in seqs.items())
+                if any(bool(paired) != votes[x[n]][0] for x in seqs.values()):
+                    self.obs.untracked(now, step, "ranks polled different prefetches in the "
+                                       "timeout vote and their paired collectives gave "
+                                       "other verdicts")
+                    self.halted = "untracked"
+                    raise _Halt()
+        finally:
+            votes.clear()
 
     def _live(self):
         yield from self.running

@@ -25,6 +25,7 @@ STREAM_HOST_ALLOC = 0x484F5354  # "HOST"
 STREAM_ORDER = 0x4F5244        # "ORD"
 STREAM_FREE = 0x46524545       # "FREE"
 STREAM_STORAGE = 0x53544F52    # "STOR"
+STREAM_STORAGE_LATENCY = 0x534C4F57  # "SLOW"
 
 
 def _mix(x: int) -> int:
@@ -44,7 +45,7 @@ def uniform(seed: int, stream: int, rank: int, n: int) -> float:
 # The perturbations, in the order reports list them.
 PERTURBATIONS = ("ack_delay", "host_alloc_failure", "host_capacity_skew",
                  "device_capacity_skew", "device_free_delay", "id_drift", "request_order",
-                 "storage_miss", "storage_fail")
+                 "storage_miss", "storage_fail", "storage_latency")
 
 
 class Perturbations:
@@ -112,6 +113,10 @@ class Jitter:
         self.fail_ranks = frozenset(r for r in cfg.storage_fail_ranks if 0 <= r < tp)
         if self.fail_ranks:
             configured.append("storage_fail")
+        self.slow_ranks = frozenset(r for r in cfg.storage_latency_ranks if 0 <= r < tp)
+        if self.slow_ranks:
+            self._slow_dist = DISTRIBUTIONS[cfg.storage_latency]
+            configured.append("storage_latency")
         self.perturbations = Perturbations(configured)
 
     @property
@@ -138,6 +143,16 @@ class Jitter:
         """Whether the page with storage key ``key`` is absent from ``rank``'s storage
         (the same answer every time it is asked)."""
         return uniform(self.seed, STREAM_STORAGE, self.base + rank, key) < self.cfg.storage_miss_p
+
+    def storage_seconds(self, rank: int, n: int, base_s: float) -> float:
+        """What ``rank``'s ``n``-th storage call costs when its backend's figure is
+        ``base_s`` (``jitter.storage_latency``): ``factor * base_s`` plus the drawn
+        extra delay. Only for a rank in ``slow_ranks``."""
+        c = self.cfg
+        extra = self._slow_dist.quantile(
+            uniform(self.seed, STREAM_STORAGE_LATENCY, self.base + rank, n),
+            c.storage_latency_params) if c.storage_latency != "none" else 0.0
+        return c.storage_latency_factor * base_s + extra
 
     def free_delay(self, rank: int, n: int) -> float:
         """Delay of ``rank``'s ``n``-th device free of a finished request."""

@@ -598,6 +598,18 @@ class StorageFail(_Model):
     ranks: list[Rank] = Field(default_factory=list)
 
 
+class StorageLatency(_DistFields):
+    """A slow storage backend on some ranks: each storage call there (a query, a
+    prefetch read batch, a write) takes ``factor`` times its backend cost, plus a drawn
+    extra delay in seconds (``dist``, per call). A slow rank delays every rank's
+    prefetches through the rank-agreed (MIN) hits, progress and drain counts, and so
+    their timeout votes (docs/STORAGE.md §7). Needs ``storage:``."""
+
+    factor: _num(gt=0.0, hi=1e6) = 1.0
+    dist: Literal[_DELAY_DISTS] = "none"  # type: ignore[valid-type]
+    ranks: list[Rank] | None = None  # None: every rank
+
+
 class Jitter(_Model):
     """Rank-level perturbations and faults; all default off. Each draw is keyed by
     (``seed``, rank, event); ``seed`` defaults to the scenario's. Capacity skews are
@@ -613,6 +625,7 @@ class Jitter(_Model):
     request_order: RequestOrder = Field(default_factory=RequestOrder)
     storage_miss: StorageMiss = Field(default_factory=StorageMiss)
     storage_fail: StorageFail = Field(default_factory=StorageFail)
+    storage_latency: StorageLatency = Field(default_factory=StorageLatency)
 
 
 # ----------------------------------------------------------------------------------
@@ -921,8 +934,10 @@ class Scenario(_Model):
             raise _err(f"attn_cp_size {self.storage.attn_cp_size} with tp {self.tp}",
                        "a divisor of tp", "storage.attn_cp_size")
         j = self.jitter
-        if self.storage is None and (j.storage_miss.probability > 0 or j.storage_fail.ranks):
-            key = "storage_miss" if j.storage_miss.probability > 0 else "storage_fail"
+        slow = j.storage_latency.factor != 1.0 or j.storage_latency.dist != "none"
+        if self.storage is None and (j.storage_miss.probability > 0 or j.storage_fail.ranks or slow):
+            key = ("storage_miss" if j.storage_miss.probability > 0
+                   else "storage_fail" if j.storage_fail.ranks else "storage_latency")
             raise _err(f"jitter.{key} without storage",
                        "a storage: block (it changes nothing otherwise)", f"jitter.{key}")
         for path, ranks in _rank_lists(self.jitter):
@@ -1168,6 +1183,8 @@ def _rank_lists(j: Jitter):
         yield "jitter.storage_miss.ranks", j.storage_miss.ranks
     if j.storage_fail.ranks:
         yield "jitter.storage_fail.ranks", j.storage_fail.ranks
+    if j.storage_latency.ranks:
+        yield "jitter.storage_latency.ranks", j.storage_latency.ranks
 
 
 # ----------------------------------------------------------------------------------

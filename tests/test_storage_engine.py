@@ -62,11 +62,20 @@ def test_storage_op_traces_replay_to_the_engines_trees(tmp_path, sets):
     assert kinds & {"prefetch_done", "prefetch_revoke"}
 
 
+# A slow backend on rank 1 where it matters: pages of 16 tokens (a hit spans several
+# 128-page read batches), reads at 4 GB/s and a 30 ms prefetch timeout, so rank 1's
+# transfers are still running when the timeout votes terminate them.
+SLOW_RANK = ("page_size=16", "storage.read_gbps=4", "storage.prefetch_timeout_base=0.03",
+             "storage.prefetch_timeout_per_ki_token=0", "jitter.storage_miss.probability=0",
+             "jitter.storage_latency={ranks: [1], factor: 4.0}")
+
+
 @pytest.mark.parametrize("sets", [("seed=2",), ("seed=4", "cache.write_policy=write_back"),
                                   ("seed=6", "storage.prefetch_policy=wait_complete"),
                                   ("seed=8", "storage.prefetch_policy=best_effort",
                                    "storage.read_gbps=0.05"),
-                                  ("seed=3", "storage.capacity_gb=0.5")])
+                                  ("seed=3", "storage.capacity_gb=0.5"),
+                                  ("seed=3",) + SLOW_RANK])
 def test_decode_runs_with_storage_write_what_a_step_by_step_loop_writes(sets, tmp_path):
     """The decode fast path stops at every storage completion and timeout deadline."""
     fast, plain = tmp_path / "fast", tmp_path / "plain"
@@ -81,7 +90,9 @@ def test_decode_runs_with_storage_write_what_a_step_by_step_loop_writes(sets, tm
 
 @pytest.mark.parametrize("sets", [("seed=1",), ("seed=7", "cache.write_policy=write_back"),
                                   ("seed=3", "jitter.request_order.swap_probability=0.2", "jitter.request_order.ranks=[1]"),
-                                  ("seed=5", "storage.capacity_gb=0.5")])
+                                  ("seed=5", "storage.capacity_gb=0.5"),
+                                  ("seed=5",) + SLOW_RANK,
+                                  ("seed=2", "jitter.storage_latency={dist: exponential, mean: 0.01}")])
 def test_shared_and_eager_replicas_write_byte_identical_results(sets, tmp_path):
     folders = []
     for mode in ("shared", "eager"):
@@ -126,6 +137,10 @@ def test_every_storage_knob_changes_the_run(knob):
     (["jitter.storage_fail.ranks=[2]"], "jitter.storage_fail.ranks"),
     (["jitter.storage_miss.probability=2"], "jitter.storage_miss.probability"),
     (["storage.capacity_gb=-1"], "storage.capacity_gb"),
+    (["jitter.storage_latency.ranks=[2]", "jitter.storage_latency.factor=2"],
+     "jitter.storage_latency.ranks"),
+    (["jitter.storage_latency.factor=0"], "jitter.storage_latency.factor"),
+    (["jitter.storage_latency.dist=exponential"], "jitter.storage_latency"),
 ])
 def test_bad_storage_values_are_one_line_errors(sets, where):
     with pytest.raises(UserError) as e:
@@ -148,10 +163,12 @@ def test_storage_faults_on_one_rank_cut_every_ranks_hit_and_are_absorbed():
     assert run("jitter.storage_fail.ranks=[0]").summary != run().summary
 
 
-def test_storage_jitter_needs_a_storage_block():
+@pytest.mark.parametrize("sets", [["jitter.storage_fail.ranks=[1]"],
+                                  ["jitter.storage_latency.factor=4"]])
+def test_storage_jitter_needs_a_storage_block(sets):
     with pytest.raises(UserError) as e:
-        load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["jitter.storage_fail.ranks=[1]"])
-    assert "storage" in str(e.value)
+        load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["tp=2", *sets])
+    assert "jitter.storage" in str(e.value)
 
 
 def test_storage_capacity_bounds_what_l3_gives_back():
@@ -201,3 +218,182 @@ def test_three_tier_trace_scenario_fast_path_and_storage_size(tmp_path):
     small = run_scenario(load_scenario(TRACE_SCN, sets + ["storage.capacity_gb=16"])).summary
     none = run_scenario(load_scenario(TRACE_SCN, sets + ["storage=null"])).summary
     assert none["hit_rate"] < small["hit_rate"] < sized["hit_rate"]
+
+
+@pytest.mark.parametrize("knob", [
+    ("jitter.storage_latency={ranks: [1], factor: 4.0}",),
+    ("jitter.storage_latency={ranks: [0], factor: 4.0}",),
+    ("jitter.storage_latency={factor: 2.0}",),
+    ("jitter.storage_latency={ranks: [1], dist: exponential, mean: 0.005}",),
+    ("jitter.storage_latency={ranks: [1], factor: 0.5}",),
+])
+def test_storage_latency_knobs_change_the_run(knob):
+    base = SLOW_RANK[:-1]
+    ref, got = run(*base, requests=120), run(*base, *knob, requests=120)
+    # (a rank faster than the others changes only when the loop looks: the slowest
+    # rank's progress is what every rank uses)
+    assert (ref.summary, ref.divergence) != (got.summary, got.divergence)
+    assert got.divergence["perturbations"]["storage_latency"] > 0
+
+
+def _digests_agree(res) -> bool:
+    return len(set(res.divergence["digests"].values())) == 1
+
+
+def test_a_slow_rank_delays_every_ranks_prefetches_and_the_trees_agree():
+    """Rank 1's backend is 4x slower. The hits, the transfers' progress and the
+    timeout verdicts are all reduced across the ranks (MIN, MIN, MAX), so both ranks
+    terminate the same prefetches at the same poll with the same tokens: fewer tokens
+    come from L3 on every rank, and the trees never differ (10 seeds)."""
+    base = SLOW_RANK[:-1]
+    verdicts, cut = [], 0
+    for seed in range(10):
+        clean = run(*base, f"seed={seed}", requests=120)
+        slow = run(*SLOW_RANK, f"seed={seed}", requests=120)
+        verdicts.append(slow.summary["verdict"])
+        assert slow.divergence["perturbations"]["storage_latency"] > 0
+        assert slow.divergence["first_true_divergence"] is None and _digests_agree(slow)
+        cut += slow.summary["l3_hit_tokens"] < clean.summary["l3_hit_tokens"]
+    assert verdicts == ["absorbed"] * 10
+    assert cut >= 8
+
+
+def test_without_the_reductions_a_slow_rank_splits_the_ranks():
+    """The same runs with each replica reading its own transfer progress and voting
+    alone (what SGLang's `_reduce_prefetch_ack` and `terminate_consensus` prevent):
+    the fast rank inserts what it read, the slow one less, and the ranks' batches part."""
+    import inspect
+
+    def own(self, pid):
+        c = inspect.currentframe().f_back.f_locals["c"]
+        op = c.st.xfers.get(pid)
+        return None if op is None else op.completed
+
+    verdicts = set()
+    with patch.object(Simulation, "_st_completed", own), \
+            patch.object(Simulation, "_st_vote", lambda self, c, pid: None):
+        for seed in range(3):
+            res = run(*SLOW_RANK, f"seed={seed}", requests=120)
+            verdicts.add(res.summary["verdict"])
+            assert res.divergence["first_true_divergence"] is not None
+    assert "absorbed" not in verdicts
+
+
+def test_prefetch_queries_and_transfers_complete_in_the_same_order_on_every_rank():
+    """SGLang runs each rank's queries on one `prefetch_thread` and its transfers on one
+    `prefetch_io_aux_thread`, FIFO, and reduces each hit and each ack in a collective:
+    completions reach the scheduler in the same order on every rank, whatever each
+    rank's speed. The engine's replicas do the same with a slow rank: their queries
+    and transfers end in the same order (a transfer stopped by a termination ends
+    at its next batch, as `_page_transfer`'s does)."""
+    order = {"query": {}, "read": {}}
+    q0, r0 = Simulation._st_query, Simulation._st_read
+
+    def rec(kind, orig):
+        def wrapper(self, c, op):
+            yield from orig(self, c, op)  # ends finished, or stopped by a termination
+            order[kind].setdefault(tuple(c.ranks), []).append(op.id)
+        return wrapper
+
+    with patch.object(Simulation, "_st_query", rec("query", q0)), \
+            patch.object(Simulation, "_st_read", rec("read", r0)):
+        res = run(*SLOW_RANK, "seed=3", requests=120)
+    assert res.summary["verdict"] == "absorbed"
+    for kind in ("query", "read"):
+        seqs = order[kind]
+        assert set(seqs) == {(0,), (1,)}
+        a, b = seqs[(0,)], seqs[(1,)]
+        n = min(len(a), len(b))
+        assert n > 10 and a[:n] == b[:n], kind
+
+
+def _vote_calls(*sets):
+    from sim.collectives import Collective, SimulatedCollective
+
+    sites = []
+    orig, uni = Collective.all_reduce_min, SimulatedCollective.all_reduce_uniform
+
+    def spy(self, step, site=None, inputs=None):
+        sites.append(site)
+        return orig(self, step, site, inputs)
+
+    def spy_uniform(self, step, site, vector):
+        sites.append(site)
+        return uni(self, step, site, vector)
+
+    with patch.object(Collective, "all_reduce_min", spy), \
+            patch.object(SimulatedCollective, "all_reduce_uniform", spy_uniform):
+        res = run(*sets)
+    return sites.count("prefetch_terminate"), res
+
+
+def test_timeout_votes_are_one_max_collective_per_poll():
+    """`_can_terminate_prefetch` all-reduces under `timeout` only (best_effort and
+    wait_complete decide without a collective), and not at TP 1."""
+    n, res = _vote_calls(*SLOW_RANK)
+    assert n > 0 and res.summary["verdict"] == "absorbed"
+    for policy in ("best_effort", "wait_complete"):
+        assert _vote_calls(*SLOW_RANK, f"storage.prefetch_policy={policy}")[0] == 0
+    assert _vote_calls(*SLOW_RANK[:-1], "tp=1", "jitter={}")[0] == 0
+
+
+@pytest.mark.parametrize("sets", [(), ("cache.write_policy=write_back", "seed=4"),
+                                  ("seed=3", "jitter.request_order.swap_probability=0.2",
+                                   "jitter.request_order.ranks=[1]"),
+                                  ("seed=5",) + SLOW_RANK])
+def test_storage_keys_from_the_chain_cache_are_the_whole_path_chain(sets):
+    """Writes and queries take their page keys from each replica's per-node chain
+    cache (`_st_node_keys`, `_st_chain_key`); every one must equal `page_keys` of the
+    whole path (a write) or of the whole request key (a query)."""
+    from sim.storage.view import page_keys
+
+    seen = {"write": 0, "query": 0}
+    node_keys, query = Simulation._st_node_keys, Simulation._st_query
+
+    def check_node(self, c, node):
+        keys = node_keys(self, c, node)
+        assert keys == page_keys(c.tree.path_units(node))[-len(node.key):]
+        seen["write"] += 1
+        return keys
+
+    def check_query(self, c, op):
+        rq = self._st_reqs[op.id]
+        full = page_keys(self._seq_key(rq, rq.fill_len - 1))
+        assert op.keys == full[len(full) - len(op.keys):]
+        seen["query"] += 1
+        return query(self, c, op)
+
+    with patch.object(Simulation, "_st_node_keys", check_node), \
+            patch.object(Simulation, "_st_query", check_query):
+        run(*sets, requests=80)
+    assert seen["write"] > 50 and seen["query"] > 10
+
+
+def test_timeout_votes_of_another_admission_order_pair_other_requests():
+    """Rank 1 admits in another order (request-order jitter), so its n-th timeout vote
+    can be for another request than rank 0's n-th. Where every paired MAX still gives
+    each rank the verdict it used, the run goes on (and is absorbed); under a short
+    timeout some pairings give other verdicts, which the engine reports as untracked."""
+    check = Simulation._st_check_votes
+    differed = []
+
+    def spy(self):
+        seqs = {tuple(self._st_polled.get(id(c), ())) for c in self.group.cohorts}
+        differed.append(len(seqs) > 1)
+        return check(self)
+
+    order = ("jitter.request_order.swap_probability=0.2", "jitter.request_order.ranks=[1]")
+    out = {}
+    with patch.object(Simulation, "_st_check_votes", spy):
+        for sets, seeds in ((("storage.read_gbps=0.5",), (0, 2, 3)),
+                            (("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01"),
+                             (1, 2))):
+            differed.clear()
+            res = [run(*order, *sets, f"seed={seed}", requests=80) for seed in seeds]
+            out[sets] = ({r.summary["verdict"] for r in res}, sum(differed),
+                         {(r.divergence["untracked"] or {}).get("why", "") for r in res})
+    verdicts, n_differed, _ = out[("storage.read_gbps=0.5",)]
+    assert n_differed > 0 and verdicts == {"absorbed"}
+    verdicts, n_differed, why = out[("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01")]
+    assert n_differed > 0 and "missed" in verdicts
+    assert any("paired collectives gave other verdicts" in w for w in why)

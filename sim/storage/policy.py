@@ -178,15 +178,19 @@ def terminate_consensus(votes) -> bool:
 def poll(policy: str, *, terminated: bool, kv_landed: bool, wait: PrefetchWait | None,
          now: float, requested_tokens: int, page_size: int,
          base_s: float = C.PREFETCH_TIMEOUT_BASE_S,
-         per_ki_token_s: float = C.PREFETCH_TIMEOUT_PER_KI_TOKEN_S
-         ) -> tuple[bool, PrefetchWait | None]:
+         per_ki_token_s: float = C.PREFETCH_TIMEOUT_PER_KI_TOKEN_S,
+         consensus: bool | None = None) -> tuple[bool, PrefetchWait | None]:
     """One single-rank admission poll, ``check_prefetch_progress``: returns
     ``(done, wait)``. ``done`` False: the request stays queued; the first blocked poll
     under ``timeout`` starts the wait (budget ``prefetch_timeout_s``). ``done`` True:
     the prefetch is terminated here (the caller then revokes it if no hit was staged,
-    else inserts what has landed); under ``timeout`` the wait is marked expired."""
+    else inserts what has landed); under ``timeout`` the wait is marked expired.
+    ``consensus``: the TP group's reduced verdict (``terminate_consensus`` over every
+    rank's ``can_terminate``), which replaces this rank's own vote when given."""
     if not terminated:
-        if not can_terminate(policy, kv_landed=kv_landed, wait=wait, now=now):
+        verdict = (can_terminate(policy, kv_landed=kv_landed, wait=wait, now=now)
+                   if consensus is None else consensus)
+        if not verdict:
             if policy == "timeout" and wait is None:
                 wait = PrefetchWait(prefetch_timeout_s(requested_tokens, page_size,
                                                        base_s, per_ki_token_s), now)

@@ -34,7 +34,7 @@ class StorageOp:
 
 class StorageState:
     __slots__ = ("book", "view", "read", "write", "hit_q", "ack_q", "wack_q",
-                 "inflight", "xfers", "waits", "n_writes", "qkeys")
+                 "inflight", "xfers", "waits", "n_writes", "qkeys", "calls", "chain")
 
     def __init__(self, env: simpy.Environment, book: PrefetchBook, view: StorageView):
         self.book = book
@@ -49,6 +49,10 @@ class StorageState:
         self.waits: dict = {}          # pid -> policy.PrefetchWait
         self.n_writes = 0              # the auto storage-write ids issued (s1, s2, ...)
         self.qkeys: dict = {}          # pid -> its queried page keys, until the hit drains
+        self.calls = 0                 # storage calls begun (the key of latency draws)
+        # node id -> the storage key of the last page of that node's path (a node's
+        # path never changes, a split keeps the lower node's id, ids are never reused)
+        self.chain: dict = {}
 
     def queue_sizes(self) -> tuple[int, int, int, int]:
         """``(prefetch_hit, ack_prefetch, ack_backup, host_mem_release)``: staged tails
@@ -67,4 +71,6 @@ class StorageState:
         new.waits = {k: type(w)(w.timeout_s, w.started_at, w.expired) for k, w in self.waits.items()}
         new.n_writes = self.n_writes
         new.qkeys = dict(self.qkeys)
+        new.calls = self.calls
+        new.chain = dict(self.chain)  # the clone keeps every node's id and path
         return new

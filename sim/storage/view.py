@@ -68,7 +68,9 @@ class StorageView:
         if capacity_pages is not None and capacity_pages < 0:
             raise ValueError("capacity_pages must be >= 0")
         self.capacity_pages = capacity_pages
-        self._keys: OrderedDict = OrderedDict()
+        # recency order matters only to a bounded view's evictions; an unbounded one
+        # keeps a set (one C-level update per write)
+        self._keys = OrderedDict() if capacity_pages is not None else set()
         self.evicted = 0  # pages evicted for capacity (a counter for metrics)
 
     def __len__(self) -> int:
@@ -79,19 +81,22 @@ class StorageView:
 
     def copy(self) -> "StorageView":
         new = StorageView(self.capacity_pages)
-        new._keys = OrderedDict(self._keys)
+        new._keys = type(self._keys)(self._keys)
         new.evicted = self.evicted
         return new
 
     def write(self, keys: Iterable[int]) -> None:
         """A finished storage write of these pages (``batch_set``)."""
         ks = self._keys
+        cap = self.capacity_pages
+        if cap is None:
+            ks.update(keys)  # unbounded: recency is never read
+            return
         for k in keys:
             if k in ks:
                 ks.move_to_end(k)
             else:
                 ks[k] = None
-        cap = self.capacity_pages
         if cap is not None:
             while len(ks) > cap:
                 ks.popitem(last=False)
@@ -107,7 +112,10 @@ class StorageView:
         return len(keys)
 
     def read(self, keys: Iterable[int]) -> None:
-        """A finished storage read of these pages refreshes their recency."""
+        """A finished storage read of these pages refreshes their recency (only read
+        by a bounded view's evictions)."""
+        if self.capacity_pages is None:
+            return
         ks = self._keys
         for k in keys:
             if k in ks:
@@ -115,8 +123,12 @@ class StorageView:
 
     def drop(self, keys: Iterable[int]) -> None:
         """Pages lost on this rank (a fault: a backend that lost or never stored them)."""
+        ks = self._keys
+        if self.capacity_pages is None:
+            ks.difference_update(keys)
+            return
         for k in keys:
-            self._keys.pop(k, None)
+            ks.pop(k, None)
 
 
 def rank_hits(views: Sequence[StorageView], keys: Sequence[int], page_size: int) -> list[int]:
