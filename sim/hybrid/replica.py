@@ -90,6 +90,12 @@ class _Counting:
         self.stats.delete_tokens += len(x.key) * self.page_size
         super()._delete_leaf(x, res)
 
+    def _delete_unbacked(self, x, res):
+        # write_through's unbacked D-leaf, every layer freed (``sim.tree.Tree`` counts
+        # its write_through deletes the same way)
+        self.stats.delete_tokens += len(x.key) * self.page_size
+        super()._delete_unbacked(x, res)
+
     def _aux_tomb(self, node, event: bool = True) -> int:
         n = super()._aux_tomb(node, event)
         if self.AUX == "mamba":
