@@ -71,7 +71,7 @@ def draw_hybrid_plan(plan) -> Figure:
                         f"plateau)\nannotations: T per host KV GB", fontsize=9)
         right.legend(loc="lower right", fontsize=8)
         fig.suptitle(f"{d['scenario']}: (FULL, MAMBA) host capacity plan, {d['hybrid_preset']}, "
-                     f"write_back\ndevice {d['device_tokens_per_rank']:,} FULL tokens and "
+                     f"{d['write_policy']}\ndevice {d['device_tokens_per_rank']:,} FULL tokens and "
                      f"{d['device_state_slots_per_rank']:,} state slots per rank; "
                      f"{d['ranks_per_node']} ranks per node",
                      fontsize=10.5)

@@ -977,8 +977,9 @@ def _hybrid_check(s: "Scenario") -> None:
     if h.kind == "swa":
         if host_on:
             raise _err("a host tier for the (FULL, SWA) model "
-                       f"{s.model.hybrid_preset!r}",
-                       "host: off (the (FULL, SWA) host tier is not modelled)", "host")
+                       f"{s.model.hybrid_preset!r} (cache.write_policy {s.cache.write_policy})",
+                       "host: off (the (FULL, SWA) host tier is not modelled under any "
+                       "write policy)", "host")
         for k in ("mamba_full_memory_ratio", "max_mamba_cache_size"):
             if getattr(s.device, k) is not None:
                 raise _err(f"device.{k} for an SWA hybrid", "it only with a Mamba hybrid",
@@ -1008,10 +1009,6 @@ def _hybrid_check(s: "Scenario") -> None:
                 raise _err("host.tokens without host.mamba_states",
                            "host.mamba_states (the host Mamba state slots) with host.tokens",
                            "host.mamba_states")
-            if s.cache.write_policy != "write_back":
-                raise _err(f"cache.write_policy {s.cache.write_policy!r} for a hybrid host tier",
-                           "write_back (write_through is not modelled for hybrids)",
-                           "cache.write_policy")
         elif s.host.mamba_states is not None:
             raise _err("host.mamba_states with host: off", "a host tier for host states",
                        "host.mamba_states")

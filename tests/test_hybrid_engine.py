@@ -246,7 +246,7 @@ def test_an_swa_pool_too_tight_for_a_request_and_its_own_window_leaves_it_waitin
 # ------------------------------------------------------------------ refusals
 @pytest.mark.parametrize("path,sets,key", [
     (SWA, ["host=null", "host.ratio=2"], "host"),
-    (MAMBA, ["cache.write_policy=write_through"], "cache.write_policy"),
+    (SWA, ["host=null", "host.ratio=2", "cache.write_policy=write_through"], "host"),
     (MAMBA, ["cache.host_policy=lru"], "cache.host_policy"),
     (MAMBA, ["cache.eviction_policy=priority"], "cache.eviction_policy"),
     (MAMBA, ["page_size=16"], "page_size"),
@@ -302,10 +302,13 @@ def _units_back(fp, ps):
 
 @pytest.mark.parametrize("path,sets", [
     (MAMBA, ["workload.num_requests=120"]),
+    (MAMBA, ["workload.num_requests=120", "cache.write_policy=write_through"]),
+    (MAMBA, ["workload.num_requests=120", "cache.write_policy=write_through_selective",
+             "jitter.ack_delay.acks=both"]),
     (SWA, ["workload.num_requests=150", "jitter.request_order.ranks=[1]",
            "jitter.request_order.swap_probability=0.3", "workload.arrival.rate=40"]),
     (SWA, ["workload.num_requests=80", "page_size=1", "cache.ids=optrace"]),
-], ids=["mamba", "swa-forked", "swa-page1"])
+], ids=["mamba", "mamba-wt", "mamba-wts-forked", "swa-forked", "swa-page1"])
 def test_recorded_hybrid_op_traces_replay_to_the_engines_final_trees(path, sets, tmp_path):
     import json
 
@@ -314,8 +317,18 @@ def test_recorded_hybrid_op_traces_replay_to_the_engines_final_trees(path, sets,
     assert index["format"].startswith("hybrid op-trace")
     by_rank = {r: c.tree for c in res.sim.instances[0].group.cohorts for r in c.ranks}
     assert len(index["traces"]) == 2
+    wt = any(s.startswith("cache.write_policy=write_through") for s in sets)
+    if "jitter.ack_delay.acks=both" in sets:
+        assert len(res.sim.instances[0].group.cohorts) == 2  # late write acks forked rank 1
     for row in index["traces"]:
+        text = (tmp_path / "ops" / row["file"]).read_text()
+        header = json.loads(text.split("\n", 1)[0])
+        assert header.get("write_policy") == (res.sim.instances[0].cfg.write_policy if wt else None)
+        # every insert-time backup's ack is in the trace (docs/HYBRID.md §6.1 write_ack)
+        assert (text.count('"op":"write_ack"') > 0) == wt
         rp = _replay(tmp_path / "ops" / row["file"])
+        if wt:
+            assert not rp.tree.writes  # every write acked by the end of the run
         engine = by_rank[row["rank"]]
         assert _units_back(rp.tree.fingerprint(), rp.page_size) == engine.fingerprint()
         assert rp.tree.digest == engine.digest if rp.hicache else True
@@ -339,3 +352,102 @@ def test_a_full_only_scenario_runs_on_the_full_tree_without_hybrid_figures():
     assert res.sim.instances[0].cfg.hybrid is None
     assert all(type(t) is Tree for t in replicas(res))
     assert "hybrid" not in res.summary
+
+
+# ------------------------------------------------------------------ write_through
+WT = "cache.write_policy=write_through"
+WTS = "cache.write_policy=write_through_selective"
+
+
+def _wt_key(res):
+    s = res.summary
+    return (s["hit_rate"], s["ttft_p50_s"], s["backup_bytes"], tuple(sorted(s["hybrid"].items())))
+
+
+def test_write_through_policies_change_a_mamba_run_and_back_up_at_insert():
+    wb, wt, wts = (run(MAMBA, "workload.num_requests=120", *p) for p in ((), (WT,), (WTS,)))
+    assert len({_wt_key(wb), _wt_key(wt), _wt_key(wts)}) == 3
+    for res in (wt, wts):
+        assert res.summary["reclaim_pass1_tokens"] == 0  # no duplicate reclaim under write_through
+        assert res.sim.instances[0].group.cohorts[0].tree.digest == 0
+        assert res.summary["hybrid"]["state_backups"] > 0
+        assert res.summary["backup_bytes"] > 0
+        for t in replicas(res):
+            t.check()
+            assert not t.pending_writes  # every insert-time write acked by the drain
+    # write_through_selective backs a node up at its second hit only: fewer backups
+    assert (wts.summary["hybrid"]["state_backups"] < wt.summary["hybrid"]["state_backups"])
+
+
+def test_write_through_writes_are_d2h_copies_costed_with_their_states():
+    """Each insert-time backup is a D->H copy of its FULL tokens and, for a state,
+    ``state_tokens`` more on the replica's copy engine: the D2H engine's busy time
+    grows with the state's size."""
+    from sim.hybrid import replica as R
+
+    seen = []
+    orig = R._Write.__init__
+
+    def spy(self, ack_id, tokens):
+        seen.append(tokens)
+        orig(self, ack_id, tokens)
+
+    with patch.object(R._Write, "__init__", spy):
+        res = run(MAMBA, "workload.num_requests=60", WT, "tp=1", "jitter.ack_delay.ranks=[0]")
+    h = res.sim.instances[0].cfg.hybrid
+    (t,) = replicas(res)
+    assert seen and any(k >= h.state_tokens for k in seen)
+    # the writes carry every FULL token backed up and every state, in FULL-token terms
+    assert sum(seen) == t.stats.backup_tokens + t.t.hy.state_backups * h.state_tokens
+    ref = run(MAMBA, "workload.num_requests=60", WT, "model.hybrid_preset=nemotron-h-8b")
+    assert _wt_key(ref) != _wt_key(res)
+
+
+@pytest.mark.parametrize("policy", [WT, WTS], ids=["wt", "wts"])
+def test_a_write_through_run_is_deterministic(policy, tmp_path):
+    run(MAMBA, "workload.num_requests=100", policy, out=tmp_path / "a")
+    run(MAMBA, "workload.num_requests=100", policy, out=tmp_path / "b")
+    assert same_folders(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.parametrize("policy", [WT, WTS], ids=["wt", "wts"])
+@pytest.mark.parametrize("seed", [2, 5])
+def test_write_through_decode_runs_write_what_a_step_by_step_loop_writes(policy, seed, tmp_path):
+    sets = ("workload.num_requests=80", f"seed={seed}", policy, "jitter.ack_delay.acks=both")
+    run(MAMBA, *sets, out=tmp_path / "fast")
+    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+        run(MAMBA, *sets, out=tmp_path / "plain")
+    assert same_folders(tmp_path / "fast", tmp_path / "plain")
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from([WT, WTS]), tp=st.sampled_from([2, 4]),
+       tight=st.booleans(), acks=st.sampled_from(["load", "write", "both"]))
+def test_every_write_through_replica_stays_consistent_at_every_step(seed, policy, tp, tight, acks):
+    sets = [f"seed={seed}", "workload.num_requests=60", f"tp={tp}", "workload.arrival.rate=10",
+            policy, f"jitter.ack_delay.acks={acks}",
+            "device.max_mamba_cache_size=" + ("12" if tight else "48"),
+            "host.tokens=" + ("6000" if tight else "40000"),
+            "host.mamba_states=" + ("3" if tight else "40")]
+    with patch.object(Simulation, "_compare", _checked_compare):
+        res = run(MAMBA, *sets)
+    assert res.summary["requests"] > 0
+    for t in replicas(res):
+        assert not t.pending_writes
+
+
+def test_late_write_acks_under_write_through_fork_a_replica_the_digest_cannot_see():
+    """Under write_through the reclaim digest stays 0 (no duplicate reclaim), so late
+    write acks drained locally split the replicas with nothing to detect it; the
+    synced discipline absorbs the same delays."""
+    for seed in (1, 2, 3):
+        res = run(MAMBA, f"seed={seed}", WT, "jitter.ack_delay.acks=write")
+        d = res.divergence
+        assert d["perturbations"]["ack_delay"] > 0
+        assert d["verdict"] == "missed"
+        assert len(res.sim.instances[0].group.cohorts) == 2
+        for t in replicas(res):
+            t.check()
+            assert t.digest == 0
+    res = run(MAMBA, "seed=1", WT, "jitter.ack_delay.acks=write", "collective.discipline=synced")
+    assert res.divergence["verdict"] == "absorbed"

@@ -181,3 +181,20 @@ def test_a_hybrid_flag_on_a_full_only_scenario_is_refused(tmp_path, capsys):
                    "--quiet", "--slot-points", "4"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "--slot-points" in err and "FULL-only" in err
+
+
+def test_the_plan_runs_the_scenarios_write_policy(small):
+    """A scenario with a host tier is planned under its own cache.write_policy (each
+    is modelled for (FULL, MAMBA)); write_through backs every checkpoint up at its
+    insert, so the engine points differ from write_back's."""
+    wb = make_hybrid_plan(load_scenario(small), kv_points=1, slot_points=4)
+    wt = make_hybrid_plan(load_scenario(small, ["cache.write_policy=write_through"]),
+                          kv_points=1, slot_points=4)
+    assert wb.doc["write_policy"] == "write_back" and wt.doc["write_policy"] == "write_through"
+    key = lambda plan: sorted((p.host_tokens, p.slots, p.host_hit_tokens, p.state_host_frees)  # noqa: E731
+                              for p in plan.points)
+    assert key(wt) != key(wb)
+    # host: off is planned under write_back (the plan adds a host tier the scenario lacks)
+    off = make_hybrid_plan(load_scenario(small, ["host=off"]),
+                           kv_points=1, slot_points=3)
+    assert off.doc["write_policy"] == "write_back"

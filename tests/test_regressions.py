@@ -328,37 +328,82 @@ def _replays(name, *sets, first=200):
 
 
 def test_39436_565_host_state_slots_leave_the_host_tier_inert():
+    """The report's write_through and SGLang's default device state pool (228 slots):
+    all 600 checkpoint states are backed up at their inserts and compete for 565 host
+    slots; the oldest prompts' host leaves go whole, FULL included."""
     s, rep = _replays("sglang_39436")
     assert s["host_tokens"] == 2680896
     h = s["hybrid"]
+    assert h["aux_capacity"] == 228                       # mamba_full_memory_ratio 0.9
     assert h["host_states"] == 565 and h["host_states_used"] == 565
-    assert h["state_host_frees"] > 0                     # the Mamba host LRU evicted states
+    assert h["state_backups"] == 624                      # 600 in the fill, 24 re-inserted
+    assert s["backup_failures"] == 0
     assert len(rep) == 8
     assert (rep["host_hit_tokens"] == 0).all()            # 0 of 8 replays hit the host
     assert (rep["miss_tokens"] == 8448).all()
+    assert h["host_hits_with_state"] == h["state_loads"] == 0
 
 
 def test_39436_734_host_state_slots_give_8_of_8_host_hits():
     s, rep = _replays("sglang_39436", "host.mamba_states=734")
     h = s["hybrid"]
     assert h["host_states"] == 734 and h["state_host_frees"] == 0
-    assert h["host_states_used"] == 600                  # 200 prompts x 3 checkpoints
+    assert h["host_states_used"] == h["state_backups"] == 600   # 200 prompts x 3 checkpoints
     assert (rep["host_hit_tokens"] == 8192).all()         # 8 of 8, 8,192 tokens from host
     assert h["host_hits_with_state"] == 8
 
 
-def test_33713_under_write_back_the_sentinel_state_is_backed_up_and_loads_back():
+@pytest.mark.parametrize("slots,host_hit", [(597, 0), (598, 4096), (599, 8192)])
+def test_39436_the_cutoff_under_write_through(slots, host_hit):
+    """A replay needs its 8,192 state: one slot short of 600 drops only the oldest
+    prompt's last node, two its last two, three all of it, and each missed replay's
+    re-insert evicts the next prompt's nodes as the first miss did."""
+    _, rep = _replays("sglang_39436", f"host.mamba_states={slots}")
+    assert (rep["host_hit_tokens"] == host_hit).all()
+
+
+def test_39436_write_back_needs_a_small_device_state_pool_to_go_inert():
+    """Under write_back a state reaches the host only at its device eviction: with the
+    default 228 device slots 483 do, fewer than 565, and all 8 replays hit; with 16
+    device slots nearly every state does, and 565 slots give 0 of 8."""
+    s, rep = _replays("sglang_39436", "cache.write_policy=write_back")
+    assert s["hybrid"]["state_backups"] == 483
+    assert (rep["host_hit_tokens"] == 8192).all()
+    s, rep = _replays("sglang_39436", "cache.write_policy=write_back",
+                      "device.max_mamba_cache_size=16")
+    assert s["hybrid"]["state_host_frees"] > 0
+    assert (rep["host_hit_tokens"] == 0).all()
+
+
+def test_33713_under_write_through_the_sentinel_state_is_backed_up_and_loads_back():
+    """The report's write_through on 0.5.23: each of the sentinel's checkpoints is a new
+    leaf backed up at its insert with its state, so the state is on host and the
+    replay loads it back (not the report's 0 host hits, v0.5.19)."""
     s, rep = _replays("sglang_33713", first=91)
     assert s["device_tokens"] == 375755 and s["host_tokens"] == 1136724
     h = s["hybrid"]
     assert h["aux_capacity"] == 55 and h["host_states"] == 170
     assert h["state_host_frees"] == 0                  # the host pools never filled
+    assert h["state_backups"] == 94                    # every checkpoint, at its insert
     (sentinel,) = rep.itertuples()
     assert sentinel.input_tokens == 32727
     assert sentinel.device_hit_tokens == 0             # pushed off the device by the noise
     assert sentinel.host_hit_tokens == 24576           # its state at the 24,576 chunk end
     assert sentinel.load_back_tokens == 24576
     assert h["host_hits_with_state"] == 1 and h["state_loads"] == 1
+
+
+@pytest.mark.parametrize("policy,backups,host_hit", [("write_back", 52, 24576),
+                                                      ("write_through_selective", 0, 0)])
+def test_33713_under_the_other_policies(policy, backups, host_hit):
+    """write_back backs the sentinel's states up at their device evictions (the same
+    24,576 host tokens); write_through_selective backs nothing up (no node is inserted
+    twice before the replay), so the sentinel gets 0 host hits as in the report, by
+    another mechanism."""
+    s, rep = _replays("sglang_33713", f"cache.write_policy={policy}", first=91)
+    assert s["hybrid"]["state_backups"] == backups
+    (sentinel,) = rep.itertuples()
+    assert sentinel.host_hit_tokens == sentinel.load_back_tokens == host_hit
 
 
 def test_the_hybrid_regressions_decode_fast_path_is_exact(tmp_path):

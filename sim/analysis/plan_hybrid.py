@@ -15,8 +15,10 @@ docs/HYBRID.md §4.2, §5.2): KV on host whose state was evicted from the Mamba 
 matches nothing there. The FULL-only plan's one-pass LRU model (``sim.analysis.plan``)
 sees token reuse only, not states: its host hit rate is the same at every slot count.
 It is reported beside the engine's figures (``model_host_hit_rate``, a FULL-only LRU of
-device + host KV tokens under write_back) as what the KV tier alone would give, and
-everything else comes from ``sim.runner.run_scenario`` at each (KV, slots) point.
+device + host KV tokens under write_back, of max(device, host) under the write_through
+policies) as what the KV tier alone would give, and everything else comes from
+``sim.runner.run_scenario`` at each (KV, slots) point, under the scenario's
+``cache.write_policy`` (write_back for a scenario with ``host: off``).
 
 The grid
 --------
@@ -79,17 +81,23 @@ class HybridPoint:
     probe: str = "grid"       # "grid", "plateau" (the unbounded count) or "bisect"
 
 
+def plan_write_policy(scenario) -> str:
+    """The write policy the plan's engine runs use: the scenario's own when it has a
+    host tier (each is modelled for (FULL, MAMBA), docs/HYBRID.md §5.9, §10), else
+    write_back (the plan adds a host tier the scenario does not configure)."""
+    return "write_back" if scenario.host.off else scenario.cache.write_policy
+
+
 def hybrid_point(scenario, host_tokens: int, slots: int, warm: int, bpt: int,
                  probe: str = "grid") -> HybridPoint:
     """One engine run of ``scenario`` with ``host_tokens`` FULL host tokens and
-    ``slots`` host Mamba state slots per rank (write_back: the hybrid host tier's
-    policy)."""
+    ``slots`` host Mamba state slots per rank, under ``plan_write_policy``."""
     from sim.runner import run_scenario
     from sim.scenario import Host
 
     s = scenario.model_copy(update={
         "host": Host(tokens=host_tokens, mamba_states=slots),
-        "cache": scenario.cache.model_copy(update={"write_policy": "write_back"}),
+        "cache": scenario.cache.model_copy(update={"write_policy": plan_write_policy(scenario)}),
     })
     res = run_scenario(s)
     df = res.sim.requests_df()
@@ -290,12 +298,15 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
     # The FULL-only one-pass model at the same KV sizes (it cannot see states).
     model = make_plan(_with_host(scenario, H0 or kvs[0]), warmup=warmup, check_points=0, opt_points=0, grid_points=max(3, len(kvs) + 1),
         max_host_gb=kvs[-1] * bpt / 1e9, policies=[("write_back", "duplicate_first")])
+    # the one-pass model's curves: write_back (device + host) or write_through (the
+    # larger tier; also the bound for write_through_selective, which it has no curve for)
+    curve = "write_back" if plan_write_policy(scenario) == "write_back" else "write_through"
     ranks = _ranks_per_node(scenario)
     by = {(p.host_tokens, p.slots): p for p in points}
     for row in rows:
         kv, g = row["host_kv_tokens_per_rank"], row["host_kv_gb_per_rank"]
         row["model_host_hit_rate"] = float(
-            np.interp(g, model.grid_gb, model.model["write_back"]) - model.model["dev"][0])
+            np.interp(g, model.grid_gb, model.model[curve]) - model.model["dev"][0])
         sp = split_slots(kv, ps, bpt, D, dev_states, state_b)
         row["sglang_split_slots"] = sp
         row["sglang_split_host_hit_rate"] = by[(kv, sp)].host_hit_rate
@@ -329,9 +340,10 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
                        f"slots, device FULL + host KV tokens); the threshold T is inert and "
                        f"T + 1 is not, found by bisection from the grid's first non-inert count"),
         "model_note": ("the one-pass model is FULL-only (token reuse, an LRU of device + host "
-                       "KV): it cannot see Mamba states, so model_host_hit_rate is the same at "
-                       "every slot count; every other figure is an engine run"),
-        "write_policy": "write_back",
+                       "KV under write_back, of the larger tier under write_through): it "
+                       "cannot see Mamba states, so model_host_hit_rate is the same at every "
+                       "slot count; every other figure is an engine run"),
+        "write_policy": plan_write_policy(scenario),
         "kv_sizes": rows,
         "scenario_engine": None if own is None else asdict(own),
         "verdicts": sorted({str(p.verdict) for p in points}),

@@ -333,7 +333,7 @@ def print_hybrid_plan(plan) -> None:
           f"{d['hybrid_preset']} (FULL, MAMBA), per rank: device {d['device_tokens_per_rank']:,} "
           f"FULL tokens + {d['device_state_slots_per_rank']:,} state slots "
           f"({d['state_bytes_per_rank'] / 1e6:,.1f} MB a state), {own}; {n} ranks per node; "
-          f"write_back")
+          f"{d['write_policy']}")
     header = ["host KV per rank", "plateau host hit", "model host hit", "inert below (slots)",
               "slots per KV GB", "per node", "SGLang split slots", "host hit at split"]
     rows = [header]

@@ -72,12 +72,14 @@ class _Counting:
         self.host_freed = 0
         self.state_tokens = state_tokens
         self.last_load = None
+        self.wlog: list = []  # write_through: the op's insert-time backups (``_Write``)
 
     def clone(self):
         new = super().clone()
         new.stats = copy.copy(self.stats)
         new.hy = copy.copy(self.hy)
         new.log = []
+        new.wlog = []
         return new
 
     def _demote(self, x, res):
@@ -87,6 +89,12 @@ class _Counting:
     def _delete_leaf(self, x, res):
         self.stats.delete_tokens += len(x.key) * self.page_size
         super()._delete_leaf(x, res)
+
+    def _delete_unbacked(self, x, res):
+        # write_through's unbacked D-leaf, every layer freed (``sim.tree.Tree`` counts
+        # its write_through deletes the same way)
+        self.stats.delete_tokens += len(x.key) * self.page_size
+        super()._delete_unbacked(x, res)
 
     def _aux_tomb(self, node, event: bool = True) -> int:
         n = super()._aux_tomb(node, event)
@@ -118,6 +126,26 @@ class _Counting:
             self.log.append(full + state * self.state_tokens)
         else:
             self.stats.backup_failures += 1
+        return t
+
+    def _try_backup(self, x):
+        """write_through: an insert-time backup (``_write_chain``), counted as
+        ``_backup`` counts a write_back one and logged as a D->H write with its ack
+        id (the node's id, ``mark_write_through_pending``) and its FULL tokens plus
+        the state in state-equivalent tokens. write_back: ``_backup`` counts it."""
+        if not self.ht.wt:
+            return super()._try_backup(x)
+        had_aux = x.aux_host
+        t = super()._try_backup(x)
+        if t is None:
+            self.stats.backup_failures += 1
+            return t
+        state = 1 if x.aux_host and not had_aux else 0
+        if t or state:
+            self.stats.backups += 1
+            self.stats.backup_tokens += t
+            self.hy.state_backups += state
+            self.wlog.append(_Write(x.id, t + state * self.state_tokens))
         return t
 
     def _evict_host_full(self, n: int) -> int:
@@ -156,6 +184,17 @@ class _Counting:
             self.hy.state_loads += restored
             self.last_load = (n, restored)
         return reason, n
+
+
+class _Write:
+    """One write_through backup the engine copies D->H (``sim.tree.PendingWrite``'s
+    fields the engine reads): its ack id and its size in FULL-token equivalents."""
+
+    __slots__ = ("ack_id", "tokens")
+
+    def __init__(self, ack_id, tokens: int):
+        self.ack_id = ack_id
+        self.tokens = tokens
 
 
 class EngineMambaTree(_Counting, MambaTree):
@@ -242,10 +281,11 @@ class ReqState:
     state slot; SWA: its own SWA tokens and its out-of-window cursor
     (``swa_evicted_seqlen``)."""
 
-    __slots__ = ("holds", "swa_own", "cursor", "gap")
+    __slots__ = ("holds", "swa_own", "cursor", "gap", "inserted")
 
     def __init__(self):
         self.holds = False
+        self.inserted = 0    # Mamba: req.kv.cache_inserted_len (write_through hit counts)
         self.gap = 0         # Mamba: FULL KV matched past the last usable state
         self.swa_own = 0
         self.cursor = 0
@@ -292,7 +332,8 @@ class HybridReplica:
                                 max_states=h.max_states, extra_buffer=ps != 1,
                                 record=True, host_capacity=host,
                                 mamba_host_capacity=h.aux_host if host else 0,
-                                load_back_threshold=cfg.load_back_threshold)
+                                load_back_threshold=cfg.load_back_threshold,
+                                write_policy=cfg.write_policy if host else "write_back")
         else:
             t = EngineSWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
                               sliding_window=h.window, page_size=ps, record=True)
@@ -345,7 +386,7 @@ class HybridReplica:
     digest = property(lambda self: self.t.digest if self.t.hicache else 0)
     dups = property(lambda self: self.t.dups if self.t.hicache else {})
     loads = property(lambda self: self.t.loads if self.t.hicache else {})
-    pending_writes: dict = {}
+    pending_writes = property(lambda self: self.t.writes if self.t.hicache else {})
     host_alloc_fail = None
 
     @property
@@ -434,6 +475,8 @@ class HybridReplica:
                 out.update(hicache=True, host_capacity=h.host_tokens,
                            mamba_host_capacity=h.aux_host,
                            load_back_threshold=cfg.load_back_threshold)
+                if self.t.ht.wt:
+                    out["write_policy"] = self.t.write_policy
         return out
 
     def trace(self, cfg) -> list:
@@ -543,12 +586,19 @@ class HybridReplica:
         if self.kind == "mamba":
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             donated = final and st is not None and st.holds
+            # InsertParams.inserted_len (req.kv.cache_inserted_len): gates only
+            # write_through's hit counts; 0 again after a retraction (a fresh state)
+            inserted = st.inserted if st is not None else 0
             if self.ops is not None:
                 op = {"op": "insert", "tokens": self._units_tokens(key), "prev": prev}
                 if donated:
                     op["donate"] = rid
+                if inserted and t.hicache and t.ht.wt:
+                    op["inserted"] = inserted
                 self._rec(op)
-            res = t.insert(key, prev, donated=donated)
+            res = t.insert(key, prev, donated=donated, inserted=inserted)
+            if st is not None and not final:
+                st.inserted = max(inserted, len(key) * self.page_size)
         else:
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             ev = max(prev, st.cursor if st else 0)
@@ -564,7 +614,12 @@ class HybridReplica:
             res = t.insert(key, prev, swa_evicted=ev)
         log, scanned, freed = self._drain()
         host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
-        return _Insert(res.node, res, host, key)
+        ins = _Insert(res.node, res, host, key)
+        if t.wlog:
+            # write_through: the insert's backups, each a D->H write acked through
+            # the engine's sync (``writing_check``)
+            ins.writes, t.wlog = t.wlog, []
+        return ins
 
     def load_back(self, match: _Match, lid) -> _Load:
         """cache ``init_load_back`` + ``load_back`` for the request of the last
@@ -605,7 +660,12 @@ class HybridReplica:
         self.t.rec.clear()
 
     def finish_write_through(self, ack_id) -> None:
-        raise InvariantError("hybrid replicas run write_back only")
+        """``writing_check`` -> ``_finish_write_through_ack`` for one write_through
+        backup (HybridTree ``write_ack``)."""
+        if self.ops is not None:
+            self._rec({"op": "write_ack", "id": ack_id})
+        self.t.write_ack(ack_id)
+        self.t.rec.clear()
 
     def summary(self) -> dict:
         """summary.json ``hybrid``: the component's pool and the hybrid counters."""
