@@ -9,7 +9,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from conftest import ROOT
+from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases,
+                      vendored_checksums_match)
 from sim.errors import UserError
 from sim.events import Simulation
 from sim.hybrid.replica import HybridReplica
@@ -339,3 +340,36 @@ def test_a_full_only_scenario_runs_on_the_full_tree_without_hybrid_figures():
     assert res.sim.instances[0].cfg.hybrid is None
     assert all(type(t) is Tree for t in replicas(res))
     assert "hybrid" not in res.summary
+
+
+# ------------------------------------------------------------------ against SGLang
+ENGINE_CASES_DIR = ROOT / "data" / "conformance" / "hybrid_engine"
+ENGINE_CASES = conformance_cases(ENGINE_CASES_DIR)
+
+
+def test_engine_cases_are_vendored_with_their_checksums():
+    names = vendored_checksums_match(ENGINE_CASES_DIR)
+    import json
+
+    listed = json.loads((ENGINE_CASES_DIR / "CASES.json").read_text())
+    assert {c.name.split(".")[0] for c in ENGINE_CASES} == set(listed) and len(listed) >= 4
+    assert len(names) == 2 * len(listed)
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=case_id)
+def test_engine_recorded_traces_replay_sglangs_lines_byte_for_byte(case):
+    """What SGLang's own core did on the engine's trace, line by line, is what the
+    sim's tree does (so the engine's replicas are SGLang's trees, op for op)."""
+    assert_replays_byte_for_byte(case)
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=case_id)
+def test_the_engine_still_records_the_vendored_trace(case, tmp_path):
+    import gzip
+    import json
+
+    spec = json.loads((ENGINE_CASES_DIR / "CASES.json").read_text())[case.name.split(".")[0]]
+    run_scenario(scn(ROOT / spec["scenario"], *spec["sets"]), None,
+                 record_ops_dir=tmp_path / "ops")
+    got = (tmp_path / "ops" / f"rank{spec['rank']}.jsonl").read_text()
+    assert got == gzip.decompress(case.read_bytes()).decode()
