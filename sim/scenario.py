@@ -341,7 +341,7 @@ class Host(_Model):
     ratio: _num(gt=0.0, hi=1e4) | None = None
     size_gb: _num(gt=0.0, hi=1e7) | None = None
     host_memory_fraction: _num(gt=0.0, hi=1.0) | None = None
-    # A Mamba hybrid's host state slots (MambaPoolHost size), overriding what the
+    # A Mamba hybrid's host state slots (the MambaPoolHost size, as given), overriding what the
     # sizing unit gives; required with ``tokens``.
     mamba_states: _int(1, 10**9) | None = None
 

@@ -203,6 +203,15 @@ def test_every_mamba_knob_changes_the_run():
         assert _key(_m(*sets)) != ref, sets
 
 
+def test_fewer_host_state_slots_give_fewer_host_hits_and_more_stranded_kv():
+    """sglang #39436's shape: FULL KV on the host is useless without a state to resume
+    from; a small host state pool loses the states and with them the host hits."""
+    few, many = _m("host.mamba_states=4").summary, _m().summary
+    assert 0 < few["hybrid"]["host_hits_with_state"] < many["hybrid"]["host_hits_with_state"]
+    assert few["host_hit_rate"] < many["host_hit_rate"]
+    assert few["hybrid"]["state_miss_tokens"] > many["hybrid"]["state_miss_tokens"]
+
+
 def test_the_mamba_state_pool_caps_the_running_requests():
     cfg = _m("device.max_mamba_cache_size=9").sim.instances[0].cfg
     assert cfg.max_running == 3   # 9 slots // 3 per request (resolve_max_num_reqs)
