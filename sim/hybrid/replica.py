@@ -200,6 +200,7 @@ class _HostEv:
 
 
 _NO_HOST = _HostEv()
+_NO_WRITES: dict = {}
 
 
 class _Eviction:
@@ -345,7 +346,7 @@ class HybridReplica:
     digest = property(lambda self: self.t.digest if self.t.hicache else 0)
     dups = property(lambda self: self.t.dups if self.t.hicache else {})
     loads = property(lambda self: self.t.loads if self.t.hicache else {})
-    pending_writes: dict = {}
+    pending_writes = property(lambda self: _NO_WRITES, doc="write_back: no write-through in flight")
     host_alloc_fail = None
 
     @property
