@@ -13,9 +13,14 @@ syncs, forks, collectives and verdicts run unchanged on a hybrid model.
 What a hybrid needs beyond it (a running request holds a Mamba state slot and SWA
 tokens outside the tree; evictions per component; Mamba's copy on write) is in
 ``HybridHooks``, which the engine calls at a few named points (``matched``,
-``rejected``, ``fit``, ``never_admissible``, ``alloc_extend``, ``before_insert``, ``released``,
-``headroom``, ``decode_evict``, ``decoded``). Each cites the SGLang 0.5.23 function it
-follows (files under ``sglang/srt/``).
+``rejected``, ``fit``, ``chunk_room``, ``never_admissible``, ``alloc_extend``,
+``before_insert``, ``released``, ``headroom``, ``decode_fits``, ``decode_evict``,
+``decoded``). Each cites the SGLang 0.5.23 function it follows (files under
+``sglang/srt/``).
+
+Recording (``run --record-ops``), each replica writes its own hybrid op-trace
+(docs/HYBRID.md §6.2, §10.5): every op as the replica applies it, with the KV held
+outside the tree.
 
 Locks. ``Tree.inc_lock(node)`` has no receipt; a hybrid lock has one
 (``LockReceipt``: SWA's boundary uuid). The replica hands out a fresh ``Handle`` per
@@ -35,7 +40,7 @@ from __future__ import annotations
 import copy
 
 from sim import constants as C
-from sim.errors import InvariantError, TreeError
+from sim.errors import InvariantError
 from sim.hybrid.mamba import MambaTree
 from sim.hybrid.swa import SWATree
 from sim.scheduler import NO_TOKEN
@@ -217,11 +222,12 @@ class _Eviction:
 
 
 class _Insert:
-    __slots__ = ("node", "host", "writes", "res")
+    """``Insert``'s fields the engine reads (no write-through writes: write_back)."""
 
-    def __init__(self, node, res, host=_NO_HOST, key=None):
+    __slots__ = ("node", "host", "writes")
+
+    def __init__(self, node, host=_NO_HOST, key=None):
         self.node = Handle(node, key)
-        self.res = res
         self.host = host
         self.writes = ()
 
@@ -565,7 +571,7 @@ class HybridReplica:
             res = t.insert(key, prev, swa_evicted=ev)
         log, scanned, freed = self._drain()
         host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
-        return _Insert(res.node, res, host, key)
+        return _Insert(res.node, host, key)
 
     def load_back(self, match: _Match, lid) -> _Load:
         """cache ``init_load_back`` + ``load_back`` for the request of the last
@@ -896,5 +902,4 @@ class HybridHooks:
         tree.set_swa_reserved(total)
 
 
-__all__ = ["HybridReplica", "HybridHooks", "Handle", "EngineMambaTree", "EngineSWATree",
-           "TreeError"]
+__all__ = ["EngineMambaTree", "EngineSWATree", "Handle", "HybridHooks", "HybridReplica"]
