@@ -72,8 +72,16 @@ def test_the_mamba_scenario_backs_up_states_reclaims_duplicates_and_loads_them_b
 
 def test_the_swa_scenario_tombstones_out_of_window_kv():
     s = run(SWA, "workload.num_requests=150").summary
-    assert s["hybrid"]["swa_evicted_tokens"] > 0
+    assert s["hybrid"]["swa_evicted_tokens"] > 0 and s["hybrid"]["swa_early_releases"] == 0
     assert s["verdict"] == "agree"
+
+
+def test_releasing_the_prefill_swa_after_the_window_frees_it_for_eviction():
+    off = run(SWA).summary
+    on = run(SWA, "cache.release_prefill_swa=true").summary
+    assert on["hybrid"]["swa_early_releases"] > 0
+    # the released windows are evictable: less SWA pinned, fewer requests waiting for it
+    assert on["ttft_p99_s"] < off["ttft_p99_s"]
 
 
 @pytest.mark.parametrize("path", [MAMBA, SWA], ids=["mamba", "swa"])
@@ -90,10 +98,12 @@ def test_shared_and_eager_replicas_write_byte_identical_results(path, tmp_path):
     assert same_folders(tmp_path / "a", tmp_path / "b")
 
 
-@pytest.mark.parametrize("path", [MAMBA, SWA], ids=["mamba", "swa"])
+@pytest.mark.parametrize("path,extra", [(MAMBA, ()), (SWA, ()),
+                                        (SWA, ("cache.release_prefill_swa=true",))],
+                         ids=["mamba", "swa", "swa-release"])
 @pytest.mark.parametrize("seed", [2, 5])
-def test_decode_runs_write_what_a_step_by_step_loop_writes(path, seed, tmp_path):
-    sets = ("workload.num_requests=80", f"seed={seed}")
+def test_decode_runs_write_what_a_step_by_step_loop_writes(path, extra, seed, tmp_path):
+    sets = ("workload.num_requests=80", f"seed={seed}", *extra)
     run(path, *sets, out=tmp_path / "fast")
     with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
         run(path, *sets, out=tmp_path / "plain")
@@ -236,7 +246,8 @@ def test_every_swa_knob_changes_the_run():
     for sets in (["device.swa_full_tokens_ratio=0.3"],
                  ["device.swa_full_tokens_ratio=null"],
                  ["device.tokens=null", "device.swa_full_tokens_ratio=null", "device.gib=0.6"],
-                 ["model.hybrid_preset=gpt-oss-120b"]):
+                 ["model.hybrid_preset=gpt-oss-120b"],
+                 ["cache.release_prefill_swa=true"]):
         # (cache.ids reaches only the reclaim digest: a host tier, not modelled for SWA)
         assert _key(_s(*sets)) != ref, sets
 
@@ -269,6 +280,7 @@ def test_an_swa_pool_too_tight_for_a_request_and_its_own_window_leaves_it_waitin
     (MAMBA, ["model.hybrid_preset=qwen3-next"], "model.hybrid_preset"),
     (MAMBA, ["jitter.host_alloc_failure.probability=0.1"], "jitter.host_alloc_failure"),
     (MAMBA, ["cache.load_back_threshold=256"], "cache.load_back_threshold"),
+    (MAMBA, ["cache.release_prefill_swa=true"], "cache.release_prefill_swa"),
 ])
 def test_unsupported_hybrid_combinations_are_one_line_errors_naming_the_key(path, sets, key):
     with pytest.raises(UserError) as e:
@@ -279,7 +291,7 @@ def test_unsupported_hybrid_combinations_are_one_line_errors_naming_the_key(path
 
 def test_hybrid_device_and_host_keys_are_refused_for_a_full_model():
     for sets in (["device.max_mamba_cache_size=10"], ["host.mamba_states=4"],
-                 ["device.swa_full_tokens_ratio=0.5"]):
+                 ["device.swa_full_tokens_ratio=0.5"], ["cache.release_prefill_swa=true"]):
         with pytest.raises(UserError) as e:
             scn(ROOT / "scenarios" / "quickstart.yaml", *sets)
         assert "without model.hybrid_preset" in str(e.value)
@@ -315,7 +327,8 @@ def _units_back(fp, ps):
     (SWA, ["workload.num_requests=150", "jitter.request_order.ranks=[1]",
            "jitter.request_order.swap_probability=0.3", "workload.arrival.rate=40"]),
     (SWA, ["workload.num_requests=80", "page_size=1", "cache.ids=optrace"]),
-], ids=["mamba", "swa-forked", "swa-page1"])
+    (SWA, ["workload.num_requests=80", "cache.release_prefill_swa=true"]),
+], ids=["mamba", "swa-forked", "swa-page1", "swa-release"])
 def test_recorded_hybrid_op_traces_replay_to_the_engines_final_trees(path, sets, tmp_path):
     import json
 

@@ -53,7 +53,7 @@ class HybridStats:
     MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
              "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
              "insert_state_evictions", "state_misses", "state_miss_tokens")
-    SWA = ("swa_evicted_tokens",)
+    SWA = ("swa_evicted_tokens", "swa_early_releases")
     __slots__ = MAMBA + SWA
 
     def __init__(self):
@@ -499,6 +499,13 @@ class HybridReplica:
         self.t.dec_lock(handle.receipt)
         handle.receipt = None
 
+    def release_swa(self, handle: Handle) -> None:
+        """``UnifiedRadixCache.release_swa``: the SWA part of a lock, early, once."""
+        if self.ops is not None:
+            self._rec({"op": "release_swa", "id": handle.lid})
+        self.t.hy.swa_early_releases += 1
+        self.t.release_swa(handle.receipt)
+
     def cow(self, match: _Match, rid, holds: bool) -> bool:
         """The copy on write of ``match`` for request ``rid`` (recorded with the
         match it belongs to)."""
@@ -883,13 +890,24 @@ class HybridHooks:
     def decoded(self, c, batch) -> None:
         """After decode steps: each request's own SWA is its committed KV past its
         cursor, the cursor kept one page-aligned window below the sequence end
-        (``maybe_evict_swa`` -> ``free_swa_out_of_window_slots`` every step)."""
+        (``maybe_evict_swa`` -> ``free_swa_out_of_window_slots`` every step). With
+        ``release_prefill_swa`` (SGLANG_OPT_RELEASE_PREFILL_SWA), a request whose
+        decode steps reached the window releases its lock's SWA part
+        (``release_swa_prefix_lock``, when the lock's window stopped short of the
+        root); it only makes SWA evictable, which nothing reads within a run of
+        steps, so releasing at the run's end is what releasing at the step does."""
         tree = c.tree
         if tree.kind != "swa":
             return
         ps = self.ps
         total = tree.swa_reserved
+        release = self.h.release_prefill_swa
         for rq in batch:
+            if release and rq.generated - 1 >= self.h.window:
+                h = rq.slots[id(c)].lock
+                r = h.receipt
+                if r is not None and r.uuid is not None and not r.swa_released:
+                    tree.release_swa(h)
             st = tree.reqs.get(rq.r.rid)
             if st is None:
                 continue
