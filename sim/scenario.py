@@ -408,9 +408,10 @@ class Cache(_Model):
     # divergence.json are the values the server would print), as a bare SGLang tree core
     # has them (first node 5), or as op-traces number them (first node 1).
     ids: Literal["server", "sglang", "optrace"] = "server"
-    # An SWA hybrid only: SGLANG_OPT_RELEASE_PREFILL_SWA (off by default), a request's
-    # prefill SWA lock released once decode passes the window (docs/HYBRID.md §10).
-    release_prefill_swa: bool = False
+    # An SWA hybrid only: SGLANG_OPT_RELEASE_PREFILL_SWA (unset: off, SGLang's default),
+    # a request's prefill SWA lock released once decode passes the window
+    # (docs/HYBRID.md §10).
+    release_prefill_swa: bool | None = None
 
 
 def _cost_names():
@@ -1127,7 +1128,7 @@ def resolve_hybrid(s: "Scenario", max_running: int):
     if h.kind == "swa":
         return HybridConfig(kind="swa", aux_capacity=p["aux"], window=h.sliding_window,
                             id_offset=offset,
-                            release_prefill_swa=s.cache.release_prefill_swa), max_running
+                            release_prefill_swa=bool(s.cache.release_prefill_swa)), max_running
     state_b = p["aux_bytes"]
     hc = HybridConfig(kind="mamba", aux_capacity=p["aux"], aux_host=p["host_aux"],
                       host_tokens=p["host_full"], mamba_chunk=1,
