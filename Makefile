@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test bench clean venv browser conformance-sglang conformance-hybrid-sglang \
-	conformance-storage-sglang
+	conformance-storage-sglang conformance-hybrid-engine-sglang
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,16 @@ conformance-hybrid-sglang: $(STAMP)
 	  $${SGLANG_ORACLE_VENV:-$${TMPDIR:-/tmp}/sglang-oracle-venv}/bin/python \
 	  tools/sglang_oracle/make_hybrid_cases.py --check
 	git diff --exit-code -- data/conformance/hybrid
+
+# Rebuild data/conformance/hybrid_engine/: the TP engine's recorded hybrid op-traces
+# replayed on SGLang 0.5.23's own cores (docs/HYBRID.md §10.5), and fail if any vendored
+# byte changed.
+conformance-hybrid-engine-sglang: $(STAMP)
+	bash $(SGLANG_ORACLE)/setup.sh
+	HICACHE_SGLANG_ORACLE=$(abspath $(SGLANG_ORACLE)) \
+	  SGLANG_ORACLE_VENV=$${SGLANG_ORACLE_VENV:-$${TMPDIR:-/tmp}/sglang-oracle-venv} \
+	  $(BIN)/python tools/sglang_oracle/make_hybrid_engine_cases.py --check
+	git diff --exit-code -- data/conformance/hybrid_engine
 
 # Rebuild data/conformance/storage/ (storage (L3) ops, docs/OPTRACE.md §14) from SGLang
 # 0.5.23's own tree, with its sanity_check after every op, and fail if any vendored byte

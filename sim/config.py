@@ -108,6 +108,7 @@ class HybridConfig:
     state_tokens: int = 0      # Mamba: ceil(state bytes / FULL bytes per token) per rank
     state_bytes: int = 0       # Mamba: one state's bytes per rank
     id_offset: int = 0         # node ids drawn before the first tree node (cache.ids)
+    release_prefill_swa: bool = False  # SWA: SGLANG_OPT_RELEASE_PREFILL_SWA
 
 
 @dataclass

@@ -293,13 +293,13 @@ class Simulation:
         self._sync_mismatch = False  # the iteration's digest check failed
         self._run = None             # [end, cut] of the decode run in flight
         self._proc = None            # the loop's process (a cut interrupts it)
-        # The L3 tier (docs/STORAGE.md §7); None: no storage work anywhere.
         # Hybrid models' admission and allocation rules (sim.hybrid.replica); None
         # for a FULL-only model, whose path is unchanged.
         self._hyb = None
         if cfg.hybrid is not None:
             from sim.hybrid.replica import HybridHooks
             self._hyb = HybridHooks(self)
+        # The L3 tier (docs/STORAGE.md §7); None: no storage work anywhere.
         self._st = cfg.storage
         if self._st is not None:
             self._st_hits: dict = {}  # prefetch id -> {id(replica): its storage hit}

@@ -341,7 +341,7 @@ class Host(_Model):
     ratio: _num(gt=0.0, hi=1e4) | None = None
     size_gb: _num(gt=0.0, hi=1e7) | None = None
     host_memory_fraction: _num(gt=0.0, hi=1.0) | None = None
-    # A Mamba hybrid's host state slots (MambaPoolHost size), overriding what the
+    # A Mamba hybrid's host state slots (the MambaPoolHost size, as given), overriding what the
     # sizing unit gives; required with ``tokens``.
     mamba_states: _int(1, 10**9) | None = None
 
@@ -408,6 +408,10 @@ class Cache(_Model):
     # divergence.json are the values the server would print), as a bare SGLang tree core
     # has them (first node 5), or as op-traces number them (first node 1).
     ids: Literal["server", "sglang", "optrace"] = "server"
+    # An SWA hybrid only: SGLANG_OPT_RELEASE_PREFILL_SWA (unset: off, SGLang's default),
+    # a request's prefill SWA lock released once decode passes the window
+    # (docs/HYBRID.md §10).
+    release_prefill_swa: bool | None = None
 
 
 def _cost_names():
@@ -946,6 +950,9 @@ class Scenario(_Model):
                     raise _err(f"rank {r}", f"a rank below tp ({self.tp})", path)
         if self.model.hybrid_preset is not None:
             _hybrid_check(self)
+        elif self.cache.release_prefill_swa:
+            raise _err("cache.release_prefill_swa without model.hybrid_preset",
+                       "it only with an SWA hybrid", "cache.release_prefill_swa")
         elif self.host.mamba_states is not None or any(
                 getattr(self.device, k) is not None for k in HYBRID_DEVICE_KEYS):
             key = ("host.mamba_states" if self.host.mamba_states is not None else
@@ -1019,6 +1026,9 @@ def _hybrid_check(s: "Scenario") -> None:
                        f"the default {LOAD_BACK_THRESHOLD} (SGLang's threshold never refuses a "
                        "Mamba load-back: each carries a state)", "cache.load_back_threshold")
     c = s.cache
+    if c.release_prefill_swa and h.kind != "swa":
+        raise _err("cache.release_prefill_swa for a Mamba hybrid", "it only with an SWA hybrid",
+                   "cache.release_prefill_swa")
     if c.host_policy != "duplicate_first":
         raise _err(f"cache.host_policy {c.host_policy!r} for a hybrid model",
                    "duplicate_first (the unified tree's reclaim)", "cache.host_policy")
@@ -1144,7 +1154,8 @@ def resolve_hybrid(s: "Scenario", max_running: int):
     offset = 0 if s.cache.ids == "optrace" else 2 * SENTINEL_IDS_PER_COMPONENT
     if h.kind == "swa":
         return HybridConfig(kind="swa", aux_capacity=p["aux"], window=h.sliding_window,
-                            id_offset=offset), max_running
+                            id_offset=offset,
+                            release_prefill_swa=bool(s.cache.release_prefill_swa)), max_running
     state_b = p["aux_bytes"]
     hc = HybridConfig(kind="mamba", aux_capacity=p["aux"], aux_host=p["host_aux"],
                       host_tokens=p["host_full"], mamba_chunk=1,

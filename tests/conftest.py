@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:
 TRACES = ROOT / "data" / "traces"
 
 # The default CI profile: enough examples to find real bugs, bounded for 2 cores.
-settings.register_profile("ci", max_examples=60, deadline=None,
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deep", max_examples=1000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -56,6 +56,17 @@ def check(path: str, overrides=(), deep: bool = False, trace_roots=(), force: bo
         warn += (f", node: {node['host_gb_per_node']:,.1f} GB of host pools on {node['ranks_per_node']} "
                  f"ranks, budget {node['host_budget_gb_per_rank']:,.1f} GB per rank")
     host_text = fmt_capacity(host, bpt) if host else "off (no host tier)"
+    hyb = info.get("hybrid")
+    if hyb is not None:  # the component's own pools (docs/HYBRID.md §10.1)
+        h = s.model.hybrid()
+        if h.kind == "mamba":
+            warn += (f", {s.model.hybrid_preset}: {hyb['aux_device']:,} Mamba state slots "
+                     f"({hyb['aux_device'] * hyb['aux_bytes'] / 1e9:,.2f} GB)"
+                     + (f", {hyb['aux_host']:,} host state slots" if host else ""))
+        else:
+            warn += (f", {s.model.hybrid_preset}: SWA pool {hyb['aux_device']:,} tokens "
+                     f"({hyb['aux_device'] * hyb['aux_bytes'] / 1e9:,.3f} GB), "
+                     f"window {h.sliding_window}")
     big = f"; {est.line()}" if est.large else ""
     return (f"OK {path}: {s.name}: device {fmt_capacity(dev, bpt)}, host {host_text} per rank "
             f"({bpt:,} bytes/token), tp {s.tp}, page {s.page_size}, "

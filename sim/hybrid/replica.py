@@ -13,9 +13,14 @@ syncs, forks, collectives and verdicts run unchanged on a hybrid model.
 What a hybrid needs beyond it (a running request holds a Mamba state slot and SWA
 tokens outside the tree; evictions per component; Mamba's copy on write) is in
 ``HybridHooks``, which the engine calls at a few named points (``matched``,
-``rejected``, ``fit``, ``never_admissible``, ``alloc_extend``, ``before_insert``, ``released``,
-``headroom``, ``decode_evict``, ``decoded``). Each cites the SGLang 0.5.23 function it
-follows (files under ``sglang/srt/``).
+``rejected``, ``fit``, ``chunk_room``, ``never_admissible``, ``alloc_extend``,
+``before_insert``, ``released``, ``headroom``, ``decode_fits``, ``decode_evict``,
+``decoded``). Each cites the SGLang 0.5.23 function it follows (files under
+``sglang/srt/``).
+
+Recording (``run --record-ops``), each replica writes its own hybrid op-trace
+(docs/HYBRID.md §6.2, §10.5): every op as the replica applies it, with the KV held
+outside the tree.
 
 Locks. ``Tree.inc_lock(node)`` has no receipt; a hybrid lock has one
 (``LockReceipt``: SWA's boundary uuid). The replica hands out a fresh ``Handle`` per
@@ -35,7 +40,7 @@ from __future__ import annotations
 import copy
 
 from sim import constants as C
-from sim.errors import InvariantError, TreeError
+from sim.errors import InvariantError
 from sim.hybrid.mamba import MambaTree
 from sim.hybrid.swa import SWATree
 from sim.scheduler import NO_TOKEN
@@ -48,7 +53,7 @@ class HybridStats:
     MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
              "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
              "insert_state_evictions", "state_misses", "state_miss_tokens")
-    SWA = ("swa_evicted_tokens",)
+    SWA = ("swa_evicted_tokens", "swa_early_releases")
     __slots__ = MAMBA + SWA
 
     def __init__(self):
@@ -239,6 +244,7 @@ class _HostEv:
 
 
 _NO_HOST = _HostEv()
+_NO_WRITES: dict = {}
 
 
 class _Eviction:
@@ -255,11 +261,12 @@ class _Eviction:
 
 
 class _Insert:
-    __slots__ = ("node", "host", "writes", "res")
+    """``Insert``'s fields the engine reads (no write-through writes: write_back)."""
 
-    def __init__(self, node, res, host=_NO_HOST, key=None):
+    __slots__ = ("node", "host", "writes")
+
+    def __init__(self, node, host=_NO_HOST, key=None):
         self.node = Handle(node, key)
-        self.res = res
         self.host = host
         self.writes = ()
 
@@ -535,6 +542,13 @@ class HybridReplica:
         self.t.dec_lock(handle.receipt)
         handle.receipt = None
 
+    def release_swa(self, handle: Handle) -> None:
+        """``UnifiedRadixCache.release_swa``: the SWA part of a lock, early, once."""
+        if self.ops is not None:
+            self._rec({"op": "release_swa", "id": handle.lid})
+        self.t.hy.swa_early_releases += 1
+        self.t.release_swa(handle.receipt)
+
     def cow(self, match: _Match, rid, holds: bool) -> bool:
         """The copy on write of ``match`` for request ``rid`` (recorded with the
         match it belongs to)."""
@@ -614,7 +628,7 @@ class HybridReplica:
             res = t.insert(key, prev, swa_evicted=ev)
         log, scanned, freed = self._drain()
         host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
-        ins = _Insert(res.node, res, host, key)
+        ins = _Insert(res.node, host, key)
         if t.wlog:
             # write_through: the insert's backups, each a D->H write acked through
             # the engine's sync (``writing_check``)
@@ -936,13 +950,24 @@ class HybridHooks:
     def decoded(self, c, batch) -> None:
         """After decode steps: each request's own SWA is its committed KV past its
         cursor, the cursor kept one page-aligned window below the sequence end
-        (``maybe_evict_swa`` -> ``free_swa_out_of_window_slots`` every step)."""
+        (``maybe_evict_swa`` -> ``free_swa_out_of_window_slots`` every step). With
+        ``release_prefill_swa`` (SGLANG_OPT_RELEASE_PREFILL_SWA), a request whose
+        decode steps reached the window releases its lock's SWA part
+        (``release_swa_prefix_lock``, when the lock's window stopped short of the
+        root); it only makes SWA evictable, which nothing reads within a run of
+        steps, so releasing at the run's end is what releasing at the step does."""
         tree = c.tree
         if tree.kind != "swa":
             return
         ps = self.ps
         total = tree.swa_reserved
+        release = self.h.release_prefill_swa
         for rq in batch:
+            if release and rq.generated - 1 >= self.h.window:
+                h = rq.slots[id(c)].lock
+                r = h.receipt
+                if r is not None and r.uuid is not None and not r.swa_released:
+                    tree.release_swa(h)
             st = tree.reqs.get(rq.r.rid)
             if st is None:
                 continue
@@ -955,5 +980,4 @@ class HybridHooks:
         tree.set_swa_reserved(total)
 
 
-__all__ = ["HybridReplica", "HybridHooks", "Handle", "EngineMambaTree", "EngineSWATree",
-           "TreeError"]
+__all__ = ["EngineMambaTree", "EngineSWATree", "Handle", "HybridHooks", "HybridReplica"]

@@ -418,6 +418,12 @@ class HybridOracle:
         self.cache.evict_for_alloc = self.evict_for_alloc
         self.locks: dict = {}
         self.held: dict = {}  # request id -> its own Mamba state slot (a 1-slot tensor)
+        # KV running requests hold outside the tree (an engine trace's "reserved" and
+        # "swa_reserved", docs/HYBRID.md §10.5): pages taken from the pools, one page
+        # per entry, FULL pages with an SWA peer and FULL pages without.
+        self._res_swa: list = []
+        self._res_full: list = []
+        self._res_swa_only: list = []
 
     # -- plumbing ------------------------------------------------------------
 
@@ -482,6 +488,38 @@ class HybridOracle:
         if got != upto:
             raise OpError("bad_prev")
         return torch.cat(vals) if vals else torch.empty((0,), dtype=torch.int64)
+
+    def _reserve(self, op) -> None:
+        """Hold ``reserved`` FULL tokens and ``swa_reserved`` SWA tokens out of the
+        pools for this op, as the requests that own them do: FULL pages with an SWA
+        peer, FULL pages without, SWA pages alone (the SWA a batch took before its
+        FULL), shrunk first so the pools never run dry in between."""
+        ps = self.ps
+        full = int(op.get("reserved", 0)) // ps
+        swa = int(op.get("swa_reserved", 0)) // ps if self.kind == "swa" else 0
+        paired = min(full, swa)
+        want = {"paired": paired, "full": full - paired, "swa": swa - paired}
+        stacks = {"paired": self._res_swa, "full": self._res_full, "swa": self._res_swa_only}
+        for name, stack in stacks.items():
+            while len(stack) > want[name]:
+                t = stack.pop()
+                if name == "paired" or self.kind != "swa":
+                    self.alloc.free_segment(t)
+                elif name == "full":
+                    self.alloc.free_full_segment(t)
+                else:
+                    self.alloc.swa.free_page(t)
+        for name, stack in stacks.items():
+            while len(stack) < want[name]:
+                if name == "swa":
+                    stack.append(self.alloc.swa.alloc_pages(1)[0])
+                else:
+                    stack.append(self.alloc.alloc_request(ps, ps if name == "paired" else 0))
+
+    def _reserved_tokens(self) -> tuple[int, int]:
+        ps = self.ps
+        return ((len(self._res_swa) + len(self._res_full)) * ps,
+                (len(self._res_swa) + len(self._res_swa_only)) * ps)
 
     # -- ops -----------------------------------------------------------------
 
@@ -572,6 +610,11 @@ class HybridOracle:
     def op_match(self, op):
         if "cow" not in op:
             return self._match(op["tokens"])[1]
+        return self._match_cow(op)[1]
+
+    def _match_cow(self, op):
+        """``match_prefix(cow_mamba=True)``: the match, then the components'
+        ``finalize_match_result_in_cache`` (Mamba's copy on write)."""
         if self.kind != "mamba":
             raise OpError("no_mamba_component")
         rid = op["cow"]
@@ -596,9 +639,9 @@ class HybridOracle:
             r = comp.finalize_match_result_in_cache(params, r)
         if req.kv.mamba_pool_idx is not None:
             self.held[rid] = req.kv.mamba_pool_idx.reshape(1)
-        return {"device_len": r.device_prefix_len, "full_len": r.full_kv_hit_length,
-                "node": r.best_match_node, "branch": r.mamba_branching_seqlen,
-                **self._host_fields(r), "cow": req.kv.mamba_cow_src_index is not None}
+        return r, {"device_len": r.device_prefix_len, "full_len": r.full_kv_hit_length,
+                   "node": r.best_match_node, "branch": r.mamba_branching_seqlen,
+                   **self._host_fields(r), "cow": req.kv.mamba_cow_src_index is not None}
 
     def op_release(self, op):
         """A request that leaves without caching frees its own state slot."""
@@ -611,7 +654,15 @@ class HybridOracle:
         lid = op["id"]
         if lid in self.locks:
             raise OpError("duplicate_lock_id")
-        r, out = self._match(op["tokens"])
+        if op.get("exact"):
+            # the node whose path is exactly tokens (an insert's last_device_node, a
+            # load-back's anchor: UnifiedRadixCache.lock on a node id, no match)
+            node_id = self._node_at(op["tokens"])
+            skip = tuple(MAMBA for c in op.get("skip", ()) if c == "mamba")
+            receipt = self.core.inc_lock_ref(node_id, skip_lock_components=skip).to_dec_params()
+            self.locks[lid] = [node_id, receipt, False]
+            return {"node": node_id}
+        r, out = self._match_cow(op) if "cow" in op else self._match(op["tokens"])
         node_id = r.last_device_node
         # skip ["mamba"]: the decode hold under SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK
         # (UnifiedRadixCache.checkpoint: lock(..., skip_lock_components=(MAMBA,))).
@@ -619,6 +670,32 @@ class HybridOracle:
         receipt = self.core.inc_lock_ref(node_id, skip_lock_components=skip).to_dec_params()
         self.locks[lid] = [node_id, receipt, False]
         return out
+
+    def _node_at(self, tokens):
+        key, node = self.key(tokens), self.core.root_node
+        while len(key) > 0:
+            child = node.children.get(key.child_key(self.ps))
+            if child is None or child.key.match(key, page_size=self.ps) < len(child.key):
+                raise OpError("unknown_node")
+            node, key = child, key[len(child.key):]
+        return node.id
+
+    def op_alloc(self, op):
+        """``alloc_req_slots``: a request takes a fresh Mamba state slot."""
+        if self.kind != "mamba":
+            raise OpError("no_mamba_component")
+        rid = op["id"]
+        if rid in self.held:
+            raise OpError("duplicate_request")
+        slot = self.req_pool.mamba_allocator.alloc(1)
+        if slot is None:
+            raise OpError("mamba_full")
+        self.held[rid] = slot
+        return {}
+
+    def op_skip_ids(self, op):
+        UnifiedTreeNode.counter += int(op["n"])
+        return {}
 
     def op_unlock(self, op):
         lid = op["id"]
@@ -746,12 +823,14 @@ class HybridOracle:
 
     OPS = {"insert": op_insert, "match": op_match, "lock": op_lock, "unlock": op_unlock,
            "release_swa": op_release_swa, "evict": op_evict,
-           "evict_for_alloc": op_evict_for_alloc, "release": op_release, "dump": op_dump}
+           "evict_for_alloc": op_evict_for_alloc, "release": op_release, "dump": op_dump,
+           "alloc": op_alloc, "skip_ids": op_skip_ids}
 
     def apply(self, op: dict) -> dict:
         name = op["op"]
         self.core.events = []
         fn = self.OPS.get(name)
+        self._reserve(op)
         try:
             if fn is None:
                 raise OpError(f"unknown_op {name}")
@@ -765,10 +844,11 @@ class HybridOracle:
     def summary(self) -> dict:
         core, aux = self.core, self.aux
         a = CT_NAME[aux]
-        used = (self.alloc.swa.used_tokens if aux is SWA
+        res_full, res_swa = self._reserved_tokens()
+        used = (self.alloc.swa.used_tokens - res_swa if aux is SWA
                 else self.req_pool.mamba_allocator.pool.used_tokens)
         out = {
-            "dev": self.alloc.full.used_tokens, a: used,
+            "dev": self.alloc.full.used_tokens - res_full, a: used,
             "evictable": core.component_evictable_size_[FULL],
             "protected": core.component_protected_size_[FULL],
             a + "_evictable": core.component_evictable_size_[aux],
@@ -789,8 +869,9 @@ class HybridOracle:
             dev += len(n.component_data[FULL].value)
             v = n.component_data[aux].value
             a += 0 if v is None else len(v)
-        assert dev == self.alloc.full.used_tokens, (dev, self.alloc.full.used_tokens)
-        used = (self.alloc.swa.used_tokens if aux is SWA
+        res_full, res_swa = self._reserved_tokens()
+        assert dev == self.alloc.full.used_tokens - res_full, (dev, self.alloc.full.used_tokens)
+        used = (self.alloc.swa.used_tokens - res_swa if aux is SWA
                 else self.req_pool.mamba_allocator.pool.used_tokens)
         if aux is MAMBA:
             used -= len(self.held)
@@ -1274,7 +1355,8 @@ class HostHybridOracle(HybridOracle):
             host += 0 if f.host_value is None else len(f.host_value)
             a += 0 if m.value is None else len(m.value)
             ah += 0 if m.host_value is None else len(m.host_value)
-        assert dev == self.alloc.full.used_tokens, (dev, self.alloc.full.used_tokens)
+        res_full = self._reserved_tokens()[0]
+        assert dev == self.alloc.full.used_tokens - res_full, (dev, self.alloc.full.used_tokens)
         assert host == self.host.used_tokens, (host, self.host.used_tokens)
         assert a == self.req_pool.mamba_allocator.pool.used_tokens - len(self.held)
         assert ah == self.mamba_host.used_tokens, (ah, self.mamba_host.used_tokens)
