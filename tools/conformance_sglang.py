@@ -4,7 +4,8 @@
 For every shipped scenario (scenarios/*.yaml), cut to a few hundred requests and
 forced to one TP-2 group (``tp=2``, ``dp=1``; jitter as shipped), this records every
 replica's op-trace with ``hicache-sim run --record-ops``, replays each trace on SGLang
-0.5.23's own tree (tools/sglang_oracle/oracle_v2.py, in the oracle venv) and through
+0.5.23's own tree (tools/sglang_oracle/oracle_v2.py, oracle_storage.py for the storage
+tier, oracle_hybrid.py for hybrid models; in the oracle venv) and through
 ``hicache-sim replay-ops``, and compares the two outputs line by line as JSON values
 (docs/OPTRACE.md §10). One line per trace; the first difference stops the run with
 exit 1, naming the trace and the line. The replay's last line must also reach the
@@ -82,11 +83,23 @@ def compare(trace: Path, ours: Path, theirs: Path) -> tuple[int, str | None]:
     return len(a), None
 
 
-def _has_storage(trace: Path) -> bool:
-    """Whether the trace's header declares the storage tier (docs/OPTRACE.md §14)."""
+def header_of(trace: Path) -> dict:
     with open(trace) as f:
-        header = json.loads(f.readline())
-    return "prefetch_threshold" in header or "storage_writes" in header
+        return json.loads(f.readline())
+
+
+def _oracle_for(trace: Path) -> str:
+    """The oracle that replays ``trace`` on SGLang: a hybrid trace (a header naming
+    ``components``, docs/HYBRID.md §6) goes to oracle_hybrid.py, SGLang's unified core
+    with its own components; one with the storage tier (docs/OPTRACE.md §14) to the
+    storage oracle, which extends oracle_v2 with SGLang's insert_host and prefetch
+    bookkeeping; the rest to oracle_v2."""
+    header = header_of(trace)
+    if "components" in header:
+        return "oracle_hybrid.py"
+    if "prefetch_threshold" in header or "storage_writes" in header:
+        return "oracle_storage.py"
+    return "oracle_v2.py"
 
 
 def main() -> int:
@@ -120,22 +133,24 @@ def main() -> int:
                              work / name / f"{stem}.sglang.jsonl"))
     # SGLang's side: one oracle process for all traces (importing SGLang takes seconds;
     # each trace builds a fresh core, which resets SGLang's process-global counters).
-    # Traces with storage ops (op-trace §14) go to the storage oracle, which extends
-    # oracle_v2 with SGLang's insert_host and prefetch bookkeeping; the rest to oracle_v2.
     by_oracle: dict[str, list] = {}
     for job in jobs:
-        by_oracle.setdefault("oracle_storage.py" if _has_storage(job[2]) else "oracle_v2.py",
-                             []).append(job)
+        by_oracle.setdefault(_oracle_for(job[2]), []).append(job)
     for oracle, group in sorted(by_oracle.items()):
-        batch = work / f"batch-{oracle.removesuffix('.py')}.tsv"
-        batch.write_text("".join(f"{trace}\t{theirs}\n" for _, _, trace, _, theirs in group))
-        cmd = [str(py), str(REPO / "tools" / "sglang_oracle" / oracle), "--batch", str(batch)]
-        if args.check:
-            cmd.append("--check")
-        done = subprocess.run(cmd)
-        if done.returncode != 0:
-            print(f"the SGLang oracle ({oracle}) failed (exit {done.returncode})", file=sys.stderr)
-            return 1
+        script = str(REPO / "tools" / "sglang_oracle" / oracle)
+        if oracle == "oracle_hybrid.py":  # no batch mode: one process per trace
+            cmds = [[str(py), script, str(trace), "-o", str(theirs)]
+                    for _, _, trace, _, theirs in group]
+        else:
+            batch = work / f"batch-{oracle.removesuffix('.py')}.tsv"
+            batch.write_text("".join(f"{trace}\t{theirs}\n" for _, _, trace, _, theirs in group))
+            cmds = [[str(py), script, "--batch", str(batch)]]
+        for cmd in cmds:
+            done = subprocess.run(cmd + (["--check"] if args.check else []))
+            if done.returncode != 0:
+                print(f"the SGLang oracle ({oracle}) failed (exit {done.returncode})",
+                      file=sys.stderr)
+                return 1
     total_ops = 0
     for name, t, trace, ours, theirs in jobs:
         with open(ours, "w") as fh:
@@ -144,7 +159,10 @@ def main() -> int:
         n, why = compare(trace, ours, theirs)
         if why is None:
             last = json.loads(ours.read_text().splitlines()[-1])
-            final = {k: last[k] for k in ("digest", "dev", "host", "nodes")}
+            # A hybrid trace without the host tier writes neither a digest nor a host
+            # pool (docs/HYBRID.md §6): its tree has none, which the index says as 0.
+            final = {k: last.get(k, 0 if "components" in header_of(trace) else None)
+                     for k in t["final"]}
             if final != t["final"]:
                 why = f"{trace}: replays to {final}, the engine ended at {t['final']}"
         print(f"{name:<40} rank {t['rank']}  {t['ops']:>6} ops  {'match' if why is None else 'MISMATCH'}")
