@@ -1492,7 +1492,7 @@ class Simulation:
             book.beliefs.track_inflight(keys)
             book.staging[x.id] = (tokens, keys, x.id)
             book.counts["writes_staged"] += 1
-            self._op(c, {"op": "buffer_stage", "node": tree.path_units(x)})
+            self._op(c, {"op": "buffer_stage", "key": tree.path_units(x)})
             pw = tree.stage_buffer_backup(x)
             self._pending_writes.setdefault(id(c), []).append((pw.ack_id, tokens))
 
@@ -1520,7 +1520,6 @@ class Simulation:
             if p is None:
                 continue  # terminated meanwhile
             hit = min(min_hits(list(self._st_hits[pid].values()), ps), p.requested)
-            self._op(c, {"op": "prefetch_hit", "id": pid, "n": hit})
             if keys is not None:
                 book.beliefs.invalidate_beyond(keys, hit // ps)
                 book.beliefs.add(keys[: hit // ps])
@@ -1613,6 +1612,9 @@ class Simulation:
         c.tree.on_host_backup = lambda node, c=c: self._st_write(c, node)
         if self._buf:
             c.tree.on_backup_intent = lambda node, c=c: self._buf_intent(c, node)
+            if c.ops is not None:
+                # the anchor pins (`try_lock_anchor` / `release_anchor_lock`) are traced
+                c.st.book.record = lambda op, c=c: self._op(c, op)
 
     def _st_count(self, c: Cohort, name: str, reason: str | None = None, n: int = 1) -> None:
         if 0 not in c.ranks:
@@ -1680,7 +1682,9 @@ class Simulation:
         pid = f"p{rq.r.rid}"
         self._st_reqs[pid] = rq
         for c in self.group.cohorts:
-            self._op(c, {"op": "prefetch", "key": key, "id": pid})
+            # buffer_only: the prefetch holds nothing in the tree, its issue is a match
+            self._op(c, {"op": "match", "key": key} if self._buf
+                     else {"op": "prefetch", "key": key, "id": pid})
             m = c.tree.match_prefix(key)
             iss = c.st.book.issue(pid, m, key)
             if iss.reason is not None:
@@ -1880,7 +1884,7 @@ class Simulation:
             op = st.xfers.get(pid)
             if pid in book.prefetches and op is not None:
                 self._st_done(c, pid, op.completed)
-        recording = c.ops is not None
+        recording = c.ops is not None and not self._buf
         for _ in range(n_backup):
             wid = st.wack_q.popleft()
             if recording:
@@ -1890,7 +1894,8 @@ class Simulation:
     def _st_done(self, c: Cohort, pid, completed: int) -> None:
         """`_handle_prefetch_result`: ``insert_host`` of what landed."""
         st = c.st
-        self._op(c, {"op": "prefetch_done", "id": pid, "n": completed})
+        if not self._buf:
+            self._op(c, {"op": "prefetch_done", "id": pid, "n": completed})
         _, loaded = st.book.done(pid, completed)
         op = st.xfers.pop(pid, None)
         if op is not None:
@@ -1909,7 +1914,8 @@ class Simulation:
         st = c.st
         if pid not in st.book.prefetches:
             return
-        self._op(c, {"op": "prefetch_revoke", "id": pid})
+        if not self._buf:
+            self._op(c, {"op": "prefetch_revoke", "id": pid})
         st.book.revoke(pid)
         op = st.xfers.pop(pid, None)
         if op is not None:

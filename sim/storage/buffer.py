@@ -217,6 +217,7 @@ class BufferBook(PrefetchBook):
         self.pin_cap = max(0, min(int(C.BUFFER_ANCHOR_LOCK_CAP * device_pool),
                                   device_pool - max_context_len))
         self.staged: dict = {}            # pid -> Staged (staged_prefetches)
+        self.record = None                # op-trace hook: the pin / unpin ops
         self.loading: dict = {}           # load id -> bounce slots (ongoing_buffer_load_back)
         self.counts = {"writes_staged": 0, "writes_deduplicated": 0, "writes_dropped": 0,
                        "hits_parked": 0, "prefetches_staged": 0, "spliced_tokens": 0,
@@ -305,6 +306,8 @@ class BufferBook(PrefetchBook):
         if not self.host.fits(hit):
             return Hit(0, "parked", HostEviction())
         if pin is not None:
+            if self.record is not None:
+                self.record({"op": "pin", "key": tree.path_units(pin[0]), "id": pid})
             tree.inc_lock(pin[0])
             self.pins[pid] = pin
             self.pinned += pin[1]
@@ -331,16 +334,18 @@ class BufferBook(PrefetchBook):
         self._hits.pop(pid, None)
         pin = self.pins.pop(pid, (None, 0))
         if completed == 0:
-            self._unpin(pin)
+            self._unpin(pin, pid)
             self.matched.pop(pid, None)
             return None, 0
         self.staged[pid] = Staged(self.matched.pop(pid), completed, completed, *pin)
         self.counts["prefetches_staged"] += 1
         return None, completed
 
-    def _unpin(self, pin) -> None:
+    def _unpin(self, pin, pid) -> None:
         node, tokens = pin
         if node is not None:
+            if self.record is not None:
+                self.record({"op": "unpin", "id": pid})
             self.tree.dec_lock(node)
             self.pinned -= tokens
 
@@ -348,7 +353,7 @@ class BufferBook(PrefetchBook):
         if p.staged:
             self.host.give(p.staged)
             self.occupied -= p.staged
-        self._unpin(self.pins.pop(p.pid, (None, 0)))
+        self._unpin(self.pins.pop(p.pid, (None, 0)), p.pid)
         self._hits.pop(p.pid, None)
         self.matched.pop(p.pid, None)
         if p.pid in self.parked:
@@ -361,7 +366,7 @@ class BufferBook(PrefetchBook):
         drops it (``drop_staged``)."""
         f = self.staged.pop(pid, None)
         if f is not None:
-            self._unpin((f.pin, f.pin_tokens))
+            self._unpin((f.pin, f.pin_tokens), pid)
             f.pin = None
         return f
 
@@ -405,6 +410,7 @@ class BufferBook(PrefetchBook):
         new.loading = dict(self.loading)
         new._hits = dict(self._hits)
         new.counts = dict(self.counts)
+        new.record = None  # the fork's engine re-attaches it
         return new
 
     # ---------------------------------------------------------------- writes
