@@ -516,14 +516,13 @@ class Simulation:
 
     def _flush_writes(self) -> None:
         """`flush_pending_backups`: each replica's queued write-through backups leave
-        as one merged D->H op with one ack (sem §6.4, `start_writing`). Under
-        buffer_only the write FIFO stages its heads first (`flush_pending_writes`)."""
+        as one merged D->H op with one ack (sem §6.4, `start_writing`)."""
         for c in self.group.cohorts:
-            if self._buf:
-                self._buf_flush(c)
-            ids = self._pending_writes.pop(id(c), None)
-            if not ids:
-                continue
+            self._launch_writes(c)
+
+    def _launch_writes(self, c: Cohort) -> None:
+        ids = self._pending_writes.pop(id(c), None)
+        if ids:
             tokens = sum(k for _, k in ids)
             ack = self.group.make_ack(c, "write", [i for i, _ in ids], tokens)
             self._count_delays(ack)
@@ -535,6 +534,12 @@ class Simulation:
         self._flush_writes()
         if self._st is not None:
             self._sync_storage()
+            if self._buf:
+                # `check_hicache_events` ends with `flush_pending_writes`, after the
+                # drains (their acks free staging): the staged heads' D2H leaves now
+                for c in self.group.cohorts:
+                    self._buf_flush(c)
+                    self._launch_writes(c)
             return
         group, now, disc = self.group, self.env.now, self.cfg.discipline
         if self._solo and disc != "local":
@@ -1511,7 +1516,8 @@ class Simulation:
                                                     self._st_reqs[pid].fill_len - 1))
             if res.reason == "parked":
                 break
-            book.parked.popleft()
+            if book.parked and book.parked[0] == pid:
+                book.parked.popleft()  # staged (a revoke has already unparked it)
             self._buf_hit_result(c, pid, res)
         for _ in range(n_hit):
             pid = st.hit_q.popleft()
