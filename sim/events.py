@@ -693,6 +693,11 @@ class Simulation:
                 if self._st is not None:
                     for c in group.cohorts:
                         self._st_revoke(c, f"p{r.rid}", "aborted")
+                        if self._buf:
+                            # `release_staged_hold`: an aborted request's bounce is freed
+                            f = c.st.book.consume(f"p{r.rid}")
+                            if f is not None:
+                                c.st.book.drop_staged(f)
                 continue
             break
         if not self.waiting and self.chunked is None:

@@ -235,6 +235,8 @@ class BufferBook(PrefetchBook):
         pos = match.device_len // tree.page_size
         rest = key[pos:]
         requested = len(rest) * tree.page_size
+        # the threshold checks only: buffer mode skips `prefetch_rate_limited` at issue
+        # (occupancy is granted at the hit), so the occupied count passed is 0 of 1
         reason = policy.issue_decision(requested, self.threshold, 0, 1)
         if reason is not None:
             return Issue(reason, anchor, requested)
