@@ -1485,10 +1485,15 @@ class Simulation:
                     or x.id in book.staging):
                 self._buf_retire(book, it, dropped=True)  # evicted (`_validate_backup_intent`)
                 continue
+            if len(x.key) < it.length and not self._buf_split_pieces(c, it):
+                self._buf_retire(book, it, dropped=True)
+                continue
+            it = book.queue[0]
+            x = it.node
             if not self._buf_parent_covered(c, x):
                 self._buf_retire(book, it, dropped=True)
                 continue
-            keys = it.keys[-len(x.key):] if len(x.key) < it.length else it.keys
+            keys = it.keys
             if book.beliefs.covered(keys):
                 self._buf_retire(book, it, dropped=False)
                 continue
@@ -1505,6 +1510,33 @@ class Simulation:
             self._op(c, {"op": "buffer_stage", "key": tree.path_units(x)})
             pw = tree.stage_buffer_backup(x)
             self._pending_writes.setdefault(id(c), []).append((pw.ack_id, tokens))
+
+    def _buf_split_pieces(self, c: Cohort, it) -> bool:
+        """`_refresh_pending_backup_intents` / `_split_pieces`: the queued node was split
+        (it keeps its id and the lower part): the head becomes one intent per piece,
+        upper first, each with its slice of the snapshot's page keys. False when the
+        pieces no longer make up the snapshot's span (an upper piece evicted)."""
+        from sim.storage.buffer import Intent
+
+        book, root = c.st.book, c.tree.root
+        pieces, y, rem = [], it.node, it.length
+        while rem > 0 and y is not root and y.dev:
+            pieces.append(y)
+            rem -= len(y.key)
+            y = y.parent
+        if rem != 0:
+            return False
+        book.queue.popleft()
+        end = len(it.keys)
+        for y in pieces:  # lowest first: appendleft leaves the upper piece at the head
+            n = len(y.key)
+            if y is it.node or y.id not in book.inflight_nodes:
+                book.queue.appendleft(Intent(y, n, it.keys[end - n:end]))
+                book.inflight_nodes.add(y.id)
+            else:
+                book.backlog -= n * self._ps  # that piece is queued or written already
+            end -= n
+        return True
 
     def _buf_drain_hits(self, c: Cohort, n_hit: int) -> None:
         """`_drain_and_alloc_storage_hit` in buffer mode: parked hits first, FIFO
