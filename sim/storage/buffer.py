@@ -399,7 +399,8 @@ class BufferBook(PrefetchBook):
             new.prefetches[pid] = q
         new.writes = {wid: (node(x), h) for wid, (x, h) in self.writes.items()}
         new.beliefs = self.beliefs.copy()
-        new.queue = deque(Intent(node(i.node), i.length, i.keys) for i in self.queue)
+        # a queued node evicted since keeps its (detached) object: the flush retires it
+        new.queue = deque(Intent(node(i.node) or i.node, i.length, i.keys) for i in self.queue)
         new.inflight_nodes = set(self.inflight_nodes)
         new.backlog, new.write_staged = self.backlog, self.write_staged
         new.staging = dict(self.staging)
