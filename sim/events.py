@@ -1354,11 +1354,11 @@ class Simulation:
     def _insert(self, c: Cohort, key: list, priority: int, resident: bool = False):
         if self._buf:
             # `begin_insert_walk`: each node is admitted once per insert walk
-            c.st.book.walk = set()
+            c.st.book.walk = c.tree.buffer_walk = set()
             try:
                 ins = c.tree.insert(key, priority, resident)
             finally:
-                c.st.book.walk = None
+                c.st.book.walk = c.tree.buffer_walk = None
         else:
             ins = c.tree.insert(key, priority, resident)
         cid = id(c)

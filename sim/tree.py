@@ -474,6 +474,10 @@ class Tree:
         # `evict_host` frees nothing (`UnifiedRadixCache.evict_host` returns 0).
         self.buffer_only = False
         self.on_backup_intent: Callable[[Node], None] | None = None
+        # The node ids ``on_backup_intent`` admitted in the current insert walk (the
+        # engine's `begin_insert_walk` set), so a chain stops where the walk already
+        # presented it: the same intents, without a depth-squared walk per insert.
+        self.buffer_walk: set | None = None
         # Sizes of the D->H backups issued since the engine last drained it (None: off).
         # Rank-local host allocation failure (a physical fault on one rank, sem §5.4.b).
         self.host_alloc_fail: Callable[[], bool] | None = None
@@ -846,7 +850,10 @@ class Tree:
         rest of the chain (sem §3.5). Reports into the insert's result."""
         chain = []
         x = node
+        seen = self.buffer_walk
         while x is not self.root and not x.host:
+            if seen is not None and x.id in seen:
+                break  # presented earlier in this walk, and so were its ancestors
             chain.append(x)
             x = x.parent
         if self.buffer_only:
@@ -1395,6 +1402,7 @@ class Tree:
         # (and its own PrefetchBook: staged slots are copied in host_reserved).
         new.on_host_backup = None
         new.on_backup_intent = None
+        new.buffer_walk = None
         new.host_policy = type(self.host_policy)()
         if maps is not None:
             maps["node"], maps["holder"] = m, mh
