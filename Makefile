@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test bench clean venv browser conformance-sglang conformance-hybrid-sglang \
-	conformance-storage-sglang conformance-hybrid-engine-sglang
+	conformance-storage-sglang conformance-hybrid-engine-sglang conformance-buffer-sglang
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -68,6 +68,12 @@ conformance-storage-sglang: $(STAMP)
 	  $${SGLANG_ORACLE_VENV:-$${TMPDIR:-/tmp}/sglang-oracle-venv}/bin/python \
 	  tools/sglang_oracle/make_storage_cases.py --check
 	git diff --exit-code -- data/conformance/storage
+
+# buffer_only cases (docs/OPTRACE.md §15): engine recordings replayed on SGLang's core.
+conformance-buffer-sglang: $(STAMP)
+	bash $(SGLANG_ORACLE)/setup.sh
+	$(BIN)/python tools/sglang_oracle/make_buffer_cases.py --check
+	git diff --exit-code -- data/conformance/buffer
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_tree.py

@@ -91,6 +91,12 @@ class StorageConfig:
     # Pages each rank's storage holds (storage.capacity_gb / bytes per page); None:
     # unbounded (sim_storage.py keeps every key).
     capacity_pages: int | None = None
+    # --hicache-host-memory-mode, resolved (sim.storage.policy.resolve_host_mode):
+    # "cache" or "buffer_only" (the host pool is a staging buffer, docs/STORAGE.md §9).
+    host_memory_mode: str = "cache"
+    # buffer_only: the largest request context (tokens), for the anchor-lock cap
+    # (BufferModePipeline.__init__: device pool - max_context_len).
+    max_context_len: int = 0
 
 
 @dataclass
@@ -228,6 +234,15 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
                                     st.prefetch_timeout_per_ki_token,
                                     unwritten_ranks(scn.tp, st.attn_cp_size,
                                                     scn.model.spec().is_mla))
+        if st.host_memory_mode != "cache":
+            from sim.storage.policy import resolve_host_mode
+
+            hm = resolve_host_mode(st.host_memory_mode, storage_backend=st.backend,
+                                   write_policy=cfg.write_policy)
+            cfg.write_policy = hm.write_policy  # write_back -> write_through
+            cfg.storage.host_memory_mode = hm.mode
+            # --context-length taken as the workload's context cap, when it has one
+            cfg.storage.max_context_len = int(getattr(scn.workload, "max_context_tokens", 0) or 0)
     if scn.model.hybrid_preset is not None:
         from sim.scenario import resolve_hybrid
 

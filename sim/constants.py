@@ -179,6 +179,21 @@ SIM_STORAGE_OP_LATENCY_US = 100.0
 # write/load ack counts and the [digest, -digest] pair.
 SYNC_STORAGE_QUEUES = ("prefetch_hit", "ack_prefetch", "ack_backup", "host_mem_release")
 HICACHE_LOAD_POOL_USAGE_FRACTION = 0.9  # managers/cache_controller.py: buffer_only prefetch cap, fraction of the host pool
+# buffer_only's write path (mem_cache/buffer_mode/pipeline.py flush_pending_writes): the
+# write staging window is max(HICACHE_WRITE_STAGING_POOL_FRACTION * pool,
+# pool - prefetch_tokens_occupied - pool // BUFFER_WRITE_LOADS_MARGIN_DIV) (loads first);
+# managers/cache_controller.py HICACHE_WRITE_STAGING_POOL_FRACTION.
+HICACHE_WRITE_STAGING_POOL_FRACTION = 0.2
+BUFFER_WRITE_LOADS_MARGIN_DIV = 10
+# unified_radix_cache.py init_hicache: BufferModePipeline(write_backlog_cap=2 * device
+# pool size): queued write intents beyond it are dropped at admission.
+BUFFER_WRITE_BACKLOG_FACTOR = 2
+# environ.py SGLANG_HICACHE_BUFFER_ANCHOR_LOCK_CAP (0.5): BufferModePipeline.__init__'s
+# anchor_lock_cap_tokens = max(0, min(int(0.5 * device pool), device pool - max_context_len)).
+BUFFER_ANCHOR_LOCK_CAP = 0.5
+# buffer_mode/storage_existence_cache.py HICACHE_EXISTENCE_CACHE_MAX_ENTRIES: page keys
+# believed stored, per pool (an LRU).
+EXISTENCE_CACHE_MAX_ENTRIES = 512 * 1024
 # mem_cache/hicache_storage.py STORAGE_BATCH_SIZE: a prefetch reads (and
 # HiCacheController._page_transfer acks) its hit pages 128 at a time; each batch is one
 # backend call and one progressive PrefetchAck (completed tokens, MIN-reduced).

@@ -301,6 +301,8 @@ class Simulation:
             self._hyb = HybridHooks(self)
         # The L3 tier (docs/STORAGE.md §7); None: no storage work anywhere.
         self._st = cfg.storage
+        # --hicache-host-memory-mode buffer_only (sim.storage.buffer)
+        self._buf = self._st is not None and self._st.host_memory_mode == "buffer_only"
         if self._st is not None:
             self._st_hits: dict = {}  # prefetch id -> {id(replica): its storage hit}
             self._st_reqs: dict = {}  # prefetch id -> its Req
@@ -400,6 +402,12 @@ class Simulation:
                           f"{len(self.running)} running requests")
         self.obs.final_compare(self.env.now, self.step_no, self.group.cohorts)
         self._sample(final=True)
+        if self._buf:
+            # buffer_only's host-buffer figures, rank 0's replica (summary.json)
+            book = self.group.cohort_of(0).st.book
+            self.metrics.storage["host_buffer"] = dict(
+                book.counts, size_tokens=book.host.size, peak_tokens=book.host.peak,
+                used_tokens_at_end=book.host.used)
 
     def submit(self, req) -> None:
         """A request arrives now (the cluster's router chose this instance)."""
@@ -510,9 +518,11 @@ class Simulation:
         """`flush_pending_backups`: each replica's queued write-through backups leave
         as one merged D->H op with one ack (sem §6.4, `start_writing`)."""
         for c in self.group.cohorts:
-            ids = self._pending_writes.pop(id(c), None)
-            if not ids:
-                continue
+            self._launch_writes(c)
+
+    def _launch_writes(self, c: Cohort) -> None:
+        ids = self._pending_writes.pop(id(c), None)
+        if ids:
             tokens = sum(k for _, k in ids)
             ack = self.group.make_ack(c, "write", [i for i, _ in ids], tokens)
             self._count_delays(ack)
@@ -524,6 +534,12 @@ class Simulation:
         self._flush_writes()
         if self._st is not None:
             self._sync_storage()
+            if self._buf:
+                # `check_hicache_events` ends with `flush_pending_writes`, after the
+                # drains (their acks free staging): the staged heads' D2H leaves now
+                for c in self.group.cohorts:
+                    self._buf_flush(c)
+                    self._launch_writes(c)
             return
         group, now, disc = self.group, self.env.now, self.cfg.discipline
         if self._solo and disc != "local":
@@ -628,6 +644,9 @@ class Simulation:
         for _ in range(n_load):
             ack = c.load_q.popleft()
             for i in ack.ids:
+                if i[0] == "b":  # a staged bounce's H2D (buffer_only): `try_finish_load_back`
+                    c.st.book.load_ack(i)
+                    continue
                 tree.finish_load_back(i)
                 self._op(c, {"op": "load_back_ack", "id": i})
             self._trace("load_ack", "ack", c.ranks, self.env.now, 0, ids=len(ack.ids))
@@ -674,6 +693,11 @@ class Simulation:
                 if self._st is not None:
                     for c in group.cohorts:
                         self._st_revoke(c, f"p{r.rid}", "aborted")
+                        if self._buf:
+                            # `release_staged_hold`: an aborted request's bounce is freed
+                            f = c.st.book.consume(f"p{r.rid}")
+                            if f is not None:
+                                c.st.book.drop_staged(f)
                 continue
             break
         if not self.waiting and self.chunked is None:
@@ -825,6 +849,11 @@ class Simulation:
         if hyb is not None and not isinstance(sel, str):
             sel = hyb.fit(c, plan, sel, dev + m.host_len, max_new)
         loaded = 0
+        if self._buf:
+            staged = c.st.book.staged.get(f"p{req.rid}")
+            if staged is not None:
+                sel, lock, lid, loaded = self._buf_splice(c, rq, key, m, staged, adder, plan,
+                                                          sel, lock, lid, total, first)
         if not isinstance(sel, str) and (m.host_len or (hyb is not None and m.aux_host_len)):
             # `prepare_load_back` holds for a single-pool budget; `init_load_back`.
             rid = f"r{req.rid}{rq.try_suffix}"
@@ -1323,7 +1352,15 @@ class Simulation:
                 slot.lock, slot.lock_id = ins.node, lid
 
     def _insert(self, c: Cohort, key: list, priority: int, resident: bool = False):
-        ins = c.tree.insert(key, priority, resident)
+        if self._buf:
+            # `begin_insert_walk`: each node is admitted once per insert walk
+            c.st.book.walk = c.tree.buffer_walk = set()
+            try:
+                ins = c.tree.insert(key, priority, resident)
+            finally:
+                c.st.book.walk = c.tree.buffer_walk = None
+        else:
+            ins = c.tree.insert(key, priority, resident)
         cid = id(c)
         self._result_scans[cid] = self._result_scans.get(cid, 0) + ins.host.scanned
         if ins.writes:
@@ -1386,17 +1423,241 @@ class Simulation:
     # ------------------------------------------------------------ storage (L3)
     # docs/STORAGE.md §7: each replica's PrefetchBook, storage view and storage
     # engines (sim.storage.replica); every tree op recorded as docs/OPTRACE.md §14.
+    # ------------------------------------------------------------ buffer_only
+    # docs/STORAGE.md §9: the host pool as a staging buffer (sim.storage.buffer).
+    def _buf_intent(self, c: Cohort, node) -> None:
+        """`enqueue_backup_intent` (from the insert walk's write_through trigger, root
+        first): once per walk; not while queued, staged or awaiting its storage ack;
+        not when every page is believed stored or in flight (deduplicated); dropped
+        when its parent is neither stored nor in flight (`_backup_parent_covered`: no
+        holes in the chain) or past the backlog cap."""
+        from sim.storage.buffer import Intent
+
+        book = c.st.book
+        if book.walk is not None:
+            if node.id in book.walk:
+                return
+            book.walk.add(node.id)
+        if node.id in book.inflight_nodes:
+            return
+        keys = self._st_node_keys(c, node)
+        if book.beliefs.covered(keys):
+            book.counts["writes_deduplicated"] += 1
+            return
+        tokens = len(keys) * self._ps
+        if book.backlog >= book.backlog_cap or not self._buf_parent_covered(c, node) \
+                or tokens > book.host.size:
+            book.counts["writes_dropped"] += 1
+            return
+        book.queue.append(Intent(node, len(node.key), keys))
+        book.inflight_nodes.add(node.id)
+        book.backlog += tokens
+
+    def _buf_parent_covered(self, c: Cohort, node) -> bool:
+        parent = node.parent
+        book = c.st.book
+        return (parent is c.tree.root or parent.id in book.inflight_nodes
+                or book.beliefs.contains(self._st_chain_key(c, parent)))
+
+    def _buf_retire(self, book, it, dropped: bool) -> None:
+        book.queue.popleft()
+        book.inflight_nodes.discard(it.node.id)
+        book.backlog -= it.length * self._ps
+        if dropped:
+            book.counts["writes_dropped"] += 1
+
+    def _buf_flush(self, c: Cohort) -> None:
+        """`flush_pending_writes`: stage the FIFO's heads into host slots while the
+        staged writes stay under the window (`live_cap`, loads first), each node
+        device-locked until its D2H ack (`Tree.stage_buffer_backup`); an evicted head
+        is retired, a head whose parent lost its cover is dropped (the drop cascades
+        down the chain), a head now covered retires without a write. The staged
+        writes leave as one merged D->H op (`start_writing`)."""
+        book = c.st.book
+        if not book.queue:
+            return
+        tree, ps = c.tree, self._ps
+        cap = book.live_cap()
+        while book.queue:
+            it = book.queue[0]
+            x = it.node
+            if (not x.dev or x.parent is None or x.parent.children.get(x.key[0]) is not x
+                    or x.id in book.staging):
+                self._buf_retire(book, it, dropped=True)  # evicted (`_validate_backup_intent`)
+                continue
+            if len(x.key) < it.length and not self._buf_split_pieces(c, it):
+                self._buf_retire(book, it, dropped=True)
+                continue
+            it = book.queue[0]
+            x = it.node
+            if not self._buf_parent_covered(c, x):
+                self._buf_retire(book, it, dropped=True)
+                continue
+            keys = it.keys
+            if book.beliefs.covered(keys):
+                self._buf_retire(book, it, dropped=False)
+                continue
+            tokens = len(keys) * ps
+            if book.write_staged >= cap or not book.host.fits(tokens):
+                break  # yield to live fetch demand; acks free staging
+            book.queue.popleft()
+            book.backlog -= it.length * ps
+            book.host.take(tokens)
+            book.write_staged += tokens
+            book.beliefs.track_inflight(keys)
+            book.staging[x.id] = (tokens, keys, x.id)
+            book.counts["writes_staged"] += 1
+            self._op(c, {"op": "buffer_stage", "key": tree.path_units(x)})
+            pw = tree.stage_buffer_backup(x)
+            self._pending_writes.setdefault(id(c), []).append((pw.ack_id, tokens))
+
+    def _buf_split_pieces(self, c: Cohort, it) -> bool:
+        """`_refresh_pending_backup_intents` / `_split_pieces`: the queued node was split
+        (it keeps its id and the lower part): the head becomes one intent per piece,
+        upper first, each with its slice of the snapshot's page keys. False when the
+        pieces no longer make up the snapshot's span (an upper piece evicted)."""
+        from sim.storage.buffer import Intent
+
+        book, root = c.st.book, c.tree.root
+        pieces, y, rem = [], it.node, it.length
+        while rem > 0 and y is not root and y.dev:
+            pieces.append(y)
+            rem -= len(y.key)
+            y = y.parent
+        if rem != 0:
+            return False
+        book.queue.popleft()
+        end = len(it.keys)
+        for y in pieces:  # lowest first: appendleft leaves the upper piece at the head
+            n = len(y.key)
+            if y is it.node or y.id not in book.inflight_nodes:
+                book.queue.appendleft(Intent(y, n, it.keys[end - n:end]))
+                book.inflight_nodes.add(y.id)
+            else:
+                book.backlog -= n * self._ps  # that piece is queued or written already
+            end -= n
+        return True
+
+    def _buf_drain_hits(self, c: Cohort, n_hit: int) -> None:
+        """`_drain_and_alloc_storage_hit` in buffer mode: parked hits first, FIFO
+        (`pending_hit_allocs`); then the agreed hits, each healing the beliefs from its
+        query (`_invalidate_absent_from_hit_query`: the chain past the hit forgotten,
+        up to it believed); a hit behind a parked one, or one that does not fit,
+        parks."""
+        from sim.storage.collectives import min_hits
+
+        st, book, ps = c.st, c.st.book, self._ps
+        while book.parked:
+            pid = book.parked[0]
+            res = book.try_alloc(pid, self._seq_key(self._st_reqs[pid],
+                                                    self._st_reqs[pid].fill_len - 1))
+            if res.reason == "parked":
+                break
+            if book.parked and book.parked[0] == pid:
+                book.parked.popleft()  # staged (a revoke has already unparked it)
+            self._buf_hit_result(c, pid, res)
+        for _ in range(n_hit):
+            pid = st.hit_q.popleft()
+            p = book.prefetches.get(pid)
+            keys = st.qkeys.pop(pid, None)
+            if p is None:
+                continue  # terminated meanwhile
+            hit = min(min_hits(list(self._st_hits[pid].values()), ps), p.requested)
+            if keys is not None:
+                book.beliefs.invalidate_beyond(keys, hit // ps)
+                book.beliefs.add(keys[: hit // ps])
+            st.qkeys[pid] = keys
+            rq = self._st_reqs[pid]
+            res = book.hit(pid, hit, self._seq_key(rq, rq.fill_len - 1))
+            if res.reason == "parked":
+                self._st_count(c, "prefetch_declined", "rate_limited")
+                continue
+            self._buf_hit_result(c, pid, res)
+
+    def _buf_hit_result(self, c: Cohort, pid, res) -> None:
+        from sim.storage.replica import StorageOp
+
+        st = c.st
+        keys = st.qkeys.pop(pid, None)
+        if res.staged:
+            op = StorageOp("read", pid, keys, pages=res.staged // self._ps)
+            st.xfers[pid] = op
+            st.inflight.add(op)
+            self.env.process(self._st_read(c, op))
+        else:
+            st.waits.pop(pid, None)
+            self._st_count(c, "prefetch_revoked", res.reason)
+
+    def _buf_splice(self, c: Cohort, rq: Req, key, m, f, adder, plan, sel, lock, lid,
+                    total, first):
+        """`prepare_staged_prefetch` + `init_load_back` for a request with a staged
+        bounce: the device prefix re-matched; shrunk below the prefetch's anchor, or
+        already covering the span, the bounce is dropped (SGLang re-fetches a shrunk
+        one, `_refetch_staged`: not modelled); else the staged tail past the device
+        match is the request's host hit: device slots are made for it (evicting), the
+        span is published at once with a plain insert (`_insert_loaded_prefix`), the
+        request's lock moves to it, and an H2D from the bounce joins the batch's loads
+        (its ack frees the bounce, `try_finish_load_back`)."""
+        tree, ps, book = c.tree, self._ps, c.st.book
+        pid = f"p{rq.r.rid}"
+        dev = m.device_len
+        end = f.matched + f.tokens
+        if dev < f.matched or dev >= end:
+            book.drop_staged(book.consume(pid))
+            return sel, lock, lid, 0
+        loaded = end - dev
+        sel2 = adder.select(rq.fill_len, end, total, rq.r.output_len, first)
+        if isinstance(sel2, str):
+            return sel, lock, lid, 0  # the staged span waits for a later pass
+        book.consume(pid)
+        self._evict_for(c, loaded, plan)
+        if available(tree) < loaded:
+            book.drop_staged(f)
+            return sel, lock, lid, 0
+        units = key[: end // ps]
+        self._op(c, {"op": "insert", "key": units})
+        ins = self._insert(c, units, 0)
+        self._op(c, {"op": "lock", "key": units, "id": lid + ".s"})
+        self._op(c, {"op": "unlock", "id": lid})
+        tree.dec_lock(lock)
+        lock = ins.node
+        tree.inc_lock(lock)
+        bid = f"b{rq.r.rid}{rq.try_suffix}"
+        book.loaded(bid, f)
+        plan.loads.append(bid)
+        plan.load_tokens += loaded
+        book.counts["spliced_tokens"] += loaded
+        if 0 in c.ranks:
+            self.metrics.storage["l3_hit_tokens"] += loaded
+            rq.l3 = loaded
+        return sel2, lock, lid + ".s", loaded
+
     def _st_attach(self, c: Cohort) -> None:
         from sim.storage.prefetch import PrefetchBook
         from sim.storage.replica import StorageState
         from sim.storage.view import StorageView
 
-        c.st = StorageState(self.env, PrefetchBook(c.tree, self._st.prefetch_threshold),
-                            StorageView(self._st.capacity_pages))
+        if self._buf:
+            from sim.storage.buffer import BufferBook, HostBuffer
+
+            # buffer_only (docs/STORAGE.md §9): the host pool is the staging buffer,
+            # the tree holds no host values (`set_host_memory_buffer_only`)
+            c.tree.buffer_only = True
+            book = BufferBook(c.tree, HostBuffer(self.env, c.tree.host_capacity),
+                              self._st.prefetch_threshold, device_pool=c.tree.device_capacity,
+                              max_context_len=self._st.max_context_len)
+        else:
+            book = PrefetchBook(c.tree, self._st.prefetch_threshold)
+        c.st = StorageState(self.env, book, StorageView(self._st.capacity_pages))
         self._st_hook(c)
 
     def _st_hook(self, c: Cohort) -> None:
         c.tree.on_host_backup = lambda node, c=c: self._st_write(c, node)
+        if self._buf:
+            c.tree.on_backup_intent = lambda node, c=c: self._buf_intent(c, node)
+            if c.ops is not None:
+                # the anchor pins (`try_lock_anchor` / `release_anchor_lock`) are traced
+                c.st.book.record = lambda op, c=c: self._op(c, op)
 
     def _st_count(self, c: Cohort, name: str, reason: str | None = None, n: int = 1) -> None:
         if 0 not in c.ranks:
@@ -1464,7 +1725,9 @@ class Simulation:
         pid = f"p{rq.r.rid}"
         self._st_reqs[pid] = rq
         for c in self.group.cohorts:
-            self._op(c, {"op": "prefetch", "key": key, "id": pid})
+            # buffer_only: the prefetch holds nothing in the tree, its issue is a match
+            self._op(c, {"op": "match", "key": key} if self._buf
+                     else {"op": "prefetch", "key": key, "id": pid})
             m = c.tree.match_prefix(key)
             iss = c.st.book.issue(pid, m, key)
             if iss.reason is not None:
@@ -1548,9 +1811,21 @@ class Simulation:
         rank's `batch_exists` when the write finishes."""
         from sim.storage.replica import StorageOp
 
+        st = c.st
+        if self._buf:
+            # `finish_backup_ack` -> `write_storage` from the staging copy
+            if node.id not in st.book.staging:
+                return  # a split fragment: its lower piece's write carries it
+            st.n_writes += 1
+            wid = f"s{st.n_writes}"
+            st.book.write(wid, node)
+            keys = st.book.write_keys(wid)
+            op = StorageOp("write", wid, keys, len(keys))
+            st.inflight.add(op)
+            self.env.process(self._st_writer(c, op))
+            return
         if node is c.tree.root or not node.host:
             return  # build_storage_backup_spec: nothing written, no id
-        st = c.st
         st.n_writes += 1
         wid = f"s{st.n_writes}"  # the op-trace's automatic ids (OPTRACE §14)
         st.book.write(wid, node)
@@ -1598,7 +1873,7 @@ class Simulation:
                     *st.queue_sizes(), d, -d])
                 if red[0] or red[1]:
                     self._pop(c, red[0], red[1])
-                if red[2] or red[3] or red[4]:
+                if red[2] or red[3] or red[4] or (self._buf and st.book.parked):
                     self._st_drain(c, red[2], red[3], red[4])
                 return
         from sim.storage.collectives import sync_vector, unpack_sync_vector
@@ -1624,6 +1899,9 @@ class Simulation:
 
     def _st_drain(self, c: Cohort, n_hit: int, n_ack: int, n_backup: int) -> None:
         st, book, ps = c.st, c.st.book, self._ps
+        if self._buf:
+            self._buf_drain_hits(c, n_hit)
+            n_hit = 0
         if n_hit:
             from sim.storage.collectives import min_hits
             from sim.storage.replica import StorageOp
@@ -1649,7 +1927,7 @@ class Simulation:
             op = st.xfers.get(pid)
             if pid in book.prefetches and op is not None:
                 self._st_done(c, pid, op.completed)
-        recording = c.ops is not None
+        recording = c.ops is not None and not self._buf
         for _ in range(n_backup):
             wid = st.wack_q.popleft()
             if recording:
@@ -1659,12 +1937,18 @@ class Simulation:
     def _st_done(self, c: Cohort, pid, completed: int) -> None:
         """`_handle_prefetch_result`: ``insert_host`` of what landed."""
         st = c.st
-        self._op(c, {"op": "prefetch_done", "id": pid, "n": completed})
+        if not self._buf:
+            self._op(c, {"op": "prefetch_done", "id": pid, "n": completed})
         _, loaded = st.book.done(pid, completed)
         op = st.xfers.pop(pid, None)
         if op is not None:
             op.cancelled = True  # a transfer still running stops at its next batch
         st.waits.pop(pid, None)
+        if self._buf:
+            if loaded and op is not None:
+                # `stage_completed_prefetch`: the fetch is evidence the pages are stored
+                st.book.beliefs.add(op.keys[: loaded // self._ps])
+            return
         if 0 in c.ranks:
             self.metrics.storage["l3_hit_tokens"] += loaded
             self._st_reqs[pid].l3 = loaded
@@ -1673,7 +1957,8 @@ class Simulation:
         st = c.st
         if pid not in st.book.prefetches:
             return
-        self._op(c, {"op": "prefetch_revoke", "id": pid})
+        if not self._buf:
+            self._op(c, {"op": "prefetch_revoke", "id": pid})
         st.book.revoke(pid)
         op = st.xfers.pop(pid, None)
         if op is not None:

@@ -211,7 +211,12 @@ def _storage(metrics, inp: int, dev_hit: int, host_hit: int) -> dict:
 
     l3 = tot("l3_hit_tokens")
     tier_st = tot("tier_storage_tokens")
-    return {
+    buf = {}
+    for m in metrics:  # buffer_only only (docs/STORAGE.md §9)
+        for k, n in m.storage.get("host_buffer", {}).items():
+            buf[k] = max(buf.get(k, 0), n) if k in ("size_tokens", "peak_tokens") else buf.get(k, 0) + n
+    out = {} if not buf else {"host_buffer": dict(sorted(buf.items()))}
+    return out | {
         "l3_hit_tokens": l3,
         "l3_hit_rate": l3 / inp if inp else 0.0,
         "prefetch_issued": tot("prefetch_issued"),

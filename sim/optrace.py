@@ -45,10 +45,19 @@ OPS = {
     "prefetch_revoke": {"id": "id"},
     "storage_write": {"node": "int", "id": "id"},
     "storage_write_ack": {"id": "id"},
+    # op-trace v2, buffer_only (docs/OPTRACE.md §15): the tree-visible steps of
+    # buffer_mode/pipeline.py: a write's D2H launch device-locks its node until the
+    # write_ack (`_stage_backup_intent`); a prefetch's anchor pin
+    # (`try_lock_anchor`: `match_full_device_prefix`, a read, then a device pin) and
+    # its release (`release_anchor_lock`).
+    "buffer_stage": {"tokens": "tokens"},
+    "pin": {"tokens": "tokens", "id": "id"},
+    "unpin": {"id": "id"},
 }
 # Ops that need a version 2 header (docs/OPTRACE.md §1, §14).
 STORAGE_OPS = ("prefetch", "prefetch_hit", "prefetch_done", "prefetch_revoke",
-               "storage_write", "storage_write_ack")
+               "storage_write", "storage_write_ack", "buffer_stage", "pin", "unpin")
+HOST_MEMORY_MODES = ("cache", "buffer_only")
 VERSIONS = (1, 2)
 # When write_through backups are acknowledged: v1's reference replayer acks at the
 # end of the issuing op; v2 traces default to the engine's explicit write_ack ops.
@@ -102,6 +111,10 @@ class Replayer:
         self._n_auto = 0
         if header.get("storage_writes") == "auto":
             self.tree.on_host_backup = self._auto_write
+        # "host_memory_mode": "buffer_only" (§15): the tree holds no host values; its
+        # write_through triggers back nothing up (the engine's write FIFO does).
+        self.tree.buffer_only = header.get("host_memory_mode") == "buffer_only"
+        self.pins: dict = {}
 
     def _auto_write(self, node) -> None:
         if node is self.tree.root or not node.host:
@@ -233,6 +246,45 @@ class Replayer:
         if op["id"] not in self.tree.pending_writes:
             raise TreeError("unknown_write_id")
         self.tree.finish_write_through(op["id"])
+        return {}
+
+    # -- buffer_only, docs/OPTRACE.md §15
+    def _node_at(self, units):
+        """The node whose path is exactly ``units`` (a read), or TreeError."""
+        node, pos = self.tree.root, 0
+        while pos < len(units):
+            node = node.children.get(units[pos])
+            if node is None or units[pos:pos + len(node.key)] != list(node.key):
+                raise TreeError("unknown_node")
+            pos += len(node.key)
+        if node is self.tree.root:
+            raise TreeError("unknown_node")
+        return node
+
+    def _op_buffer_stage(self, op):
+        if not self.tree.buffer_only:
+            raise TreeError("not_buffer_only")
+        node = self._node_at(self.units(op["tokens"]))
+        if not node.dev or node.id in self.tree.pending_writes:
+            raise TreeError("bad_buffer_stage")
+        self.tree.stage_buffer_backup(node)
+        return {"node": node.id}
+
+    def _op_pin(self, op):
+        if op["id"] in self.pins:
+            raise TreeError("duplicate_pin_id")
+        node = self._node_at(self.units(op["tokens"]))
+        if not node.dev:
+            raise TreeError("bad_pin")
+        self.tree.inc_lock(node)
+        self.pins[op["id"]] = node
+        return {"node": node.id}
+
+    def _op_unpin(self, op):
+        node = self.pins.pop(op["id"], None)
+        if node is None:
+            raise TreeError("unknown_pin_id")
+        self.tree.dec_lock(node)
         return {}
 
     # -- storage (L3), docs/OPTRACE.md §14
@@ -412,7 +464,8 @@ def engine_ops_to_trace(ops: list[dict], *, device_capacity: int, host_capacity:
                         note: str = "", version: int | None = None, ids: str | None = None,
                         host_policy: str | None = None, eviction_policy: str | None = None,
                         host_alloc_failures: list | None = None,
-                        storage: int | None = None) -> list[dict]:
+                        storage: int | None = None,
+                        host_memory_mode: str | None = None) -> list[dict]:
     """A replica's recorded engine ops as an op-trace.
 
     The engine keys its tree with one int unit per page; unit ``u`` becomes a page of
@@ -437,7 +490,10 @@ def engine_ops_to_trace(ops: list[dict], *, device_capacity: int, host_capacity:
                        ("host_alloc_failures", host_alloc_failures or None)):
         if value is not None:
             header[key] = value
-    if storage is not None:
+    if host_memory_mode == "buffer_only":
+        # §15: no storage ops (nothing of a prefetch or a storage write is tree state)
+        header["host_memory_mode"] = host_memory_mode
+    elif storage is not None:
         header.update(prefetch_threshold=storage, storage_writes="auto")
     if note:
         header["note"] = note

@@ -66,6 +66,13 @@ def check_header(path, line_no: int, obj: dict) -> None:
         if v not in ("op", "auto"):
             raise InputFormatError(path, line_no, f"storage_writes={_short(v)}",
                                    "'storage_writes' one of op, auto")
+    if "host_memory_mode" in obj:
+        from sim.optrace import HOST_MEMORY_MODES
+        v = obj["host_memory_mode"]
+        if obj.get("version", 1) < 2 or not isinstance(v, str) or v not in HOST_MEMORY_MODES:
+            raise InputFormatError(path, line_no, f"host_memory_mode={_short(v)}",
+                                   f"'host_memory_mode' one of {', '.join(HOST_MEMORY_MODES)} "
+                                   "in a version 2 header")
     for key in ("device_capacity", "host_capacity", "page_size", "load_back_threshold",
                 "prefetch_threshold"):
         v = obj.get(key)

@@ -131,6 +131,7 @@ def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
                 host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy,
                 host_alloc_failures=fails.get(id(c)),
                 storage=None if cfg.storage is None else cfg.storage.prefetch_threshold,
+                host_memory_mode=None if cfg.storage is None else cfg.storage.host_memory_mode,
                 note=f"hicache-sim {__version__} run --record-ops, scenario {scenario.name}, "
                      f"instance {inst.instance}, ranks {c.label}")
             _write_trace(folder, sub, traces, inst, c, trace, len(c.ops))

@@ -45,6 +45,7 @@ from sim.constants import MAMBA_FULL_MEMORY_RATIO_DEFAULT as C_MAMBA_RATIO
 from sim.constants import SWA_FULL_TOKENS_RATIO_DEFAULT as C_SWA_RATIO
 from sim.constants import (
     HICACHE_HOST_MEMORY_FRACTION_DEFAULT,
+    HICACHE_RATIO_BUFFER_ONLY,
     HICACHE_RATIO_DEFAULT,
     HICACHE_SIZE_BYTES_PER_GB,
     HOST_POOL_EXTRA_PAGES,
@@ -539,6 +540,11 @@ class Storage(_Model):
     prefetch_timeout_base: Seconds = 1.0
     prefetch_timeout_per_ki_token: Seconds = 0.25
     attn_cp_size: _int(1, 4096) = 1
+    # SGLang --hicache-host-memory-mode (sim.storage.policy.resolve_host_mode): ``cache``
+    # (the host pool is a tier of the tree) or ``buffer_only`` (the host pool only stages
+    # KV between device and storage; the tree holds no host values, docs/STORAGE.md §9).
+    # buffer_only turns write_back into write_through and defaults the host ratio to 1.2.
+    host_memory_mode: Literal["cache", "buffer_only"] = "cache"
 
 
 _DELAY_DISTS = ("none", "uniform", "exponential", "lognormal")
@@ -934,6 +940,15 @@ class Scenario(_Model):
             raise _err(f"storage with discipline {self.collective.discipline!r}",
                        "discipline 'synced' (the storage queues ride on 0.5.23's sync)",
                        "storage")
+        if self.storage is not None and self.storage.host_memory_mode == "buffer_only":
+            # validate_hicache_host_memory_mode's other refusals (no storage backend, a
+            # decode instance, DCP) cannot arise here: the key lives in the storage
+            # block and the schema has no disaggregated or DCP instances.
+            if self.host.tokens == 0:
+                # hicache_hook.validate_hicache_host_memory_mode: "requires a host pool size"
+                raise _err("host_memory_mode 'buffer_only' with host off",
+                           "a host pool (the staging buffer between device and storage)",
+                           "storage.host_memory_mode")
         if self.storage is not None and self.tp % self.storage.attn_cp_size:
             raise _err(f"attn_cp_size {self.storage.attn_cp_size} with tp {self.tp}",
                        "a divisor of tp", "storage.attn_cp_size")
@@ -1282,6 +1297,11 @@ def _sizing(s: Scenario) -> dict:
     bpt = s.model.spec().bytes_per_token(s.tp)
     dev, dev_info = _device_sizing(s, page, bpt)
     mode, value = s.host.mode()
+    buffer_only = s.storage is not None and s.storage.host_memory_mode == "buffer_only"
+    if mode == "default" and buffer_only:
+        # hicache_hook.handle_hicache_ratio_default: 1.2 under buffer_only (it stages in
+        # flight rather than retaining)
+        value = HICACHE_RATIO_BUFFER_ONLY
     host_info: dict = {"unit": mode}
     ranks = _ranks_per_node(s)
     budget = sizing.host_budget_bytes(s.node.host_ram_gb, ranks) if s.node is not None else None
@@ -1302,7 +1322,8 @@ def _sizing(s: Scenario) -> dict:
                 raise _CapacityError("host.host_memory_fraction", f"{value:g} with no node section",
                                      "node.host_ram_gb (the host RAM the fraction is of)")
             dev_bytes = sizing.device_pool_bytes(dev, page, bpt)
-            ratio = sizing.auto_host_ratio(HICACHE_RATIO_DEFAULT, value, budget, dev_bytes)
+            ratio = sizing.auto_host_ratio(HICACHE_RATIO_BUFFER_ONLY if buffer_only
+                                           else HICACHE_RATIO_DEFAULT, value, budget, dev_bytes)
             host_info.update(host_memory_fraction=value, auto_ratio=ratio)
             if ratio <= 0:
                 raise _CapacityError("node.host_ram_gb", f"{s.node.host_ram_gb:g} GB",

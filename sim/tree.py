@@ -466,6 +466,18 @@ class Tree:
         # eviction backups call it before the demote, as `writing_check(write_back=True)`
         # does. None: no storage tier (nothing else changes).
         self.on_host_backup: Callable[[Node], None] | None = None
+        # --hicache-host-memory-mode buffer_only (docs/STORAGE.md §9): the tree never
+        # holds host values (`UnifiedTreeCore.set_host_memory_buffer_only`). A
+        # write_through trigger then hands each chain node, root-first, to
+        # ``on_backup_intent`` (`_execute_and_commit_kv_backup` ->
+        # `BufferModePipeline.enqueue_backup_intent`) instead of backing it up on host;
+        # `evict_host` frees nothing (`UnifiedRadixCache.evict_host` returns 0).
+        self.buffer_only = False
+        self.on_backup_intent: Callable[[Node], None] | None = None
+        # The node ids ``on_backup_intent`` admitted in the current insert walk (the
+        # engine's `begin_insert_walk` set), so a chain stops where the walk already
+        # presented it: the same intents, without a depth-squared walk per insert.
+        self.buffer_walk: set | None = None
         # Sizes of the D->H backups issued since the engine last drained it (None: off).
         # Rank-local host allocation failure (a physical fault on one rank, sem §5.4.b).
         self.host_alloc_fail: Callable[[], bool] | None = None
@@ -838,9 +850,19 @@ class Tree:
         rest of the chain (sem §3.5). Reports into the insert's result."""
         chain = []
         x = node
+        seen = self.buffer_walk
         while x is not self.root and not x.host:
+            if seen is not None and x.id in seen:
+                break  # presented earlier in this walk, and so were its ancestors
             chain.append(x)
             x = x.parent
+        if self.buffer_only:
+            # `_build_backup_kv_action`: nothing is ever backed up, so the chain runs
+            # to the root; each node becomes a storage write intent (no host copy)
+            if self.on_backup_intent is not None:
+                for x in reversed(chain):
+                    self.on_backup_intent(x)
+            return
         for x in reversed(chain):
             k = len(x.key) * self.page_size
             if not self._host_room(k, res):
@@ -858,6 +880,19 @@ class Tree:
             if self.rec is not None:
                 self._ev("backup", x, n=k)
 
+
+    def stage_buffer_backup(self, x: Node) -> PendingWrite:
+        """buffer_only's D2H launch of ``x`` into host staging
+        (`BufferModePipeline._stage_backup_intent`): ``x`` holds a device path lock
+        until its D2H ack (`finish_backup_ack` -> `dec_lock_ref`), which
+        `finish_write_through` releases as for any backup; no host value is set. A
+        split meanwhile patches the ack's node list as for a write_through publish."""
+        k = len(x.key) * self.page_size
+        self.inc_lock(x)
+        x.wt_pending = x.id
+        pw = PendingWrite(x.id, x, k)
+        self.pending_writes[x.id] = pw
+        return pw
 
     def finish_write_through(self, ack_id: int) -> None:
         """`finish_write_through`: unpin and register the published nodes, then
@@ -1040,7 +1075,7 @@ class Tree:
         """`drive_host_eviction(FULL, n)`: duplicate reclaim first (write_back, the
         configured policy), then LRU H-leaves, sharing one counter (sem §3.4)."""
         res = HostEviction()
-        if n > 0:
+        if n > 0 and not self.buffer_only:
             self._evict_host(n, res)
         return res
 
@@ -1366,6 +1401,8 @@ class Tree:
         # The storage hook belongs to the original's book; a fork re-attaches its own
         # (and its own PrefetchBook: staged slots are copied in host_reserved).
         new.on_host_backup = None
+        new.on_backup_intent = None
+        new.buffer_walk = None
         new.host_policy = type(self.host_policy)()
         if maps is not None:
             maps["node"], maps["holder"] = m, mh

@@ -46,7 +46,7 @@ SUMMARY_UNITS = {
     # the L3 storage tier (present with `storage:` only)
     "l3_hit_tokens": "tokens", "l3_hit_rate": "1", "prefetch_issued": "1",
     "prefetch_declined": "text", "prefetch_revoked": "text", "l3_read_bytes": "bytes",
-    "l3_write_bytes": "bytes", "hit_tokens_by_tier": "text",
+    "l3_write_bytes": "bytes", "hit_tokens_by_tier": "text", "host_buffer": "text",
 }
 
 # Scenario keys whose last part does not say its unit by the rules below.

@@ -23,6 +23,7 @@ def test_shipped_scenario_runs_reduced(path, tmp_path):
         c.tree.check()
     expected = {"jitter_ack_delay": {"absorbed"}, "jitter_skip_when_idle": {"hang"},
                 "storage_mooncake": {"absorbed"}, "storage_slow_rank": {"absorbed"},
+                "storage_buffer_only": {"absorbed"},
                 # late load acks drained locally (its comment)
                 "hybrid_mamba": {"detected", "missed", "absorbed"}}
     if path.stem in expected:

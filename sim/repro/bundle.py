@@ -76,6 +76,8 @@ def rank_traces(outcome: Outcome) -> dict[int, list[dict]]:
                                     version=2 if cfg.write_policy == "write_through" else 1)
         h = trace[0]
         h.update(ids=cfg.ids, host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy)
+        if cfg.storage is not None and cfg.storage.host_memory_mode == "buffer_only":
+            h["host_memory_mode"] = "buffer_only"  # docs/OPTRACE.md §15
         if sim.alloc_failures.get(r):
             h["host_alloc_failures"] = sim.alloc_failures[r]
         out[r] = trace
