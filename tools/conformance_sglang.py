@@ -93,10 +93,12 @@ def _oracle_for(trace: Path) -> str:
     ``components``, docs/HYBRID.md §6) goes to oracle_hybrid.py, SGLang's unified core
     with its own components; one with the storage tier (docs/OPTRACE.md §14) to the
     storage oracle, which extends oracle_v2 with SGLang's insert_host and prefetch
-    bookkeeping; the rest to oracle_v2."""
+    bookkeeping (oracle_buffer.py under buffer_only); the rest to oracle_v2."""
     header = header_of(trace)
     if "components" in header:
         return "oracle_hybrid.py"
+    if header.get("host_memory_mode") == "buffer_only":  # docs/OPTRACE.md §15
+        return "oracle_buffer.py"
     if "prefetch_threshold" in header or "storage_writes" in header:
         return "oracle_storage.py"
     return "oracle_v2.py"
