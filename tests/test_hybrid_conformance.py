@@ -280,7 +280,18 @@ def test_refused_inserts_change_nothing():
     # the host tier
     (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
       '"sliding_window":2,"hicache":true,"host_capacity":8}'],
-     't.jsonl:1: found "hicache": true in a swa header; expected "hicache": true only with'),
+     "t.jsonl:1: found no 'swa_host_capacity'; expected 'swa_host_capacity' \\(an int\\)"),
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
+      '"sliding_window":2,"hicache":true,"host_capacity":8,"mamba_host_capacity":2}'],
+     "t.jsonl:1: found 'mamba_host_capacity' in a swa header; expected 'swa_host_capacity'"),
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
+      '"sliding_window":2,"hicache":true,"host_capacity":8,"swa_host_capacity":4,'
+      '"write_policy":"write_through"}'],
+     't.jsonl:1: found write_policy=\'write_through\'; expected "write_policy": "write_back"'),
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
+      '"sliding_window":2,"page_size":2,"hicache":true,"host_capacity":8,'
+      '"swa_host_capacity":3}'],
+     "t.jsonl:1: found swa_host_capacity=3; expected 'swa_host_capacity' a multiple of page_size"),
     (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
       '"mamba_chunk":4,"hicache":true,"host_capacity":8}'],
      "t.jsonl:1: found no 'mamba_host_capacity'; expected 'mamba_host_capacity' \\(an int\\)"),
