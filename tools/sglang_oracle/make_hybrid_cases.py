@@ -431,6 +431,11 @@ HAND.update({
         ins(R(1, 13)), evict(full=40), DUMP, ins(R(1, 13), swa_evicted=6), DUMP,
         evict(full=40), ins(R(1, 17)), DUMP, evict(swa=40), DUMP, match(R(1, 17)),
         evict(full=40), ehost(swa=4), DUMP, ins(R(1, 17), swa_evicted=8), DUMP]),
+    "s07_swa_host_errors": (hswa(cap=8, note="host-tier errors: a reused prefix must be "
+                                             "on device, the SWA pool bounds an insert, "
+                                             "load-back ids"), [
+        ins(R(1, 9)), evict(full=40), ins(R(1, 13), prev=4), ins(R(20, 30)), DUMP,
+        lb(R(1, 9), 1), lb(R(1, 9), 1), ack(2), ack(1), ack(1), DUMP]),
 })
 
 # (name, kind, gen_hybrid options)
