@@ -322,7 +322,7 @@ class _HostState:
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads",
-                 "policy", "wt", "threshold", "writes")
+                 "policy", "wt", "threshold", "writes", "aux_written")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
                  write_policy: str = "write_back"):
@@ -344,6 +344,9 @@ class _HostState:
         self.wt = write_policy != "write_back"
         self.threshold = C.WRITE_THROUGH_THRESHOLD.get(write_policy, 2)
         self.writes: dict = {}
+        # The component's host units the last backup wrote (Mamba: states; SWA:
+        # tokens of its window), for the engine's transfer sizes.
+        self.aux_written = 0
 
 
 class HybridTree:
@@ -1159,10 +1162,12 @@ class HybridTree:
         if t:
             x.host = True
             self.ht.host_used += t
+        self.ht.aux_written = 0
         for y in aux:
             y.aux_host = True
             k = self._aux_host_len(y)
             self.ht.aux_host_used += k
+            self.ht.aux_written += k
             if self.rec is not None:
                 self._ev("host_set", y, c=self.AUX, n=k)
         if self.rec is not None:
@@ -1172,7 +1177,13 @@ class HybridTree:
             x.wp = x.id
             self.ht.writes[x.id] = [receipt, [x]]
         else:
-            self._track(x)  # finish_write_through: a duplicate from its ack
+            # finish_write_through: every published node (the component's nodes and
+            # ``x``, ancestors first: ``mark_write_through_pending``) is re-tracked at
+            # the ack, a duplicate if settled.
+            for y in aux:
+                if y is not x:
+                    self._track(y)
+            self._track(x)
         return t
 
     def _demote(self, x: HNode, res: HybridEviction) -> None:
