@@ -989,8 +989,8 @@ def _hybrid_check(s: "Scenario") -> None:
         if host_on and s.cache.write_policy != "write_back":
             raise _err(f"cache.write_policy {s.cache.write_policy} with a host tier for the "
                        f"(FULL, SWA) model {s.model.hybrid_preset!r}",
-                       "write_back (the (FULL, SWA) host tier is modelled under write_back, "
-                       "docs/HYBRID.md §5.8)", "cache.write_policy")
+                       "write_back (the engine runs the (FULL, SWA) host tier under "
+                       "write_back, docs/HYBRID.md §10.6)", "cache.write_policy")
         if host_on:
             mode = s.host.mode()[0]
             if mode in ("gib", "host_memory_fraction"):

@@ -390,13 +390,15 @@ class SWAHostMachine(HybridMachine):
 
     @initialize(dev_pages=st.integers(4, 40), aux=st.integers(1, 24),
                 window=st.integers(1, 10), host_pages=st.integers(0, 60),
-                aux_host=st.integers(0, 24), threshold=st.sampled_from([1, 3]))
-    def setup(self, dev_pages, aux, window, host_pages, aux_host, threshold):
+                aux_host=st.integers(0, 24), threshold=st.sampled_from([1, 3]),
+                policy=st.sampled_from(["write_back", "write_back", "write_through",
+                                        "write_through_selective"]))
+    def setup(self, dev_pages, aux, window, host_pages, aux_host, threshold, policy):
         ps = self.page_size
         self.tree = SWATree(device_capacity=dev_pages * ps, swa_capacity=aux * ps,
                             sliding_window=window, page_size=ps,
                             host_capacity=host_pages * ps, swa_host_capacity=aux_host * ps,
-                            load_back_threshold=threshold)
+                            load_back_threshold=threshold, write_policy=policy)
         self.locks = []
         self.held = 0
         self.loads = []
@@ -466,6 +468,21 @@ class SWAHostMachine(HybridMachine):
     @rule(i=st.integers(0, 100))
     def load_ack(self, i):
         self.tree.finish_load_back(self.loads.pop(i % len(self.loads)))
+
+    @precondition(lambda self: self.tree.writes)
+    @rule(i=st.integers(0, 100), oldest=st.booleans())
+    def write_ack(self, i, oldest):
+        """write_through: one backup acked (in issue order, or any): every slice it
+        published is settled, a duplicate while on both tiers."""
+        t = self.tree
+        ids = list(t.writes)
+        ack = ids[0 if oldest else i % len(ids)]
+        nodes = t.writes[ack][1]
+        t.write_ack(ack)
+        for y in nodes:
+            assert y.wp != ack and y.host
+            if y.dev and y.lb is None and y.wp is None:
+                assert t.dups.get(y.id) is y
 
     @rule(full=st.integers(0, 40), aux=st.integers(0, 20))
     def evict(self, full, aux):

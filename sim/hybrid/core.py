@@ -1174,8 +1174,13 @@ class HybridTree:
             self._ev("backup", x, n=t)
         if self.ht.wt:
             receipt = self.inc_lock(x)
-            x.wp = x.id
-            self.ht.writes[x.id] = [receipt, [x]]
+            # mark_write_through_pending: the component's nodes (SWA: the window's
+            # slices) and ``x``, ancestors first, pending under ``x``'s ack
+            published = [y for y in aux if y is not x]
+            published.append(x)
+            for y in published:
+                y.wp = x.id
+            self.ht.writes[x.id] = [receipt, published]
         else:
             # finish_write_through: every published node (the component's nodes and
             # ``x``, ancestors first: ``mark_write_through_pending``) is re-tracked at

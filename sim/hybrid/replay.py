@@ -125,10 +125,6 @@ def check_header(path, line_no: int, obj: dict) -> dict:
     if other in obj:
         raise InputFormatError(path, line_no, f"'{other}' in a {kind} header",
                                f"'{AUX_HOST_KEY[kind]}' for the {kind} host pool")
-    if kind == "swa" and obj.get("write_policy", "write_back") != "write_back":
-        # The (FULL, SWA) host tier is modelled under write_back (docs/HYBRID.md §5.8).
-        raise InputFormatError(path, line_no, f"write_policy={_short(obj['write_policy'])}",
-                               "\"write_policy\": \"write_back\" in a swa header")
     for key, lo in HOST_HEADER_INTS.items():
         if key == other:
             continue
@@ -314,7 +310,7 @@ class HybridReplayer:
         key = self.units(op["tokens"])
         prev = op.get("prev", 0)
         if self.kind == "swa":
-            r = self.tree.insert(key, prev, op.get("swa_evicted", 0))
+            r = self.tree.insert(key, prev, op.get("swa_evicted", 0), op.get("inserted", 0))
             return {"prefix_len": r.prefix_len, "new": r.new, "swa_new": r.aux_new,
                     "node": r.node.id}
         r = self.tree.insert(key, prev, donated=donate is not None,

@@ -51,8 +51,6 @@ class SWATree(HybridTree):
                  write_policy: str = "write_back"):
         if sliding_window <= 0:
             raise ValueError("SWAComponent requires a positive sliding_window_size")
-        if host_capacity is not None and write_policy != "write_back":
-            raise ValueError("the (FULL, SWA) host tier is modelled under write_back only")
         super().__init__(device_capacity=device_capacity, aux_capacity=swa_capacity,
                          page_size=page_size, record=record, host_capacity=host_capacity,
                          aux_host_capacity=swa_host_capacity,
@@ -174,11 +172,12 @@ class SWATree(HybridTree):
         return aligned if aligned > device_len else None
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: list, prev: int = 0, swa_evicted: int = 0):
+    def insert(self, key: list, prev: int = 0, swa_evicted: int = 0, inserted: int = 0):
         """Insert ``key`` for a request whose KV below ``prev`` tokens is the tree's
         own and whose SWA below ``swa_evicted`` it already freed
-        (``InsertParams.prev_prefix_len``, ``get_evicted_seqlen(SWA)``)."""
-        return super().insert(key, prev, swa_evicted=swa_evicted)
+        (``InsertParams.prev_prefix_len``, ``get_evicted_seqlen(SWA)``); ``inserted``:
+        ``InsertParams.inserted_len`` (write_through hit counts)."""
+        return super().insert(key, prev, inserted, swa_evicted=swa_evicted)
 
     def _aux_prepare(self, key, prev, res, aux_args) -> None:
         ps = self.page_size

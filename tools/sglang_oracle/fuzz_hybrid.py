@@ -89,7 +89,7 @@ def main():
         else:
             kind = "swa" if t % 2 == 0 else "mamba"
         opts = host_config(rng, args.ops, kind) if args.hicache else config(rng, kind, args.ops)
-        if args.hicache and args.write_policy != "write_back" and kind == "mamba":
+        if args.hicache and args.write_policy != "write_back":
             # Drawn after the pools, so write_back runs keep their configs per seed.
             opts["write_policy"] = (rng.choice(["write_back", "write_through",
                                                 "write_through", "write_through_selective"])

@@ -51,6 +51,11 @@ def hswa(dev=64, cap=32, w=4, ps=1, host=64, shost=32, **kw):
                swa_host_capacity=shost, **kw)
 
 
+def wswa(policy="write_through", **kw):
+    """A (FULL, SWA) header with the host tier under a write_through policy."""
+    return hswa(write_policy=policy, **kw)
+
+
 def wmamba(policy="write_through", **kw):
     """A (FULL, MAMBA) header with the host tier under a write_through policy."""
     return hmamba(write_policy=policy, **kw)
@@ -438,6 +443,40 @@ HAND.update({
         lb(R(1, 9), 1), lb(R(1, 9), 1), ack(2), ack(1), ack(1), DUMP]),
 })
 
+HAND.update({
+    # --- (FULL, SWA) with the host tier under write_through -------------------------
+    "v01_swa_wt_window_backup_and_ack": (wswa(note="write_through: an insert backs its "
+                                                   "new leaf and unbacked ancestors up "
+                                                   "at once, each with its window's SWA, "
+                                                   "locked on device until the ack; a "
+                                                   "later insert backs a window slice up "
+                                                   "incrementally"), [
+        ins(R(1, 11)), DUMP, ACK_ALL, DUMP, ins(list(R(1, 7)) + [20, 21]), DUMP, ACK_ALL,
+        evict(swa=6), DUMP, ins(R(1, 11)), DUMP, ACK_ALL, evict(full=40), DUMP,
+        match(list(R(1, 7)) + [20, 21]), lb(list(R(1, 7)) + [20, 21], 1), DUMP, ack(1),
+        DUMP]),
+    "v02_swa_wt_window_stops_at_a_pending_write": (wswa(note="a leaf inserted under a "
+                                                             "node whose write is in "
+                                                             "flight is backed up with "
+                                                             "its own slice (the window "
+                                                             "walk ends at the pending "
+                                                             "node); a pending node is "
+                                                             "locked, never a victim; "
+                                                             "internal SWA victims are "
+                                                             "tombstoned without a "
+                                                             "backup"), [
+        ins(R(1, 3)), ins(R(1, 5), prev=2, inserted=2), DUMP, wack(1), wack(2), DUMP,
+        ins(R(30, 36)), evict(full=40), DUMP, ACK_ALL, evict(swa=40), DUMP,
+        match(R(1, 5)), ehost(swa=2), DUMP]),
+    "v03_swa_wt_selective": (wswa(policy="write_through_selective", host=24, shost=8,
+                                  note="write_through_selective: a node is backed up at "
+                                       "its second hit; small host pools: a backup that "
+                                       "finds no SWA host room fails whole"), [
+        ins(R(1, 9)), DUMP, ins(R(1, 9)), DUMP, ACK_ALL, ins(R(20, 28)), ins(R(20, 28)),
+        ins(R(40, 48)), ins(R(40, 48)), DUMP, ACK_ALL, evict(full=40), DUMP,
+        match(R(1, 9)), match(R(40, 48)), wack(77)]),
+})
+
 # (name, kind, gen_hybrid options)
 GENERATED = []
 for i, (ps, w, dev, cap, ops) in enumerate([
@@ -545,6 +584,21 @@ for i, (ps, w, dev, cap, host, shost, thr, ops) in enumerate([
         seed=500 + i, ops=ops, page_size=ps, window=w, device_cap=dev, aux_cap=cap,
         max_len=12 * ps if ps > 1 else 24, hicache=True, host_cap=host, aux_host_cap=shost,
         load_back_threshold=thr)))
+
+
+# (FULL, SWA) with the host tier under write_through (u01-u08) and
+# write_through_selective (u09-u12): the t cases' pools.
+for i, (policy, ps, w, dev, cap, host, shost, ops) in enumerate([
+        ("wt", 1, 8, 96, 40, 192, 80, 500), ("wt", 1, 8, 96, 40, 48, 8, 500),
+        ("wt", 1, 4, 64, 24, 32, 4, 500), ("wt", 1, 16, 160, 64, 320, 64, 500),
+        ("wt", 1, 3, 48, 16, 12, 2, 500), ("wt", 2, 6, 96, 40, 96, 16, 500),
+        ("wt", 4, 8, 160, 64, 320, 32, 500), ("wt", 1, 1, 64, 16, 64, 8, 500),
+        ("sel", 1, 8, 96, 40, 192, 80, 500), ("sel", 1, 5, 60, 12, 120, 6, 500),
+        ("sel", 2, 8, 128, 48, 64, 48, 500), ("sel", 4, 4, 96, 32, 48, 8, 500)], start=1):
+    GENERATED.append((f"u{i:02d}_swa_{policy}_ps{ps}_w{w}_h{host}_s{shost}", "swa", dict(
+        seed=600 + i, ops=ops, page_size=ps, window=w, device_cap=dev, aux_cap=cap,
+        max_len=12 * ps if ps > 1 else 24, hicache=True, host_cap=host, aux_host_cap=shost,
+        write_policy="write_through" if policy == "wt" else "write_through_selective")))
 
 
 def dumps(obj) -> str:
