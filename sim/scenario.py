@@ -986,11 +986,6 @@ def _hybrid_check(s: "Scenario") -> None:
     h = s.model.hybrid()
     host_on = not s.host.off
     if h.kind == "swa":
-        if host_on and s.cache.write_policy != "write_back":
-            raise _err(f"cache.write_policy {s.cache.write_policy} with a host tier for the "
-                       f"(FULL, SWA) model {s.model.hybrid_preset!r}",
-                       "write_back (the engine runs the (FULL, SWA) host tier under "
-                       "write_back, docs/HYBRID.md §10.6)", "cache.write_policy")
         if host_on:
             mode = s.host.mode()[0]
             if mode in ("gib", "host_memory_fraction"):

@@ -114,7 +114,9 @@ def test_the_swa_host_pools_default_to_sglangs_sizing():
 def test_every_swa_host_knob_changes_the_run():
     ref = _key(run(SWAH, "workload.num_requests=100"))
     for sets in (["host.ratio=1.0"], ["host=null", "host.tokens=48016", "host.swa_tokens=1024"],
-                 ["host=null", "host.size_gb=1.0"], ["host=off", "cache.write_policy=write_through"]):
+                 ["host=null", "host.size_gb=1.0"], ["host=off", "cache.write_policy=write_through"],
+                 ["cache.write_policy=write_through"],
+                 ["cache.write_policy=write_through_selective"]):
         assert _key(run(SWAH, "workload.num_requests=100", *sets)) != ref, sets
     # cache.ids reaches the reclaim digest, which moves once duplicates are reclaimed
     assert _key(run(SWAH, "cache.ids=optrace")) != _key(run(SWAH))
@@ -318,8 +320,6 @@ def test_an_swa_pool_too_tight_for_a_request_and_its_own_window_leaves_it_waitin
 
 # ------------------------------------------------------------------ refusals
 @pytest.mark.parametrize("path,sets,key", [
-    (SWA, ["host=null", "host.ratio=2"], "cache.write_policy"),
-    (SWAH, ["cache.write_policy=write_through_selective"], "cache.write_policy"),
     (SWAH, ["host=null", "host.tokens=48016"], "host.swa_tokens"),
     (SWAH, ["host=null", "host.gib=1"], "host.gib"),
     (SWA, ["host.swa_tokens=1024"], "host.swa_tokens"),
@@ -392,8 +392,11 @@ def _units_back(fp, ps):
     (SWA, ["workload.num_requests=80", "cache.release_prefill_swa=true"]),
     (SWAH, ["workload.num_requests=120"]),
     (SWAH, ["workload.num_requests=80", "page_size=1", "device.tokens=8000"]),
+    (SWAH, ["workload.num_requests=100", "cache.write_policy=write_through",
+            "jitter.ack_delay.acks=both"]),
+    (SWAH, ["workload.num_requests=100", "cache.write_policy=write_through_selective"]),
 ], ids=["mamba", "mamba-wt", "mamba-wts-forked", "swa-forked", "swa-page1", "swa-release",
-        "swa-host-forked", "swa-host-page1"])
+        "swa-host-forked", "swa-host-page1", "swa-host-wt-forked", "swa-host-wts"])
 def test_recorded_hybrid_op_traces_replay_to_the_engines_final_trees(path, sets, tmp_path):
     import json
 

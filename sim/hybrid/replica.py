@@ -176,6 +176,20 @@ class _Counting:
         the state in state-equivalent tokens. write_back: ``_backup`` counts it."""
         if not self.ht.wt:
             return super()._try_backup(x)
+        if self.AUX == "swa":
+            # the window's slices go with the node's FULL, in one D->H write
+            self.ht.aux_written = 0
+            t = super()._try_backup(x)
+            if t is None:
+                self.stats.backup_failures += 1
+                return t
+            swa = self.ht.aux_written
+            if t or swa:
+                self.stats.backups += 1
+                self.stats.backup_tokens += t
+                self.hy.swa_backup_tokens += swa
+                self.wlog.append(_Write(x.id, t + self.swa_equiv(swa)))
+            return t
         had_aux = x.aux_host
         t = super()._try_backup(x)
         if t is None:
@@ -399,7 +413,8 @@ class HybridReplica:
             t = EngineSWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
                               sliding_window=h.window, page_size=ps, record=True,
                               host_capacity=host, swa_host_capacity=h.aux_host if host else 0,
-                              load_back_threshold=cfg.load_back_threshold)
+                              load_back_threshold=cfg.load_back_threshold,
+                              write_policy=cfg.write_policy if host else "write_back")
         t._init_counting(h.state_tokens, h.swa_bytes, h.full_bytes)
         t._next_id += h.id_offset
         return t
@@ -534,6 +549,8 @@ class HybridReplica:
                 out.update(hicache=True, host_capacity=h.host_tokens,
                            swa_host_capacity=h.aux_host,
                            load_back_threshold=cfg.load_back_threshold)
+                if self.t.ht.wt:
+                    out["write_policy"] = self.t.write_policy
         else:
             out.update(mamba_capacity=h.aux_capacity, mamba_chunk=h.mamba_chunk)
             if h.max_states != -1:
@@ -676,6 +693,8 @@ class HybridReplica:
         else:
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             ev = max(prev, st.cursor if st else 0)
+            # InsertParams.inserted_len (req.kv.cache_inserted_len): write_through only
+            inserted = st.inserted if (st is not None and t.hicache and t.ht.wt) else 0
             short = len(key) * self.page_size - ev - (t.aux_capacity - t.aux_used)
             if short > 0:
                 # The insert publishes its in-window SWA (SWARebuild): room first.
@@ -683,9 +702,14 @@ class HybridReplica:
                     self._rec({"op": "evict", "swa": short})
                 t.evict(0, short)
             if self.ops is not None:
-                self._rec({"op": "insert", "tokens": self._units_tokens(key), "prev": prev,
-                           "swa_evicted": ev})
-            res = t.insert(key, prev, swa_evicted=ev)
+                op = {"op": "insert", "tokens": self._units_tokens(key), "prev": prev,
+                      "swa_evicted": ev}
+                if inserted:
+                    op["inserted"] = inserted
+                self._rec(op)
+            res = t.insert(key, prev, swa_evicted=ev, inserted=inserted)
+            if st is not None and not final and t.hicache and t.ht.wt:
+                st.inserted = max(inserted, len(key) * self.page_size)
         log, scanned, freed = self._drain()
         host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
         ins = _Insert(res.node, host, key)
