@@ -106,7 +106,7 @@ class HybridConfig:
 
     kind: str                  # "mamba" (components FULL, MAMBA) or "swa" (FULL, SWA)
     aux_capacity: int          # Mamba state slots, or SWA tokens (device)
-    aux_host: int = 0          # host Mamba state slots (0: no host tier)
+    aux_host: int = 0          # host Mamba state slots or SWA tokens (0: no host tier)
     host_tokens: int = 0       # FULL host tokens (0: no host tier)
     window: int = 0            # SWA: the sliding window (swa_retain_window), tokens
     mamba_chunk: int = 1       # Mamba: mamba_cache_chunk_size (with the page: the grid)
@@ -115,6 +115,10 @@ class HybridConfig:
     state_bytes: int = 0       # Mamba: one state's bytes per rank
     id_offset: int = 0         # node ids drawn before the first tree node (cache.ids)
     release_prefill_swa: bool = False  # SWA: SGLANG_OPT_RELEASE_PREFILL_SWA
+    # SWA with a host tier: SWA and FULL bytes per token per rank (an SWA transfer's
+    # size in FULL-token equivalents is ceil(swa tokens x swa_bytes / full_bytes)).
+    swa_bytes: int = 0
+    full_bytes: int = 0
 
 
 @dataclass

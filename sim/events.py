@@ -871,6 +871,9 @@ class Simulation:
                 tree.inc_lock(lock)
                 plan.loads.append(rid)
                 plan.load_tokens += loaded + (res.extra if hyb is not None else 0)
+                if hyb is not None:
+                    sel = hyb.after_load(sel, fill, dev + loaded, m.host_len, loaded,
+                                         req.output_len)
             else:
                 # Nothing loaded: recomputing the host part may no longer fit.
                 sel = adder.select(fill, dev, total, req.output_len, first)

@@ -345,6 +345,9 @@ class Host(_Model):
     # A Mamba hybrid's host state slots (the MambaPoolHost size, as given), overriding what the
     # sizing unit gives; required with ``tokens``.
     mamba_states: _int(1, 10**9) | None = None
+    # An SWA hybrid's host SWA pool in tokens (the SWA host pool's size, as given),
+    # overriding what the sizing unit gives; required with ``tokens``.
+    swa_tokens: _int(1, 10**12) | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -968,9 +971,10 @@ class Scenario(_Model):
         elif self.cache.release_prefill_swa:
             raise _err("cache.release_prefill_swa without model.hybrid_preset",
                        "it only with an SWA hybrid", "cache.release_prefill_swa")
-        elif self.host.mamba_states is not None or any(
-                getattr(self.device, k) is not None for k in HYBRID_DEVICE_KEYS):
+        elif (self.host.mamba_states is not None or self.host.swa_tokens is not None
+              or any(getattr(self.device, k) is not None for k in HYBRID_DEVICE_KEYS)):
             key = ("host.mamba_states" if self.host.mamba_states is not None else
+                   "host.swa_tokens" if self.host.swa_tokens is not None else
                    "device." + next(k for k in HYBRID_DEVICE_KEYS
                                     if getattr(self.device, k) is not None))
             raise _err(f"{key} without model.hybrid_preset",
@@ -998,10 +1002,25 @@ def _hybrid_check(s: "Scenario") -> None:
     host_on = not s.host.off
     if h.kind == "swa":
         if host_on:
-            raise _err("a host tier for the (FULL, SWA) model "
-                       f"{s.model.hybrid_preset!r} (cache.write_policy {s.cache.write_policy})",
-                       "host: off (the (FULL, SWA) host tier is not modelled under any "
-                       "write policy)", "host")
+            mode = s.host.mode()[0]
+            if mode in ("gib", "host_memory_fraction"):
+                raise _err(f"host.{mode} for a hybrid model",
+                           "host.tokens (with host.swa_tokens), host.ratio or host.size_gb",
+                           f"host.{mode}")
+            if mode == "tokens" and s.host.swa_tokens is None:
+                raise _err("host.tokens without host.swa_tokens",
+                           "host.swa_tokens (the host SWA pool, tokens) with host.tokens",
+                           "host.swa_tokens")
+        elif s.host.swa_tokens is not None:
+            raise _err("host.swa_tokens with host: off", "a host tier for host SWA",
+                       "host.swa_tokens")
+        if host_on and s.cache.load_back_threshold != LOAD_BACK_THRESHOLD:
+            # a load-back of an evicted SWA anchor carries its window's host-only SWA:
+            # only a spec emptied by another load's pin is below any threshold
+            raise _err(f"cache.load_back_threshold {s.cache.load_back_threshold} for an SWA "
+                       "hybrid", f"the default {LOAD_BACK_THRESHOLD} (SGLang's threshold never "
+                       "refuses an SWA load-back with its window on host)",
+                       "cache.load_back_threshold")
         for k in ("mamba_full_memory_ratio", "max_mamba_cache_size"):
             if getattr(s.device, k) is not None:
                 raise _err(f"device.{k} for an SWA hybrid", "it only with a Mamba hybrid",
@@ -1010,6 +1029,9 @@ def _hybrid_check(s: "Scenario") -> None:
             raise _err("host.mamba_states for an SWA hybrid", "it only with a Mamba hybrid",
                        "host.mamba_states")
     else:
+        if s.host.swa_tokens is not None:
+            raise _err("host.swa_tokens for a Mamba hybrid", "it only with an SWA hybrid",
+                       "host.swa_tokens")
         if s.device.swa_full_tokens_ratio is not None:
             raise _err("device.swa_full_tokens_ratio for a Mamba hybrid",
                        "it only with an SWA hybrid", "device.swa_full_tokens_ratio")
@@ -1111,6 +1133,27 @@ def _hybrid_pools(s: "Scenario") -> dict:
                                                    h.sliding_window, ratio)
             host_full = host_aux = 0
             aux_b = swa_b
+            if not s.host.off:
+                # build_hybrid_swa_group: the FULL and SWA host pools, each from its own
+                # device pool by the ratio, or from its share of --hicache-size
+                # (_split_hicache_size); host.swa_tokens overrides the SWA one.
+                hmode, hval = s.host.mode()
+                if hmode == "tokens":
+                    host_full = int(hval)
+                    if host_full % page:
+                        raise _CapacityError("host.tokens", f"{host_full} tokens",
+                                             f"a multiple of page_size {page}")
+                elif hmode == "size_gb":
+                    host_full, host_aux = pools.hybrid_host_pools(
+                        "swa", full, aux, page, full_b, swa_b, hicache_gb=hval)
+                else:
+                    host_full, host_aux = pools.hybrid_host_pools(
+                        "swa", full, aux, page, full_b, swa_b, ratio=hval)
+                if s.host.swa_tokens is not None:
+                    host_aux = s.host.swa_tokens
+                    if host_aux % page:
+                        raise _CapacityError("host.swa_tokens", f"{host_aux} tokens",
+                                             f"a multiple of page_size {page}")
         else:
             state_b = h.mamba_state_bytes(tp)
             ratio = (d.mamba_full_memory_ratio if d.mamba_full_memory_ratio is not None
@@ -1169,7 +1212,9 @@ def resolve_hybrid(s: "Scenario", max_running: int):
     offset = 0 if s.cache.ids == "optrace" else 2 * SENTINEL_IDS_PER_COMPONENT
     if h.kind == "swa":
         return HybridConfig(kind="swa", aux_capacity=p["aux"], window=h.sliding_window,
-                            id_offset=offset,
+                            id_offset=offset, aux_host=p["host_aux"], host_tokens=p["host_full"],
+                            swa_bytes=p["aux_bytes"] if p["host_full"] else 0,
+                            full_bytes=p["full_bytes_per_token"] if p["host_full"] else 0,
                             release_prefill_swa=bool(s.cache.release_prefill_swa)), max_running
     state_b = p["aux_bytes"]
     hc = HybridConfig(kind="mamba", aux_capacity=p["aux"], aux_host=p["host_aux"],

@@ -91,7 +91,7 @@ def test_host_tier_cases_cover_the_host_paths():
     n = 0
     for case in CASES:
         header = json.loads(gzip.open(case, "rt").readline())
-        if not header.get("hicache"):
+        if not header.get("hicache") or header["components"][1] != "mamba":
             continue
         n += 1
         page_sizes.add(header.get("page_size", 1))
@@ -122,6 +122,163 @@ def test_host_tier_cases_cover_the_host_paths():
             "error:load_back_ack:unknown_load_back_id", "error:load_back:mamba_full",
             "error:insert:bad_prev", "op:evict_for_alloc"}
     assert want <= seen, sorted(want - seen)
+
+
+def test_swa_host_tier_cases_cover_the_host_paths():
+    """The (FULL, SWA) cases with HiCache on exercise the SWA host paths: window
+    backups of one node and of several (oldest first), an internal victim's backup
+    before its tombstone, demotes, SWA host eviction of leaves and internal slices,
+    duplicate reclaim, un-evicting inserts that publish SWA, host-only SWA matched and
+    restored (with FULL, and alone), every load-back refusal, at page sizes 1, 2, 4."""
+    seen, page_sizes = set(), set()
+    n = 0
+    for case in CASES:
+        header = json.loads(gzip.open(case, "rt").readline())
+        if not header.get("hicache") or header["components"][1] != "swa":
+            continue
+        n += 1
+        page_sizes.add(header.get("page_size", 1))
+        for line in expected_lines(case):
+            r = json.loads(line)
+            seen.add("op:" + r["op"])
+            kinds = [e["k"] for e in r["events"]]
+            for e in r["events"]:
+                seen.add(e["k"] + (f":{e['pass']}" if "pass" in e else ""))
+            if r["op"] in ("evict", "evict_for_alloc") and kinds.count("host_set") > 1:
+                seen.add("window_backup")
+            if (r["op"] in ("evict", "evict_for_alloc") and "host_set" in kinds
+                    and "tomb" in kinds and "demote" not in kinds):
+                seen.add("internal_backup")
+            if r["op"] == "insert" and "unevict" in kinds and "set" in kinds:
+                seen.add("unevict_publishes_swa")
+            if "reason" in r:
+                seen.add("reason:" + r["reason"])
+            if r.get("started"):
+                seen.add("started" if r["loaded"] else "started_swa_only")
+            if r.get("swa_host_len"):
+                seen.add("swa_host_len")
+            if "error" in r:
+                seen.add(f"error:{r['op']}:{r['error']}")
+    assert n >= 30
+    assert page_sizes == {1, 2, 4}
+    want = {"backup", "host_set", "window_backup", "internal_backup", "demote", "tomb",
+            "host_tomb", "unevict", "unevict_publishes_swa", "load", "set", "delete",
+            "dup_reclaim:1", "dup_reclaim:2", "dup_sweep", "op:evict_host", "op:load_back",
+            "op:load_back_ack", "started", "started_swa_only", "swa_host_len",
+            "reason:no_host_tail", "reason:below_threshold", "reason:no_device_space",
+            "reason:no_swa_space", "error:insert:bad_prev", "error:insert:swa_full",
+            "error:load_back_ack:unknown_load_back_id",
+            "error:load_back:duplicate_load_back_id", "op:evict_for_alloc"}
+    assert want <= seen, sorted(want - seen)
+
+
+def test_swa_write_through_cases_cover_the_write_through_paths():
+    """The (FULL, SWA) cases under write_through and write_through_selective: insert
+    backups of windows acked later, incremental window backups, unbacked leaves deleted
+    on eviction, a backup that found no SWA host room, at page sizes 1, 2 and 4."""
+    seen, page_sizes, n = set(), set(), 0
+    for case in CASES:
+        header = json.loads(gzip.open(case, "rt").readline())
+        if header["components"][1] != "swa" or header.get("write_policy", "write_back") == \
+                "write_back":
+            continue
+        n += 1
+        page_sizes.add(header.get("page_size", 1))
+        seen.add(header["write_policy"])
+        for line in expected_lines(case):
+            r = json.loads(line)
+            kinds = [e["k"] for e in r["events"]]
+            seen.add("op:" + r["op"])
+            if r["op"] == "insert" and "backup" in kinds:
+                seen.add("insert_backup")
+                if kinds.count("host_set") > kinds.count("backup"):
+                    seen.add("window_backup")
+            if r["op"] in ("evict", "evict_for_alloc") and "delete" in kinds:
+                seen.add("unbacked_delete")
+            if r.get("writes"):
+                seen.add("writes_in_flight")
+            if r.get("started"):
+                seen.add("started")
+            if "error" in r:
+                seen.add("error:" + r["error"])
+    assert n >= 15 and page_sizes == {1, 2, 4}
+    want = {"write_through", "write_through_selective", "op:write_ack", "insert_backup",
+            "window_backup", "unbacked_delete", "writes_in_flight", "started",
+            "op:load_back", "op:evict_host", "error:unknown_write_id"}
+    assert want <= seen, sorted(want - seen)
+
+
+def _swa_outputs(name):
+    return [json.loads(line) for line in expected_lines(HYBRID / f"{name}.jsonl.gz")]
+
+
+def test_swa_window_backup_writes_the_unbacked_window_oldest_first():
+    """A demoted leaf shorter than the window takes its parent's device-only SWA with
+    it (``_collect_unbacked_swa_nodes_in_window``), parent first; a load-back of the
+    leaf restores both slices with FULL (case s01)."""
+    tree = SWATree(device_capacity=64, swa_capacity=32, sliding_window=4,
+                   host_capacity=64, swa_host_capacity=32, record=True)
+    tree.insert(list(range(1, 11)))
+    tree.insert(list(range(1, 7)) + [20, 21, 22])
+    tree.evict(full=40)
+    backups = [(k, n.key[0]) for k, n, _ in tree.rec if k == "host_set"]
+    # the 4-token leaf alone, then the 3-token leaf with its parent (parent first)
+    assert backups == [("host_set", 7), ("host_set", 1), ("host_set", 20)]
+    assert tree.aux_host_used == 13 and tree.aux_used == 0
+    m = tree.match_prefix(list(range(1, 7)) + [20, 21, 22])
+    assert (m.device_len, m.host_len, m.aux_host_len) == (0, 9, 9)
+    out = tree.load_back(m, 1)
+    assert out == {"started": True, "loaded": 9}
+    assert tree.aux_used == 9
+    tree.finish_load_back(1)
+    tree.check()
+    outs = _swa_outputs("s01_swa_host_window_backup_demote")
+    ev = [e for r in outs if r["op"] == "evict" for e in r["events"] if e["k"] == "host_set"]
+    assert [e["n"] for e in ev] == [4, 6, 3]
+
+
+def test_swa_internal_victim_is_backed_up_with_its_window_before_its_tombstone():
+    """write_back: an internal SWA victim with no host copy is backed up first (FULL
+    and the unbacked window, ``InternalStateBackup``), then tombstoned; its prefix
+    then matches host-only SWA over device FULL, and a load-back restores the SWA
+    alone (``loaded`` 0; case s02)."""
+    tree = SWATree(device_capacity=64, swa_capacity=32, sliding_window=4,
+                   host_capacity=64, swa_host_capacity=32)
+    tree.insert(list(range(1, 11)))
+    tree.insert([1, 2, 3, 4, 30, 31, 32, 33])
+    tree.match_prefix(list(range(1, 11)))
+    res = tree.evict(0, 4)
+    assert (res.full, res.aux) == (0, 4)
+    assert (tree.host_used, tree.aux_host_used, tree.dev_used) == (4, 4, 14)
+    m = tree.match_prefix([1, 2, 3, 4])
+    assert (m.device_len, m.aux_host_len) == (0, 4) and m.best.dev
+    assert tree.load_back(m, 1) == {"started": True, "loaded": 0}
+    assert m.best.aux
+    tree.finish_load_back(1)
+    tree.check()
+    outs = _swa_outputs("s02_swa_internal_backup")
+    assert any(r.get("started") and r["loaded"] == 0 and r["swa_host_len"] for r in outs)
+
+
+def test_swa_host_pool_bounds_what_replays_from_host():
+    """The SWA host pool is a knob of its own: with one window's worth of SWA host
+    slots, evicting several prompts keeps FULL on host but most windows' SWA is lost,
+    so their prefixes miss (a match must close a window); with enough slots every
+    prompt's window comes back from host."""
+    def replays(swa_host):
+        tree = SWATree(device_capacity=64, swa_capacity=64, sliding_window=4,
+                       host_capacity=256, swa_host_capacity=swa_host)
+        prompts = [[100 * k + j for j in range(8)] for k in range(1, 7)]
+        for p in prompts:
+            tree.insert(p)
+        tree.evict(full=64)
+        hits = 0
+        for p in prompts:
+            m = tree.match_prefix(p)
+            hits += m.device_len + m.host_len == len(p)
+        tree.check()
+        return hits
+    assert replays(4) < replays(64) == 6
 
 
 def test_a_state_that_reached_the_device_after_its_backup_is_pruned_by_the_demote():
@@ -280,7 +437,14 @@ def test_refused_inserts_change_nothing():
     # the host tier
     (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
       '"sliding_window":2,"hicache":true,"host_capacity":8}'],
-     't.jsonl:1: found "hicache": true in a swa header; expected "hicache": true only with'),
+     "t.jsonl:1: found no 'swa_host_capacity'; expected 'swa_host_capacity' \\(an int\\)"),
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
+      '"sliding_window":2,"hicache":true,"host_capacity":8,"mamba_host_capacity":2}'],
+     "t.jsonl:1: found 'mamba_host_capacity' in a swa header; expected 'swa_host_capacity'"),
+    (['{"op":"header","components":["full","swa"],"device_capacity":8,"swa_capacity":4,'
+      '"sliding_window":2,"page_size":2,"hicache":true,"host_capacity":8,'
+      '"swa_host_capacity":3}'],
+     "t.jsonl:1: found swa_host_capacity=3; expected 'swa_host_capacity' a multiple of page_size"),
     (['{"op":"header","components":["full","mamba"],"device_capacity":8,"mamba_capacity":2,'
       '"mamba_chunk":4,"hicache":true,"host_capacity":8}'],
      "t.jsonl:1: found no 'mamba_host_capacity'; expected 'mamba_host_capacity' \\(an int\\)"),

@@ -20,6 +20,7 @@ from sim.tree import Tree
 
 MAMBA = ROOT / "scenarios" / "hybrid_mamba.yaml"
 SWA = ROOT / "scenarios" / "hybrid_swa.yaml"
+SWAH = ROOT / "scenarios" / "hybrid_swa_host.yaml"
 
 
 def scn(path, *sets):
@@ -43,7 +44,7 @@ def same_folders(a, b) -> bool:
 
 
 # ------------------------------------------------------------------ end to end
-@pytest.mark.parametrize("path", [MAMBA, SWA], ids=["mamba", "swa"])
+@pytest.mark.parametrize("path", [MAMBA, SWA, SWAH], ids=["mamba", "swa", "swa-host"])
 def test_a_hybrid_scenario_runs_at_tp2_to_a_results_folder(path, tmp_path):
     res = run(path, "workload.num_requests=120", out=tmp_path / "r")
     for name in ("requests.parquet", "timeseries.parquet", "summary.json", "divergence.json",
@@ -76,6 +77,58 @@ def test_the_swa_scenario_tombstones_out_of_window_kv():
     assert s["verdict"] == "agree"
 
 
+def test_the_swa_host_scenario_backs_up_windows_and_loads_them_back():
+    """(FULL, SWA) with a host tier under write_back: evicted leaves go to host with
+    their windows' SWA, duplicates are reclaimed, load-backs restore FULL and the
+    window's host-only SWA, each SWA token priced at the SWA pool's bytes."""
+    res = run(SWAH)
+    s = res.summary
+    h = s["hybrid"]
+    assert s["requests"] == 300 and s["host_hit_rate"] > 0
+    assert s["reclaim_pass1_tokens"] > 0
+    assert h["swa_backup_tokens"] > 0 and h["swa_load_tokens"] > 0
+    assert h["host_hits_with_swa"] > 0 and h["swa_host_hit_tokens"] > 0
+    assert h["host_swa_tokens"] == 9616 and 0 < h["host_swa_used"] <= 9616
+    cfg = res.sim.instances[0].cfg.hybrid
+    assert h["swa_backup_bytes"] == h["swa_backup_tokens"] * cfg.swa_bytes
+    # gpt-oss-20b at TP 2: as many SWA layers as full ones, the same bytes per token
+    assert cfg.swa_bytes == cfg.full_bytes == 12288
+    for t in replicas(res):
+        t.check()
+
+
+def test_the_swa_host_pools_default_to_sglangs_sizing():
+    """build_hybrid_swa_group: each host pool from its own device pool by the ratio
+    (one extra page); host.tokens with host.swa_tokens naming the same pools is the
+    same run."""
+    from sim.config import from_scenario
+
+    c, _ = from_scenario(scn(SWAH))
+    assert (c.hybrid.host_tokens, c.hybrid.aux_host) == (48016, 9616)
+    a = _key(run(SWAH, "workload.num_requests=100"))
+    b = _key(run(SWAH, "workload.num_requests=100", "host=null", "host.tokens=48016",
+                 "host.swa_tokens=9616"))
+    assert a == b
+
+
+def test_every_swa_host_knob_changes_the_run():
+    ref = _key(run(SWAH, "workload.num_requests=100"))
+    for sets in (["host.ratio=1.0"], ["host=null", "host.tokens=48016", "host.swa_tokens=1024"],
+                 ["host=null", "host.size_gb=1.0"], ["host=off", "cache.write_policy=write_through"],
+                 ["cache.write_policy=write_through"],
+                 ["cache.write_policy=write_through_selective"]):
+        assert _key(run(SWAH, "workload.num_requests=100", *sets)) != ref, sets
+    # cache.ids reaches the reclaim digest, which moves once duplicates are reclaimed
+    assert _key(run(SWAH, "cache.ids=optrace")) != _key(run(SWAH))
+
+
+def test_a_smaller_swa_host_pool_gives_fewer_host_hits_with_swa():
+    big = run(SWAH, "host=null", "host.tokens=48016", "host.swa_tokens=9616").summary
+    small = run(SWAH, "host=null", "host.tokens=48016", "host.swa_tokens=512").summary
+    assert small["hybrid"]["host_hits_with_swa"] < big["hybrid"]["host_hits_with_swa"]
+    assert small["hybrid"]["host_swa_used"] <= 512
+
+
 def test_releasing_the_prefill_swa_after_the_window_frees_it_for_eviction():
     off = run(SWA).summary
     on = run(SWA, "cache.release_prefill_swa=true").summary
@@ -84,14 +137,14 @@ def test_releasing_the_prefill_swa_after_the_window_frees_it_for_eviction():
     assert on["ttft_p99_s"] < off["ttft_p99_s"]
 
 
-@pytest.mark.parametrize("path", [MAMBA, SWA], ids=["mamba", "swa"])
+@pytest.mark.parametrize("path", [MAMBA, SWA, SWAH], ids=["mamba", "swa", "swa-host"])
 def test_same_scenario_and_seed_write_byte_identical_results(path, tmp_path):
     run(path, "workload.num_requests=100", out=tmp_path / "a")
     run(path, "workload.num_requests=100", out=tmp_path / "b")
     assert same_folders(tmp_path / "a", tmp_path / "b")
 
 
-@pytest.mark.parametrize("path", [MAMBA, SWA], ids=["mamba", "swa"])
+@pytest.mark.parametrize("path", [MAMBA, SWA, SWAH], ids=["mamba", "swa", "swa-host"])
 def test_shared_and_eager_replicas_write_byte_identical_results(path, tmp_path):
     run(path, "workload.num_requests=100", out=tmp_path / "a")
     run(path, "workload.num_requests=100", "engine.replicas=eager", out=tmp_path / "b")
@@ -99,8 +152,9 @@ def test_shared_and_eager_replicas_write_byte_identical_results(path, tmp_path):
 
 
 @pytest.mark.parametrize("path,extra", [(MAMBA, ()), (SWA, ()),
-                                        (SWA, ("cache.release_prefill_swa=true",))],
-                         ids=["mamba", "swa", "swa-release"])
+                                        (SWA, ("cache.release_prefill_swa=true",)),
+                                        (SWAH, ())],
+                         ids=["mamba", "swa", "swa-release", "swa-host"])
 @pytest.mark.parametrize("seed", [2, 5])
 def test_decode_runs_write_what_a_step_by_step_loop_writes(path, extra, seed, tmp_path):
     sets = ("workload.num_requests=80", f"seed={seed}", *extra)
@@ -266,8 +320,12 @@ def test_an_swa_pool_too_tight_for_a_request_and_its_own_window_leaves_it_waitin
 
 # ------------------------------------------------------------------ refusals
 @pytest.mark.parametrize("path,sets,key", [
-    (SWA, ["host=null", "host.ratio=2"], "host"),
-    (SWA, ["host=null", "host.ratio=2", "cache.write_policy=write_through"], "host"),
+    (SWAH, ["host=null", "host.tokens=48016"], "host.swa_tokens"),
+    (SWAH, ["host=null", "host.gib=1"], "host.gib"),
+    (SWA, ["host.swa_tokens=1024"], "host.swa_tokens"),
+    (MAMBA, ["host.swa_tokens=1024"], "host.swa_tokens"),
+    (SWAH, ["cache.load_back_threshold=256"], "cache.load_back_threshold"),
+    (SWAH, ["host=null", "host.tokens=48016", "host.swa_tokens=1000"], "host.swa_tokens"),
     (MAMBA, ["cache.host_policy=lru"], "cache.host_policy"),
     (MAMBA, ["cache.eviction_policy=priority"], "cache.eviction_policy"),
     (MAMBA, ["page_size=16"], "page_size"),
@@ -291,6 +349,7 @@ def test_unsupported_hybrid_combinations_are_one_line_errors_naming_the_key(path
 
 def test_hybrid_device_and_host_keys_are_refused_for_a_full_model():
     for sets in (["device.max_mamba_cache_size=10"], ["host.mamba_states=4"],
+                 ["host.swa_tokens=1024"],
                  ["device.swa_full_tokens_ratio=0.5"], ["cache.release_prefill_swa=true"]):
         with pytest.raises(UserError) as e:
             scn(ROOT / "scenarios" / "quickstart.yaml", *sets)
@@ -331,7 +390,13 @@ def _units_back(fp, ps):
            "jitter.request_order.swap_probability=0.3", "workload.arrival.rate=40"]),
     (SWA, ["workload.num_requests=80", "page_size=1", "cache.ids=optrace"]),
     (SWA, ["workload.num_requests=80", "cache.release_prefill_swa=true"]),
-], ids=["mamba", "mamba-wt", "mamba-wts-forked", "swa-forked", "swa-page1", "swa-release"])
+    (SWAH, ["workload.num_requests=120"]),
+    (SWAH, ["workload.num_requests=80", "page_size=1", "device.tokens=8000"]),
+    (SWAH, ["workload.num_requests=100", "cache.write_policy=write_through",
+            "jitter.ack_delay.acks=both"]),
+    (SWAH, ["workload.num_requests=100", "cache.write_policy=write_through_selective"]),
+], ids=["mamba", "mamba-wt", "mamba-wts-forked", "swa-forked", "swa-page1", "swa-release",
+        "swa-host-forked", "swa-host-page1", "swa-host-wt-forked", "swa-host-wts"])
 def test_recorded_hybrid_op_traces_replay_to_the_engines_final_trees(path, sets, tmp_path):
     import json
 

@@ -262,7 +262,7 @@ def test_the_first_memory_event_matches_stepping(avail, ps, kvs, evictable, limi
 # ------------------------------------------------------------------ fast path
 FAST_PATH_SCENARIOS = ["quickstart", "capacity_wb_vs_wt", "storage_mooncake", "storage_slow_rank",
                        "storage_buffer_only",
-                       "hybrid_mamba", "hybrid_swa", "regressions/sglang_34519",
+                       "hybrid_mamba", "hybrid_swa", "hybrid_swa_host", "regressions/sglang_34519",
                        "regressions/sglang_40512"] + sorted(
     p.stem for p in (ROOT / "scenarios").glob("jitter_*.yaml"))
 

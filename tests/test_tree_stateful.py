@@ -382,6 +382,125 @@ class MambaHostMachinePage2(MambaHostMachine):
     page_size = 2
 
 
+class SWAHostMachine(HybridMachine):
+    """(FULL, SWA) with the host tier (write_back): window backups at eviction (leaf
+    and internal victims), demotes, drops, host eviction of either component,
+    duplicate reclaim, window load-backs and their acks, on small host pools, with
+    check() (both tiers, the SWA host LRU and host locks) after every op."""
+
+    @initialize(dev_pages=st.integers(4, 40), aux=st.integers(1, 24),
+                window=st.integers(1, 10), host_pages=st.integers(0, 60),
+                aux_host=st.integers(0, 24), threshold=st.sampled_from([1, 3]),
+                policy=st.sampled_from(["write_back", "write_back", "write_through",
+                                        "write_through_selective"]))
+    def setup(self, dev_pages, aux, window, host_pages, aux_host, threshold, policy):
+        ps = self.page_size
+        self.tree = SWATree(device_capacity=dev_pages * ps, swa_capacity=aux * ps,
+                            sliding_window=window, page_size=ps,
+                            host_capacity=host_pages * ps, swa_host_capacity=aux_host * ps,
+                            load_back_threshold=threshold, write_policy=policy)
+        self.locks = []
+        self.held = 0
+        self.loads = []
+        self.next_load = 0
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10))
+    def lock(self, pages):
+        m = self.tree.match_prefix(self.units(pages))
+        assert m.dnode.dev and m.device_len <= m.full_len
+        self.locks.append(self.tree.inc_lock(m.dnode))
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10))
+    def match(self, pages):
+        t = self.tree
+        m = t.match_prefix(self.units(pages))
+        assert m.device_len <= m.full_len <= len(pages) * self.page_size
+        # swa_host_hit_length counts host-only slices within one window of the
+        # boundary: there is one there when it is positive
+        if m.aux_host_len:
+            x, covered, found = m.best, 0, False
+            while x is not t.root and covered < t.window:
+                found |= x.aux_host and not x.aux
+                covered += len(x.key) * t.page_size
+                x = x.parent
+            assert found
+        x = m.best
+        while x is not m.dnode:
+            assert x is not t.root
+            x = x.parent
+
+    @rule(n=st.integers(0, 40), full=st.booleans())
+    def evict_host(self, n, full):
+        t = self.tree
+        before = (t.host_used, t.aux_host_used, t.dev_used)
+        freed = t.evict_host(n, "full" if full else "swa")
+        assert t.dev_used == before[2]
+        if full:
+            assert before[0] - t.host_used == freed
+        else:
+            assert before[1] - t.aux_host_used >= freed
+
+    @rule(pages=st.lists(ALPHABET, min_size=1, max_size=10))
+    def load_back(self, pages):
+        t = self.tree
+        m = t.match_prefix(self.units(pages))
+        lid = self.next_load
+        self.next_load += 1
+        out = t.load_back(m, lid)
+        if out["started"]:
+            self.loads.append(lid)
+            x = m.best
+            while x is not t.root:  # the anchor's whole path is on device, locked
+                assert x.dev and x.lock > 0
+                x = x.parent
+            # the window above the anchor holds device SWA (restored if host-only)
+            x, covered = m.best, 0
+            while x is not t.root and covered < t.window:
+                assert x.aux
+                covered += len(x.key) * t.page_size
+                x = x.parent
+        else:
+            assert out["reason"] in ("no_host_tail", "below_threshold", "no_device_space",
+                                     "no_swa_space")
+            assert lid not in t.loads
+
+    @precondition(lambda self: self.loads)
+    @rule(i=st.integers(0, 100))
+    def load_ack(self, i):
+        self.tree.finish_load_back(self.loads.pop(i % len(self.loads)))
+
+    @precondition(lambda self: self.tree.writes)
+    @rule(i=st.integers(0, 100), oldest=st.booleans())
+    def write_ack(self, i, oldest):
+        """write_through: one backup acked (in issue order, or any): every slice it
+        published is settled, a duplicate while on both tiers."""
+        t = self.tree
+        ids = list(t.writes)
+        ack = ids[0 if oldest else i % len(ids)]
+        nodes = t.writes[ack][1]
+        t.write_ack(ack)
+        for y in nodes:
+            assert y.wp != ack and y.host
+            if y.dev and y.lb is None and y.wp is None:
+                assert t.dups.get(y.id) is y
+
+    @rule(full=st.integers(0, 40), aux=st.integers(0, 20))
+    def evict(self, full, aux):
+        t = self.tree
+        before = (t.dev_used, t.aux_used)
+        res = t.evict(full, aux)
+        assert before[0] - t.dev_used == res.full
+
+
+class SWAHostMachinePage2(SWAHostMachine):
+    page_size = 2
+
+
+TestHybridSWAHost = SWAHostMachine.TestCase
+TestHybridSWAHost.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+TestHybridSWAHostPage2 = SWAHostMachinePage2.TestCase
+TestHybridSWAHostPage2.settings = settings(max_examples=30, stateful_step_count=50,
+                                           deadline=None)
 TestHybridMambaHost = MambaHostMachine.TestCase
 TestHybridMambaHost.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
 TestHybridMambaHostPage2 = MambaHostMachinePage2.TestCase

@@ -201,12 +201,14 @@ class HybridPlan:
 
 
 def check_hybrid(scenario) -> None:
-    """A (FULL, SWA) hybrid has no host tier to plan (docs/HYBRID.md §5.8)."""
+    """The hybrid plan sizes host KV against host Mamba state slots; a (FULL, SWA)
+    hybrid's host tier runs in the engine (docs/HYBRID.md §10.3), but its plan axis
+    (host SWA tokens) is not built (§10.6)."""
     h = scenario.model.hybrid()
     if h is not None and h.kind != "mamba":
         raise UserError(f"found the (FULL, SWA) hybrid {scenario.model.hybrid_preset!r}; "
                         "expected a (FULL, MAMBA) hybrid (plan sizes host KV and Mamba state "
-                        "slots, and the (FULL, SWA) host tier is not modelled)",
+                        "slots; a host SWA axis is not built)",
                         where=f"{scenario.source}: model.hybrid_preset")
 
 

@@ -68,6 +68,7 @@ class HNode:
     lb = None
     hits = 0
     wp = None
+    huuid = None
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
         self.id = nid
@@ -91,7 +92,7 @@ class HostHNode(HNode):
     """A node of a tree with the host tier (HiCache on): the host fields per node."""
 
     __slots__ = ("dev", "host", "host_lock", "host_tops", "aux_host", "aux_host_lock",
-                 "hlp", "hln", "lb", "hits", "wp")
+                 "hlp", "hln", "lb", "hits", "wp", "huuid")
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
         super().__init__(nid, key, parent, t_access, t_create)
@@ -108,6 +109,8 @@ class HostHNode(HNode):
         # id, the backed-up node's id, of the write in flight covering this node).
         self.hits = 0
         self.wp = None
+        # SWA: the host-lock window boundary (swa ``metadata["host_uuid"]``).
+        self.huuid = None
 
 
 # ---------------------------------------------------------------- op results
@@ -251,6 +254,15 @@ class _HostLRU:
         h.hln = node
 
     @staticmethod
+    def add_after(prev: HNode, node: HNode) -> None:
+        """``insert_after(prev, node)``: ``node`` just older than ``prev``."""
+        nxt = prev.hln
+        node.hlp = prev
+        node.hln = nxt
+        nxt.hlp = node
+        prev.hln = node
+
+    @staticmethod
     def remove(node: HNode) -> None:
         p, n = node.hlp, node.hln
         p.hln = n
@@ -281,12 +293,14 @@ class HostLockReceipt:
     ``full``: whether FULL took a host lock at all (write_through skips an anchor
     with no host copy: full.py ``acquire_component_lock``)."""
 
-    __slots__ = ("anchor", "full", "top")
+    __slots__ = ("anchor", "full", "top", "aux_uuid")
 
     def __init__(self, anchor: HNode, full: bool = True):
         self.anchor = anchor
         self.top = anchor
         self.full = full
+        # SWA: the window host lock's boundary uuid (None: it reached the root).
+        self.aux_uuid = None
 
 
 class LoadBack:
@@ -308,7 +322,7 @@ class _HostState:
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads",
-                 "policy", "wt", "threshold", "writes")
+                 "policy", "wt", "threshold", "writes", "aux_written")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
                  write_policy: str = "write_back"):
@@ -330,6 +344,9 @@ class _HostState:
         self.wt = write_policy != "write_back"
         self.threshold = C.WRITE_THROUGH_THRESHOLD.get(write_policy, 2)
         self.writes: dict = {}
+        # The component's host units the last backup wrote (Mamba: states; SWA:
+        # tokens of its window), for the engine's transfer sizes.
+        self.aux_written = 0
 
 
 class HybridTree:
@@ -759,6 +776,7 @@ class HybridTree:
                 child = self._split(child, p)
             if not child.dev:
                 self._unevict(child)
+                self._aux_unevict(child, p * ps, pos * ps, aux_args)
             else:
                 self._aux_overlap(child, p * ps, pos * ps, prev, aux_args)
             # _finish_insert_walk_node: a walked node whose hit count reaches the
@@ -864,6 +882,9 @@ class HybridTree:
 
     def _aux_overlap(self, node, m_tok, start_tok, prev, aux_args) -> None:
         pass
+
+    def _aux_unevict(self, node, m_tok, start_tok, aux_args) -> None:
+        """The component's ``recover_after_unevict`` (Mamba: nothing)."""
 
     def _aux_commit(self, node, is_new_leaf, res, aux_args) -> None:
         raise NotImplementedError
@@ -1036,16 +1057,26 @@ class HybridTree:
                 self._evict_dleaf(x, res)
                 continue
             if not self.ht.wt and not x.aux_host and not x.host and x.dev:
-                if self.ht.aux_host_capacity - self.ht.aux_host_used < 1:
-                    self._evict_host_aux(1)
-                self._backup(x)
-                # _finish_internal_component_eviction's re-checks.
-                if (not self._alive(x) or not x.aux or x.aux_lock > 0 or x.lb is not None
-                        or x.lp is None):
-                    continue
-                if x in d_leaves or not x.dev:
-                    cursor = x  # re-selected through the normal walk
-                    continue
+                # InternalStateBackup: host room for every value the backup carries
+                # (Mamba: the state; SWA: the unbacked window, swa
+                # ``_collect_unbacked_swa_nodes``), reserved whole
+                # (``evict_host(needed)``), then ``backup_node_for_write_back``.
+                needed = 0
+                for y in self._aux_backup_nodes(x):
+                    needed += self._aux_host_len(y)
+                if needed:
+                    if self.ht.aux_host_capacity - self.ht.aux_host_used < needed:
+                        self._evict_host_aux(needed)
+                    self._backup(x)
+                    # _finish_internal_component_eviction's re-checks (the
+                    # load-back pin and FULL's device value: Mamba only).
+                    mamba = self._MAMBA_RECHECK
+                    if (not self._alive(x) or not x.aux or x.aux_lock > 0
+                            or (mamba and x.lb is not None) or x.lp is None):
+                        continue
+                    if x in d_leaves or (mamba and not x.dev):
+                        cursor = x  # re-selected through the normal walk
+                        continue
             res.aux += self._aux_tomb(x)
             self._refresh(x)
 
@@ -1084,6 +1115,19 @@ class HybridTree:
         ``build_hicache_transfers(BACKUP_HOST)``)."""
         return False
 
+    def _aux_backup_nodes(self, x: HNode) -> list:
+        """The nodes whose component value a backup of ``x`` writes, oldest first
+        (Mamba: ``x``'s state; SWA: the unbacked window)."""
+        return [x] if self._aux_backup_needed(x) else []
+
+    def _aux_host_len(self, x: HNode) -> int:
+        """The component's host value size on ``x`` (Mamba: 1 state; SWA: tokens)."""
+        return 1
+
+    # _finish_internal_component_eviction: the load-back pin and FULL-evicted
+    # re-checks are Mamba's (unified_tree_core.py); SWATree turns them off.
+    _MAMBA_RECHECK = True
+
     def _backup(self, x: HNode) -> int:
         """``_try_backup``; returns the FULL tokens written (0: failed or nothing to
         write)."""
@@ -1100,32 +1144,51 @@ class HybridTree:
         its ``write_ack``. Returns the FULL tokens written, 0 when there was nothing
         to write, None when the host had no room."""
         t = 0 if x.host else len(x.key) * self.page_size
-        aux = self._aux_backup_needed(x)
+        aux = self._aux_backup_nodes(x)
         if t == 0 and not aux:
             return 0
         avail = self.ht.host_capacity - self.ht.host_used
         if avail < t and self._evict_host_full(t - avail) < t - avail:
             return None
-        if aux and self.ht.aux_host_capacity - self.ht.aux_host_used < 1:
-            self._evict_host_aux(1)
-            if self.ht.aux_host_capacity - self.ht.aux_host_used < 1:
-                return None
+        if aux:
+            k = 0
+            for y in aux:
+                k += self._aux_host_len(y)
+            # HostPoolGroup.alloc(k, reclaim=host_evict_fn): reclaim k once, retry.
+            if self.ht.aux_host_capacity - self.ht.aux_host_used < k:
+                self._evict_host_aux(k)
+                if self.ht.aux_host_capacity - self.ht.aux_host_used < k:
+                    return None
         if t:
             x.host = True
             self.ht.host_used += t
-        if aux:
-            x.aux_host = True
-            self.ht.aux_host_used += 1
+        self.ht.aux_written = 0
+        for y in aux:
+            y.aux_host = True
+            k = self._aux_host_len(y)
+            self.ht.aux_host_used += k
+            self.ht.aux_written += k
             if self.rec is not None:
-                self._ev("host_set", x, c=self.AUX, n=1)
+                self._ev("host_set", y, c=self.AUX, n=k)
         if self.rec is not None:
             self._ev("backup", x, n=t)
         if self.ht.wt:
             receipt = self.inc_lock(x)
-            x.wp = x.id
-            self.ht.writes[x.id] = [receipt, [x]]
+            # mark_write_through_pending: the component's nodes (SWA: the window's
+            # slices) and ``x``, ancestors first, pending under ``x``'s ack
+            published = [y for y in aux if y is not x]
+            published.append(x)
+            for y in published:
+                y.wp = x.id
+            self.ht.writes[x.id] = [receipt, published]
         else:
-            self._track(x)  # finish_write_through: a duplicate from its ack
+            # finish_write_through: every published node (the component's nodes and
+            # ``x``, ancestors first: ``mark_write_through_pending``) is re-tracked at
+            # the ack, a duplicate if settled.
+            for y in aux:
+                if y is not x:
+                    self._track(y)
+            self._track(x)
         return t
 
     def _demote(self, x: HNode, res: HybridEviction) -> None:
@@ -1194,7 +1257,7 @@ class HybridTree:
             res.aux += self._aux_tomb(x, event=False)
         if x.aux_host:
             x.aux_host = False
-            self.ht.aux_host_used -= 1
+            self.ht.aux_host_used -= self._aux_host_len(x)
             if x.hlp is not None:
                 self.ht.hlru.remove(x)
         self.d_leaves.discard(x)
@@ -1234,13 +1297,14 @@ class HybridTree:
 
     def _aux_host_tomb(self, x: HNode) -> int:
         """``evict_component(HOST)`` of the component: its host value only."""
+        n = self._aux_host_len(x)
         x.aux_host = False
-        self.ht.aux_host_used -= 1
+        self.ht.aux_host_used -= n
         if x.hlp is not None:
             self.ht.hlru.remove(x)
         if self.rec is not None:
-            self._ev("host_tomb", x, c=self.AUX, n=1)
-        return 1
+            self._ev("host_tomb", x, c=self.AUX, n=n)
+        return n
 
     def evict_host(self, n: int, component: str = "full") -> int:
         """cache ``evict_host`` -> core ``drive_host_eviction``: FULL (duplicate
@@ -1303,7 +1367,7 @@ class HybridTree:
     def _evict_hleaf(self, x: HNode, res: HybridEviction) -> tuple[int, int]:
         """core ``_evict_host_leaf``: every component's values on the node go, and
         the node; returns (FULL host tokens, component host values) freed."""
-        aux = 1 if x.aux_host else 0
+        aux = self._aux_host_len(x) if x.aux_host else 0
         host = self._release_layers(x, res)
         parent = x.parent
         self._unlink(x)
@@ -1344,23 +1408,34 @@ class HybridTree:
             else:
                 anchor.host_tops.append(holder)
             self._refresh(anchor)
+        holder.aux_uuid = self._aux_host_acquire(anchor)
+        self._refresh(anchor)
+        return holder
+
+    def _aux_host_acquire(self, anchor: HNode):
+        """The component's ``acquire_component_lock(lock_host=True)`` (Mamba: the
+        anchor's host state, which leaves the host LRU)."""
         if anchor is not self.root:
             if anchor.aux_host_lock == 0 and anchor.aux_host and anchor.hlp is not None:
                 self.ht.hlru.remove(anchor)
             anchor.aux_host_lock += 1
-        self._refresh(anchor)
-        return holder
+        return None
 
-    def dec_host_lock(self, holder: HostLockReceipt) -> None:
-        """core ``dec_host_lock_ref``: the component first (a host-only value
-        rejoins the host LRU), then FULL up to the boundary mark."""
-        anchor = holder.anchor
+    def _aux_host_release(self, anchor: HNode, uuid) -> None:
+        """The component's ``release_component_lock(lock_host=True)`` (Mamba: a
+        host-only state rejoins the host LRU)."""
         if anchor is not self.root:
             anchor.aux_host_lock -= 1
             if anchor.aux_host_lock == 0:
                 if not anchor.aux and anchor.aux_host and anchor.hlp is None:
                     self.ht.hlru.insert_mru(anchor)
                 self._refresh(anchor)
+
+    def dec_host_lock(self, holder: HostLockReceipt) -> None:
+        """core ``dec_host_lock_ref``: the component first (a host-only value
+        rejoins the host LRU), then FULL up to the boundary mark."""
+        anchor = holder.anchor
+        self._aux_host_release(anchor, holder.aux_uuid)
         if not holder.full:
             self._refresh(anchor)
             return
@@ -1411,12 +1486,13 @@ class HybridTree:
             nodes.append(x)
             x = x.parent
         nodes.reverse()
-        aux = self._aux_load_needed(anchor)
+        aux_nodes = self._aux_load_nodes(anchor)
+        aux = bool(aux_nodes)
         pinned = any(y.lb is not None and y.lb is not anchor for y in nodes)
-        if aux and anchor.lb is not None and anchor.lb is not anchor:
+        if any(y.lb is not None and y.lb is not anchor for y in aux_nodes):
             pinned = True
         if pinned:
-            nodes, aux = [], False
+            nodes, aux, aux_nodes = [], False, []
         ps = self.page_size
         n = sum(len(y.key) for y in nodes) * ps
         if n < max(1, self.ht.load_back_threshold) and not aux:
@@ -1432,11 +1508,11 @@ class HybridTree:
                 return "no_device_space", 0
         # HybridCacheController.load: FULL rows first (outside the tree until the
         # commit; nothing below reads FULL room), then the component's device slot.
-        ok = self._aux_alloc_for_load() if aux else True
+        ok = self._aux_alloc_for_load(aux_nodes) if aux else True
         self.dec_lock(lock)
         if not ok:
             self.dec_host_lock(holder)
-            return "no_mamba_space", 0
+            return f"no_{self.AUX}_space", 0
         for y in nodes:
             if self.rec is not None:
                 self._ev("load", y, n=len(y.key) * ps)
@@ -1452,8 +1528,8 @@ class HybridTree:
             else:
                 self.evictable += t
             self._refresh(y)
-        if aux:
-            self._aux_set(anchor, 1)
+        for y in aux_nodes:  # commit_hicache_transfer(LOAD_BACK), oldest first
+            self._aux_set(y, self.aux_value_len_of(y))
         self._refresh(anchor)
         return None, n
 
@@ -1483,7 +1559,16 @@ class HybridTree:
     def _aux_load_needed(self, anchor) -> bool:
         return False
 
-    def _aux_alloc_for_load(self) -> bool:
+    def _aux_load_nodes(self, anchor) -> list:
+        """The nodes whose host-only component value a load-back restores, oldest
+        first (Mamba: the anchor's state; SWA: the window's host-only slices)."""
+        return [anchor] if self._aux_load_needed(anchor) else []
+
+    def aux_value_len_of(self, node) -> int:
+        """The size a device value on ``node`` would have (Mamba 1, SWA tokens)."""
+        return 1
+
+    def _aux_alloc_for_load(self, nodes) -> bool:
         return True
 
     # ------------------------------------------------------------------ replicas
@@ -1541,6 +1626,7 @@ class HybridTree:
         for lid, lb in self.ht.loads.items():
             holder = HostLockReceipt(nmap[id(lb.anchor)], lb.host_lock.full)
             holder.top = nmap[id(lb.host_lock.top)]
+            holder.aux_uuid = lb.host_lock.aux_uuid
             hmap[id(lb.host_lock)] = holder
             lock = LockReceipt(nmap[id(lb.lock.node)], lb.lock.uuid, lb.lock.skip_aux)
             new.ht.loads[lid] = LoadBack(holder.anchor, lock, holder, lb.tokens)
@@ -1659,7 +1745,7 @@ class HybridTree:
             if n.host:
                 host += t
             if n.aux_host:
-                ahost += 1
+                ahost += self._aux_host_len(n)
             if n.host_lock < 0 or n.aux_host_lock < 0:
                 raise HybridInvariantError(f"node {n.id}: negative host lock")
             if n.hlp is not None and not (n.aux_host and not n.aux):

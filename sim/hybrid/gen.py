@@ -8,7 +8,8 @@ prefixes and branch (splits), inserts whose request already freed its SWA below 
 cursor (tombstones, split windows), inserts that recompute a prefix the tree holds as
 a tombstone (revival, with and without a FULL lock), window locks whose boundary later
 splits, early SWA releases, repeated Mamba inserts (``mamba_exist``) and eviction
-requests on each component. With ``hicache`` (Mamba only), the host tier too: small
+requests on each component. With ``hicache`` (Mamba; SWA under write_back), the
+host tier too: small
 host pools so write_back backups, demotes, host evictions of either component and
 duplicate reclaims run often, load-backs (with and without a request taking the
 state) and their acks, and inserts over evicted prefixes; under a write_through
@@ -92,8 +93,11 @@ class Gen:
         if self.hicache:
             host_cap = args.host_cap or 2 * args.device_cap
             host_cap -= host_cap % self.ps
+            aux_host = args.aux_host_cap or 2 * args.aux_cap
+            if args.kind == "swa":
+                aux_host -= aux_host % self.ps
             self.header.update(hicache=True, host_capacity=host_cap,
-                               mamba_host_capacity=args.aux_host_cap or 2 * args.aux_cap)
+                               **{f"{args.kind}_host_capacity": aux_host})
             if args.load_back_threshold != 1:
                 self.header["load_back_threshold"] = args.load_back_threshold
             policy = getattr(args, "write_policy", "write_back")
@@ -251,6 +255,8 @@ class Gen:
         r = self.rng
         if r.random() < 0.6:
             op = {"op": "evict_host", "full": r.randint(1, 2 * self.max_len)}
+        elif self.kind == "swa":
+            op = {"op": "evict_host", "swa": r.randint(1, 2 * self.window)}
         else:
             op = {"op": "evict_host", "mamba": r.randint(1, 3)}
         self.emit(op)
@@ -263,7 +269,7 @@ class Gen:
         self.next_load += 1
         s = r.choice(self.seqs) if self.seqs and r.random() < 0.85 else self.seq()
         op = {"op": "load_back", "tokens": s, "id": lid}
-        if r.random() < 0.5:
+        if self.kind == "mamba" and r.random() < 0.5:
             if self.held and r.random() < 0.3:
                 op["req"] = r.choice(sorted(self.held))
             else:
@@ -272,7 +278,7 @@ class Gen:
         rec = self.emit(op)
         if rec is not None and rec.get("started"):
             self.loads.add(lid)
-            if "req" in op and self.oracle.summary()["mamba_held"] > len(self.held):
+            if "req" in op and self.oracle.summary().get("mamba_held", 0) > len(self.held):
                 self.held.add(op["req"])
 
     def op_load_back_ack(self):

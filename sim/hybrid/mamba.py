@@ -265,7 +265,7 @@ class MambaTree(HybridTree):
         if prep and success:
             req["got"] = True
 
-    def _aux_alloc_for_load(self) -> bool:
+    def _aux_alloc_for_load(self, nodes) -> bool:
         """The restore's device slot (``_resolve_device_transfers``, evicting once
         through ``_evict_mamba_for_device_alloc``)."""
         if not self._free_slot():

@@ -48,7 +48,7 @@ OPS = {
     "alloc": {"id": ("id", True)},
     "skip_ids": {"n": ("int", True)},
     # the host tier ("hicache": true): docs/HYBRID.md §6
-    "evict_host": {"full": ("int", False), "mamba": ("int", False)},
+    "evict_host": {"full": ("int", False), "swa": ("int", False), "mamba": ("int", False)},
     "load_back": {"tokens": ("tokens", True), "id": ("id", True), "req": ("id", False)},
     "load_back_ack": {"id": ("id", True)},
     # write_through: the ack of one insert-time backup (op-trace v2's write_ack)
@@ -56,7 +56,10 @@ OPS = {
 }
 HOST_OPS = ("evict_host", "load_back", "load_back_ack", "write_ack")
 # header fields of the host tier -> minimum
-HOST_HEADER_INTS = {"host_capacity": 0, "mamba_host_capacity": 0, "load_back_threshold": 0}
+HOST_HEADER_INTS = {"host_capacity": 0, "mamba_host_capacity": 0, "swa_host_capacity": 0,
+                    "load_back_threshold": 0}
+# the component's host pool, by kind (HOST_HEADER_INTS' other one is refused)
+AUX_HOST_KEY = {"swa": "swa_host_capacity", "mamba": "mamba_host_capacity"}
 # Fields an op may carry only in one kind of tree.
 KIND_ONLY = {"swa_evicted": "swa", "swa": "swa", "mamba": "mamba", "skip": "mamba",
              "cow": "mamba", "donate": "mamba", "req": "mamba"}
@@ -118,11 +121,13 @@ def check_header(path, line_no: int, obj: dict) -> dict:
                 raise InputFormatError(path, line_no, f"'{key}' without \"hicache\": true",
                                        f"'{key}' only in a header with \"hicache\": true")
         return obj
-    if kind != "mamba":
-        # The host tier of (FULL, SWA) is not modelled yet (docs/HYBRID.md §9).
-        raise InputFormatError(path, line_no, f"\"hicache\": true in a {kind} header",
-                               "\"hicache\": true only with components [\"full\",\"mamba\"]")
+    other = AUX_HOST_KEY["mamba" if kind == "swa" else "swa"]
+    if other in obj:
+        raise InputFormatError(path, line_no, f"'{other}' in a {kind} header",
+                               f"'{AUX_HOST_KEY[kind]}' for the {kind} host pool")
     for key, lo in HOST_HEADER_INTS.items():
+        if key == other:
+            continue
         if key not in obj:
             if key != "load_back_threshold":
                 raise InputFormatError(path, line_no, f"no '{key}'",
@@ -132,9 +137,10 @@ def check_header(path, line_no: int, obj: dict) -> dict:
         if type(v) is not int or v < lo:
             raise InputFormatError(path, line_no, f"{key}={_short(v)}",
                                    f"'{key}' as a non-negative int")
-    if obj["host_capacity"] % obj.get("page_size", 1):
-        raise InputFormatError(path, line_no, f"host_capacity={obj['host_capacity']}",
-                               "'host_capacity' a multiple of page_size")
+    for key in ("host_capacity", "swa_host_capacity"):
+        if key in obj and obj[key] % obj.get("page_size", 1):
+            raise InputFormatError(path, line_no, f"{key}={obj[key]}",
+                                   f"'{key}' a multiple of page_size")
     if obj.get("write_policy", "write_back") not in HYBRID_WRITE_POLICIES:
         raise InputFormatError(path, line_no, f"write_policy={_short(obj['write_policy'])}",
                                "'write_policy' one of "
@@ -164,10 +170,10 @@ def check_op(path, line_no: int, obj: dict, header: dict) -> dict:
             raise InputFormatError(path, line_no, "a write_ack op under write_back",
                                    "write_ack only with \"write_policy\" write_through or "
                                    "write_through_selective (write_back acks at once)")
-        if op == "evict_host" and ("full" in obj) == ("mamba" in obj):
+        if op == "evict_host" and ("full" in obj) == (kind in obj):
             raise InputFormatError(path, line_no, "evict_host naming "
                                    + ("both components" if "full" in obj else "no component"),
-                                   "evict_host with exactly one of 'full', 'mamba'")
+                                   f"evict_host with exactly one of 'full', '{kind}'")
     for key, (fkind, required) in OPS[op].items():
         if key not in obj:
             if required:
@@ -213,9 +219,16 @@ def make_tree(header: dict, record: bool = False):
     kind = kind_of(header)
     ps = header.get("page_size", 1)
     if kind == "swa":
+        host = {}
+        if header.get("hicache"):
+            host = dict(host_capacity=header["host_capacity"],
+                        swa_host_capacity=header["swa_host_capacity"],
+                        load_back_threshold=header.get("load_back_threshold", 1),
+                        write_policy=header.get("write_policy", "write_back"))
         return SWATree(device_capacity=header["device_capacity"],
                        swa_capacity=header["swa_capacity"],
-                       sliding_window=header["sliding_window"], page_size=ps, record=record)
+                       sliding_window=header["sliding_window"], page_size=ps, record=record,
+                       **host)
     host = {}
     if header.get("hicache"):
         host = dict(host_capacity=header["host_capacity"],
@@ -262,7 +275,7 @@ class HybridReplayer:
             out["mamba_held"] = t.held
         if self.hicache:
             out["host"] = t.host_used
-            out["mamba_host"] = t.aux_host_used
+            out[a + "_host"] = t.aux_host_used
             out["digest"] = t.digest
             if t.ht.wt:
                 out["writes"] = len(t.writes)
@@ -297,7 +310,7 @@ class HybridReplayer:
         key = self.units(op["tokens"])
         prev = op.get("prev", 0)
         if self.kind == "swa":
-            r = self.tree.insert(key, prev, op.get("swa_evicted", 0))
+            r = self.tree.insert(key, prev, op.get("swa_evicted", 0), op.get("inserted", 0))
             return {"prefix_len": r.prefix_len, "new": r.new, "swa_new": r.aux_new,
                     "node": r.node.id}
         r = self.tree.insert(key, prev, donated=donate is not None,
@@ -311,7 +324,8 @@ class HybridReplayer:
         out = {"device_len": m.device_len, "full_len": m.full_len, "node": m.best.id,
                "branch": m.branch}
         if self.hicache:
-            out.update(host_len=m.host_len, dnode=m.dnode.id, mamba_host_len=m.aux_host_len)
+            out.update({"host_len": m.host_len, "dnode": m.dnode.id,
+                        self.kind + "_host_len": m.aux_host_len})
         return m, out
 
     def _op_match(self, op):
@@ -403,7 +417,7 @@ class HybridReplayer:
     _op_evict_for_alloc = _op_evict
 
     def _op_evict_host(self, op):
-        comp = "full" if "full" in op else "mamba"
+        comp = "full" if "full" in op else self.kind
         return {"freed": self.tree.evict_host(op[comp], comp)}
 
     def _op_load_back(self, op):
@@ -450,7 +464,7 @@ class HybridReplayer:
                 if self.hicache:
                     pend = node.lb
                     row.update(dev=node.dev, host=node.host, host_lock=node.host_lock,
-                               mamba_host=node.aux_host, mamba_host_lock=node.aux_host_lock,
+                               **{a + "_host": node.aux_host, a + "_host_lock": node.aux_host_lock},
                                pinned_by=None if pend is None else anchors.get(pend.id, pend.id))
                     if wt:
                         row.update(write_pending=node.wp, hits=node.hits)

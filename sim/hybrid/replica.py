@@ -33,6 +33,10 @@ Transfers. A backup or load-back moves FULL tokens and, for Mamba, one state per
 node; the copy engines price bytes as tokens of the FULL pool's geometry
 (``CostModel.d2h_time(tokens)``), so a state counts as ``state_tokens`` =
 ceil(state bytes / FULL bytes per token) tokens (``HybridConfig.state_tokens``).
+For SWA with a host tier, a backup also writes the SWA slices of its window and a
+load-back restores the window's host-only slices: ``k`` SWA tokens count as
+ceil(k x SWA bytes / FULL bytes per token) tokens (``HybridConfig.swa_bytes`` /
+``full_bytes``).
 """
 
 from __future__ import annotations
@@ -54,14 +58,18 @@ class HybridStats:
              "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
              "insert_state_evictions", "state_misses", "state_miss_tokens")
     SWA = ("swa_evicted_tokens", "swa_early_releases")
-    __slots__ = MAMBA + SWA
+    # SWA with a host tier (reported only then)
+    SWA_HOST = ("swa_backup_tokens", "swa_load_tokens", "swa_host_free_tokens",
+                "host_hits_with_swa", "host_hits_full_only_swa", "swa_host_hit_tokens")
+    __slots__ = MAMBA + SWA + SWA_HOST
 
     def __init__(self):
         for k in self.__slots__:
             setattr(self, k, 0)
 
-    def as_dict(self, kind: str) -> dict:
-        return {k: getattr(self, k) for k in (self.MAMBA if kind == "mamba" else self.SWA)}
+    def as_dict(self, kind: str, host: bool = False) -> dict:
+        keys = self.MAMBA if kind == "mamba" else self.SWA + (self.SWA_HOST if host else ())
+        return {k: getattr(self, k) for k in keys}
 
 
 class _Counting:
@@ -69,8 +77,13 @@ class _Counting:
     backups of the op in flight (``log``, in state-equivalent tokens). Mixed into
     the hybrid tree classes; every override calls the model's own step."""
 
-    def _init_counting(self, state_tokens: int) -> None:
+    def _init_counting(self, state_tokens: int, swa_bytes: int = 0,
+                       full_bytes: int = 0) -> None:
         self.stats = Stats()
+        # SWA: the transfer size of k SWA tokens in FULL-token equivalents is
+        # ceil(k * swa_bytes / full_bytes)
+        self.swa_bytes = swa_bytes
+        self.full_bytes = full_bytes or 1
         self.hy = HybridStats()
         self.log: list = []
         self.scanned = 0
@@ -119,7 +132,13 @@ class _Counting:
             self.stats.drop_declined += 1
         return ok
 
+    def swa_equiv(self, k: int) -> int:
+        """k SWA tokens as FULL-pool tokens of the same bytes."""
+        return -(-k * self.swa_bytes // self.full_bytes) if k else 0
+
     def _backup(self, x) -> int:
+        if self.AUX == "swa":
+            return self._backup_swa(x)
         had_full, had_aux = x.host, x.aux_host
         t = super()._backup(x)
         full = len(x.key) * self.page_size if x.host and not had_full else 0
@@ -133,6 +152,23 @@ class _Counting:
             self.stats.backup_failures += 1
         return t
 
+    def _backup_swa(self, x) -> int:
+        """An SWA tree's write_back backup: FULL's tokens and the window's SWA slices
+        (``ht.aux_written`` tokens), logged as one D->H copy of their bytes."""
+        had_full = x.host
+        self.ht.aux_written = 0
+        t = super()._backup(x)
+        full = len(x.key) * self.page_size if x.host and not had_full else 0
+        swa = self.ht.aux_written
+        if full or swa:
+            self.stats.backups += 1
+            self.stats.backup_tokens += full
+            self.hy.swa_backup_tokens += swa
+            self.log.append(full + self.swa_equiv(swa))
+        else:
+            self.stats.backup_failures += 1
+        return t
+
     def _try_backup(self, x):
         """write_through: an insert-time backup (``_write_chain``), counted as
         ``_backup`` counts a write_back one and logged as a D->H write with its ack
@@ -140,6 +176,20 @@ class _Counting:
         the state in state-equivalent tokens. write_back: ``_backup`` counts it."""
         if not self.ht.wt:
             return super()._try_backup(x)
+        if self.AUX == "swa":
+            # the window's slices go with the node's FULL, in one D->H write
+            self.ht.aux_written = 0
+            t = super()._try_backup(x)
+            if t is None:
+                self.stats.backup_failures += 1
+                return t
+            swa = self.ht.aux_written
+            if t or swa:
+                self.stats.backups += 1
+                self.stats.backup_tokens += t
+                self.hy.swa_backup_tokens += swa
+                self.wlog.append(_Write(x.id, t + self.swa_equiv(swa)))
+            return t
         had_aux = x.aux_host
         t = super()._try_backup(x)
         if t is None:
@@ -177,10 +227,27 @@ class _Counting:
         return host, aux
 
     def _aux_host_tomb(self, x) -> int:
+        if self.AUX == "swa":
+            n = super()._aux_host_tomb(x)
+            self.hy.swa_host_free_tokens += n
+            return n
         self.hy.state_host_frees += 1
         return super()._aux_host_tomb(x)
 
     def _load_transfers(self, anchor, lock, holder):
+        if self.AUX == "swa":
+            # the window's host-only slices this load restores (read before the load)
+            nodes = self._aux_load_nodes(anchor)
+            reason, n = super()._load_transfers(anchor, lock, holder)
+            if reason is None:
+                k = 0
+                for y in nodes:
+                    if y.aux:
+                        k += len(y.key) * self.page_size
+                self.stats.load_tokens += n
+                self.hy.swa_load_tokens += k
+                self.last_load = (n, k)
+            return reason, n
         aux = self._aux_load_needed(anchor)
         reason, n = super()._load_transfers(anchor, lock, holder)
         if reason is None:
@@ -342,9 +409,13 @@ class HybridReplica:
                                 load_back_threshold=cfg.load_back_threshold,
                                 write_policy=cfg.write_policy if host else "write_back")
         else:
+            host = h.host_tokens if h.host_tokens else None
             t = EngineSWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
-                              sliding_window=h.window, page_size=ps, record=True)
-        t._init_counting(h.state_tokens)
+                              sliding_window=h.window, page_size=ps, record=True,
+                              host_capacity=host, swa_host_capacity=h.aux_host if host else 0,
+                              load_back_threshold=cfg.load_back_threshold,
+                              write_policy=cfg.write_policy if host else "write_back")
+        t._init_counting(h.state_tokens, h.swa_bytes, h.full_bytes)
         t._next_id += h.id_offset
         return t
 
@@ -474,6 +545,12 @@ class HybridReplica:
                "page_size": cfg.page_size}
         if self.kind == "swa":
             out.update(swa_capacity=h.aux_capacity, sliding_window=h.window)
+            if self.t.hicache:
+                out.update(hicache=True, host_capacity=h.host_tokens,
+                           swa_host_capacity=h.aux_host,
+                           load_back_threshold=cfg.load_back_threshold)
+                if self.t.ht.wt:
+                    out["write_policy"] = self.t.write_policy
         else:
             out.update(mamba_capacity=h.aux_capacity, mamba_chunk=h.mamba_chunk)
             if h.max_states != -1:
@@ -616,6 +693,8 @@ class HybridReplica:
         else:
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             ev = max(prev, st.cursor if st else 0)
+            # InsertParams.inserted_len (req.kv.cache_inserted_len): write_through only
+            inserted = st.inserted if (st is not None and t.hicache and t.ht.wt) else 0
             short = len(key) * self.page_size - ev - (t.aux_capacity - t.aux_used)
             if short > 0:
                 # The insert publishes its in-window SWA (SWARebuild): room first.
@@ -623,9 +702,14 @@ class HybridReplica:
                     self._rec({"op": "evict", "swa": short})
                 t.evict(0, short)
             if self.ops is not None:
-                self._rec({"op": "insert", "tokens": self._units_tokens(key), "prev": prev,
-                           "swa_evicted": ev})
-            res = t.insert(key, prev, swa_evicted=ev)
+                op = {"op": "insert", "tokens": self._units_tokens(key), "prev": prev,
+                      "swa_evicted": ev}
+                if inserted:
+                    op["inserted"] = inserted
+                self._rec(op)
+            res = t.insert(key, prev, swa_evicted=ev, inserted=inserted)
+            if st is not None and not final and t.hicache and t.ht.wt:
+                st.inserted = max(inserted, len(key) * self.page_size)
         log, scanned, freed = self._drain()
         host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
         ins = _Insert(res.node, host, key)
@@ -659,6 +743,16 @@ class HybridReplica:
         anchor = match.m.best
         n, restored = t.last_load
         gain = len(t.path_units(anchor)) * self.page_size - match.device_len
+        if self.kind == "swa":
+            # restored: the SWA tokens the window's restore carries
+            moved = n + t.swa_equiv(restored)
+            t.hy.swa_host_hit_tokens += gain
+            if restored:
+                t.hy.host_hits_with_swa += 1
+            else:
+                t.hy.host_hits_full_only_swa += 1
+            return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain,
+                         bool(restored))
         moved = n + (t.state_tokens if restored else 0)
         t.hy.host_hit_tokens += gain
         if restored:
@@ -690,7 +784,13 @@ class HybridReplica:
             out["held_slots"] = t.held
             out["host_states"] = self.h.aux_host if t.hicache else 0
             out["host_states_used"] = t.aux_host_used if t.hicache else 0
-        out.update(t.hy.as_dict(self.kind))
+        elif t.hicache:
+            out["host_swa_tokens"] = self.h.aux_host
+            out["host_swa_used"] = t.aux_host_used
+        out.update(t.hy.as_dict(self.kind, t.hicache))
+        if self.kind == "swa" and t.hicache:
+            out["swa_backup_bytes"] = t.hy.swa_backup_tokens * self.h.swa_bytes
+            out["swa_load_bytes"] = t.hy.swa_load_tokens * self.h.swa_bytes
         if self.kind == "mamba":
             out["state_backup_bytes"] = t.hy.state_backups * self.h.state_bytes
             out["state_load_bytes"] = t.hy.state_loads * self.h.state_bytes
@@ -707,6 +807,7 @@ class HybridHooks:
         self.ps = sim.cfg.page_size
         self._pass = None      # the prefill pass whose SWA offset ``_swa_offset`` is
         self._swa_offset = 0
+        self._swa_host_hit = 0  # SWA: the last match's swa_host_hit_length
 
     # ------------------------------------------------------------ admission
     def matched(self, c, rq, m, plan) -> None:
@@ -718,6 +819,7 @@ class HybridHooks:
         tree = c.tree
         tree._load_rid = rq.r.rid
         if tree.kind != "mamba":
+            self._swa_host_hit = m.aux_host_len
             return
         st = tree.reqs.get(rq.r.rid)
         holds = bool(st and st.holds)
@@ -749,12 +851,16 @@ class HybridHooks:
         if st is not None and st.holds:
             tree.release_slot(rq.r.rid)
 
-    def _swa_tokens(self, extend: int, max_new: int) -> int:
+    def _swa_tokens(self, extend: int, max_new: int, host_hit: int = 0) -> int:
         """prefill_budget.py ``estimate_swa_kv_tokens``: a request's peak SWA, its
-        page-ceiled extend's tail past one window plus a window (or less) and a page."""
+        page-ceiled extend's tail past one window plus a window (or less) and a page,
+        plus the page-ceiled ``swa_host_hit_length`` a load-back restores."""
         ps, w = self.ps, self.h.window
         ext = -(-extend // ps) * ps
-        return max(ext - w, 0) + min(ext + max_new, w) + ps
+        out = max(ext - w, 0) + min(ext + max_new, w) + ps
+        if host_hit > 0:
+            out += -(-host_hit // ps) * ps
+        return out
 
     def fit(self, c, plan, sel, prefix: int, max_new: int):
         """``SWAPrefillBudget.check_prefill``'s SWA half for an admission ``sel``
@@ -769,20 +875,38 @@ class HybridHooks:
             self._pass, self._swa_offset = plan, 0
         ps, t = self.ps, tree.t
         extend = sel[0]
+        hit = self._swa_host_hit
         remaining = (self.h.aux_capacity - tree.swa_reserved - t.aux_used + t.aux_evictable
                      - self._swa_offset)
-        need = self._swa_tokens(extend, max_new)
+        need = self._swa_tokens(extend, max_new, hit)
         if need < remaining:
             self._swa_offset += need
             return sel
         if self.sim.cfg.chunked_prefill_tokens is None or need < self.h.aux_capacity:
             return NO_TOKEN
-        cap = max(0, (remaining - self._swa_tokens(0, max_new)) // ps * ps)
+        cap = max(0, (remaining - self._swa_tokens(0, max_new, hit)) // ps * ps)
         ext = (prefix + min(extend, cap)) // ps * ps - prefix
         if ext <= 0:
             return NO_TOKEN
-        self._swa_offset += self._swa_tokens(ext, max_new)
+        self._swa_offset += self._swa_tokens(ext, max_new, hit)
         return ext, 0, True
+
+    def after_load(self, sel, fill: int, prefix: int, promised: int, loaded: int,
+                   out_len: int):
+        """``add_one_req`` after ``init_load_back`` loaded more than the promised
+        ``host_hit_length`` (resident FULL exposed behind host-only SWA): the approved
+        budget is kept and the work shrinks to what is left past the new prefix
+        (managers/schedule_policy.py). SWA only: the same rule for a host-only Mamba
+        state is not applied yet (it would change the Mamba scenarios' results;
+        docs/HYBRID.md §10.6)."""
+        if loaded <= promised or self.h.kind != "swa":
+            return sel
+        extend, max_new, chunked = sel
+        extend = min(extend, fill - prefix)
+        still = chunked and prefix + extend < fill
+        if chunked and not still:
+            max_new = min(out_len, C.CLIP_MAX_NEW_TOKENS)
+        return extend, max_new, still
 
     def chunk_room(self, c, plan, room: int) -> int:
         """``SWAPrefillBudget.available_chunk_tokens`` for the continuing chunk: also

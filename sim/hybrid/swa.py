@@ -14,6 +14,16 @@ when the window no longer needs them. The rules, from
 * a lock covers the trailing window, tombstones included, and stamps a boundary
   uuid where it stops (``acquire_component_lock`` / ``release_component_lock``);
 * eviction walks the SWA LRU: leaves go whole, internal nodes become tombstones.
+
+With HiCache on (docs/HYBRID.md §5.8, write_back) each node may also hold an SWA
+host slice (``host_value``): a backup writes every device-only SWA slice within one
+window of the node (``_collect_unbacked_swa_nodes_in_window``), an internal victim
+without a host copy is backed up first (``InternalStateBackup`` with the window's
+token count, ``finish_swa_state_eviction``), a match may end on host-only SWA
+(``swa_host_hit_length``), a load-back restores the window's host-only slices
+(``build_hicache_transfers`` / ``commit_hicache_transfer(LOAD_BACK)``), host locks
+cover the window (``acquire_component_lock(lock_host=True)``), and the SWA host
+LRU is evicted per slice (``drive_host_eviction``).
 """
 
 from __future__ import annotations
@@ -32,12 +42,20 @@ class SWATree(HybridTree):
     AUX = "swa"
     AUX_PRIORITY = C.EVICTION_PRIORITY_INTERNAL["swa"]
 
+    # _finish_internal_component_eviction's pin / FULL-evicted re-checks are Mamba's.
+    _MAMBA_RECHECK = False
+
     def __init__(self, *, device_capacity: int, swa_capacity: int, sliding_window: int,
-                 page_size: int = 1, record: bool = False):
+                 page_size: int = 1, record: bool = False, host_capacity: int | None = None,
+                 swa_host_capacity: int = 0, load_back_threshold: int = 1,
+                 write_policy: str = "write_back"):
         if sliding_window <= 0:
             raise ValueError("SWAComponent requires a positive sliding_window_size")
         super().__init__(device_capacity=device_capacity, aux_capacity=swa_capacity,
-                         page_size=page_size, record=record)
+                         page_size=page_size, record=record, host_capacity=host_capacity,
+                         aux_host_capacity=swa_host_capacity,
+                         load_back_threshold=load_back_threshold,
+                         write_policy=write_policy)
         self.window = sliding_window
         ps = page_size
         # _maybe_split_leaf_for_swa_lock: smallest page-aligned size covering the window.
@@ -50,6 +68,12 @@ class SWATree(HybridTree):
     def aux_value_len(self, node) -> int:
         return len(node.key) * self.page_size if node.aux else 0
 
+    def aux_value_len_of(self, node) -> int:
+        return len(node.key) * self.page_size
+
+    def _aux_host_len(self, node) -> int:
+        return len(node.key) * self.page_size
+
     # ------------------------------------------------------------------ split
     def _aux_split(self, up, child) -> None:
         """swa ``redistribute_on_node_split``: the parent copies ``lock_ref``, takes
@@ -59,6 +83,24 @@ class SWATree(HybridTree):
         up.aux = child.aux
         up.uuid = child.uuid
         child.uuid = None
+        if not self.hicache:
+            return
+        # The host tier: host_lock_ref copied, the host slice split, the halves
+        # without a device value listed in the SWA host LRU unless host-locked, and
+        # the host-lock boundary moved up with the older edge.
+        up.aux_host_lock = child.aux_host_lock
+        if child.aux_host:
+            up.aux_host = True
+            hlru = self.ht.hlru
+            if not up.aux and up.aux_host_lock == 0:
+                if child.hlp is not None:
+                    hlru.add_after(child, up)
+                else:
+                    hlru.insert_mru(up)
+            if not child.aux and child.aux_host_lock == 0 and child.hlp is None:
+                hlru.insert_mru(child)
+        up.huuid = child.huuid
+        child.huuid = None
 
     # ------------------------------------------------------------------ match
     def _aux_validator(self, device_only: bool = True):
@@ -68,6 +110,18 @@ class SWATree(HybridTree):
         state = [_INF]
         ps, window = self.page_size, self.window
 
+        if not device_only:
+            # HiCache: a host-only SWA slice is a valid boundary too (load_back
+            # restores it before use).
+            def valid_ht(node) -> bool:
+                if not node.aux and not node.aux_host:
+                    state[0] = 0
+                    return False
+                state[0] += len(node.key) * ps
+                return state[0] >= window
+
+            return valid_ht
+
         def valid(node) -> bool:
             if not node.aux:
                 state[0] = 0
@@ -76,6 +130,25 @@ class SWATree(HybridTree):
             return state[0] >= window
 
         return valid
+
+    def _aux_host_hit(self, best) -> int:
+        """swa ``finalize_match_result_in_tree_core``: ``swa_host_hit_length``, the
+        host-only SWA tokens within one window of ``best_match_node`` (stopping at a
+        node with neither)."""
+        n = hit = 0
+        root, ps, window = self.root, self.page_size, self.window
+        x = best
+        while x is not root and n < window:
+            t = len(x.key) * ps
+            if x.aux:
+                n += t
+            elif x.aux_host:
+                hit += t
+                n += t
+            else:
+                break
+            x = x.parent
+        return hit
 
     def _refresh_window(self, node) -> None:
         """``UnifiedLRUList.reset_node_and_window_ancestors_mru(node, W + page)``."""
@@ -99,11 +172,12 @@ class SWATree(HybridTree):
         return aligned if aligned > device_len else None
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: list, prev: int = 0, swa_evicted: int = 0):
+    def insert(self, key: list, prev: int = 0, swa_evicted: int = 0, inserted: int = 0):
         """Insert ``key`` for a request whose KV below ``prev`` tokens is the tree's
         own and whose SWA below ``swa_evicted`` it already freed
-        (``InsertParams.prev_prefix_len``, ``get_evicted_seqlen(SWA)``)."""
-        return super().insert(key, prev, swa_evicted=swa_evicted)
+        (``InsertParams.prev_prefix_len``, ``get_evicted_seqlen(SWA)``); ``inserted``:
+        ``InsertParams.inserted_len`` (write_through hit counts)."""
+        return super().insert(key, prev, inserted, swa_evicted=swa_evicted)
 
     def _aux_prepare(self, key, prev, res, aux_args) -> None:
         ps = self.page_size
@@ -118,6 +192,14 @@ class SWATree(HybridTree):
 
     def _aux_empty_insert(self, res) -> None:
         pass
+
+    def _aux_unevict(self, node, m_tok, start_tok, aux_args) -> None:
+        """swa ``recover_after_unevict``: ``_populate_range(cap_leaf=False)`` over the
+        un-evicted node: its in-window part gets SWA from the request's fresh KV."""
+        live = self._clip(node, start_tok, start_tok + m_tok)
+        if live is None:
+            return
+        self._aux_set(node, len(node.key) * self.page_size)
 
     def _clip(self, node, start: int, end: int):
         """swa ``_clip_to_window``: the in-window start of a tombstone's span, after
@@ -241,6 +323,101 @@ class SWATree(HybridTree):
                     if self._is_dleaf(cur):
                         self._aux_tomb(cur)
             if uuid is not None and cur.uuid == uuid:
+                break
+            cur = cur.parent
+
+    # ------------------------------------------------------------------ host tier
+    def _aux_backup_nodes(self, x) -> list:
+        """swa ``_collect_unbacked_swa_nodes_in_window``, reversed (oldest first): from
+        ``x`` up while the covered span is under one window, stopping at a node with
+        a write in flight or with neither value; the device-only slices."""
+        out = []
+        covered, root, ps, window = 0, self.root, self.page_size, self.window
+        cur = x
+        while cur is not root and covered < window:
+            if cur.wp is not None:
+                break
+            if not cur.aux and not cur.aux_host:
+                break
+            covered += len(cur.key) * ps
+            if cur.aux and not cur.aux_host:
+                out.append(cur)
+            cur = cur.parent
+        out.reverse()
+        return out
+
+    def _aux_backup_needed(self, x) -> bool:
+        """swa ``needs_incremental_backup``."""
+        return bool(self._aux_backup_nodes(x))
+
+    def _aux_load_nodes(self, anchor) -> list:
+        """swa ``build_hicache_transfers(LOAD_BACK)``: from ``best_match_node`` up
+        while under one window, the host-only slices, oldest first."""
+        out = []
+        n, root, ps, window = 0, self.root, self.page_size, self.window
+        cur = anchor
+        while cur is not root and n < window:
+            if not cur.aux and not cur.aux_host:
+                raise HybridInvariantError(f"SWA load-back window hit node {cur.id} "
+                                           f"with neither value")
+            if not cur.aux:
+                out.append(cur)
+            n += len(cur.key) * ps
+            cur = cur.parent
+        out.reverse()
+        return out
+
+    def _aux_load_needed(self, anchor) -> bool:
+        return bool(self._aux_load_nodes(anchor))
+
+    def _aux_alloc_for_load(self, nodes) -> bool:
+        """The SWA device slots of a load (``_resolve_device_transfers``: alloc, else
+        ``_evict_swa_for_device_alloc`` for the shortfall once, then retry)."""
+        k = 0
+        for y in nodes:
+            k += len(y.key) * self.page_size
+        free = self.aux_capacity - self.aux_used
+        if free < k:
+            self.evict(0, k - free)
+        return self.aux_capacity - self.aux_used >= k
+
+    def _aux_host_acquire(self, anchor):
+        """swa ``acquire_component_lock(lock_host=True)``: +1 host lock on every node
+        from the anchor until the window is covered (host slices leave the host
+        LRU), the boundary stamped with a ``host_uuid``."""
+        covered, uuid, root, ps, window = 0, None, self.root, self.page_size, self.window
+        hlru = self.ht.hlru
+        cur = anchor
+        while cur is not root and covered < window:
+            if cur.aux_host_lock == 0 and cur.aux_host and cur.hlp is not None:
+                hlru.remove(cur)
+            cur.aux_host_lock += 1
+            covered += len(cur.key) * ps
+            if covered >= window:
+                if cur.huuid is None:
+                    self._uuid += 1
+                    cur.huuid = self._uuid
+                uuid = cur.huuid
+            cur = cur.parent
+        return uuid
+
+    def _aux_host_release(self, anchor, uuid) -> None:
+        """swa ``release_component_lock(lock_host=True)``: -1 up to the node with the
+        receipt's ``host_uuid``; a host-only slice whose last host lock this was
+        rejoins the host LRU."""
+        root = self.root
+        cur = anchor
+        while cur is not root:
+            ref = cur.aux_host_lock
+            if ref <= 0:
+                raise HybridInvariantError(f"SWA segment release hit host_lock_ref=0 "
+                                           f"on node {cur.id}")
+            if ref == 1 and cur.aux_host and not cur.aux and cur.hlp is None:
+                self.ht.hlru.insert_mru(cur)
+            cur.aux_host_lock = ref - 1
+            if ref == 1:
+                self._refresh(cur)
+            if uuid is not None and cur.huuid == uuid:
                 break
             cur = cur.parent
 

@@ -33,7 +33,11 @@ FUNCS = {
             "commit_insert_component_data", "_maybe_split_leaf_for_swa_lock",
             "redistribute_on_node_split", "evict_component", "_evict_device_next_node",
             "acquire_component_lock", "release_component_lock", "release_window_lock",
-            "refresh_lru"],
+            "refresh_lru",
+            # the host tier (docs/HYBRID.md §5.8)
+            "_collect_unbacked_swa_nodes", "_collect_unbacked_swa_nodes_in_window",
+            "needs_incremental_backup", "recover_after_unevict", "build_hicache_transfers",
+            "commit_hicache_transfer", "drive_host_eviction"],
     "mamba": ["create_match_validator", "finalize_match_result_in_tree_core",
               "finalize_match_result_in_cache",
               "commit_insert_component_data", "_evict_excess_path_states",

@@ -8,7 +8,8 @@ Usage (in the oracle venv):
 
     $SGLANG_ORACLE_VENV/bin/python tools/sglang_oracle/fuzz_hybrid.py \
         [--traces 200] [--ops 400] [--seed 0] [--check] [--keep DIR] \
-        [--hicache [--write-policy write_through|write_through_selective|any]]
+        [--hicache [--kind mamba|swa|both]
+                   [--write-policy write_through|write_through_selective|any]]
 """
 
 from __future__ import annotations
@@ -42,15 +43,20 @@ def config(rng: random.Random, kind: str, n_ops: int) -> dict:
     return opts
 
 
-def host_config(rng: random.Random, n_ops: int) -> dict:
-    """(FULL, MAMBA) with the host tier: host pools from a few tokens to twice the
-    device's, so backups fail, reclaim and host eviction run."""
-    opts = config(rng, "mamba", n_ops)
+def host_config(rng: random.Random, n_ops: int, kind: str = "mamba") -> dict:
+    """The host tier: host pools from a few tokens to twice the device's, so backups
+    fail, reclaim and host eviction run; the component's host pool from one slot (one
+    page of SWA) to twice its device pool."""
+    opts = config(rng, kind, n_ops)
     ps = opts["page_size"]
     dev = opts["device_cap"]
-    opts.update(hicache=True,
-                host_cap=max(ps, rng.choice([dev // 4, dev // 2, dev, 2 * dev]) // ps * ps),
-                aux_host_cap=rng.choice([1, 2, 4, opts["aux_cap"], 2 * opts["aux_cap"]]),
+    host = max(ps, rng.choice([dev // 4, dev // 2, dev, 2 * dev]) // ps * ps)
+    if kind == "swa":
+        cap = opts["aux_cap"]
+        aux_host = max(ps, rng.choice([ps, 4 * ps, cap // 2, cap, 2 * cap]) // ps * ps)
+    else:
+        aux_host = rng.choice([1, 2, 4, opts["aux_cap"], 2 * opts["aux_cap"]])
+    opts.update(hicache=True, host_cap=host, aux_host_cap=aux_host,
                 load_back_threshold=rng.choice([1, 1, 4]))
     return opts
 
@@ -67,7 +73,10 @@ def main():
     ap.add_argument("--check", action="store_true", help="SGLang's sanity_check after every op")
     ap.add_argument("--keep", help="write a differing trace here")
     ap.add_argument("--hicache", action="store_true",
-                    help="(FULL, MAMBA) traces with the host tier only")
+                    help="traces with the host tier only (see --kind)")
+    ap.add_argument("--kind", default="mamba", choices=("mamba", "swa", "both"),
+                    help="with --hicache: the component pair ((FULL, SWA) under "
+                         "write_back; both: alternating)")
     ap.add_argument("--write-policy", default="write_back",
                     choices=("write_back", "write_through", "write_through_selective", "any"),
                     help="the host tier's write policy (any: drawn per trace)")
@@ -75,8 +84,11 @@ def main():
     rng = random.Random(args.seed)
     n_ops = 0
     for t in range(args.traces):
-        kind = "swa" if t % 2 == 0 and not args.hicache else "mamba"
-        opts = host_config(rng, args.ops) if args.hicache else config(rng, kind, args.ops)
+        if args.hicache:
+            kind = args.kind if args.kind != "both" else ("swa" if t % 2 == 0 else "mamba")
+        else:
+            kind = "swa" if t % 2 == 0 else "mamba"
+        opts = host_config(rng, args.ops, kind) if args.hicache else config(rng, kind, args.ops)
         if args.hicache and args.write_policy != "write_back":
             # Drawn after the pools, so write_back runs keep their configs per seed.
             opts["write_policy"] = (rng.choice(["write_back", "write_through",

@@ -43,10 +43,12 @@ def main():
     ap.add_argument("--device-cap", type=int, default=96)
     ap.add_argument("--aux-cap", type=int, default=40)
     ap.add_argument("--max-len", type=int, default=24)
-    ap.add_argument("--hicache", action="store_true", help="the host tier (mamba only)")
+    ap.add_argument("--hicache", action="store_true",
+                    help="the host tier (swa: write_back only)")
     ap.add_argument("--host-cap", type=int, default=0, help="FULL host tokens (0: 2x device)")
     ap.add_argument("--aux-host-cap", type=int, default=0,
-                    help="Mamba host states (0: 2x the device pool)")
+                    help="the component's host pool: Mamba states, SWA tokens "
+                         "(0: 2x the device pool)")
     ap.add_argument("--load-back-threshold", type=int, default=1)
     ap.add_argument("--write-policy", default="write_back",
                     choices=("write_back", "write_through", "write_through_selective"))

@@ -5,7 +5,7 @@ SHA256SUMS of the uncompressed files.
 
 Usage (in the oracle venv; about a minute):
 
-    $SGLANG_ORACLE_VENV/bin/python tools/sglang_oracle/make_hybrid_cases.py [--check]
+    $SGLANG_ORACLE_VENV/bin/python tools/sglang_oracle/make_hybrid_cases.py [--check] [--only PREFIX]
 
 Every case is rebuilt from its definition here, so the folder is reproducible: hand
 cases from the op lists below, generated ones from gen_hybrid.py's seeds and options.
@@ -43,6 +43,17 @@ def hmamba(dev=64, cap=8, chunk=4, host=64, mhost=8, **kw):
     """A (FULL, MAMBA) header with the host tier (write_back)."""
     return mamba(dev=dev, cap=cap, chunk=chunk, hicache=True, host_capacity=host,
                  mamba_host_capacity=mhost, **kw)
+
+
+def hswa(dev=64, cap=32, w=4, ps=1, host=64, shost=32, **kw):
+    """A (FULL, SWA) header with the host tier (write_back)."""
+    return swa(dev=dev, cap=cap, w=w, ps=ps, hicache=True, host_capacity=host,
+               swa_host_capacity=shost, **kw)
+
+
+def wswa(policy="write_through", **kw):
+    """A (FULL, SWA) header with the host tier under a write_through policy."""
+    return hswa(write_policy=policy, **kw)
 
 
 def wmamba(policy="write_through", **kw):
@@ -366,6 +377,106 @@ HAND.update({
         DUMP, ehost(mamba=1), ins(R(40, 44)), DUMP, evict(full=40), DUMP, wack(3)]),
 })
 
+HAND.update({
+    # --- (FULL, SWA) with the host tier (write_back) ----------------------------
+    "s01_swa_host_window_backup_demote": (hswa(note="write_back: an evicted leaf is "
+                                                    "backed up with every device-only SWA "
+                                                    "slice within one window above it, "
+                                                    "oldest first, and demoted; a "
+                                                    "load-back restores FULL and the "
+                                                    "window's host-only SWA"), [
+        ins(R(1, 11)), ins(list(R(1, 7)) + [20, 21, 22]), DUMP, evict(full=3), DUMP,
+        match(R(1, 11)), match(list(R(1, 7)) + [20, 21, 22]), evict(full=40), DUMP,
+        match(list(R(1, 7)) + [20, 21, 22]), lb(list(R(1, 7)) + [20, 21, 22], 1), DUMP,
+        ack(1), DUMP, lb(R(1, 11), 2), DUMP, ack(2), DUMP]),
+    "s02_swa_internal_backup": (hswa(note="an internal SWA victim without a host copy is "
+                                          "backed up first with its unbacked window "
+                                          "(InternalStateBackup), then tombstoned; the "
+                                          "match ends on host-only SWA "
+                                          "(swa_host_hit_length) and a load-back restores "
+                                          "it with FULL on device"), [
+        ins(R(1, 11)), ins(list(R(1, 5)) + [30, 31, 32, 33]), match(R(1, 11)), DUMP,
+        evict(swa=4), DUMP, evict(swa=2), DUMP, match(list(R(1, 5)) + [30, 31]),
+        match(R(1, 7)), lb(R(1, 7), 1), DUMP, ack(1), DUMP, evict(swa=30), DUMP,
+        match(R(1, 11)), lb(R(1, 11), 2), DUMP, ack(2), DUMP]),
+    "s03_swa_host_evict_leaf_vs_internal": (hswa(note="the SWA host LRU: a host leaf "
+                                                      "goes whole, an internal node loses "
+                                                      "its host slice only; host-locked "
+                                                      "slices are skipped"), [
+        ins(R(1, 11)), ins(list(R(1, 5)) + [30, 31]), ins(R(40, 46)), evict(full=40),
+        DUMP, ehost(swa=2), DUMP, lb(R(40, 46), 1), ehost(swa=4), DUMP, ack(1),
+        ehost(swa=5), DUMP, ehost(swa=40), DUMP, ehost(full=4), DUMP, match(R(1, 11))]),
+    "s04_swa_load_back_reasons": (hswa(dev=32, cap=12, host=48, shost=16,
+                                       load_back_threshold=3,
+                                       note="load-backs refused: nothing on host, "
+                                            "a spec emptied by another load's pin "
+                                            "(under the threshold), no device room, no "
+                                            "SWA slots for the window's restore"), [
+        ins(R(1, 7)), ins(list(R(1, 7)) + [9, 10], prev=6), ins([1, 2, 50, 51], prev=2),
+        evict(full=40), DUMP, lb(R(1, 7), 1), DUMP, lb([1, 2, 50, 51], 2), ack(1),
+        lb([1, 2, 50, 51], 2), DUMP, ack(2), lb(R(1, 7), 3), evict(full=40),
+        ins(R(40, 68), swa_evicted=24), lock(R(40, 68), 8), DUMP, lb(R(1, 7), 3), DUMP,
+        unlock(8), evict(full=40), ins(R(40, 44)), ins(R(50, 54)), ins(R(60, 64)),
+        lock(R(40, 44), 5), lock(R(50, 54), 6), lock(R(60, 64), 7), DUMP, lb(R(1, 7), 4),
+        DUMP, unlock(5), lb(R(1, 7), 4), DUMP, ack(4), unlock(6), unlock(7), DUMP]),
+    "s05_swa_host_lock_window_split": (hswa(w=6, note="a load-back host-locks the window "
+                                                      "from its anchor up (tombstones "
+                                                      "too) and stamps a host boundary; a "
+                                                      "split of a host-locked node copies "
+                                                      "the lock and moves the boundary "
+                                                      "up; the ack releases to it"), [
+        ins(R(1, 5)), ins(R(1, 9)), ins(R(1, 13)), evict(full=40), DUMP, lb(R(1, 13), 1),
+        DUMP, match(R(1, 11)), match(R(1, 3)), DUMP, ack(1), DUMP, evict(full=40),
+        ehost(swa=2), DUMP, lb(R(1, 11), 2), DUMP, ack(2), DUMP]),
+    "s06_swa_unevict_and_revive": (hswa(note="an insert over an evicted prefix un-evicts "
+                                             "it with the request's fresh KV and "
+                                             "publishes SWA in its window "
+                                             "(recover_after_unevict): past swa_evicted "
+                                             "only, split at the cursor"), [
+        ins(R(1, 13)), evict(full=40), DUMP, ins(R(1, 13), swa_evicted=6), DUMP,
+        evict(full=40), ins(R(1, 17)), DUMP, evict(swa=40), DUMP, match(R(1, 17)),
+        evict(full=40), ehost(swa=4), DUMP, ins(R(1, 17), swa_evicted=8), DUMP]),
+    "s07_swa_host_errors": (hswa(cap=8, note="host-tier errors: a reused prefix must be "
+                                             "on device, the SWA pool bounds an insert, "
+                                             "load-back ids"), [
+        ins(R(1, 9)), evict(full=40), ins(R(1, 13), prev=4), ins(R(20, 30)), DUMP,
+        lb(R(1, 9), 1), lb(R(1, 9), 1), ack(2), ack(1), ack(1), DUMP]),
+})
+
+HAND.update({
+    # --- (FULL, SWA) with the host tier under write_through -------------------------
+    "v01_swa_wt_window_backup_and_ack": (wswa(note="write_through: an insert backs its "
+                                                   "new leaf and unbacked ancestors up "
+                                                   "at once, each with its window's SWA, "
+                                                   "locked on device until the ack; a "
+                                                   "later insert backs a window slice up "
+                                                   "incrementally"), [
+        ins(R(1, 11)), DUMP, ACK_ALL, DUMP, ins(list(R(1, 7)) + [20, 21]), DUMP, ACK_ALL,
+        evict(swa=6), DUMP, ins(R(1, 11)), DUMP, ACK_ALL, evict(full=40), DUMP,
+        match(list(R(1, 7)) + [20, 21]), lb(list(R(1, 7)) + [20, 21], 1), DUMP, ack(1),
+        DUMP]),
+    "v02_swa_wt_window_stops_at_a_pending_write": (wswa(note="a leaf inserted under a "
+                                                             "node whose write is in "
+                                                             "flight is backed up with "
+                                                             "its own slice (the window "
+                                                             "walk ends at the pending "
+                                                             "node); a pending node is "
+                                                             "locked, never a victim; "
+                                                             "internal SWA victims are "
+                                                             "tombstoned without a "
+                                                             "backup"), [
+        ins(R(1, 3)), ins(R(1, 5), prev=2, inserted=2), DUMP, wack(1), wack(2), DUMP,
+        ins(R(30, 36)), evict(full=40), DUMP, ACK_ALL, evict(swa=40), DUMP,
+        match(R(1, 5)), ehost(swa=2), DUMP]),
+    "v03_swa_wt_selective": (wswa(policy="write_through_selective", host=24, shost=8,
+                                  note="write_through_selective: a node is backed up at "
+                                       "its second hit; small host pools: a backup that "
+                                       "finds no SWA host room fails whole"), [
+        ins(R(1, 9)), DUMP, ins(R(1, 9)), DUMP, ACK_ALL, ins(R(20, 28)), ins(R(20, 28)),
+        ins(R(40, 48)), ins(R(40, 48)), DUMP, ACK_ALL, evict(full=40), DUMP,
+        match(R(1, 9)), match(R(40, 48)), wack(77)]),
+})
+
 # (name, kind, gen_hybrid options)
 GENERATED = []
 for i, (ps, w, dev, cap, ops) in enumerate([
@@ -453,6 +564,43 @@ for i, (policy, ps, chunk, dev, cap, host, mhost, ms, thr, ops) in enumerate([
         write_policy="write_through" if policy == "wt" else "write_through_selective")))
 
 
+# (FULL, SWA) with the host tier (write_back): host pools from a fraction of the
+# device's to twice it, SWA host pools from one page to twice the SWA pool; windows
+# from 1 to 16 tokens.
+for i, (ps, w, dev, cap, host, shost, thr, ops) in enumerate([
+        (1, 8, 96, 40, 192, 80, 1, 500), (1, 8, 96, 40, 48, 8, 1, 500),
+        (1, 4, 64, 24, 32, 4, 1, 500), (1, 16, 160, 64, 320, 64, 1, 600),
+        (1, 3, 48, 16, 12, 2, 1, 500), (1, 8, 200, 30, 100, 30, 4, 600),
+        (1, 1, 64, 16, 64, 8, 1, 500), (1, 12, 96, 24, 96, 48, 1, 500),
+        (1, 6, 80, 80, 40, 160, 1, 500), (1, 5, 60, 12, 120, 6, 1, 500),
+        (1, 8, 120, 50, 30, 20, 4, 600), (1, 2, 40, 10, 20, 20, 1, 500),
+        (1, 8, 300, 120, 600, 240, 1, 1200), (1, 10, 140, 60, 140, 12, 1, 500),
+        (2, 6, 96, 40, 96, 16, 1, 500), (2, 8, 128, 48, 64, 48, 1, 500),
+        (2, 3, 64, 24, 128, 4, 1, 500), (2, 2, 64, 20, 32, 40, 1, 500),
+        (4, 8, 160, 64, 320, 32, 1, 500), (4, 5, 128, 48, 64, 96, 1, 500),
+        (4, 4, 96, 32, 48, 8, 4, 500), (4, 16, 256, 96, 256, 64, 1, 500),
+        (1, 8, 96, 40, 96, 40, 1, 500), (1, 4, 50, 20, 100, 10, 1, 500)], start=1):
+    GENERATED.append((f"t{i:02d}_swa_host_ps{ps}_w{w}_h{host}_s{shost}", "swa", dict(
+        seed=500 + i, ops=ops, page_size=ps, window=w, device_cap=dev, aux_cap=cap,
+        max_len=12 * ps if ps > 1 else 24, hicache=True, host_cap=host, aux_host_cap=shost,
+        load_back_threshold=thr)))
+
+
+# (FULL, SWA) with the host tier under write_through (u01-u08) and
+# write_through_selective (u09-u12): the t cases' pools.
+for i, (policy, ps, w, dev, cap, host, shost, ops) in enumerate([
+        ("wt", 1, 8, 96, 40, 192, 80, 500), ("wt", 1, 8, 96, 40, 48, 8, 500),
+        ("wt", 1, 4, 64, 24, 32, 4, 500), ("wt", 1, 16, 160, 64, 320, 64, 500),
+        ("wt", 1, 3, 48, 16, 12, 2, 500), ("wt", 2, 6, 96, 40, 96, 16, 500),
+        ("wt", 4, 8, 160, 64, 320, 32, 500), ("wt", 1, 1, 64, 16, 64, 8, 500),
+        ("sel", 1, 8, 96, 40, 192, 80, 500), ("sel", 1, 5, 60, 12, 120, 6, 500),
+        ("sel", 2, 8, 128, 48, 64, 48, 500), ("sel", 4, 4, 96, 32, 48, 8, 500)], start=1):
+    GENERATED.append((f"u{i:02d}_swa_{policy}_ps{ps}_w{w}_h{host}_s{shost}", "swa", dict(
+        seed=600 + i, ops=ops, page_size=ps, window=w, device_cap=dev, aux_cap=cap,
+        max_len=12 * ps if ps > 1 else 24, hicache=True, host_cap=host, aux_host_cap=shost,
+        write_policy="write_through" if policy == "wt" else "write_through_selective")))
+
+
 def dumps(obj) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
@@ -498,22 +646,43 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true",
                     help="run SGLang's sanity_check and pool accounting after every op")
+    ap.add_argument("--only", metavar="PREFIX", action="append",
+                    help="rebuild only the cases whose names start with PREFIX (repeatable), "
+                         "keeping the others and their checksums")
     args = ap.parse_args()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    for p in OUT_DIR.glob("*.gz"):
-        p.unlink()
+
+    def wanted(name):
+        return not args.only or any(name.startswith(p) for p in args.only)
+
     sums: dict[str, str] = {}
-    n_ops = 0
+    if args.only and (OUT_DIR / "SHA256SUMS").is_file():
+        for line in (OUT_DIR / "SHA256SUMS").read_text().splitlines():
+            d, n = line.split("  ", 1)
+            sums[n] = d
+    for p in OUT_DIR.glob("*.gz"):
+        if wanted(p.name):
+            p.unlink()
+            for suffix in (".jsonl", ".out.jsonl"):
+                if p.name.endswith(suffix + ".gz"):
+                    sums.pop(p.name[:-3], None)
+    n_ops = n_cases = 0
     for name, (header, ops) in HAND.items():
+        if not wanted(name):
+            continue
         trace, outs = run_hand(header, ops, args.check)
         write(name, trace, outs, sums)
         n_ops += len(trace) - 1
+        n_cases += 1
     for name, kind, opts in GENERATED:
+        if not wanted(name):
+            continue
         trace, outs = run_gen(kind, opts, args.check)
         write(name, trace, outs, sums)
         n_ops += len(trace) - 1
+        n_cases += 1
     (OUT_DIR / "SHA256SUMS").write_text("".join(f"{d}  {n}\n" for n, d in sorted(sums.items())))
-    print(f"{len(HAND) + len(GENERATED)} cases, {n_ops} ops -> {OUT_DIR}")
+    print(f"{n_cases} cases, {n_ops} ops -> {OUT_DIR}")
 
 
 if __name__ == "__main__":

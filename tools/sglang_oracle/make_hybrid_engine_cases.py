@@ -3,7 +3,8 @@
 
 Usage (in the project venv; the oracle venv runs the oracle):
 
-    .venv/bin/python tools/sglang_oracle/make_hybrid_engine_cases.py [--check] [--verify]
+    .venv/bin/python tools/sglang_oracle/make_hybrid_engine_cases.py [--check] [--verify] \
+        [--only PREFIX]
 
 For each case of ``data/conformance/hybrid_engine/CASES.json`` (a shipped scenario,
 ``--set`` overrides and a rank), the TP engine runs the scenario with
@@ -61,12 +62,18 @@ def gz(data: bytes) -> bytes:
     return buf.getvalue()
 
 
-def build(dest: Path, check: bool) -> None:
+def build(dest: Path, check: bool, only=None) -> None:
     cases = json.loads((OUT_DIR / "CASES.json").read_text())
     dest.mkdir(parents=True, exist_ok=True)
     sums = {}
+    if only and (dest / "SHA256SUMS").is_file():
+        for line in (dest / "SHA256SUMS").read_text().splitlines():
+            d, n = line.split("  ", 1)
+            sums[n] = d
     with tempfile.TemporaryDirectory() as tmp:
         for name, case in cases.items():
+            if only and not any(name.startswith(p) for p in only):
+                continue
             work = Path(tmp) / name
             work.mkdir()
             text = record(case, work)
@@ -88,11 +95,14 @@ def main() -> int:
                     help="SGLang's sanity_check and the pool accounting after every op")
     ap.add_argument("--verify", action="store_true",
                     help="rebuild into a temporary folder and compare with the vendored files")
+    ap.add_argument("--only", metavar="PREFIX", action="append",
+                    help="rebuild only the cases whose names start with PREFIX (repeatable)")
     args = ap.parse_args()
     if not args.verify:
         for p in OUT_DIR.glob("*.gz"):
-            p.unlink()
-        build(OUT_DIR, args.check)
+            if not args.only or any(p.name.startswith(x) for x in args.only):
+                p.unlink()
+        build(OUT_DIR, args.check, args.only)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         build(Path(tmp), args.check)

@@ -24,8 +24,9 @@ supply around them, on CPU:
   ``checkpoint``: fresh KV past ``prev``, SWA freed below ``swa_evicted``, a
   forked Mamba slot freed when the tree already had one (``mamba_exist``).
 
-HiCache is off (device tier only): this is the configuration the sim's
-``sim/hybrid`` tree models. The shared oracle folder is found as in oracle_v2.py.
+With ``"hicache": true`` (``HostHybridOracle``) the core runs with its host tier:
+(FULL, MAMBA) and (FULL, SWA), under every write policy. The shared oracle folder
+is found as in oracle_v2.py.
 """
 
 from __future__ import annotations
@@ -330,6 +331,18 @@ class TracedMamba(MambaComponent):
             self.tree_core._ev("host_set", node, c="mamba", n=1)
 
 
+class TracedSWA(SWAComponent):
+    def commit_hicache_transfer(self, node, phase, transfers=(), **kw):
+        nodes = []
+        if transfers and transfers[0].nodes_to_load:
+            nodes = [self.tree_core.node_by_id(n) for n in transfers[0].nodes_to_load]
+        had = [n.component_data[SWA].host_value is not None for n in nodes]
+        super().commit_hicache_transfer(node, phase, transfers, **kw)
+        for n, h in zip(nodes, had):  # the window's backups, oldest first
+            if not h and n.component_data[SWA].host_value is not None:
+                self.tree_core._ev("host_set", n, c="swa", n=len(n.key))
+
+
 def build(header: dict):
     kind = header_kind(header)
     ps = int(header.get("page_size", 1))
@@ -358,7 +371,7 @@ def build(header: dict):
     comp_base._LAST_ACCESS_TIME_COUNTER_FLOAT = float64(1.0)
     comp_base._COMPONENT_UUID_COUNTERS.update(UUID_START)
     if kind == "swa":
-        aux = SWAComponent(cache, params)
+        aux = TracedSWA(cache, params)
     else:
         chunk = int(header["mamba_chunk"])
         cap = int(header.get("mamba_max_states", -1))
@@ -900,13 +913,16 @@ class HostHybridOracle(HybridOracle):
     §5.9): ``is_write_back`` False, ``write_through_threshold`` 1 or 2, the insert's
     ``BackupKV`` actions run as ``_apply_cache_action`` runs them (each written node
     locked until its ack), ``UpdatePendingBackupOnNodeSplit`` relocating a write's
-    publish list, and ``write_ack`` ops as ``_finish_write_through_ack``. (FULL, MAMBA)
-    only."""
+    publish list, and ``write_ack`` ops as ``_finish_write_through_ack``. (FULL, SWA)
+    (docs/HYBRID.md §5.8): an SWA host pool (``has_swa_host_pool``), the window
+    backups of ``_collect_unbacked_swa_nodes_in_window``, an SWA
+    ``InternalStateBackup`` (``evict_host(needed, SWA)``, the backup,
+    ``finish_swa_state_eviction``), the SWA device slots of a load-back
+    (``_resolve_device_transfers`` with ``_evict_swa_for_device_alloc``) and the
+    full->SWA mapping rebuild (``RebuildFullToSWAMapping``)."""
 
     def __init__(self, header: dict):
         super().__init__(header)
-        if self.kind != "mamba":
-            raise SystemExit("hicache: the oracle models the host tier of (FULL, MAMBA)")
         policy = header.get("write_policy", "write_back")
         if policy not in WRITE_POLICIES:
             raise SystemExit(f"hicache: write_policy {policy!r} is not one of "
@@ -918,7 +934,16 @@ class HostHybridOracle(HybridOracle):
         self.core.write_through_threshold = 1 if policy == "write_through" else 2
         ps = self.ps
         self.host = PagePool("host", int(header["host_capacity"]) // ps, ps)
-        self.mamba_host = PagePool("mamba_host", int(header["mamba_host_capacity"]), 1)
+        if self.kind == "swa":
+            # hybrid_pool_assembler build_hybrid_swa_group: an SWA host pool in the
+            # SWA pool's pages; UnifiedRadixCache.__init__ sets has_swa_host_pool.
+            self.aux_host = PagePool("swa_host", int(header["swa_host_capacity"]) // ps, ps)
+            self.core.has_swa_host_pool = True
+            self.comps[SWA]._swa_kv_pool_host = SimpleNamespace(
+                available_size=lambda: self.aux_host.free_pages * ps, page_size=ps)
+        else:
+            self.aux_host = PagePool("mamba_host", int(header["mamba_host_capacity"]), 1)
+        self.mamba_host = self.aux_host
         self.load_back_threshold = int(header.get("load_back_threshold", 1))
         # ack id -> [published node ids, the backup's device lock receipt or None]
         # (UnifiedRadixCache.ongoing_write_through)
@@ -944,7 +969,7 @@ class HostHybridOracle(HybridOracle):
             self.comps[ct].apply_component_action(
                 FreeComponentDeviceSlot(result.device_frees.pop(ct), component_type=ct))
         for ct in list(result.host_frees):
-            pool = self.host if ct is FULL else self.mamba_host
+            pool = self.host if ct is FULL else self.aux_host
             for t in result.host_frees.pop(ct):
                 self._free_host(pool, t)
         self._apply(result.cache_actions)
@@ -984,10 +1009,10 @@ class HostHybridOracle(HybridOracle):
                 if t.host_indices is not None or t.device_indices is None:
                     continue
                 k = len(t.device_indices)
-                idx = self._host_tokens(self.mamba_host, k)
+                idx = self._host_tokens(self.aux_host, k)
                 if idx is None:
-                    self.evict_host(k, MAMBA)
-                    idx = self._host_tokens(self.mamba_host, k)
+                    self.evict_host(k, self.aux)
+                    idx = self._host_tokens(self.aux_host, k)
                 if idx is None:
                     failed = True
                     break
@@ -995,7 +1020,7 @@ class HostHybridOracle(HybridOracle):
                 allocated.append(t)
             if failed:
                 for t in allocated:
-                    self._free_host(self.mamba_host, t.host_indices)
+                    self._free_host(self.aux_host, t.host_indices)
                     t.host_indices = None
                 self._free_host(self.host, host_indices)
                 return 0
@@ -1087,6 +1112,15 @@ class HostHybridOracle(HybridOracle):
                             self.evict_host(1, MAMBA)
                         self._backup_node_for_write_back(nid)
                         step = core.finish_mamba_state_eviction(nid)
+                    elif step.swa_backup_node_id is not None:
+                        # _evict_device_next_node: reserve host room for the whole
+                        # unbacked window, back up, then resume the tombstone.
+                        nid = step.swa_backup_node_id
+                        needed = step.swa_backup_num_tokens
+                        if self.aux_host.free_pages * self.ps < needed:
+                            self.evict_host(needed, SWA)
+                        self._backup_node_for_write_back(nid)
+                        step = core.finish_swa_state_eviction(nid)
                     node_id, progress = step.node_id, step.made_progress
                     self._drain(step)
                     add(step.tracker)
@@ -1119,9 +1153,10 @@ class HostHybridOracle(HybridOracle):
     def op_evict_host(self, op):
         """UnifiedRadixCache.evict_host for one component: FULL (duplicate reclaim
         first, then host leaves) or Mamba (its host LRU)."""
-        if ("full" in op) == ("mamba" in op):
+        aux = CT_NAME[self.aux]
+        if ("full" in op) == (aux in op):
             raise OpError("evict_host_needs_one_component")
-        ct = FULL if "full" in op else MAMBA
+        ct = FULL if "full" in op else self.aux
         return {"freed": self.evict_host(int(op.get(CT_NAME[ct], 0)), ct)}
 
     # -- reads --------------------------------------------------------------------
@@ -1158,6 +1193,9 @@ class HostHybridOracle(HybridOracle):
         return best
 
     def _host_fields(self, r) -> dict:
+        if self.kind == "swa":
+            return {"host_len": r.host_hit_length, "dnode": r.last_device_node,
+                    "swa_host_len": r.swa_host_hit_length}
         return {"host_len": r.host_hit_length, "dnode": r.last_device_node,
                 "mamba_host_len": r.mamba_host_hit_length}
 
@@ -1167,8 +1205,10 @@ class HostHybridOracle(HybridOracle):
         lid = op["id"]
         if lid in self.load_backs:
             raise OpError("duplicate_load_back_id")
-        core, mamba = self.core, self.comps[MAMBA]
+        core, mamba = self.core, self.comps[self.aux]
         rid = op.get("req")
+        if rid is not None and self.kind != "mamba":
+            raise OpError("no_mamba_component")
         if rid is not None and rid not in self.held:
             # prepare_load_back asserts when no slot can be found for the request's
             # copy: refuse first (read-only), as a copy on write's match does.
@@ -1182,7 +1222,7 @@ class HostHybridOracle(HybridOracle):
         out.update(started=False, loaded=0)
         anchor = r.best_match_node
         if not (core.is_full_device_evicted(anchor) or r.host_hit_length > 0
-                or r.mamba_host_hit_length > 0):
+                or r.mamba_host_hit_length > 0 or r.swa_host_hit_length > 0):
             out["reason"] = "no_host_tail"
             return out
         req = None
@@ -1228,19 +1268,16 @@ class HostHybridOracle(HybridOracle):
                 return "no_device_space"
         # HybridCacheController.load: FULL rows, then the side pools' device slots
         # (_resolve_device_transfers, evicting once through device_mamba_evict_fn).
-        device_indices = self.alloc.alloc_request(n) if n else torch.empty((0,), dtype=torch.int64)
-        mamba_alloc = self.req_pool.mamba_allocator
+        device_indices = self.alloc.alloc_request(n, 0) if n else torch.empty((0,), dtype=torch.int64)
         failed = False
         for t in (t for ts in comp_xfers.values() for t in ts):
             if t.device_indices is not None or t.host_indices is None:
                 continue
             k = len(t.host_indices)
-            idx = mamba_alloc.alloc(k)
+            idx = self._device_aux_alloc(k)
             if idx is None:
-                short = max(0, k - mamba_alloc.pool.free_pages)
-                if short:
-                    self.evict_for_alloc(EvictParams(num_tokens=0, mamba_num=short))
-                idx = mamba_alloc.alloc(k)
+                self._device_aux_evict(k)
+                idx = self._device_aux_alloc(k)
             if idx is None:
                 failed = True
                 break
@@ -1249,18 +1286,46 @@ class HostHybridOracle(HybridOracle):
         if failed:
             for t in (t for ts in comp_xfers.values() for t in ts):
                 if t.nodes_to_load and t.device_indices is not None:
-                    mamba_alloc.free(t.device_indices)
+                    self._device_aux_free(t.device_indices)
                     t.device_indices = None
             if n:
-                self.alloc.free_segment(device_indices)
+                self.alloc.free_full_segment(device_indices) if self.kind == "swa" \
+                    else self.alloc.free_segment(device_indices)
             core.dec_host_lock_ref(anchor, host_lock)
-            return "no_mamba_space"
+            return "no_mamba_space" if self.kind == "mamba" else "no_swa_space"
         for nid in kv_xfer.nodes_to_load or ():
             node = core.node_by_id(nid)
             core._ev("load", node, n=len(node.component_data[FULL].host_value))
         self._apply(core.commit_load_back(anchor, device_indices, kv_xfer, comp_xfers))
         out["loaded"] = n
         return None
+
+    # The component's device slots for a load (the SWA entry's device_alloc_fn /
+    # device_free_fn over the SWA pool, device_evict_fn _evict_swa_for_device_alloc;
+    # Mamba's mamba_allocator with _evict_mamba_for_device_alloc).
+    def _device_aux_alloc(self, k: int):
+        if self.kind == "mamba":
+            return self.req_pool.mamba_allocator.alloc(k)
+        ps = self.ps
+        if k > self.alloc.swa.free_pages * ps:
+            return None
+        pages = self.alloc.swa.alloc_pages(k // ps)
+        return torch.tensor([p * ps + o for p in pages for o in range(ps)], dtype=torch.int64)
+
+    def _device_aux_free(self, t) -> None:
+        if self.kind == "mamba":
+            self.req_pool.mamba_allocator.free(t)
+            return
+        for x in t.reshape(-1)[::self.ps].tolist():
+            self.alloc.swa.free_page(x // self.ps)
+
+    def _device_aux_evict(self, k: int) -> None:
+        short = max(0, k - self._available(self.aux))
+        if short:
+            if self.kind == "mamba":
+                self.evict_for_alloc(EvictParams(num_tokens=0, mamba_num=short))
+            else:
+                self.evict_for_alloc(EvictParams(num_tokens=0, swa_num_tokens=short))
 
     def op_load_back_ack(self, op):
         lid = op["id"]
@@ -1286,15 +1351,16 @@ class HostHybridOracle(HybridOracle):
         anchors = {a: lid for lid, (a, _, _) in self.load_backs.items()}
         for rec in out["tree"]:
             node = core.node_by_id(rec["id"])
-            f, m = node.component_data[FULL], node.component_data[MAMBA]
+            f, m = node.component_data[FULL], node.component_data[self.aux]
             pend = node.load_back_pending_id
+            a = CT_NAME[self.aux]
             rec.update({
                 "dev": f.value is not None, "host": f.host_value is not None,
-                "host_lock": f.host_lock_ref, "mamba_host": m.host_value is not None,
-                "mamba_host_lock": m.host_lock_ref,
+                "host_lock": f.host_lock_ref, a + "_host": m.host_value is not None,
+                a + "_host_lock": m.host_lock_ref,
                 "pinned_by": None if pend is None else anchors.get(pend, pend),
             })
-        lru, order = core.host_lru_lists[MAMBA], []
+        lru, order = core.host_lru_lists[self.aux], []
         pt = lru._pt
         x = lru.head.lru_next[pt]
         while x is not lru.tail:
@@ -1318,7 +1384,7 @@ class HostHybridOracle(HybridOracle):
     def summary(self) -> dict:
         out = super().summary()
         out["host"] = self.host.used_tokens
-        out["mamba_host"] = self.mamba_host.used_tokens
+        out[CT_NAME[self.aux] + "_host"] = self.aux_host.used_tokens
         out["digest"] = self.core.write_back_duplicate_reclaim_digest
         if self.wt:
             out["writes"] = len(self.writes)
@@ -1350,18 +1416,22 @@ class HostHybridOracle(HybridOracle):
         for n in core._node_arena.values():
             if n is core.root_node:
                 continue
-            f, m = n.component_data[FULL], n.component_data[MAMBA]
+            f, m = n.component_data[FULL], n.component_data[self.aux]
             dev += 0 if f.value is None else len(f.value)
             host += 0 if f.host_value is None else len(f.host_value)
             a += 0 if m.value is None else len(m.value)
             ah += 0 if m.host_value is None else len(m.host_value)
-        res_full = self._reserved_tokens()[0]
+        res_full, res_swa = self._reserved_tokens()
         assert dev == self.alloc.full.used_tokens - res_full, (dev, self.alloc.full.used_tokens)
         assert host == self.host.used_tokens, (host, self.host.used_tokens)
-        assert a == self.req_pool.mamba_allocator.pool.used_tokens - len(self.held)
-        assert ah == self.mamba_host.used_tokens, (ah, self.mamba_host.used_tokens)
+        if self.kind == "swa":
+            assert a == self.alloc.swa.used_tokens - res_swa, (a, self.alloc.swa.used_tokens)
+        else:
+            assert a == self.req_pool.mamba_allocator.pool.used_tokens - len(self.held)
+        assert ah == self.aux_host.used_tokens, (ah, self.aux_host.used_tokens)
+        aux = self.aux
         assert core.component_evictable_size_[FULL] + core.component_protected_size_[FULL] == dev
-        assert core.component_evictable_size_[MAMBA] + core.component_protected_size_[MAMBA] == a
+        assert core.component_evictable_size_[aux] + core.component_protected_size_[aux] == a
 
 
 
