@@ -25,7 +25,8 @@ def test_shipped_scenario_runs_reduced(path, tmp_path):
                 "storage_mooncake": {"absorbed"}, "storage_slow_rank": {"absorbed"},
                 "storage_buffer_only": {"absorbed"},
                 # late load acks drained locally (its comment)
-                "hybrid_mamba": {"detected", "missed", "absorbed"}}
+                "hybrid_mamba": {"detected", "missed", "absorbed"},
+                "hybrid_swa_host": {"detected", "missed", "absorbed"}}
     if path.stem in expected:
         assert res.divergence["verdict"] in expected[path.stem]
     elif not path.stem.startswith("jitter_"):

@@ -894,12 +894,11 @@ class HybridHooks:
     def after_load(self, sel, fill: int, prefix: int, promised: int, loaded: int,
                    out_len: int):
         """``add_one_req`` after ``init_load_back`` loaded more than the promised
-        ``host_hit_length`` (resident FULL exposed behind host-only SWA): the approved
-        budget is kept and the work shrinks to what is left past the new prefix
-        (managers/schedule_policy.py). SWA only: the same rule for a host-only Mamba
-        state is not applied yet (it would change the Mamba scenarios' results;
-        docs/HYBRID.md §10.6)."""
-        if loaded <= promised or self.h.kind != "swa":
+        ``host_hit_length`` (resident FULL exposed behind a host-only SWA slice or
+        Mamba state): the approved budget is kept and the work shrinks to what is
+        left past the new prefix (managers/schedule_policy.py ``add_one_req``, for
+        any auxiliary component)."""
+        if loaded <= promised:
             return sel
         extend, max_new, chunked = sel
         extend = min(extend, fill - prefix)
