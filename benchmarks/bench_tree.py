@@ -42,6 +42,8 @@ HYBRID_BENCHES = [
     # the host tier (write_back): host pools as large as the device's
     ("full+mamba host ps1", "mamba", dict(chunk=4, device_cap=300, aux_cap=60, hicache=True,
                                           host_cap=300, aux_host_cap=60)),
+    ("full+swa host ps1", "swa", dict(page_size=1, window=8, device_cap=300, aux_cap=120,
+                                      hicache=True, host_cap=300, aux_host_cap=120)),
 ]
 
 
@@ -145,7 +147,7 @@ def drive_hybrid(ops):
             locks[op["id"]] = tree.inc_lock(tree.match_prefix(key).dnode,
                                             skip_aux=bool(op.get("skip")))
         elif op_kind == "evict_host":
-            comp = "full" if "full" in op else "mamba"
+            comp = "full" if "full" in op else kind
             tree.evict_host(op[comp], comp)
         elif op_kind == "load_back":
             rid = op.get("req")
@@ -186,7 +188,7 @@ def sglang_rate(ops):
 
 def hybrid_main(n_ops, seed, with_sglang):
     print(f"\nhybrid trees: {n_ops} ops each (sim/hybrid/gen.py), device tier, and the host "
-          f"tier of (FULL, MAMBA)")
+          f"tier (write_back) of each pair")
     print(f"{'components':<20} {'sim ops/s':>10} {'sglang ops/s':>13} {'ratio':>6}")
     for label, kind, opts in HYBRID_BENCHES:
         # dumps are diagnostics, not tree work: both sides skip them
