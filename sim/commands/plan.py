@@ -67,8 +67,8 @@ def add_arguments(p) -> None:
     g.add_argument("--max-slots", metavar="N",
                    help="(FULL, MAMBA) name of --max-aux: the largest slot count")
     g.add_argument("--inert-fraction", default=DEFAULTS["inert_fraction"], metavar="X",
-                   help="a slot count is inert when its host hit tokens are below this share of "
-                        "the unbounded-slots plateau (default 1%%)")
+                   help="a slot count (host SWA size) is inert when its host hit tokens are "
+                        "below this share of the plateau with an unbounded pool (default 1%%)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
