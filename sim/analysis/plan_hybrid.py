@@ -1,6 +1,6 @@
-"""Capacity planning for a (FULL, MAMBA) hybrid: host hit rate against host KV GB and
-host Mamba state slots per rank, and the slot count below which the host tier goes
-inert.
+"""Capacity planning for a hybrid: host hit rate against host KV GB and the second
+component's host pool per rank (host Mamba state slots for (FULL, MAMBA), host SWA
+tokens for (FULL, SWA)), and the size at or below which the host tier goes inert.
 
 What this is for: ``hicache-sim plan SCENARIO`` on a scenario with a Mamba
 ``model.hybrid_preset`` answers "how many host Mamba state slots does a host KV tier of
@@ -45,6 +45,23 @@ count below ``T`` is inert; the curve need not be monotone above it (LRU), and t
 grid shows it. ``T`` is per rank; ``T / host KV GB`` is the slots per KV GB a sizing
 rule needs at least.
 
+(FULL, SWA)
+-----------
+The same plan over one generic axis (``Axis``): the second host pool is
+``host.swa_tokens`` per rank (docs/HYBRID.md §5.8, §10). A match may end on host-only
+SWA only when the window's SWA is on a tier, and a load-back restores the window's
+host-only SWA (``swa.py`` match validator, ``build_hicache_transfers(LOAD_BACK)``):
+host FULL whose window was evicted from the SWA host pool gives no host hit there.
+The grid runs in whole pages from one page to ``device SWA + the largest host KV``
+(no more SWA can sit on host than FULL tokens on the tiers; that count is also the
+**unbounded** one at each KV size, where the SWA host pool never evicts); SGLang's
+count beside a KV size is its default sizing as the scenario resolves it
+(``build_hybrid_swa_group``: each host pool from its own device pool by
+``--hicache-ratio``, or by its ``--hicache-size`` share with ``host.size_gb``). The
+bisection steps in pages; the threshold ``T`` is in SWA tokens, ``T`` inert and
+``T + page`` not. A (FULL, SWA) scenario with ``host: off`` is refused: its host
+sizing (which pools, which ratio) is the scenario's to give.
+
 Warm-up as in ``sim.analysis.plan``: hit tokens count only requests from
 ``warm_requests(n, warmup)`` on.
 """
@@ -63,22 +80,74 @@ KV_POINTS = 3
 SLOT_POINTS = 8
 
 
+@dataclass(frozen=True)
+class Axis:
+    """The plan's second axis: the hybrid's other host pool, per rank. The doc's and
+    the table's names come from here (a Mamba plan keeps its slot names)."""
+    kind: str          # model.hybrid().kind
+    key: str           # doc keys: inert_threshold_<key>, unbounded_<key>, ...
+    label: str         # figure and table: "host Mamba state slots"
+    unit: str          # "slots" / "SWA tokens"
+    host_field: str    # the sim.scenario.Host key it sets
+    column: str        # plan.parquet's column for it
+    sglang: str        # "split" (--hicache-size's split) or "default" (the scenario's sizing)
+    device_key: str    # doc key of the device pool's size
+    own_key: str       # doc key of the scenario's host pool
+    grid_key: str
+    bytes_key: str
+    summary: tuple     # the run summary's hybrid keys: used, host frees, hits with it
+    names: tuple       # their names in plan.json / plan.parquet
+
+
+AXES = {
+    "mamba": Axis("mamba", "slots", "host Mamba state slots", "slots", "mamba_states",
+                  "host_state_slots_per_rank", "split", "device_state_slots_per_rank",
+                  "scenario_host_state_slots_per_rank", "slot_grid", "state_bytes_per_rank",
+                  ("host_states_used", "state_host_frees", "host_hits_with_state"),
+                  ("host_states_used", "state_host_frees", "host_hits_with_state")),
+    "swa": Axis("swa", "swa_tokens", "host SWA tokens", "SWA tokens", "swa_tokens",
+                "host_swa_tokens_per_rank", "default", "device_swa_tokens_per_rank",
+                "scenario_host_swa_tokens_per_rank", "swa_token_grid", "swa_bytes_per_token",
+                ("host_swa_used", "swa_host_free_tokens", "host_hits_with_swa"),
+                ("host_swa_tokens_used", "swa_host_free_tokens", "host_hits_with_swa")),
+}
+
+
+def axis_of(kind: str) -> Axis:
+    """The axis of a plan doc's ``kind`` (``hybrid_mamba``) or a hybrid kind."""
+    return AXES[kind.removeprefix("hybrid_")]
+
+
 @dataclass
 class HybridPoint:
     host_tokens: int
     host_gb: float
-    slots: int
+    aux: int                  # host Mamba state slots or host SWA tokens per rank
     input_tokens: int         # measured (after warm-up)
     host_hit_tokens: int
     device_hit_tokens: int
     hit_rate: float
     device_hit_rate: float
     host_hit_rate: float
-    host_states_used: int
-    state_host_frees: int
-    host_hits_with_state: int
+    host_aux_used: int        # the axis's names: host_states_used / host_swa_tokens_used
+    aux_host_frees: int
+    host_hits_with_aux: int
     verdict: str | None
     probe: str = "grid"       # "grid", "plateau" (the unbounded count) or "bisect"
+
+    @property
+    def slots(self) -> int:
+        return self.aux
+
+    def named(self, axis: Axis) -> dict:
+        """As plan.json holds it: the axis's own names for the generic fields."""
+        d = asdict(self)
+        out = {}
+        for k, v in d.items():
+            k = {"aux": axis.key, "host_aux_used": axis.names[0],
+                 "aux_host_frees": axis.names[1], "host_hits_with_aux": axis.names[2]}.get(k, k)
+            out[k] = v
+        return out
 
 
 def plan_write_policy(scenario) -> str:
@@ -88,15 +157,17 @@ def plan_write_policy(scenario) -> str:
     return "write_back" if scenario.host.off else scenario.cache.write_policy
 
 
-def hybrid_point(scenario, host_tokens: int, slots: int, warm: int, bpt: int,
+def hybrid_point(scenario, host_tokens: int, aux: int, warm: int, bpt: int,
                  probe: str = "grid") -> HybridPoint:
-    """One engine run of ``scenario`` with ``host_tokens`` FULL host tokens and
-    ``slots`` host Mamba state slots per rank, under ``plan_write_policy``."""
+    """One engine run of ``scenario`` with ``host_tokens`` FULL host tokens and ``aux``
+    of the axis's host pool per rank (Mamba state slots, SWA tokens), under
+    ``plan_write_policy``."""
     from sim.runner import run_scenario
     from sim.scenario import Host
 
+    axis = AXES[scenario.model.hybrid().kind]
     s = scenario.model_copy(update={
-        "host": Host(tokens=host_tokens, mamba_states=slots),
+        "host": Host(tokens=host_tokens, **{axis.host_field: aux}),
         "cache": scenario.cache.model_copy(update={"write_policy": plan_write_policy(scenario)}),
     })
     res = run_scenario(s)
@@ -108,9 +179,9 @@ def hybrid_point(scenario, host_tokens: int, slots: int, warm: int, bpt: int,
     hit = int((df["input_tokens"] - df["miss_tokens"]).sum())
     hy = res.summary.get("hybrid") or {}
     rate = (lambda v: v / inp) if inp else (lambda v: 0.0)
-    return HybridPoint(host_tokens, host_tokens * bpt / 1e9, slots, inp, host, dev, rate(hit),
-                       rate(dev), rate(host), int(hy.get("host_states_used", 0)),
-                       int(hy.get("state_host_frees", 0)), int(hy.get("host_hits_with_state", 0)),
+    used, frees, with_aux = (int(hy.get(k, 0)) for k in axis.summary)
+    return HybridPoint(host_tokens, host_tokens * bpt / 1e9, aux, inp, host, dev, rate(hit),
+                       rate(dev), rate(host), used, frees, with_aux,
                        res.summary.get("verdict"), probe)
 
 
@@ -119,13 +190,14 @@ def _point_job(args):
 
 
 def bisect_inert(scenario, host_tokens: int, lo: int, hi: int, limit: float, warm: int,
-                 bpt: int) -> tuple[int, list]:
-    """The largest ``T`` in ``[lo, hi)`` with ``T`` inert and ``T + 1`` not, given ``lo``
-    inert (or 0) and ``hi`` not: bisection over engine runs. Returns ``T`` and the
-    points it ran."""
+                 bpt: int, step: int = 1) -> tuple[int, list]:
+    """The largest ``T`` in ``[lo, hi)`` with ``T`` inert and ``T + step`` not, given
+    ``lo`` inert (or 0) and ``hi`` not, both multiples of ``step`` (1 for state slots, a
+    page for SWA tokens): bisection over engine runs. Returns ``T`` and the points it
+    ran."""
     ran = []
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
+    while hi - lo > step:
+        mid = lo + (hi - lo) // step // 2 * step
         p = hybrid_point(scenario, host_tokens, mid, warm, bpt, "bisect")
         ran.append(p)
         if p.host_hit_tokens < limit:
@@ -172,11 +244,13 @@ def workload_states(trace, chunk: int | None) -> int:
     return int(np.sum(-(-trace.input_len // chunk)))
 
 
-def slot_grid(max_slots: int, points: int) -> list[int]:
-    """``points`` slot counts from 1 to ``max_slots``, geometrically spaced, unique."""
+def slot_grid(max_slots: int, points: int, step: int = 1) -> list[int]:
+    """``points`` counts from ``step`` to ``max_slots`` (a multiple of ``step``),
+    geometrically spaced, rounded to whole ``step``s (pages for SWA tokens), unique."""
     if points <= 1:
         return [max_slots]
-    return sorted({round(float(v)) for v in np.geomspace(1, max_slots, points)})
+    return sorted({max(step, round(float(v) / step) * step)
+                   for v in np.geomspace(step, max_slots, points)})
 
 
 def split_slots(kv_tokens: int, page: int, bpt: int, device_full: int, device_states: int,
@@ -194,6 +268,29 @@ def split_slots(kv_tokens: int, page: int, bpt: int, device_full: int, device_st
                                    hicache_gb=g)[1]
 
 
+def default_swa_tokens(scenario, kv_tokens: int, page: int, bpt: int, device_full: int,
+                       device_swa: int, swa_bytes: int) -> int:
+    """Host SWA tokens SGLang's default sizing gives beside a FULL host pool of
+    ``kv_tokens``, as the scenario sizes its host (``build_hybrid_swa_group``): with
+    ``host.size_gb``, the ``--hicache-size`` whose FULL share is ``kv_tokens``, split
+    by device pool bytes (``_split_hicache_size``); otherwise the ``--hicache-ratio``
+    whose FULL pool is ``kv_tokens``, applied to the SWA device pool
+    (``sim.hybrid.pools.hybrid_host_pools``)."""
+    from sim.hybrid import pools
+
+    if scenario.host.mode()[0] == "size_gb":
+        kv_b = pools.kv_pool_bytes(device_full, page, bpt)
+        swa_b = pools.kv_pool_bytes(device_swa, page, swa_bytes)
+        g = kv_tokens * bpt / 1e9 * (kv_b + swa_b) / kv_b
+        return pools.hybrid_host_pools("swa", device_full, device_swa, page, bpt, swa_bytes,
+                                       hicache_gb=g)[1]
+    # host_pool_size: (int(D * r) // page + 1) pages; the half token keeps int() off a
+    # float just under the page boundary
+    r = (kv_tokens - page + 0.5) / device_full
+    return pools.hybrid_host_pools("swa", device_full, device_swa, page, bpt, swa_bytes,
+                                   ratio=r)[1]
+
+
 @dataclass
 class HybridPlan:
     doc: dict          # everything plan.json holds
@@ -201,21 +298,25 @@ class HybridPlan:
 
 
 def check_hybrid(scenario) -> None:
-    """The hybrid plan sizes host KV against host Mamba state slots; a (FULL, SWA)
-    hybrid's host tier runs in the engine (docs/HYBRID.md §10.3), but its plan axis
-    (host SWA tokens) is not built (§10.6)."""
+    """The hybrid plan sizes host KV against the other component's host pool. A (FULL,
+    SWA) scenario needs its own host tier: how its two host pools are sized (ratio,
+    ``--hicache-size``) is the scenario's, and the plan varies them from there."""
     h = scenario.model.hybrid()
-    if h is not None and h.kind != "mamba":
-        raise UserError(f"found the (FULL, SWA) hybrid {scenario.model.hybrid_preset!r}; "
-                        "expected a (FULL, MAMBA) hybrid (plan sizes host KV and Mamba state "
-                        "slots; a host SWA axis is not built)",
-                        where=f"{scenario.source}: model.hybrid_preset")
+    if h is not None and h.kind == "swa" and scenario.host.off:
+        raise UserError(f"found host: off for the (FULL, SWA) hybrid "
+                        f"{scenario.model.hybrid_preset!r} (model.hybrid_preset); expected a "
+                        "host tier (host.ratio, host.size_gb, or host.tokens with "
+                        "host.swa_tokens): plan sizes host SWA tokens beside host KV",
+                        where=f"{scenario.source}: host")
 
 
 def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None,
                      kv_points: int = KV_POINTS, slot_points: int = SLOT_POINTS,
                      max_slots: int | None = None, jobs: int = 1,
                      inert_fraction: float = INERT_FRACTION, progress=None) -> HybridPlan:
+    """The plan. ``slot_points`` / ``max_slots`` are the second axis's points and
+    end whatever its kind (state slots, or host SWA tokens in a multiple of
+    page_size)."""
     from sim.analysis.plan import make_plan, plan_trace, warm_requests
     from sim.scenario import _ranks_per_node, resolve_sizing
     from sim.sizing import host_tokens_for_gb
@@ -226,12 +327,15 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
     if not 0.0 < inert_fraction < 1.0:
         raise UserError(f"found {inert_fraction!r}; expected a fraction in (0, 1)",
                         where="--inert-fraction")
+    axis = AXES[scenario.model.hybrid().kind]
+    swa = axis.kind == "swa"
     info = resolve_sizing(scenario)
     D, H0, bpt = info["device_tokens"], info["host_tokens"], info["bytes_per_token"]
     hy = info["hybrid"]
-    dev_states, state_b = hy["aux_device"], hy["aux_bytes"]
+    dev_aux, aux_b = hy["aux_device"], hy["aux_bytes"]
     S0 = hy["aux_host"] if H0 else 0
     ps = scenario.page_size
+    step = ps if swa else 1
     trace = plan_trace(scenario)
     n = len(trace.paths)
     warm = warm_requests(n, warmup)
@@ -243,15 +347,34 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
                         where="--max-host-gb")
     kvs = sorted({max(ps, int(top * (i + 1) / kv_points) // ps * ps) for i in range(kv_points)}
                  | ({H0} if H0 else set()))
-    made = workload_states(trace, scenario.scheduler.chunked_prefill_tokens)
-    if max_slots is None:
-        max_slots = max(made, 2 * S0, 1)
-    grid_slots = slot_grid(max_slots, slot_points)
+    if swa:
+        # no more SWA can be on host than FULL tokens on the tiers (an SWA host slice
+        # covers its node, which lives while its FULL is on one): device SWA + host KV
+        # at the largest KV size bounds the grid
+        made = None
+        unbounded_of = lambda kv: dev_aux + kv
+        if max_slots is not None and max_slots % ps:
+            raise UserError(f"found {max_slots!r}; expected a multiple of page_size {ps} "
+                            "(host SWA tokens)", where="--max-aux")
+        if max_slots is None:
+            max_slots = unbounded_of(kvs[-1])
+
+        def sglang(kv):
+            return default_swa_tokens(scenario, kv, ps, bpt, D, dev_aux, aux_b)
+    else:
+        made = workload_states(trace, scenario.scheduler.chunked_prefill_tokens)
+        unbounded_of = lambda kv: D + kv
+        if max_slots is None:
+            max_slots = max(made, 2 * S0, 1)
+
+        def sglang(kv):
+            return split_slots(kv, ps, bpt, D, dev_aux, aux_b)
+    grid_slots = slot_grid(max_slots, slot_points, step)
 
     plan_slots = {}
     for kv in kvs:
-        unbounded = D + kv
-        extra = {split_slots(kv, ps, bpt, D, dev_states, state_b), unbounded}
+        unbounded = unbounded_of(kv)
+        extra = {sglang(kv), unbounded}
         if kv == H0 and S0:
             extra.add(S0)
         plan_slots[kv] = (sorted({s for s in grid_slots if s < unbounded} | extra), unbounded)
@@ -259,27 +382,29 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
                  for kv, (ss, unb) in plan_slots.items() for s in ss]
     points = _map(_point_job, jobs_args, jobs, progress)
 
+    k = axis.key
     # The inert threshold per KV size: a bracket from the grid, then bisection.
     rows, bis_args, bis_kv = [], [], []
     for kv, (ss, unb) in plan_slots.items():
-        pts = sorted((p for p in points if p.host_tokens == kv), key=lambda p: p.slots)
-        plateau = next(p for p in pts if p.slots == unb)
+        pts = sorted((p for p in points if p.host_tokens == kv), key=lambda p: p.aux)
+        plateau = next(p for p in pts if p.aux == unb)
         limit = inert_fraction * plateau.host_hit_tokens
         row = {"host_kv_tokens_per_rank": kv, "host_kv_gb_per_rank": kv * bpt / 1e9,
-               "unbounded_slots": unb, "plateau_host_hit_tokens": plateau.host_hit_tokens,
+               f"unbounded_{k}": unb, "plateau_host_hit_tokens": plateau.host_hit_tokens,
                "plateau_host_hit_rate": plateau.host_hit_rate,
                "inert_below_host_hit_tokens": limit}
         if plateau.host_hit_tokens == 0:
-            row.update(status="no host hits at any slot count", inert_threshold_slots=None)
+            row.update({"status": f"no host hits at any {'host SWA size' if swa else 'slot count'}",
+                        f"inert_threshold_{k}": None})
             rows.append(row)
             continue
         first = next(i for i, p in enumerate(pts) if p.host_hit_tokens >= limit)
-        hi = pts[first].slots
-        lo = pts[first - 1].slots if first else 0
+        hi = pts[first].aux
+        lo = pts[first - 1].aux if first else 0
         row["_bracket"] = (lo, hi)
         rows.append(row)
-        if hi - lo > 1:
-            bis_args.append((scenario, kv, lo, hi, limit, warm, bpt))
+        if hi - lo > step:
+            bis_args.append((scenario, kv, lo, hi, limit, warm, bpt, step))
             bis_kv.append(kv)
     found = dict(zip(bis_kv, _map(_bisect_job, bis_args, jobs, progress, len(points),
                                   len(points) + len(bis_args))))
@@ -293,9 +418,14 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
             points.extend(ran)
         else:
             t = br[0]
-        row["inert_threshold_slots"] = t
-        row["status"] = ("never inert: one slot already gives host hits" if t == 0 else
-                         f"inert at {t} slots and below, not at {t + 1}")
+        row[f"inert_threshold_{k}"] = t
+        if swa:
+            row["status"] = ("never inert: one page of host SWA already gives host hits"
+                             if t == 0 else f"inert at {t} host SWA tokens and below, not at "
+                             f"{t + step}")
+        else:
+            row["status"] = ("never inert: one slot already gives host hits" if t == 0 else
+                             f"inert at {t} slots and below, not at {t + 1}")
 
     # The FULL-only one-pass model at the same KV sizes (it cannot see states).
     model = make_plan(_with_host(scenario, H0 or kvs[0]), warmup=warmup, check_points=0, opt_points=0, grid_points=max(3, len(kvs) + 1),
@@ -304,52 +434,71 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
     # larger tier; also the bound for write_through_selective, which it has no curve for)
     curve = "write_back" if plan_write_policy(scenario) == "write_back" else "write_through"
     ranks = _ranks_per_node(scenario)
-    by = {(p.host_tokens, p.slots): p for p in points}
+    by = {(p.host_tokens, p.aux): p for p in points}
+    sg = f"sglang_{axis.sglang}"
     for row in rows:
         kv, g = row["host_kv_tokens_per_rank"], row["host_kv_gb_per_rank"]
         row["model_host_hit_rate"] = float(
             np.interp(g, model.grid_gb, model.model[curve]) - model.model["dev"][0])
-        sp = split_slots(kv, ps, bpt, D, dev_states, state_b)
-        row["sglang_split_slots"] = sp
-        row["sglang_split_host_hit_rate"] = by[(kv, sp)].host_hit_rate
-        t = row.get("inert_threshold_slots")
-        row["inert_threshold_slots_per_kv_gb"] = None if t is None else t / g
-        row["inert_threshold_slots_per_node"] = None if t is None else t * ranks
-        row["sglang_split_inert"] = (None if t is None else sp <= t)
-    points.sort(key=lambda p: (p.host_tokens, p.slots))
+        sp = sglang(kv)
+        row[f"{sg}_{k}"] = sp
+        row[f"{sg}_host_hit_rate"] = by[(kv, sp)].host_hit_rate
+        t = row.get(f"inert_threshold_{k}")
+        row[f"inert_threshold_{k}_per_kv_gb"] = None if t is None else t / g
+        row[f"inert_threshold_{k}_per_node"] = None if t is None else t * ranks
+        row[f"{sg}_inert"] = (None if t is None else sp <= t)
+    points.sort(key=lambda p: (p.host_tokens, p.aux))
     own = by.get((H0, S0)) if H0 else None
+    if swa:
+        rule = (f"a host SWA size is inert when its host hit tokens are below "
+                f"{inert_fraction:.0%} of the plateau (the host hit tokens with unbounded host "
+                f"SWA, device SWA + host KV tokens); the threshold T is inert and T + one page "
+                f"({ps} tokens) is not, found by bisection in pages from the grid's first "
+                f"non-inert size")
+        note = ("the one-pass model is FULL-only (token reuse, an LRU of device + host KV "
+                "under write_back, of the larger tier under write_through): it cannot see "
+                "SWA windows, so model_host_hit_rate is the same at every host SWA size; "
+                "every other figure is an engine run")
+    else:
+        rule = (f"a slot count is inert when its host hit tokens are below "
+                f"{inert_fraction:.0%} of the plateau (the host hit tokens with unbounded "
+                f"slots, device FULL + host KV tokens); the threshold T is inert and "
+                f"T + 1 is not, found by bisection from the grid's first non-inert count")
+        note = ("the one-pass model is FULL-only (token reuse, an LRU of device + host "
+                "KV under write_back, of the larger tier under write_through): it "
+                "cannot see Mamba states, so model_host_hit_rate is the same at every "
+                "slot count; every other figure is an engine run")
     doc = {
         "scenario": scenario.name,
-        "kind": "hybrid_mamba",
+        "kind": f"hybrid_{axis.kind}",
         "hybrid_preset": scenario.model.hybrid_preset,
         "requests": n,
         "warmup_fraction": warmup,
         "warmup_requests": warm,
         "page_size": ps,
         "bytes_per_token": bpt,
-        "state_bytes_per_rank": state_b,
+        axis.bytes_key: aux_b,
         "device_tokens_per_rank": D,
         "device_gb_per_rank": D * bpt / 1e9,
-        "device_state_slots_per_rank": dev_states,
+        axis.device_key: dev_aux,
         "scenario_host_tokens_per_rank": H0,
-        "scenario_host_state_slots_per_rank": S0,
+        axis.own_key: S0,
         "ranks_per_node": ranks,
-        "workload_states": made,
-        "slot_grid": grid_slots,
+    }
+    if swa:
+        doc["sliding_window"] = scenario.model.hybrid().sliding_window
+    else:
+        doc["workload_states"] = made
+    doc.update({
+        axis.grid_key: grid_slots,
         "inert_fraction": inert_fraction,
-        "inert_rule": (f"a slot count is inert when its host hit tokens are below "
-                       f"{inert_fraction:.0%} of the plateau (the host hit tokens with unbounded "
-                       f"slots, device FULL + host KV tokens); the threshold T is inert and "
-                       f"T + 1 is not, found by bisection from the grid's first non-inert count"),
-        "model_note": ("the one-pass model is FULL-only (token reuse, an LRU of device + host "
-                       "KV under write_back, of the larger tier under write_through): it "
-                       "cannot see Mamba states, so model_host_hit_rate is the same at every "
-                       "slot count; every other figure is an engine run"),
+        "inert_rule": rule,
+        "model_note": note,
         "write_policy": plan_write_policy(scenario),
         "kv_sizes": rows,
-        "scenario_engine": None if own is None else asdict(own),
+        "scenario_engine": None if own is None else own.named(axis),
         "verdicts": sorted({str(p.verdict) for p in points}),
-    }
+    })
     return HybridPlan(doc, points)
 
 
@@ -358,8 +507,10 @@ def _with_host(scenario, kv: int):
     the device and the host range)."""
     from sim.scenario import Host
 
+    axis = AXES[scenario.model.hybrid().kind]
     return scenario.model_copy(update={
-        "host": Host(tokens=kv, mamba_states=1),
+        "host": Host(tokens=kv, **{axis.host_field: scenario.page_size if axis.kind == "swa"
+                                   else 1}),
         "cache": scenario.cache.model_copy(update={"write_policy": "write_back"})})
 
 
@@ -367,10 +518,13 @@ def hybrid_plan_table(plan: HybridPlan):
     """Every engine point as a DataFrame (plan.parquet)."""
     import pandas as pd
 
+    axis = axis_of(plan.doc["kind"])
     ranks = plan.doc["ranks_per_node"]
     df = pd.DataFrame([asdict(p) for p in plan.points])
     df = df.rename(columns={"host_tokens": "host_kv_tokens_per_rank",
-                            "host_gb": "host_kv_gb_per_rank", "slots": "host_state_slots_per_rank"})
+                            "host_gb": "host_kv_gb_per_rank", "aux": axis.column,
+                            "host_aux_used": axis.names[0], "aux_host_frees": axis.names[1],
+                            "host_hits_with_aux": axis.names[2]})
     df["host_kv_gb_per_node"] = df["host_kv_gb_per_rank"] * ranks
     return df
 

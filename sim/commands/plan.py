@@ -6,9 +6,10 @@ offline optimum, the knee, and the smallest host that meets a target
 (``sim.analysis.plan``). Writes ``plan.png``, ``plan.svg``, ``plan.parquet`` and
 ``plan.json`` into ``-o`` (default ``results/<name>_plan``), atomically.
 
-A scenario with a Mamba ``model.hybrid_preset`` gets the (FULL, MAMBA) plan instead
-(``sim.analysis.plan_hybrid``): host hit rate against host KV x host state slots from
-engine runs, and the slot count below which the host tier is inert; same outputs.
+A scenario with a ``model.hybrid_preset`` gets the hybrid plan instead
+(``sim.analysis.plan_hybrid``): host hit rate against host KV x the other component's
+host pool (Mamba state slots, or host SWA tokens for (FULL, SWA)) from engine runs, and
+the size at or below which the host tier is inert; same outputs.
 """
 
 from __future__ import annotations
@@ -48,19 +49,26 @@ def add_arguments(p) -> None:
                    help="policy pairs (default: write_back+duplicate_first, write_back+lru, "
                         "write_through+duplicate_first, write_through+lru)")
     p.add_argument("--jobs", default="1", metavar="J", help="engine runs in parallel (default 1)")
-    g = p.add_argument_group("(FULL, MAMBA) hybrids (model.hybrid_preset; docs/HYBRID.md §11)")
+    g = p.add_argument_group("hybrids: (FULL, MAMBA) and (FULL, SWA) (model.hybrid_preset; "
+                             "docs/HYBRID.md §11)")
     g.add_argument("--kv-points", default=DEFAULTS["kv_points"], metavar="N",
                    help="host KV sizes, evenly spaced up to --max-host-gb, plus the scenario's "
                         "(default 3)")
+    g.add_argument("--aux-points", metavar="N",
+                   help="points on the second axis per KV size, geometric up to --max-aux "
+                        "(default 8): host Mamba state slots from 1, host SWA tokens from one "
+                        "page (in whole pages)")
+    g.add_argument("--max-aux", metavar="N",
+                   help="end of the second axis (default: Mamba, the states the workload can "
+                        "create, one per prefill chunk; SWA, device SWA + the largest host KV, "
+                        "tokens: a multiple of page_size)")
     g.add_argument("--slot-points", default=DEFAULTS["slot_points"], metavar="N",
-                   help="host Mamba state slot counts per KV size, 1 to --max-slots, "
-                        "geometric (default 8)")
+                   help="(FULL, MAMBA) name of --aux-points: host Mamba state slot counts")
     g.add_argument("--max-slots", metavar="N",
-                   help="largest slot count on the grid (default: the states the workload can "
-                        "create, one per prefill chunk)")
+                   help="(FULL, MAMBA) name of --max-aux: the largest slot count")
     g.add_argument("--inert-fraction", default=DEFAULTS["inert_fraction"], metavar="X",
-                   help="a slot count is inert when its host hit tokens are below this share of "
-                        "the unbounded-slots plateau (default 1%%)")
+                   help="a slot count (host SWA size) is inert when its host hit tokens are "
+                        "below this share of the plateau with an unbounded pool (default 1%%)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -138,7 +146,7 @@ def run(args) -> int:
     for flag, key in HYBRID_ONLY:
         if getattr(args, key) != DEFAULTS[key]:
             raise UserError(f"found {flag} with a FULL-only model; expected it only with a "
-                            "(FULL, MAMBA) model.hybrid_preset (it sizes host state slots)",
+                            "hybrid model.hybrid_preset (it sizes the second host pool)",
                             where=flag)
 
     from sim.analysis.plan import make_plan
@@ -156,24 +164,41 @@ def run(args) -> int:
     return 0
 
 
-def write_plan(plan, out) -> list:
+def write_outputs(plan, out, draw, save_figure, table) -> list:
+    """``plan.png``, ``plan.svg`` (``save_figure(draw(plan), path, fmt)``),
+    ``plan.parquet`` (``table(plan)``) and ``plan.json`` (``plan.doc``) into ``out``,
+    each written atomically; the paths written."""
     from pathlib import Path
 
-    from reports.plan import draw_plan, save_plan_figure
-    from sim.analysis.plan import plan_table
     from sim.atomic import write_json, write_parquet
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    fig = draw_plan(plan)
+    fig = draw(plan)
     paths = []
     for fmt in ("png", "svg"):
         p = out / f"plan.{fmt}"
-        save_plan_figure(fig, p, fmt)
+        save_figure(fig, p, fmt)
         paths.append(p)
-    write_parquet(out / "plan.parquet", plan_table(plan))
+    write_parquet(out / "plan.parquet", table(plan))
     write_json(out / "plan.json", plan.doc)
     return paths + [out / "plan.parquet", out / "plan.json"]
+
+
+def write_plan(plan, out) -> list:
+    """The FULL-only plan's outputs (``sim.analysis.plan``)."""
+    from reports.plan import draw_plan, save_plan_figure
+    from sim.analysis.plan import plan_table
+
+    return write_outputs(plan, out, draw_plan, save_plan_figure, plan_table)
+
+
+def write_hybrid_plan(plan, out) -> list:
+    """The hybrid plan's outputs (``sim.analysis.plan_hybrid``)."""
+    from reports.plan_hybrid import draw_hybrid_plan, save_hybrid_plan_figure
+    from sim.analysis.plan_hybrid import hybrid_plan_table
+
+    return write_outputs(plan, out, draw_hybrid_plan, save_hybrid_plan_figure, hybrid_plan_table)
 
 
 def _gb(v) -> str:
@@ -260,16 +285,21 @@ def print_plan(plan) -> None:
 # Flags of one kind of plan, with their defaults: the other kind refuses a changed one.
 DEFAULTS = {"check_points": "4", "opt_points": "5", "grid_points": "50", "target_hit_rate": None,
             "target_ttft_p99": None, "policies": None, "kv_points": "3", "slot_points": "8",
-            "max_slots": None, "inert_fraction": "1%"}
+            "max_slots": None, "inert_fraction": "1%", "aux_points": None, "max_aux": None}
 FULL_ONLY = (("--target-hit-rate", "target_hit_rate"), ("--target-ttft-p99", "target_ttft_p99"),
              ("--policies", "policies"), ("--check-points", "check_points"),
              ("--opt-points", "opt_points"), ("--grid-points", "grid_points"))
 HYBRID_ONLY = (("--kv-points", "kv_points"), ("--slot-points", "slot_points"),
-               ("--max-slots", "max_slots"), ("--inert-fraction", "inert_fraction"))
+               ("--max-slots", "max_slots"), ("--inert-fraction", "inert_fraction"),
+               ("--aux-points", "aux_points"), ("--max-aux", "max_aux"))
+# The (FULL, MAMBA) names of the generic flags, and the generic ones.
+MAMBA_NAMES = (("--slot-points", "slot_points", "--aux-points", "aux_points"),
+               ("--max-slots", "max_slots", "--max-aux", "max_aux"))
 
 
 def _run_hybrid(args, scenario, out, warmup, jobs, max_gb) -> int:
-    """A hybrid scenario: the (FULL, MAMBA) plan of ``sim.analysis.plan_hybrid``."""
+    """A hybrid scenario: the plan of ``sim.analysis.plan_hybrid`` ((FULL, MAMBA) or
+    (FULL, SWA) with a host tier)."""
     from sim.analysis.plan_hybrid import check_hybrid, make_hybrid_plan
     from sim.errors import UserError
 
@@ -278,11 +308,25 @@ def _run_hybrid(args, scenario, out, warmup, jobs, max_gb) -> int:
         if getattr(args, key) != DEFAULTS[key]:
             raise UserError(f"found {flag} with the hybrid model {scenario.model.hybrid_preset!r}; "
                             "expected it only for a FULL-only model (a hybrid plan answers host "
-                            "KV x state slots, write_back)", where=flag)
+                            "KV x its other host pool, under the scenario's write policy)",
+                            where=flag)
+    swa = scenario.model.hybrid().kind == "swa"
+    for mflag, mkey, gflag, gkey in MAMBA_NAMES:
+        if getattr(args, mkey) != DEFAULTS[mkey]:
+            if swa:
+                raise UserError(f"found {mflag} with the (FULL, SWA) hybrid "
+                                f"{scenario.model.hybrid_preset!r}; expected {gflag} (the host "
+                                "SWA tokens axis; state slots are Mamba's)", where=mflag)
+            if getattr(args, gkey) is not None:
+                raise UserError(f"found both {mflag} and {gflag}; expected one of them "
+                                f"({mflag} is the Mamba name of {gflag})", where=mflag)
     kv_points = _number(args.kv_points, "--kv-points", 1, 50, integer=True)
-    slot_points = _number(args.slot_points, "--slot-points", 1, 200, integer=True)
-    max_slots = None if args.max_slots is None else _number(
-        args.max_slots, "--max-slots", 1, 10**9, integer=True)
+    pflag, ptext = (("--aux-points", args.aux_points) if args.aux_points is not None
+                    else ("--slot-points", args.slot_points))
+    slot_points = _number(ptext, pflag, 1, 200, integer=True)
+    mflag, mtext = (("--max-aux", args.max_aux) if args.max_aux is not None
+                    else ("--max-slots", args.max_slots))
+    max_slots = None if mtext is None else _number(mtext, mflag, 1, 10**12, integer=True)
     inert = _number(args.inert_fraction, "--inert-fraction", 0.0, 1.0, percent=True, lo_open=True)
     if inert >= 1.0:
         raise UserError(f"found {args.inert_fraction!r}; expected a fraction in (0, 1)",
@@ -301,79 +345,79 @@ def _run_hybrid(args, scenario, out, warmup, jobs, max_gb) -> int:
     return 0
 
 
-def write_hybrid_plan(plan, out) -> list:
-    from pathlib import Path
-
-    from reports.plan_hybrid import draw_hybrid_plan, save_hybrid_plan_figure
-    from sim.analysis.plan_hybrid import hybrid_plan_table
-    from sim.atomic import write_json, write_parquet
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    fig = draw_hybrid_plan(plan)
-    paths = []
-    for fmt in ("png", "svg"):
-        p = out / f"plan.{fmt}"
-        save_hybrid_plan_figure(fig, p, fmt)
-        paths.append(p)
-    write_parquet(out / "plan.parquet", hybrid_plan_table(plan))
-    write_json(out / "plan.json", plan.doc)
-    return paths + [out / "plan.parquet", out / "plan.json"]
-
-
 def print_hybrid_plan(plan) -> None:
-    from sim.analysis.plan_hybrid import fmt_int
+    from sim.analysis.plan_hybrid import axis_of, fmt_int
 
     d = plan.doc
+    ax = axis_of(d["kind"])
+    k, sg = ax.key, f"sglang_{ax.sglang}"
+    swa = ax.kind == "swa"
     n = d["ranks_per_node"]
     own = (f"host {d['scenario_host_tokens_per_rank']:,} KV tokens, "
-           f"{d['scenario_host_state_slots_per_rank']:,} state slots"
-           if d["scenario_host_tokens_per_rank"] else "host off")
+           f"{d[ax.own_key]:,} {ax.unit}" if d["scenario_host_tokens_per_rank"] else "host off")
+    if swa:
+        aux = (f"{d[ax.device_key]:,} SWA tokens (window {d['sliding_window']:,}, page "
+               f"{d['page_size']})")
+        sg_name = "SGLang default"
+    else:
+        aux = (f"{d[ax.device_key]:,} state slots ({d[ax.bytes_key] / 1e6:,.1f} MB a state)")
+        sg_name = "SGLang split"
     print(f"{d['scenario']}: {d['requests']:,} requests ({d['warmup_requests']:,} warm-up), "
-          f"{d['hybrid_preset']} (FULL, MAMBA), per rank: device {d['device_tokens_per_rank']:,} "
-          f"FULL tokens + {d['device_state_slots_per_rank']:,} state slots "
-          f"({d['state_bytes_per_rank'] / 1e6:,.1f} MB a state), {own}; {n} ranks per node; "
+          f"{d['hybrid_preset']} (FULL, {'SWA' if swa else 'MAMBA'}), per rank: device "
+          f"{d['device_tokens_per_rank']:,} FULL tokens + {aux}, {own}; {n} ranks per node; "
           f"{d['write_policy']}")
-    header = ["host KV per rank", "plateau host hit", "model host hit", "inert below (slots)",
-              "slots per KV GB", "per node", "SGLang split slots", "host hit at split"]
+    header = ["host KV per rank", "plateau host hit", "model host hit", f"inert below ({ax.unit})",
+              f"{ax.unit} per KV GB", "per node", f"{sg_name} {ax.unit}",
+              f"host hit at {sg_name.split()[1]}"]
     rows = [header]
     for r in d["kv_sizes"]:
-        t = r.get("inert_threshold_slots")
+        t = r.get(f"inert_threshold_{k}")
+        per_gb = r[f"inert_threshold_{k}_per_kv_gb"]
         rows.append([
             f"{r['host_kv_gb_per_rank']:,.1f} GB ({r['host_kv_tokens_per_rank']:,})",
             f"{r['plateau_host_hit_rate']:.1%}", f"{r['model_host_hit_rate']:.1%}",
             "-" if t is None else ("never" if t == 0 else f"<= {t:,}"),
-            "-" if r["inert_threshold_slots_per_kv_gb"] is None
-            else f"{r['inert_threshold_slots_per_kv_gb']:,.1f}",
-            fmt_int(r["inert_threshold_slots_per_node"]), f"{r['sglang_split_slots']:,}",
-            f"{r['sglang_split_host_hit_rate']:.1%}" + (" (inert)" if r["sglang_split_inert"] else "")])
+            "-" if per_gb is None else f"{per_gb:,.1f}",
+            fmt_int(r[f"inert_threshold_{k}_per_node"]), f"{r[f'{sg}_{k}']:,}",
+            f"{r[f'{sg}_host_hit_rate']:.1%}" + (" (inert)" if r[f"{sg}_inert"] else "")])
     widths = [max(len(x[i]) for x in rows) for i in range(len(header))]
     for row in rows:
         print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                                enumerate(zip(row, widths))))
-    slots = sorted({p.slots for p in plan.points if p.probe == "grid"})
+    slots = sorted({p.aux for p in plan.points if p.probe == "grid"})
     kvs = [r["host_kv_tokens_per_rank"] for r in d["kv_sizes"]]
-    by = {(p.host_tokens, p.slots): p for p in plan.points}
-    print("host hit rate on the grid (rows: host KV tokens per rank; columns: state slots):")
-    print("  " + "".ljust(11) + "".join(f"{s:>9,}" for s in slots))
+    by = {(p.host_tokens, p.aux): p for p in plan.points}
+    w = max(9, max((len(f"{s:,}") for s in slots), default=0) + 2)
+    print(f"host hit rate on the grid (rows: host KV tokens per rank; columns: {ax.label} "
+          "per rank):")
+    print("  " + "".ljust(11) + "".join(f"{s:>{w},}" for s in slots))
     for kv in kvs:
         print("  " + f"{kv:>11,}" + "".join(
-            f"{by[(kv, s)].host_hit_rate:>9.1%}" if (kv, s) in by else f"{'':>9}" for s in slots))
+            f"{by[(kv, s)].host_hit_rate:>{w}.1%}" if (kv, s) in by else f"{'':>{w}}"
+            for s in slots))
     print(f"inert: {d['inert_rule']}")
     print(f"model: {d['model_note']}")
     bad = [v for v in d["verdicts"] if v != "agree"]
     if bad:
         print(f"note: some engine runs ended with verdict {', '.join(bad)} (the scenario's jitter)")
     for r in d["kv_sizes"]:
-        t = r.get("inert_threshold_slots")
+        t = r.get(f"inert_threshold_{k}")
         kv = f"with {r['host_kv_gb_per_rank']:,.1f} GB of host KV per rank"
-        if t is None:
-            print(f"answer: {kv}, no slot count gives host hits "
-                  f"(none even with unbounded slots)")
-        elif t == 0:
-            print(f"answer: {kv}, the host tier is never inert: one state slot already gives "
-                  f"host hits; SGLang's split gives {r['sglang_split_slots']:,}")
+        sp = r[f"{sg}_{k}"]
+        if swa:
+            tail = f"SGLang's default sizing gives {sp:,}"
         else:
-            print(f"answer: {kv}, the host tier is inert at {t:,} state slots per rank or fewer "
-                  f"({t * n:,} per node of {n} ranks; {r['inert_threshold_slots_per_kv_gb']:,.1f} "
-                  f"slots per KV GB); SGLang's split gives {r['sglang_split_slots']:,}")
+            tail = f"SGLang's split gives {sp:,}"
+        if t is None:
+            what = "host SWA size" if swa else "slot count"
+            print(f"answer: {kv}, no {what} gives host hits "
+                  f"(none even with unbounded {ax.unit})")
+        elif t == 0:
+            one = f"one page ({d['page_size']} tokens) of host SWA" if swa else "one state slot"
+            print(f"answer: {kv}, the host tier is never inert: {one} already gives "
+                  f"host hits; {tail}")
+        else:
+            unit = "host SWA tokens" if swa else "state slots"
+            print(f"answer: {kv}, the host tier is inert at {t:,} {unit} per rank or fewer "
+                  f"({t * n:,} per node of {n} ranks; {r[f'inert_threshold_{k}_per_kv_gb']:,.1f} "
+                  f"{ax.unit} per KV GB); {tail}")
