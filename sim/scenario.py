@@ -995,46 +995,57 @@ class Scenario(_Model):
 HYBRID_DEVICE_KEYS = ("swa_full_tokens_ratio", "mamba_full_memory_ratio", "max_mamba_cache_size")
 
 
+# Per hybrid kind: its host pool key (and what it holds), its device keys, and the
+# reason a load-back threshold cannot refuse its loads (docs/HYBRID.md §5.7, §5.8).
+_HYBRID_KINDS = {
+    "swa": dict(name="an SWA hybrid", host_key="swa_tokens",
+                host_what="the host SWA pool, tokens", host_off="a host tier for host SWA",
+                device_keys=("swa_full_tokens_ratio",),
+                threshold_why="SGLang's threshold never refuses an SWA load-back with its "
+                              "window on host"),
+    "mamba": dict(name="a Mamba hybrid", host_key="mamba_states",
+                  host_what="the host Mamba state slots", host_off="a host tier for host states",
+                  device_keys=("mamba_full_memory_ratio", "max_mamba_cache_size"),
+                  threshold_why="SGLang's threshold never refuses a Mamba load-back: each "
+                                "carries a state"),
+}
+
+
 def _hybrid_check(s: "Scenario") -> None:
     """What the hybrid engine models (docs/HYBRID.md §10): each combination it does
     not is refused, naming the key."""
     h = s.model.hybrid()
-    host_on = not s.host.off
-    if h.kind == "swa":
-        if host_on:
-            mode = s.host.mode()[0]
-            if mode in ("gib", "host_memory_fraction"):
-                raise _err(f"host.{mode} for a hybrid model",
-                           "host.tokens (with host.swa_tokens), host.ratio or host.size_gb",
-                           f"host.{mode}")
-            if mode == "tokens" and s.host.swa_tokens is None:
-                raise _err("host.tokens without host.swa_tokens",
-                           "host.swa_tokens (the host SWA pool, tokens) with host.tokens",
-                           "host.swa_tokens")
-        elif s.host.swa_tokens is not None:
-            raise _err("host.swa_tokens with host: off", "a host tier for host SWA",
-                       "host.swa_tokens")
-        if host_on and s.cache.load_back_threshold != LOAD_BACK_THRESHOLD:
-            # a load-back of an evicted SWA anchor carries its window's host-only SWA:
-            # only a spec emptied by another load's pin is below any threshold
-            raise _err(f"cache.load_back_threshold {s.cache.load_back_threshold} for an SWA "
-                       "hybrid", f"the default {LOAD_BACK_THRESHOLD} (SGLang's threshold never "
-                       "refuses an SWA load-back with its window on host)",
-                       "cache.load_back_threshold")
-        for k in ("mamba_full_memory_ratio", "max_mamba_cache_size"):
+    own = _HYBRID_KINDS[h.kind]
+    for kind, other in _HYBRID_KINDS.items():  # the other kind's keys
+        if kind == h.kind:
+            continue
+        for k in other["device_keys"]:
             if getattr(s.device, k) is not None:
-                raise _err(f"device.{k} for an SWA hybrid", "it only with a Mamba hybrid",
+                raise _err(f"device.{k} for {own['name']}", f"it only with {other['name']}",
                            f"device.{k}")
-        if s.host.mamba_states is not None:
-            raise _err("host.mamba_states for an SWA hybrid", "it only with a Mamba hybrid",
-                       "host.mamba_states")
+        if getattr(s.host, other["host_key"]) is not None:
+            raise _err(f"host.{other['host_key']} for {own['name']}",
+                       f"it only with {other['name']}", f"host.{other['host_key']}")
+    key = own["host_key"]
+    if s.host.off:
+        if getattr(s.host, key) is not None:
+            raise _err(f"host.{key} with host: off", own["host_off"], f"host.{key}")
     else:
-        if s.host.swa_tokens is not None:
-            raise _err("host.swa_tokens for a Mamba hybrid", "it only with an SWA hybrid",
-                       "host.swa_tokens")
-        if s.device.swa_full_tokens_ratio is not None:
-            raise _err("device.swa_full_tokens_ratio for a Mamba hybrid",
-                       "it only with an SWA hybrid", "device.swa_full_tokens_ratio")
+        mode = s.host.mode()[0]
+        if mode in ("gib", "host_memory_fraction"):
+            raise _err(f"host.{mode} for a hybrid model",
+                       f"host.tokens (with host.{key}), host.ratio or host.size_gb",
+                       f"host.{mode}")
+        if mode == "tokens" and getattr(s.host, key) is None:
+            raise _err(f"host.tokens without host.{key}", f"host.{key} ({own['host_what']}) "
+                       "with host.tokens", f"host.{key}")
+        if s.cache.load_back_threshold != LOAD_BACK_THRESHOLD:
+            # a load-back of an evicted anchor carries its window's SWA or its state:
+            # only a spec emptied by another load's pin is below any threshold
+            raise _err(f"cache.load_back_threshold {s.cache.load_back_threshold} for "
+                       f"{own['name']}", f"the default {LOAD_BACK_THRESHOLD} "
+                       f"({own['threshold_why']})", "cache.load_back_threshold")
+    if h.kind == "mamba":
         if s.page_size != 1:
             raise _err(f"page_size {s.page_size} for a Mamba hybrid",
                        "1 (--enable-mamba-extra-buffer's state tracking is not modelled)",
@@ -1043,25 +1054,6 @@ def _hybrid_check(s: "Scenario") -> None:
             raise _err("both device.max_mamba_cache_size and device.mamba_full_memory_ratio",
                        "one of them (the state count overrides the ratio)",
                        "device.mamba_full_memory_ratio")
-        if host_on:
-            mode = s.host.mode()[0]
-            if mode in ("gib", "host_memory_fraction"):
-                raise _err(f"host.{mode} for a hybrid model",
-                           "host.tokens (with host.mamba_states), host.ratio or host.size_gb",
-                           f"host.{mode}")
-            if mode == "tokens" and s.host.mamba_states is None:
-                raise _err("host.tokens without host.mamba_states",
-                           "host.mamba_states (the host Mamba state slots) with host.tokens",
-                           "host.mamba_states")
-        elif s.host.mamba_states is not None:
-            raise _err("host.mamba_states with host: off", "a host tier for host states",
-                       "host.mamba_states")
-        if s.cache.load_back_threshold != LOAD_BACK_THRESHOLD:
-            # every load-back of a Mamba anchor carries its state: only a spec emptied
-            # by another load's pin is below any threshold (docs/HYBRID.md §5.7)
-            raise _err(f"cache.load_back_threshold {s.cache.load_back_threshold} for a Mamba hybrid",
-                       f"the default {LOAD_BACK_THRESHOLD} (SGLang's threshold never refuses a "
-                       "Mamba load-back: each carries a state)", "cache.load_back_threshold")
     c = s.cache
     if c.release_prefill_swa and h.kind != "swa":
         raise _err("cache.release_prefill_swa for a Mamba hybrid", "it only with an SWA hybrid",
