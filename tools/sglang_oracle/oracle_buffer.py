@@ -105,20 +105,12 @@ class BufferOracle(v2.V2Oracle):
         if name not in BUFFER_OPS:
             return super().apply(op)
         self._priority = 0
-        self.core.events = []
-        self.core._expected_removals.clear()
         calls = {
             "buffer_stage": lambda: self.op_buffer_stage(op["tokens"]),
             "pin": lambda: self.op_pin(op["tokens"], op["id"]),
             "unpin": lambda: self.op_unpin(op["id"]),
         }
-        try:
-            out = {"op": name, **calls[name]()}
-        except OpError as e:
-            out = {"op": name, "error": str(e)}
-        out["events"] = self.core.events
-        out.update(self.summary())
-        return out
+        return self.run_op(name, calls[name])
 
 
 def main():

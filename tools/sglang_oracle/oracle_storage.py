@@ -309,8 +309,6 @@ class StorageOracle(v2.V2Oracle):
         if name not in STORAGE_OPS:
             return super().apply(op)
         self._priority = 0
-        self.core.events = []
-        self.core._expected_removals.clear()
         calls = {
             "prefetch": lambda: self.op_prefetch(op["tokens"], op["id"]),
             "prefetch_hit": lambda: self.op_prefetch_hit(op["id"], int(op["n"])),
@@ -319,13 +317,7 @@ class StorageOracle(v2.V2Oracle):
             "storage_write": lambda: self.op_storage_write(int(op["node"]), op["id"]),
             "storage_write_ack": lambda: self.op_storage_write_ack(op["id"]),
         }
-        try:
-            out = {"op": name, **calls[name]()}
-        except OpError as e:
-            out = {"op": name, "error": str(e)}
-        out["events"] = self.core.events
-        out.update(self.summary())
-        return out
+        return self.run_op(name, calls[name])
 
     def check(self) -> None:
         """The v2 check, with the pool accounting on the tree's share of the host

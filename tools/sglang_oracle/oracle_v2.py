@@ -136,12 +136,18 @@ class V2Oracle(ExtOracle):
         self._priority = int(op.get("priority", 0))
         if op["op"] != "write_ack":
             return super().apply(op)
+        return self.run_op("write_ack", lambda: self.op_write_ack(op["id"]))
+
+    def run_op(self, name: str, call) -> dict:
+        """One op of an extension's own (``call`` returns its fields): its output line,
+        the error an ``OpError`` names, then the events and the pools, as the shared
+        ops write them."""
         self.core.events = []
         self.core._expected_removals.clear()
         try:
-            out = {"op": "write_ack", **self.op_write_ack(op["id"])}
+            out = {"op": name, **call()}
         except OpError as e:
-            out = {"op": "write_ack", "error": str(e)}
+            out = {"op": name, "error": str(e)}
         out["events"] = self.core.events
         out.update(self.summary())
         return out
