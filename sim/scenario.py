@@ -1123,29 +1123,7 @@ def _hybrid_pools(s: "Scenario") -> dict:
             else:
                 full, aux = pools.swa_device_pools(budget, full_b, swa_b, page,
                                                    h.sliding_window, ratio)
-            host_full = host_aux = 0
             aux_b = swa_b
-            if not s.host.off:
-                # build_hybrid_swa_group: the FULL and SWA host pools, each from its own
-                # device pool by the ratio, or from its share of --hicache-size
-                # (_split_hicache_size); host.swa_tokens overrides the SWA one.
-                hmode, hval = s.host.mode()
-                if hmode == "tokens":
-                    host_full = int(hval)
-                    if host_full % page:
-                        raise _CapacityError("host.tokens", f"{host_full} tokens",
-                                             f"a multiple of page_size {page}")
-                elif hmode == "size_gb":
-                    host_full, host_aux = pools.hybrid_host_pools(
-                        "swa", full, aux, page, full_b, swa_b, hicache_gb=hval)
-                else:
-                    host_full, host_aux = pools.hybrid_host_pools(
-                        "swa", full, aux, page, full_b, swa_b, ratio=hval)
-                if s.host.swa_tokens is not None:
-                    host_aux = s.host.swa_tokens
-                    if host_aux % page:
-                        raise _CapacityError("host.swa_tokens", f"{host_aux} tokens",
-                                             f"a multiple of page_size {page}")
         else:
             state_b = h.mamba_state_bytes(tp)
             ratio = (d.mamba_full_memory_ratio if d.mamba_full_memory_ratio is not None
@@ -1165,23 +1143,28 @@ def _hybrid_pools(s: "Scenario") -> dict:
                 full, aux = pools.mamba_device_pools(budget, full_b, state_b, page, ratio=ratio,
                                                      max_mamba_cache_size=d.max_mamba_cache_size)
             aux_b = state_b
-            host_full = host_aux = 0
-            if not s.host.off:
-                hmode, hval = s.host.mode()
-                if hmode == "tokens":
-                    host_full = int(hval)
-                    if host_full % page:
-                        raise _CapacityError("host.tokens", f"{host_full} tokens",
-                                             f"a multiple of page_size {page}")
-                    host_aux = s.host.mamba_states
-                elif hmode == "size_gb":
-                    host_full, host_aux = pools.hybrid_host_pools(
-                        "mamba", full, aux, page, full_b, state_b, hicache_gb=hval)
-                else:
-                    host_full, host_aux = pools.hybrid_host_pools(
-                        "mamba", full, aux, page, full_b, state_b, ratio=hval)
-                if s.host.mamba_states is not None:
-                    host_aux = s.host.mamba_states
+        host_full = host_aux = 0
+        if not s.host.off:
+            # build_hybrid_swa_group / build_hybrid_mamba_stack: the FULL and the
+            # component's host pools, each from its own device pool by the ratio, or from
+            # its share of --hicache-size (_split_hicache_size); host.swa_tokens /
+            # host.mamba_states overrides the component's.
+            hmode, hval = s.host.mode()
+            if hmode == "tokens":
+                host_full = int(hval)
+                if host_full % page:
+                    raise _CapacityError("host.tokens", f"{host_full} tokens",
+                                         f"a multiple of page_size {page}")
+            else:
+                host_full, host_aux = pools.hybrid_host_pools(
+                    h.kind, full, aux, page, full_b, aux_b,
+                    **({"hicache_gb": hval} if hmode == "size_gb" else {"ratio": hval}))
+            key = "swa_tokens" if h.kind == "swa" else "mamba_states"
+            if getattr(s.host, key) is not None:
+                host_aux = getattr(s.host, key)
+                if h.kind == "swa" and host_aux % page:  # SWA host slots are token pages
+                    raise _CapacityError("host.swa_tokens", f"{host_aux} tokens",
+                                         f"a multiple of page_size {page}")
     except UserError as e:
         raise _CapacityError("device", str(e).split(": ", 1)[-1], "pools SGLang can build") from None
     if full < page:
