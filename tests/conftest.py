@@ -61,6 +61,22 @@ def vendored_checksums_match(folder: Path) -> set[str]:
     return set(sums)
 
 
+def replay_checked(case: Path, make):
+    """Replay ``case`` op by op through the replayer ``make(header)`` builds, running
+    the tree's full invariant check after every op; yield the replayer after each, so
+    a test can assert what its tier adds."""
+    from sim.optrace import read_trace
+
+    replayer = None
+    for idx, _, op in read_trace(case):
+        if replayer is None:
+            replayer = make(op)
+            continue
+        replayer.apply(idx, op)
+        replayer.tree.check()
+        yield replayer
+
+
 def assert_replays_byte_for_byte(case: Path) -> None:
     """``replay-ops`` on ``case`` writes SGLang's output lines, byte for byte."""
     import json

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases,
-                      expected_outputs, vendored_checksums_match)
+                      expected_outputs, replay_checked, vendored_checksums_match)
 from sim.optrace import Replayer, read_trace
 
 BUFFER = ROOT / "data" / "conformance" / "buffer"
@@ -27,14 +27,8 @@ def test_replay_matches_sglang_byte_for_byte(case):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_invariants_hold_after_every_op(case):
-    replayer = None
-    for idx, _, op in read_trace(case):
-        if replayer is None:
-            replayer = Replayer(op)
-            assert replayer.tree.buffer_only
-            continue
-        replayer.apply(idx, op)
-        replayer.tree.check()
+    for replayer in replay_checked(case, Replayer):
+        assert replayer.tree.buffer_only
         assert replayer.tree.host_used == 0  # the tree never holds host values
 
 

@@ -5,8 +5,8 @@ import hashlib
 
 import pytest
 
-from conftest import CONFORMANCE, case_id, conformance_cases, expected_outputs
-from sim.optrace import Replayer, read_trace, replay
+from conftest import CONFORMANCE, case_id, conformance_cases, expected_outputs, replay_checked
+from sim.optrace import Replayer, replay
 
 CASES = conformance_cases()
 
@@ -36,10 +36,5 @@ def test_replay_matches_sglang(case):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_invariants_hold_after_every_op(case):
-    replayer = None
-    for idx, _, op in read_trace(case):
-        if replayer is None:
-            replayer = Replayer(op)
-            continue
-        replayer.apply(idx, op)
-        replayer.tree.check()
+    for _ in replay_checked(case, Replayer):
+        pass  # the check runs inside, after every op

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases,
-                      expected_lines, vendored_checksums_match)
+                      expected_lines, replay_checked, vendored_checksums_match)
 from sim.errors import InputFormatError
 from sim.hybrid import HybridTreeError, MambaTree, SWATree
 from sim.hybrid.replay import HybridReplayer
@@ -37,13 +37,8 @@ def test_replay_matches_sglang_byte_for_byte(case):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_invariants_hold_after_every_op(case):
-    replayer = None
-    for idx, _, op in read_trace(case):
-        if replayer is None:
-            replayer = HybridReplayer(op)
-            continue
-        replayer.apply(idx, op)
-        replayer.tree.check()
+    for _ in replay_checked(case, HybridReplayer):
+        pass  # the check runs inside, after every op
 
 
 def test_cases_cover_every_component_behaviour():

@@ -15,8 +15,8 @@ import pytest
 
 import cli
 from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases,
-                      expected_lines, vendored_checksums_match)
-from sim.optrace import Replayer, read_trace, replay
+                      expected_lines, replay_checked, vendored_checksums_match)
+from sim.optrace import Replayer, replay
 from sim.tree import InvariantError, Tree
 
 STORAGE = ROOT / "data" / "conformance" / "storage"
@@ -39,13 +39,7 @@ def test_replay_matches_sglang_byte_for_byte(case):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_invariants_hold_after_every_op(case):
-    replayer = None
-    for idx, _, op in read_trace(case):
-        if replayer is None:
-            replayer = Replayer(op)
-            continue
-        replayer.apply(idx, op)
-        replayer.tree.check()
+    for replayer in replay_checked(case, Replayer):
         # every staged slot belongs to an in-flight prefetch
         assert replayer.tree.host_reserved == sum(
             p.staged or 0 for p in replayer.storage.prefetches.values())
