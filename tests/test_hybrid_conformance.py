@@ -19,6 +19,17 @@ HYBRID = ROOT / "data" / "conformance" / "hybrid"
 CASES = conformance_cases(HYBRID)
 
 
+def cases_where(keep):
+    """The cases whose header ``keep`` accepts, as (header, its SGLang output lines as
+    dicts); coverage tests count what these outputs exercise."""
+    out = []
+    for case in CASES:
+        header = json.loads(gzip.open(case, "rt").readline())
+        if keep(header):
+            out.append((header, [json.loads(line) for line in expected_lines(case)]))
+    return out
+
+
 def test_vendored_files_match_their_checksums():
     vendored_checksums_match(HYBRID)
 
@@ -83,15 +94,11 @@ def test_host_tier_cases_cover_the_host_paths():
     the digest moving, sweeps, un-evicting inserts, load-backs started and refused for
     each reason, and the host-tier errors, at page sizes 1, 2 and 4."""
     seen, page_sizes, digests = set(), set(), set()
-    n = 0
-    for case in CASES:
-        header = json.loads(gzip.open(case, "rt").readline())
-        if not header.get("hicache") or header["components"][1] != "mamba":
-            continue
-        n += 1
+    picked = cases_where(lambda h: h.get("hicache") and h["components"][1] == "mamba")
+    n = len(picked)
+    for header, outputs in picked:
         page_sizes.add(header.get("page_size", 1))
-        for line in expected_lines(case):
-            r = json.loads(line)
+        for r in outputs:
             seen.add("op:" + r["op"])
             digests.add(r["digest"])
             for e in r["events"]:
@@ -126,15 +133,11 @@ def test_swa_host_tier_cases_cover_the_host_paths():
     duplicate reclaim, un-evicting inserts that publish SWA, host-only SWA matched and
     restored (with FULL, and alone), every load-back refusal, at page sizes 1, 2, 4."""
     seen, page_sizes = set(), set()
-    n = 0
-    for case in CASES:
-        header = json.loads(gzip.open(case, "rt").readline())
-        if not header.get("hicache") or header["components"][1] != "swa":
-            continue
-        n += 1
+    picked = cases_where(lambda h: h.get("hicache") and h["components"][1] == "swa")
+    n = len(picked)
+    for header, outputs in picked:
         page_sizes.add(header.get("page_size", 1))
-        for line in expected_lines(case):
-            r = json.loads(line)
+        for r in outputs:
             seen.add("op:" + r["op"])
             kinds = [e["k"] for e in r["events"]]
             for e in r["events"]:
@@ -171,17 +174,14 @@ def test_swa_write_through_cases_cover_the_write_through_paths():
     """The (FULL, SWA) cases under write_through and write_through_selective: insert
     backups of windows acked later, incremental window backups, unbacked leaves deleted
     on eviction, a backup that found no SWA host room, at page sizes 1, 2 and 4."""
-    seen, page_sizes, n = set(), set(), 0
-    for case in CASES:
-        header = json.loads(gzip.open(case, "rt").readline())
-        if header["components"][1] != "swa" or header.get("write_policy", "write_back") == \
-                "write_back":
-            continue
-        n += 1
+    seen, page_sizes = set(), set()
+    picked = cases_where(lambda h: h["components"][1] == "swa"
+                         and h.get("write_policy", "write_back") != "write_back")
+    n = len(picked)
+    for header, outputs in picked:
         page_sizes.add(header.get("page_size", 1))
         seen.add(header["write_policy"])
-        for line in expected_lines(case):
-            r = json.loads(line)
+        for r in outputs:
             kinds = [e["k"] for e in r["events"]]
             seen.add("op:" + r["op"])
             if r["op"] == "insert" and "backup" in kinds:
@@ -536,14 +536,6 @@ def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
     assert twin.tree.fingerprint() == before != orig.tree.fingerprint()
 
 
-def _wt_headers():
-    for case in CASES:
-        with gzip.open(case, "rt") as f:
-            header = json.loads(f.readline())
-        if header.get("write_policy", "write_back") != "write_back":
-            yield case, header
-
-
 def test_write_through_cases_cover_the_write_through_paths():
     """The write_through cases (w, z) exercise what the policy adds: backups issued
     by inserts (walked nodes and new leaves, FULL with the state, and a state alone on
@@ -551,13 +543,12 @@ def test_write_through_cases_cover_the_write_through_paths():
     unknown ids), unbacked leaves deleted by eviction next to demotes, load-backs,
     under both write_through and write_through_selective, at page sizes 1, 2 and 4."""
     seen, policies, page_sizes = set(), set(), set()
-    n = 0
-    for case, header in _wt_headers():
-        n += 1
+    picked = cases_where(lambda h: h.get("write_policy", "write_back") != "write_back")
+    n = len(picked)
+    for header, outputs in picked:
         policies.add(header["write_policy"])
         page_sizes.add(header.get("page_size", 1))
-        for line in expected_lines(case):
-            r = json.loads(line)
+        for r in outputs:
             kinds = [e["k"] for e in r["events"]]
             seen.add("op:" + r["op"])
             if r["op"] == "insert" and "backup" in kinds:
