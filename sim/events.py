@@ -1541,14 +1541,27 @@ class Simulation:
             end -= n
         return True
 
+    def _st_agreed_hits(self, c: Cohort, n_hit: int):
+        """The next ``n_hit`` queued query results of this replica, as (prefetch id, the
+        page keys it queried, the rank-agreed hit in tokens: the MIN over the replicas,
+        at most what was requested); a prefetch terminated meanwhile is skipped."""
+        from sim.storage.collectives import min_hits
+
+        st, book, ps = c.st, c.st.book, self._ps
+        for _ in range(n_hit):
+            pid = st.hit_q.popleft()
+            p = book.prefetches.get(pid)
+            keys = st.qkeys.pop(pid, None)
+            if p is None:
+                continue  # terminated meanwhile
+            yield pid, keys, min(min_hits(list(self._st_hits[pid].values()), ps), p.requested)
+
     def _buf_drain_hits(self, c: Cohort, n_hit: int) -> None:
         """`_drain_and_alloc_storage_hit` in buffer mode: parked hits first, FIFO
         (`pending_hit_allocs`); then the agreed hits, each healing the beliefs from its
         query (`_invalidate_absent_from_hit_query`: the chain past the hit forgotten,
         up to it believed); a hit behind a parked one, or one that does not fit,
         parks."""
-        from sim.storage.collectives import min_hits
-
         st, book, ps = c.st, c.st.book, self._ps
         while book.parked:
             pid = book.parked[0]
@@ -1559,13 +1572,7 @@ class Simulation:
             if book.parked and book.parked[0] == pid:
                 book.parked.popleft()  # staged (a revoke has already unparked it)
             self._buf_hit_result(c, pid, res)
-        for _ in range(n_hit):
-            pid = st.hit_q.popleft()
-            p = book.prefetches.get(pid)
-            keys = st.qkeys.pop(pid, None)
-            if p is None:
-                continue  # terminated meanwhile
-            hit = min(min_hits(list(self._st_hits[pid].values()), ps), p.requested)
+        for pid, keys, hit in self._st_agreed_hits(c, n_hit):
             if keys is not None:
                 book.beliefs.invalidate_beyond(keys, hit // ps)
                 book.beliefs.add(keys[: hit // ps])
@@ -1906,15 +1913,8 @@ class Simulation:
             self._buf_drain_hits(c, n_hit)
             n_hit = 0
         if n_hit:
-            from sim.storage.collectives import min_hits
             from sim.storage.replica import StorageOp
-        for _ in range(n_hit):
-            pid = st.hit_q.popleft()
-            p = book.prefetches.get(pid)
-            keys = st.qkeys.pop(pid, None)
-            if p is None:
-                continue  # terminated meanwhile
-            hit = min(min_hits(list(self._st_hits[pid].values()), ps), p.requested)
+        for pid, keys, hit in self._st_agreed_hits(c, n_hit):
             self._op(c, {"op": "prefetch_hit", "id": pid, "n": hit})
             res = book.hit(pid, hit)
             if res.staged:
