@@ -41,18 +41,7 @@ def device_anchor(tree: Tree, key: list) -> tuple[int, object, int]:
     tokens of ``key``, the last whole device node on that path and its depth in tokens
     (``anchor_tokens``; 0 with the root)."""
     ps = tree.page_size
-    node, pos, n = tree.root, 0, len(key)
-    anchor, depth = tree.root, 0
-    while pos < n:
-        child = node.children.get(key[pos])
-        if child is None or not child.dev:
-            break
-        q = tree._common(key, pos, child.key)
-        pos += q
-        if q < len(child.key):
-            break
-        node = anchor = child
-        depth = pos
+    pos, anchor, depth = tree.device_prefix(key)
     return pos * ps, (None if anchor is tree.root else anchor), depth * ps
 
 
