@@ -111,18 +111,19 @@ class MambaTree(HybridTree):
         res.aux_new = 1
 
     # ------------------------------------------------------------------ requests
-    def peek_best(self, key: list):
+    def peek_best(self, key: list, host: bool = False):
         """The node ``match_prefix(key)`` would end at, read-only: the deepest wholly
-        matched node with a state (a split-off fragment never has one)."""
+        matched node with a state (a split-off fragment never has one). ``host``: as a
+        HiCache match (``best_match_node``): FULL on either tier, a state on either."""
         node, pos, n, best = self.root, 0, len(key), self.root
         while pos < n:
             child = node.children.get(key[pos])
-            if child is None:
+            if child is None or (host and not (child.dev or child.host)):
                 break
             p = self._common(key, pos, child.key)
             if p < len(child.key):
                 break
-            if child.aux:
+            if child.aux or (host and child.aux_host):
                 best = child
             pos += p
             node = child
@@ -272,30 +273,12 @@ class MambaTree(HybridTree):
             self.evict(0, 1)
         return self._free_slot()
 
-    def peek_best_ht(self, key: list):
-        """The node a HiCache match of ``key`` would end at (``best_match_node``),
-        read-only: the deepest wholly matched node, FULL on either tier, with a state
-        on either tier."""
-        node, pos, n, best = self.root, 0, len(key), self.root
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None or not (child.dev or child.host):
-                break
-            p = self._common(key, pos, child.key)
-            if p < len(child.key):
-                break
-            if child.aux or child.aux_host:
-                best = child
-            pos += p
-            node = child
-        return best
-
     def load_back_would_fail(self, key: list, holds: bool) -> bool:
         """Whether ``prepare_load_back`` would find no slot for a request loading the
         state ``key`` matches (SGLang asserts; a trace refuses the op first)."""
         if holds or self._free_slot():
             return False
-        best = self.peek_best_ht(key)
+        best = self.peek_best(key, host=True)
         return self._aux_load_needed(best) and self.aux_evictable <= 0
 
     def _aux_check(self) -> None:
