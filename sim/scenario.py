@@ -1212,22 +1212,15 @@ def _block_sizes(w, where="workload"):
 
 
 def _rank_lists(j: Jitter):
-    if j.ack_delay.ranks:
-        yield "jitter.ack_delay.ranks", j.ack_delay.ranks
-    if j.host_alloc_failure.ranks:
-        yield "jitter.host_alloc_failure.ranks", j.host_alloc_failure.ranks
-    if j.request_order.ranks:
-        yield "jitter.request_order.ranks", j.request_order.ranks
+    for name in ("ack_delay", "host_alloc_failure", "request_order", "storage_miss",
+                 "storage_fail", "storage_latency"):
+        ranks = getattr(j, name).ranks
+        if ranks:
+            yield f"jitter.{name}.ranks", ranks
     if j.host_capacity_skew:
         yield "jitter.host_capacity_skew", list(j.host_capacity_skew)
     if j.id_drift is not None:
         yield "jitter.id_drift.rank", [j.id_drift.rank]
-    if j.storage_miss.ranks:
-        yield "jitter.storage_miss.ranks", j.storage_miss.ranks
-    if j.storage_fail.ranks:
-        yield "jitter.storage_fail.ranks", j.storage_fail.ranks
-    if j.storage_latency.ranks:
-        yield "jitter.storage_latency.ranks", j.storage_latency.ranks
 
 
 # ----------------------------------------------------------------------------------
