@@ -195,10 +195,39 @@ def _capacity(tokens, run: Run) -> str:
     return _e(fmt_capacity(int(tokens), bpt))
 
 
+def _tier_shares(run: Run) -> dict:
+    """Device, host and (with an L3 tier) storage hits of a run as shares of input:
+    summary.json's per-tier split (``sim.diagnostics.tier_hits``), else the requests'."""
+    from sim.diagnostics import tier_hits
+
+    s = run.summary
+    if isinstance(s.get("input_tokens"), (int, float)) and all(
+            isinstance(s.get(k), (int, float)) for k in ("device_hit_rate", "host_hit_rate")):
+        return {t: share for t, (_, share) in tier_hits(s).items()}
+    return {"device": _rate(run, "device_hit_rate", "device_hit_tokens"),
+            "host": _rate(run, "host_hit_rate", "host_hit_tokens")}
+
+
+def _storage_capacity(run: Run) -> str:
+    """A storage run's L3 size per rank in GB with tokens beside ("unbounded": no cap)."""
+    if "hit_tokens_by_tier" not in run.summary:
+        return MISSING
+    cap = run.summary.get("storage_gb", flatten(run.scenario).get("storage.capacity_gb"))
+    if not isinstance(cap, (int, float)) or isinstance(cap, bool):
+        return "unbounded"
+    from reports.plots import bytes_per_token
+
+    bpt = bytes_per_token(run)
+    return _capacity(int(cap * 1e9 // bpt), run) if bpt else _e(f"{cap:g} GB")
+
+
 def _runs_table(runs: list[Run]) -> str:
+    storage = any("hit_tokens_by_tier" in run.summary for run in runs)
     header = ["run", "scenario", "write policy", "host policy", "eviction policy",
-              "device capacity per rank",
-              "host capacity per rank", "requests", "hit rate", "device hit", "host hit",
+              "device capacity per rank", "host capacity per rank",
+              *(["storage capacity per rank"] if storage else []),
+              "requests", "hit rate", "device hit", "host hit",
+              *(["storage hit"] if storage else []),
               "miss", "TTFT p50", "TTFT p99", "digest verdict"]
     rows = []
     for run in runs:
@@ -208,21 +237,23 @@ def _runs_table(runs: list[Run]) -> str:
             label += ' <span class="partial">(partial)</span>'
         cls, verdict = digest_verdict(run.divergence)
         requests = run.summary.get("requests", len(run.requests))
+        tiers = _tier_shares(run)
         rows.append([
             label, _e(run.name),
             _e(flat.get("cache.write_policy", MISSING)),
             _e(flat.get("cache.host_policy", MISSING)),
             _e(flat.get("cache.eviction_policy", MISSING)),
             _capacity(device_capacity_tokens(run), run), _capacity(host_capacity_tokens(run), run),
+            *([_storage_capacity(run)] if storage else []),
             _tokens(requests),
             _pct(_rate(run, "hit_rate", None)),
-            _pct(_rate(run, "device_hit_rate", "device_hit_tokens")),
-            _pct(_rate(run, "host_hit_rate", "host_hit_tokens")),
+            _pct(tiers["device"]), _pct(tiers["host"]),
+            *([_pct(tiers.get("storage"))] if storage else []),
             _pct(_rate(run, "miss_rate", "miss_tokens")),
             _seconds(_ttft(run, 0.5)), _seconds(_ttft(run, 0.99)),
             f'<span class="{cls}">{_e(verdict)}</span>',
         ])
-    return _table(header, rows, numeric=set(range(5, 14)))
+    return _table(header, rows, numeric=set(range(5, len(header) - 1)))
 
 
 def scenario_differences(runs: list[Run]) -> tuple[list[str], dict[str, list[Any]]]:
@@ -266,13 +297,24 @@ def _differences_section(runs: list[Run]) -> str:
 
 SWEEP_METRICS = (("host_gb", "host GB per rank", lambda v: f"{v:,.3g}"),
                  ("hit_rate", "hit rate", _pct), ("device_hit_rate", "device hit", _pct),
-                 ("host_hit_rate", "host hit", _pct), ("miss_rate", "miss", _pct),
+                 ("host_hit_rate", "host hit", _pct), ("storage_hit_rate", "storage hit", _pct),
+                 ("miss_rate", "miss", _pct),
                  ("bound_hit_rate", "offline bound", _pct),
                  ("ttft_p50_s", "TTFT p50", _seconds), ("ttft_p99_s", "TTFT p99", _seconds))
 
 
 def _sweep_section(sweep: Sweep) -> str:
     table = sweep.table
+    if "hit_tokens_by_tier" in table.columns and "input_tokens" in table.columns:
+        # Storage points: host hits without the L3's (summary.json's host_hit_rate
+        # counts both), storage beside (sim.diagnostics.tier_hits).
+        from reports.plots import _storage_rate
+
+        l3 = [_storage_rate(t, n) for t, n in zip(table["hit_tokens_by_tier"],
+                                                   table["input_tokens"])]
+        table = table.assign(storage_hit_rate=l3)
+        if "host_hit_rate" in table.columns:
+            table["host_hit_rate"] = table["host_hit_rate"] - table["storage_hit_rate"].fillna(0.0)
     params = sweep.parameter_columns
     varying = [c for c in params if table[c].astype(str).nunique() > 1]
     fixed = [c for c in params if c not in varying]

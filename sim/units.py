@@ -47,6 +47,7 @@ SUMMARY_UNITS = {
     "l3_hit_tokens": "tokens", "l3_hit_rate": "1", "prefetch_issued": "1",
     "prefetch_declined": "text", "prefetch_revoked": "text", "l3_read_bytes": "bytes",
     "l3_write_bytes": "bytes", "hit_tokens_by_tier": "text", "host_buffer": "text",
+    "storage_gb": "GB", "host_memory_mode": "text",
 }
 
 # Scenario keys whose last part does not say its unit by the rules below.

@@ -402,10 +402,15 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
     all_rate = float(np.interp(own_size * bpt / 1e9, grid,
                                planning[(own_row["write_policy"], own_row["host_policy"])]))
     at_own = next((e for e in own_engine if e.host_tokens == own_size), None)
+    st_rate = None  # the engine's storage share (the model has no L3 tier)
     if at_own is not None:  # the engine's own split at the scenario's configuration
         dev_rate, all_rate = at_own.device_hit_rate, at_own.hit_rate
+        st_rate = at_own.storage_hit_rate
     diagnosis = diagnose(
-        device_hit_rate=dev_rate, host_hit_rate=max(all_rate - dev_rate, 0.0), device_tokens=D,
+        device_hit_rate=dev_rate, host_hit_rate=max(all_rate - dev_rate - (st_rate or 0.0), 0.0),
+        storage_hit_rate=st_rate,
+        host_buffer_only=storage and scenario.storage.host_memory_mode == "buffer_only",
+        device_tokens=D,
         host_tokens=H0, write_policy=own[0],
         backup_failures=next((e.extra.get("backup_failures") for e in own_engine
                               if e.host_tokens == own_size), None) if tier == "host" else None,

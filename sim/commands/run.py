@@ -183,11 +183,47 @@ def _pool_tokens(res) -> int | None:
         return None
 
 
+def tier_rows(s: dict) -> list[tuple[str, str]]:
+    """The summary's per-tier rows: the hit rate, then each tier's hits (share of input,
+    tokens beside), then each tier's capacity per rank in GB with tokens beside, then
+    the traffic between them in GB. Device, host and, with an L3 tier, storage: each
+    row names its tier, so no tier's hits are shown as another's."""
+    from sim.diagnostics import tier_hits
+    from sim.sizing import fmt_capacity, fmt_gb_value
+
+    bpt = s["bytes_per_token"]
+    hits = tier_hits(s)
+    buffer_only = s.get("host_memory_mode") == "buffer_only"
+    rows = [("hit rate", f"{s['hit_rate']:.1%} of {s.get('input_tokens', 0):,} input tokens")]
+    for tier, (tokens, share) in hits.items():
+        rows.append((f"  {tier} hits", f"{share:.1%}  ({tokens:,} tokens)"))
+    rows.append(("device capacity", fmt_capacity(s['device_tokens'], bpt) + " per rank"))
+    rows.append(("host capacity", ((fmt_capacity(s['host_tokens'], bpt) + " per rank"
+                                    + ("; a staging buffer for storage (buffer_only)"
+                                       if buffer_only else ""))
+                                   if s['host_tokens'] else "off (no host tier)")))
+    if "storage" in hits:
+        cap = s.get("storage_gb")
+        rows.append(("storage capacity", "unbounded" if cap is None else
+                     fmt_capacity(int(cap * 1e9 // bpt), bpt) + " per rank"))
+
+    def gb(n_bytes) -> str:
+        return f"{fmt_gb_value(n_bytes / 1e9)} GB ({n_bytes // bpt:,} tokens)"
+
+    rows.append(("load-back / backup traffic",
+                 f"{gb(s['load_back_bytes'])} / {gb(s['backup_bytes'])} per rank"))
+    if "storage" in hits:
+        rows.append(("storage read / write traffic",
+                     f"{gb(s['l3_read_bytes'])} / {gb(s['l3_write_bytes'])} per rank"))
+    return rows
+
+
 def _print_summary(res, out, wall) -> None:
     from sim.sizing import fmt_capacity
 
     s, d = res.summary, res.divergence
     bpt = s["bytes_per_token"]
+    tiers = tier_rows(s)
     rows = [
         ("requests", f"{s['requests']:,}"),
         *([("rejected", rejected_line(s, _pool_tokens(res)))] if s.get("rejected_requests") else []),
@@ -195,18 +231,15 @@ def _print_summary(res, out, wall) -> None:
             + (f", {s['aborted_requests']:,} aborted out of memory" if s.get("aborted_requests") else ""))]
           if s.get("retracted_requests") else []),
         ("simulated time", f"{duration(s['sim_time_s'])}  ({duration(wall)} wall)"),
-        ("hit rate (device + host)", f"{s['hit_rate']:.1%}  ({s['device_hit_rate']:.1%} + {s['host_hit_rate']:.1%})"),
+        *[r for r in tiers if "traffic" not in r[0]],
         ("TTFT p50 / p99", f"{duration(s['ttft_p50_s'])} / {duration(s['ttft_p99_s'])}"),
-        ("device capacity", fmt_capacity(s['device_tokens'], bpt) + " per rank"),
-        ("host capacity", (fmt_capacity(s['host_tokens'], bpt) + " per rank") if s['host_tokens']
-         else "off (no host tier)"),
         ("mean effective capacity", fmt_capacity(round(s['effective_tokens_mean']), bpt)),
         ("pages held (device / host / both)", f"{s['device_pages_mean']:,.0f} / "
          f"{s['host_pages_mean']:,.0f} / {s['duplicate_pages_mean']:,.0f} (unique "
          f"{s['unique_pages_mean']:,.0f}); failed host allocations "
          f"{'-' if s['backup_failures'] is None else format(s['backup_failures'], ',')}"),
         ("mean duplicate share", f"{s['duplicate_share_mean']:.1%}"),
-        ("load-back / backup traffic", f"{s['load_back_bytes'] / 2**30:,.2f} / {s['backup_bytes'] / 2**30:,.2f} GiB per rank"),
+        *[r for r in tiers if "traffic" in r[0]],
         ("reclaimed (pass 1 / pass 2)", f"{s['reclaim_pass1_tokens']:,} / {s['reclaim_pass2_tokens']:,} tokens"),
         ("diagnosis", s["diagnosis"]),
         ("TP verdict", f"{d['verdict']} ({d['tp']} ranks): {d['reason']}"),
