@@ -21,6 +21,7 @@ from reports.plots import (build_plots, device_capacity_tokens, figure_bytes,
                            host_capacity_tokens)
 from sim import __version__
 from sim.atomic import write_text
+from sim.fmt import duration
 
 CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;
@@ -67,9 +68,7 @@ def _tokens(value: Any) -> str:
 
 def _seconds(value: Any) -> str:
     v = _num(value)
-    if not np.isfinite(v):
-        return MISSING
-    return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.3f} s"
+    return duration(v) if np.isfinite(v) else MISSING
 
 
 def _scalar(value: Any) -> str:
@@ -104,16 +103,24 @@ def _where(point: Any) -> str:
         # When first, then the rest in file order (JSON written with sorted keys).
         keys = [k for k in ("t", "step") if k in point] + \
             [k for k in point if k not in ("t", "step")]
-        text = ", ".join(f"{k}={_scalar(point[k])}" for k in keys
+        text = ", ".join(f"{k}={_point_value(k, point[k])}" for k in keys
                          if not isinstance(point[k], dict))
     else:
         text = _scalar(point) if point is not None else "an unknown point"
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def _point_value(key: str, value: Any) -> str:
+    """One field of a divergence point as a reader wants it: times as durations
+    ("13.7 s"), other fractions to 4 significant digits, never 15."""
+    if isinstance(value, float):
+        return duration(value) if key == "t" or key.endswith("_s") else f"{value:.4g}"
+    return _scalar(value)
+
+
 def _at(point: Any) -> str:
     t = point.get("t") if isinstance(point, dict) else None
-    return f" at t={t:.6g} s" if isinstance(t, (int, float)) else ""
+    return f" at t={duration(t)}" if isinstance(t, (int, float)) else ""
 
 
 def digest_verdict(divergence: dict[str, Any]) -> tuple[str, str]:
@@ -141,7 +148,7 @@ def digest_verdict(divergence: dict[str, Any]) -> tuple[str, str]:
         cls, text = "ok", f"ranks forked ({len(forks)} fork(s)) but their trees agree"
     elif verdict == "detected":
         delay = divergence.get("detection_delay_s")
-        after = f" {delay:.6g} s later" if isinstance(delay, (int, float)) else ""
+        after = f" {duration(delay)} later" if isinstance(delay, (int, float)) else ""
         cls, text = "bad", (f"diverged at {_where(true_div)}; caught by the digest "
                             f"check{after}")
     elif verdict == "missed":

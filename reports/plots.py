@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -57,6 +58,7 @@ SVG_METADATA = {"Date": None, "Creator": None}
 TIER_COLORS = {"device": "#3b75af", "host": "#ef8636", "storage": "#2a9d8f", "miss": "#d5d5d5"}
 BOUND_COLOR = "#222222"
 MAX_PANELS = 16
+PANEL_TITLE_SIZE = 9.5  # points, bold: a capacity panel's title
 MAX_POINTS = 1500  # per line; longer series are thinned evenly (keeps SVGs small)
 CDF_POINTS = 400
 
@@ -140,9 +142,72 @@ def _runs_with_timeseries(results: Results) -> list[tuple[int, Run]]:
     return runs
 
 
+def _text_width_pt(text: str, size: float, weight: str = "normal") -> float:
+    """The width in points of one line of ``text`` in the plots' font: measured from the
+    glyphs, so a layout decision needs no renderer and is the same on every machine."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import text_to_path
+
+    with matplotlib.rc_context(STYLE):
+        prop = FontProperties(size=size, weight=weight)
+        width, _, _ = text_to_path.get_text_width_height_descent(text, prop, ismath=False)
+    return float(width)
+
+
+_WORD = re.compile(r"[^ ]* *")
+_PART = re.compile(r"[^_/\-]*[_/\-]+|[^_/\-]+")
+
+
+def _wrap(text: str, width_pt: float, size: float, weight: str = "normal") -> str:
+    """``text`` with each line broken so that it fits ``width_pt``: after a space; a
+    word too wide alone (a folder name) after an underscore, dash or slash; a part
+    still too wide at the character where it must."""
+    def fits(piece: str) -> bool:
+        return _text_width_pt(piece.rstrip(), size, weight) <= width_pt
+
+    def pieces(para: str):
+        for word in filter(None, _WORD.findall(para)):
+            if fits(word):
+                yield word
+                continue
+            for part in _PART.findall(word):
+                while not fits(part) and len(part) > 1:
+                    cut = len(part) - 1
+                    while cut > 1 and not fits(part[:cut]):
+                        cut -= 1
+                    yield part[:cut]
+                    part = part[cut:]
+                yield part
+
+    out = []
+    for para in text.split("\n"):
+        line = ""
+        for piece in pieces(para):
+            if line and not fits(line + piece):
+                out.append(line.rstrip())
+                line = ""
+            line += piece
+        out.append(line.rstrip())
+    return "\n".join(out)
+
+
 def _legend_outside(fig: Figure, handles, labels, ncol: int | None = None) -> None:
-    """One figure legend below the axes, so it never covers data."""
-    ncol = ncol or min(len(labels), 3)
+    """One figure legend below the axes, so it never covers data: as many columns (up to
+    ``ncol``, by default 3) as let every entry fit the figure's width, and entries
+    wrapped onto more lines when even one column is too narrow for them."""
+    size = float(STYLE["legend.fontsize"])
+    rc = matplotlib.rcParams
+    # what each entry adds to its text: the handle, the pad and the column gap (in em)
+    extra = (rc["legend.handlelength"] + rc["legend.handletextpad"]
+             + rc["legend.columnspacing"] + 2 * rc["legend.borderpad"]) * size
+    avail = fig.get_figwidth() * 72 * 0.96
+    widest = max((_text_width_pt(line, size) for label in labels
+                  for line in str(label).split("\n")), default=0.0)
+    ncol = max(1, min(ncol or 3, len(labels)))
+    while ncol > 1 and widest > avail / ncol - extra:
+        ncol -= 1
+    room = avail / ncol - extra
+    labels = [_wrap(str(label), room, size) for label in labels]
     fig.legend(handles, labels, loc="outside lower center", ncol=ncol)
 
 
@@ -288,9 +353,27 @@ def _order_panel_keys(keys: list[str]) -> list[str]:
     return [k for k in POLICY_KEYS if k in keys] + [k for k in keys if k not in POLICY_KEYS]
 
 
-def _panel_title(values: dict) -> str:
-    """Policies on the first line ("write_back + host: lru"), the workload below."""
+def _short_keys(keys) -> dict[str, str]:
+    """Each dotted key's shortest last part(s) that no other key ends with: ``mean``
+    for one key, ``user_tokens.mean`` and ``output_tokens.mean`` for two."""
+    keys = list(keys)
+    out = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            tail = ".".join(parts[-n:])
+            if not any(k != key and (k == tail or k.endswith("." + tail)) for k in keys):
+                break
+        out[key] = tail
+    return out
+
+
+def _panel_title(values: dict, width_pt: float | None = None) -> str:
+    """Policies on the first line ("write_back + host: lru"), the workload below, each
+    wrapped to ``width_pt`` (the panel's width) when given."""
     policy, other = [], []
+    short = _short_keys(k for k in values if k not in POLICY_KEYS
+                        and k not in ("base", "workload.kind"))
     for key, value in values.items():
         if value is None or (isinstance(value, float) and np.isnan(value)):
             shown = "null"  # a key left null in one run (e.g. storage.capacity_gb: unbounded)
@@ -303,11 +386,14 @@ def _panel_title(values: dict) -> str:
         elif key == "workload.kind":
             other.append(shown)
         else:
-            other.append(f"{key.rsplit('.', 1)[-1]}={shown}")
+            other.append(f"{short[key]}={shown}")
     lines = [" + ".join(policy)] if policy else []
     if other:
         lines.append(" · ".join(other))
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    if width_pt is None:
+        return text
+    return _wrap(text, width_pt, PANEL_TITLE_SIZE, "bold")
 
 
 def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> Figure:
@@ -321,13 +407,17 @@ def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> F
     x_col = "host_gb" if use_gb else ("host_tokens" if has_tokens else "host.ratio")
     if x_col not in points.columns or points[x_col].isna().all():
         raise NoData("no host capacity recorded (host_tokens or host.ratio)")
-    points = points.assign(_panel=[_panel_title(dict(zip(panel_keys, values)))
+    n_panels = len(points[panel_keys].astype(str).drop_duplicates())
+    ncols = {1: 1, 2: 2, 3: 3, 4: 2, 8: 4}.get(min(n_panels, MAX_PANELS),
+                                             3 if min(n_panels, MAX_PANELS) <= 9 else 4)
+    width = max(7.0, 3.9 * ncols + 0.6)  # room for the legend below a single panel
+    # A title as wide as its panel less the y axis' labels and a gap to the next title.
+    title_pt = (width - 0.6) / ncols * 72 - 24
+    points = points.assign(_panel=[_panel_title(dict(zip(panel_keys, values)), title_pt)
                                    for values in points[panel_keys].itertuples(index=False)])
     panels = list(dict.fromkeys(points["_panel"]))
     shown = panels[:MAX_PANELS]
-    ncols = {1: 1, 2: 2, 3: 3, 4: 2, 8: 4}.get(len(shown), 3 if len(shown) <= 9 else 4)
     nrows = -(-len(shown) // ncols)
-    width = max(7.0, 3.9 * ncols + 0.6)  # room for the legend below a single panel
     fig = Figure(figsize=(width, 3.3 * nrows + 1.3), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
     if x_col == "host_gb":
@@ -408,7 +498,7 @@ def _draw_capacity(points: pd.DataFrame, panel_keys: list[str], title: str) -> F
         ax.set_ylim(0, 1)
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.grid(axis="x", visible=False)
-        ax.set_title(panel, fontsize=9.5)
+        ax.set_title(panel, fontsize=PANEL_TITLE_SIZE)
         ax.set_xlabel(xlabel)
     for ax in axes[:, 0]:
         ax.set_ylabel("share of input tokens")

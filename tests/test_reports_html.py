@@ -10,6 +10,7 @@ import pytest
 
 from reports.html import digest_verdict, render_report, scenario_differences, write_report
 from reports.load import load_many, load_run
+from sim.fmt import duration
 from test_reports_fixture import build_run, build_sweep
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -81,7 +82,7 @@ def test_summary_table_has_one_row_per_run(report):
     for text in ("wt-lru", "wb-df", "write_back", "duplicate_first", "96,000", "192,000",
                  "(partial)", "TTFT p99", "ranks agree"):
         assert text in runs, text
-    assert ("diverged at t=3.25, step=17, ranks=[[0], [1]], what=tree contents differ; "
+    assert ("diverged at t=3.25 s, step=17, ranks=[[0], [1]], what=tree contents differ; "
             "caught by the digest check 1.25 s later") in runs
 
 
@@ -91,7 +92,7 @@ def test_hit_rates_in_table_come_from_summary(folders, report):
     s = load_run(runs[0]).summary
     assert f"{100 * s['hit_rate']:.1f}%" in row
     assert f"{100 * s['host_hit_rate']:.1f}%" in row
-    assert f"{s['ttft_p50_s'] * 1e3:.1f} ms" in row
+    assert duration(s["ttft_p50_s"]) in row  # every delay through the one formatter
 
 
 def test_differences_show_only_keys_that_differ(report):
@@ -141,14 +142,14 @@ def test_single_run_has_nothing_to_compare(folders):
     ({"verdict": "absorbed", "forks": [{"t": 1}, {"t": 2}]}, "ok",
      "ranks forked (2 fork(s)) but their trees agree"),
     ({"verdict": "missed", "first_true_divergence": {"t": 2.5, "what": "x"}}, "bad",
-     "diverged at t=2.5, what=x; NOT caught by the digest check"),
+     "diverged at t=2.5 s, what=x; NOT caught by the digest check"),
     ({"verdict": "false_alarm", "digest_mismatch": {"t": 7.0}}, "warn",
      "digest mismatch at t=7 s without a true divergence"),
     ({"verdict": "hang", "batch_mismatch": {"t": 1.0, "where": "admit"}}, "bad",
-     "ranks scheduled different batches (t=1.0, where=admit): a hang on real hardware"),
+     "ranks scheduled different batches (t=1 s, where=admit): a hang on real hardware"),
     ({"verdict": "skipped_collective", "halted": "skipped_collective",
       "collective_error": {"t": 0.5, "kind": "skipped_collective", "message": "rank 1"}},
-     "bad", "skipped_collective at t=0.5 s: rank 1; run halted (skipped_collective)"),
+     "bad", "skipped_collective at t=500 ms: rank 1; run halted (skipped_collective)"),
     # The short form: diverged / first_divergence / detected_by_digest.
     ({"diverged": False, "first_divergence": None}, "ok", "ranks agree"),
     ({"diverged": True, "first_divergence": 12, "detected_by_digest": False}, "bad",
