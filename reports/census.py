@@ -18,6 +18,7 @@ from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from reports.plots import FORMATS, _save
 from sim.atomic import atomic_path
+from sim.fmt import duration
 from sim.errors import UserError
 
 TABLE_FILE = "census.parquet"
@@ -61,7 +62,7 @@ def load_census(folder) -> tuple[pd.DataFrame, dict]:
 
 
 def _fmt_s(s: float) -> str:
-    return f"{s:.3g} s"
+    return duration(s)
 
 
 def census_figure(table: pd.DataFrame, agg: dict) -> Figure:

@@ -26,6 +26,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentF
 
 from reports.load import Results, Run, Sweep, as_results, flatten
 from sim.atomic import atomic_path
+from sim.fmt import duration
 
 FORMATS = ("png", "svg")
 
@@ -115,22 +116,15 @@ def _fmt_count(x: float, _pos=None) -> str:
 
 
 def _byte_unit(max_bytes: float) -> tuple[str, float]:
-    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    """Decimal units, as every capacity is given (GB = 1e9 bytes, SGLang's --hicache-size)."""
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if max_bytes >= div:
             return unit, float(div)
     return "B", 1.0
 
 
 def _fmt_seconds(s: float) -> str:
-    if not np.isfinite(s):
-        return "n/a"
-    if s < 1e-3:
-        return f"{s * 1e6:.3g} µs"
-    if s < 1:
-        return f"{s * 1e3:.3g} ms"
-    if s >= 1000:
-        return f"{s:.0f} s"
-    return f"{s:.3g} s"
+    return duration(s) if np.isfinite(s) else "n/a"
 
 
 def _runs_with_timeseries(results: Results) -> list[tuple[int, Run]]:

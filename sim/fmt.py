@@ -15,12 +15,12 @@ MISSING = "-"
 
 # Upper bounds of each unit, in seconds: a value switches to the next unit once it
 # would need more than about 1.5 of it, so 75 s stays "75 s" and 100 s is "1.7 min".
-_UNITS = ((1.0, 1e-3, "ms"), (90.0, 1.0, "s"), (90 * 60.0, 60.0, "min"),
+_UNITS = ((1e-3, 1e-6, "µs"), (1.0, 1e-3, "ms"), (90.0, 1.0, "s"), (90 * 60.0, 60.0, "min"),
           (48 * 3600.0, 3600.0, "h"), (math.inf, 86400.0, "days"))
 
 
 def duration(seconds) -> str:
-    """``seconds`` in ms, s, min, h or days as it grows: ``"7.2 ms"``, ``"13.4 s"``,
+    """``seconds`` in µs, ms, s, min, h or days as it grows: ``"7.2 ms"``, ``"13.4 s"``,
     ``"2.5 min"``, ``"1.2 h"``; ``"-"`` for None, NaN or infinity."""
     if seconds is None or isinstance(seconds, bool):
         return MISSING

@@ -242,8 +242,10 @@ def _load(metrics, df, busy_s, sim_time) -> dict:
     wait_p50, service_p50 = _pct(wait, 50), _pct(service, 50)
     warning = None
     if wait_p50 is not None and service_p50 is not None and wait_p50 > service_p50:
-        warning = (f"arrivals outrun service: the median request waits {wait_p50:.3g} s in the "
-                   f"queue, more than its {service_p50:.3g} s of prefill, so TTFT measures "
+        from sim.fmt import duration
+
+        warning = (f"arrivals outrun service: the median request waits {duration(wait_p50)} in "
+                   f"the queue, more than its {duration(service_p50)} of prefill, so TTFT measures "
                    "queueing; add instances (dp) or lower the arrival rate")
     return {"instances": per,
             "utilisation": float(np.mean([p["utilisation"] for p in per])),

@@ -45,7 +45,7 @@ class Estimate:
     def line(self) -> str:
         req = "requests unknown (a trace)" if self.requests is None else f"{self.requests:,} requests"
         wall = "" if self.wall_s is None else f", about {duration(self.wall_s)} wall"
-        return (f"estimate: {req}{wall}, about {self.memory_bytes / (1 << 30):.1f} GiB memory, "
+        return (f"estimate: {req}{wall}, about {self.memory_bytes / 1e9:.1f} GB memory, "
                 f"{self.processes} process(es)")
 
     @property
@@ -125,7 +125,7 @@ def check(scenario, *, force: bool = False) -> Estimate:
                         "here (use the simulated collective, or --force)", where=scenario.source)
     if avail is not None and tp * TORCH_RANK_BYTES > avail // 2:
         raise UserError(f"collective.backend: found torch with {tp} ranks, about "
-                        f"{tp * TORCH_RANK_BYTES / (1 << 30):.1f} GiB for its processes; expected at "
-                        f"most half the {avail / (1 << 30):.1f} GiB available (use the simulated "
+                        f"{tp * TORCH_RANK_BYTES / 1e9:.1f} GB for its processes; expected at "
+                        f"most half the {avail / 1e9:.1f} GB available (use the simulated "
                         "collective, or --force)", where=scenario.source)
     return est

@@ -21,6 +21,8 @@ shared and eager runs report identically.
 
 from __future__ import annotations
 
+from sim.fmt import duration
+
 VERDICTS = ("agree", "absorbed", "detected", "false_alarm", "missed", "hang", "size_mismatch")
 
 
@@ -147,13 +149,13 @@ class Observations:
             failures.append((mismatch["t"], mismatch["step"], 1,
                              "detected" if real else "false_alarm",
                              "the digest assertion fired " + (
-                                 f"{mismatch['t'] - true_div['t']:.6g} s after the trees diverged"
+                                 f"{duration(mismatch['t'] - true_div['t'])} after the trees diverged"
                                  if real else "while the trees were logically equal")))
         if failures:
             f = min(failures)
             return f[3], f[4]
         if true_div:
-            return "missed", (f"the trees diverged at t={true_div['t']:.6g} s "
+            return "missed", (f"the trees diverged at t={duration(true_div['t'])} "
                               f"({true_div['what']}) and no check noticed")
         fired = {k: v for k, v in self.perturbations.fired.items() if v}
         if fired:
