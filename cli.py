@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except DivergenceError as err:
         print(one_line(f"hicache-sim {args.command}: {err}"), file=sys.stderr)
-        return DivergenceError.exit_code
+        return err.exit_code
     except KeyboardInterrupt:
         print(f"hicache-sim {args.command}: interrupted", file=sys.stderr)
         return 130

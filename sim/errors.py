@@ -39,9 +39,15 @@ class InputFormatError(UserError):
 
 
 class DivergenceError(Exception):
-    """The simulated TP group hit SGLang's digest assertion (on_divergence: halt)."""
+    """The run ended where a real server would have failed (the digest assertion, a
+    collective), or where the engine cannot follow the ranks: ``exit_code`` says which
+    (``sim.verdict.exit_code``, README "Exit codes")."""
 
     exit_code = 3
+
+    def __init__(self, message: str, *, exit_code: int = 3):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class TreeError(Exception):

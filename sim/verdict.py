@@ -25,6 +25,33 @@ from sim.fmt import duration
 
 VERDICTS = ("agree", "absorbed", "detected", "false_alarm", "missed", "hang", "size_mismatch")
 
+# The exit codes of a run (README "Exit codes"): what the real server would have done,
+# decided by the first failure it would have hit, so `on_divergence: halt` and
+# `record` exit alike whatever a recorded run does after that failure.
+EXIT_OK = 0            # ran to the end: agree, absorbed, or missed (nothing checked noticed)
+EXIT_BAD_INPUT = 2     # sim.errors.UserError
+EXIT_SERVER_FAILED = 3  # the digest assertion, a collective hang or size mismatch, OOM, stuck
+EXIT_UNTRACKED = 4     # the ranks diverged silently and the engine cannot follow them on
+EXIT_INTERRUPTED = 130  # Ctrl-C: the folder is marked partial
+# Verdicts at which a real server stops: SGLang's digest assertion, or a collective.
+SERVER_FAILURES = ("detected", "false_alarm", "hang", "size_mismatch")
+
+
+def exit_code(divergence: dict, stuck: str | None = None) -> int:
+    """A finished run's exit code from its divergence.json and whether it got stuck.
+
+    The verdict already names the first failure a real server would hit; a recorded
+    run that goes on past it keeps that verdict, so the code does not depend on what
+    follows. A prefill out of memory stops a real server too (SGLang raises), and a
+    run whose event queue ran dry with work left would hang there."""
+    if divergence.get("verdict") in SERVER_FAILURES:
+        return EXIT_SERVER_FAILED
+    if divergence.get("halted") == "out_of_memory" or stuck is not None:
+        return EXIT_SERVER_FAILED
+    if divergence.get("halted") == "untracked":
+        return EXIT_UNTRACKED
+    return EXIT_OK
+
 
 def state(tree) -> tuple:
     """A cheap summary of a replica's logical state: pool occupancy, node counts, the

@@ -40,6 +40,7 @@ def add_input_flags(p) -> None:
 def run(args) -> int:
     from sim.errors import DivergenceError
     from sim.runner import run_scenario
+    from sim.verdict import EXIT_INTERRUPTED, EXIT_OK, exit_code
     from sim.scenario import load_scenario
 
     from sim import resources
@@ -78,25 +79,36 @@ def run(args) -> int:
         print(f"plots: {len(paths)} files in {out}/plots")
     if res.partial:
         print("interrupted: partial results written (meta.json: partial=true)", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     div = res.divergence
-    if div["halted"]:
-        raise DivergenceError(f"{halt_message(div)} (see {out}/divergence.json)")
-    return 0
+    code = exit_code(div, res.sim.stuck)
+    if code != 0:
+        raise DivergenceError(f"{halt_message(div, res.sim.stuck)} (see {out}/divergence.json)",
+                              exit_code=code)
+    if div["verdict"] == "missed":
+        print(f"warning: {div['reason']} (verdict missed; see {out}/divergence.json)",
+              file=sys.stderr)
+    return EXIT_OK
 
 
-def halt_message(div: dict) -> str:
-    """One line saying what stopped a run, as the real server would have failed."""
+def halt_message(div: dict, stuck: str | None = None) -> str:
+    """One line saying where the run failed as the real server would have (the first
+    failure, the verdict's), or what stopped the simulation."""
     from sim.constants import DIGEST_MISMATCH_MESSAGE
 
-    if div["halted"] == "digest_mismatch":
-        m = div["digest_mismatch"]
-        return f"AssertionError at t={m['t']:.6f}s (step {m['step']}): {DIGEST_MISMATCH_MESSAGE}"
-    if div.get("collective_error"):
-        e = div["collective_error"]
+    verdict, m, e = div["verdict"], div.get("digest_mismatch"), div.get("collective_error")
+    recorded = "" if div["halted"] else "; recorded, the run went on (on_divergence: record)"
+    if verdict in ("detected", "false_alarm") and m:
+        return (f"AssertionError at t={m['t']:.6f}s (step {m['step']}): "
+                f"{DIGEST_MISMATCH_MESSAGE}{recorded}")
+    if verdict in ("hang", "size_mismatch") and e:
         return (f"collective {e['kind']} at t={e['t']:.6f}s (step {e['step']}, {e['site']}): "
                 f"{e['message']}")
-    u = div["untracked"]
+    u = div.get("untracked")
+    if div["halted"] == "out_of_memory" and u:
+        return f"out of memory at t={u['t']:.6f}s (step {u['step']}): {u['why']}"
+    if stuck is not None:
+        return f"the run would hang: {stuck}"
     return (f"ranks diverged at t={u['t']:.6f}s (step {u['step']}): {u['why']}; "
             "the simulation cannot follow them further")
 
