@@ -7,9 +7,11 @@ SVG for the same plan). Everything drawn comes from ``sim.analysis.plan.Plan``.
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
 from matplotlib.figure import Figure
 
 from reports.plots import STYLE, TIER_COLORS, _save
+from sim.fmt import duration
 
 POLICY_COLORS = {
     ("write_back", "duplicate_first"): "#3b75af",
@@ -48,7 +50,7 @@ def draw_plan(plan) -> Figure:
             what = "engine L1+L2+L3" if st and plan.engine else "planning"
             top.plot(g, curve, color=color, linewidth=1.8, label=f"{what}: {_label(wp, hp)}")
             row = next(r for r in d["policies"] if (r["write_policy"], r["host_policy"]) == (wp, hp))
-            if row["knee_gb_per_rank"] is not None:
+            if row["knee_gb_per_rank"] is not None and not row.get("knee_beyond_range"):
                 top.plot([row["knee_gb_per_rank"]], [row["knee_hit_rate"]], marker="D", color=color,
                          markersize=6, markeredgecolor="black", linestyle="none")
         for (wp, hp) in plan.planning:
@@ -81,7 +83,8 @@ def draw_plan(plan) -> Figure:
         tt = d["targets"]["ttft_p99_s"]
         if tt is not None:
             bottom.axhline(tt, color="#2a9d3a", linewidth=1.0, linestyle="-.")
-        top.set_ylim(0, 1)
+        top.set_ylim(*hit_limits(plan))
+        _answer(top, bottom, plan)
         top.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         top.set_ylabel(("hit rate (device + host + storage)" if st else
                         "hit rate (device + host)" if d.get("tier", "host") == "host" else "hit rate")
@@ -92,7 +95,7 @@ def draw_plan(plan) -> Figure:
             _draw_tiers(tiers, plan)
         else:
             top.set_title("Hit rate  (lines: model shape + engine residual; dots: engine runs; "
-                          "diamonds: knee)", fontsize=9.5)
+                          "diamonds: knee; star: answer)", fontsize=9.5)
         bottom.set_ylabel("TTFT p99 (s)")
         tier = d.get("tier", "host")
         bottom.set_xlabel(f"{tier} KV pool per rank (GB = 1e9 bytes)")
@@ -125,6 +128,65 @@ def draw_plan(plan) -> Figure:
         fig.suptitle(f"{d['scenario']}: {what}, {d['ranks_per_node']} ranks per node\n{err_line}",
                      fontsize=10.5)
         return fig
+
+
+def hit_limits(plan) -> tuple[float, float]:
+    """The hit-rate axis fitted to what is drawn (model, planning and engine hit rates,
+    the optimum, the target), with a margin, within [0, 1]: curves a few points apart
+    stay apart instead of flattening into a 0-100% axis."""
+    d = plan.doc
+    ys = [np.asarray(c, dtype=float) for k, c in plan.model.items() if k != "dev"]
+    ys += [np.asarray(c, dtype=float) for c in plan.planning.values()]
+    ys.append(np.array([e.hit_rate for e in plan.engine] + [h for _, h in plan.opt]
+                       + [t for t in (d["targets"]["hit_rate"],) if t is not None], dtype=float))
+    v = np.concatenate([y[np.isfinite(y)] for y in ys]) if ys else np.array([])
+    if not len(v):
+        return 0.0, 1.0
+    lo, hi = float(v.min()), float(v.max())
+    pad = max(0.02, 0.08 * (hi - lo))
+    return max(0.0, lo - pad), min(1.0, hi + pad)
+
+
+def _own_row(d) -> dict:
+    own = (d["scenario_policy"]["write_policy"], d["scenario_policy"]["host_policy"])
+    return next((r for r in d["policies"] if (r["write_policy"], r["host_policy"]) == own),
+                d["policies"][0])
+
+
+ANSWER_COLOR = "#2a9d3a"
+
+
+def _answer(top, bottom, plan) -> None:
+    """The answer marked where it is: a star at the smallest size meeting the target
+    on the scenario's policy pair, with its size; or, unreached, a note saying so and
+    whether even the offline optimum stays below the target."""
+    d = plan.doc
+    row, tier = _own_row(d), d.get("tier", "host")
+    pol = f"{row['write_policy']} + {row['host_policy']}"
+    for ax, key, target, fmt in ((top, "target_hit_rate_gb_per_rank", d["targets"]["hit_rate"],
+                                  lambda t: f"{t:.0%} hit rate"),
+                                 (bottom, "target_ttft_p99_gb_per_rank", d["targets"]["ttft_p99_s"],
+                                  lambda t: f"TTFT p99 {duration(t)}")):
+        if target is None or key not in row:
+            continue
+        gb = row[key]
+        if gb is not None:
+            ax.plot([gb], [target], marker="*", markersize=15, color=ANSWER_COLOR,
+                    markeredgecolor="black", linestyle="none", zorder=5)
+            ax.annotate(f"answer: {gb:,.2f} GB per rank\n({pol}, {fmt(target)})",
+                        xy=(gb, target), xytext=(8, -6), textcoords="offset points",
+                        ha="left", va="top", fontsize=8, color=ANSWER_COLOR, fontweight="bold",
+                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none",
+                              "alpha": 0.85})
+            continue
+        text = (f"no {tier} size up to {d['max_host_gb_per_rank']:,.1f} GB per rank reaches "
+                f"{fmt(target)} with {pol}")
+        best = d.get("optimum_max_hit_rate")
+        if ax is top and best is not None:
+            text += (f";\neven the offline optimum reaches only {best:.1%}" if best < target
+                     else f";\nthe offline optimum reaches {best:.1%}")
+        ax.text(0.99, 0.04, text, transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+                color=ANSWER_COLOR, fontweight="bold")
 
 
 def _draw_tiers(ax, plan) -> None:

@@ -30,7 +30,10 @@ The marginal gain ``g(H) = d hit / d GB`` is taken on the 50-point grid of the
 planning curve. The knee is the smallest host size, at or past the steepest point,
 where ``g`` falls below ``KNEE_FRACTION`` (10%) of its steepest value: beyond it each
 GB buys less than a tenth of what the best GB did. (The steepest point, not the
-first: under write_through the curve is flat until the host outgrows the device.)
+first: under write_through the curve is flat until the host outgrows the device.) A
+curve whose gain never falls that low has no knee in the range: it still climbs at the
+range's end, and the plan says so (``knee_beyond_range``) instead of calling the end a
+knee.
 
 With storage (a ``storage:`` block)
 ------------------------------------
@@ -121,7 +124,8 @@ def warm_requests(n: int, warmup: float) -> int:
 
 
 def knee(x: np.ndarray, y: np.ndarray, fraction: float = KNEE_FRACTION) -> int | None:
-    """Index of the knee of ``y(x)`` (module docstring), or None for a flat curve."""
+    """Index of the knee of ``y(x)`` (module docstring); None for a flat curve and for
+    one still climbing at the range's end (:func:`still_rising`)."""
     if len(x) < 3:
         return None
     gain = np.diff(y) / np.diff(x)  # gain[i]: between x[i] and x[i+1]
@@ -129,7 +133,17 @@ def knee(x: np.ndarray, y: np.ndarray, fraction: float = KNEE_FRACTION) -> int |
     if not gain[peak] > 0:
         return None
     below = np.flatnonzero(gain[peak:] < fraction * gain[peak])
-    return int(peak + below[0]) if len(below) else len(x) - 1
+    return int(peak + below[0]) if len(below) else None
+
+
+def still_rising(x: np.ndarray, y: np.ndarray, fraction: float = KNEE_FRACTION) -> bool:
+    """Whether ``y(x)`` rises and its gain per GB never falls below ``fraction`` of the
+    steepest: the knee, if any, lies beyond the range's end."""
+    if len(x) < 3:
+        return False
+    gain = np.diff(y) / np.diff(x)
+    peak = int(np.argmax(gain))
+    return bool(gain[peak] > 0 and not (gain[peak:] < fraction * gain[peak]).any())
 
 
 def check_sizes(x: np.ndarray, y: np.ndarray, n: int) -> list[float]:
@@ -376,6 +390,8 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
             "write_policy": wp, "host_policy": hp,
             "knee_gb_per_rank": None if k is None else float(grid[k]),
             "knee_hit_rate": None if k is None else float(curve[k]),
+            # no knee in the range because the curve still climbs at its end
+            "knee_beyond_range": still_rising(grid, curve),
             "model_vs_engine_max_abs_error": errors.get((wp, hp)),
             "hit_rate_at_scenario_host": float(np.interp(own_size * bpt / 1e9, grid, curve)),
         }
@@ -442,6 +458,9 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         "knee_rule": (f"smallest host size at or past the steepest point where the marginal "
                       f"hit-rate gain per GB falls below {KNEE_FRACTION:.0%} of the steepest"),
         "targets": {"hit_rate": target_hit_rate, "ttft_p99_s": target_ttft_p99_s},
+        # The offline optimum's best hit rate over the range (None: not computed). A
+        # target above it is out of reach for every policy at every size in the range.
+        "optimum_max_hit_rate": max((h for _, h in opt), default=None),
         "policies": rows,
         "diagnosis": diagnosis,
         # The engine at the scenario's own size and policy pair: the per-tier numbers.

@@ -211,15 +211,30 @@ def _bisect_job(args):
     return bisect_inert(*args)
 
 
-def _map(fn, jobs_args, jobs: int, progress, done0: int = 0, total: int | None = None):
-    """``fn`` over ``jobs_args`` in submission order, ``jobs`` processes at a time."""
+def bisect_runs(lo: int, hi: int, step: int = 1) -> int:
+    """The most engine runs :func:`bisect_inert` makes on ``[lo, hi)``: each run halves
+    the bracket, rounding up, until it is one ``step`` wide."""
+    n, runs = (hi - lo) // step, 0
+    while n > 1:
+        n, runs = n - n // 2, runs + 1
+    return runs
+
+
+def _map(fn, jobs_args, jobs: int, progress, done0: int = 0, total: int | None = None,
+         weights=None):
+    """``fn`` over ``jobs_args`` in submission order, ``jobs`` processes at a time;
+    ``progress(done, total)`` after each, a job counting ``weights[i]`` runs (1 each
+    by default)."""
     total = len(jobs_args) if total is None else total
+    weights = [1] * len(jobs_args) if weights is None else weights
     if jobs <= 1 or len(jobs_args) <= 1:
         out = []
-        for i, a in enumerate(jobs_args):
+        done = done0
+        for a, w in zip(jobs_args, weights):
             out.append(fn(a))
+            done += w
             if progress:
-                progress(done0 + i + 1, total)
+                progress(done, total)
         return out
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -229,7 +244,7 @@ def _map(fn, jobs_args, jobs: int, progress, done0: int = 0, total: int | None =
         done = done0
         for f in as_completed(futures):
             out[futures[f]] = f.result()
-            done += 1
+            done += weights[futures[f]]
             if progress:
                 progress(done, total)
     return out
@@ -380,7 +395,13 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
         plan_slots[kv] = (sorted({s for s in grid_slots if s < unbounded} | extra), unbounded)
     jobs_args = [(scenario, kv, s, warm, bpt, "plateau" if s == unb else "grid")
                  for kv, (ss, unb) in plan_slots.items() for s in ss]
-    points = _map(_point_job, jobs_args, jobs, progress)
+    # The runs counted up front, so progress has one total from the first run: the
+    # grid, and per KV size the most bisection runs any bracket between its grid
+    # points can take (a size that needs fewer, or none, is credited them when known).
+    bound = {kv: max(bisect_runs(lo, hi, step) for lo, hi in zip([0] + ss[:-1], ss))
+             for kv, (ss, _) in plan_slots.items()}
+    total = len(jobs_args) + sum(bound.values())
+    points = _map(_point_job, jobs_args, jobs, progress, 0, total)
 
     k = axis.key
     # The inert threshold per KV size: a bracket from the grid, then bisection.
@@ -406,8 +427,11 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
         if hi - lo > step:
             bis_args.append((scenario, kv, lo, hi, limit, warm, bpt, step))
             bis_kv.append(kv)
-    found = dict(zip(bis_kv, _map(_bisect_job, bis_args, jobs, progress, len(points),
-                                  len(points) + len(bis_args))))
+    done = len(points) + sum(b for kv, b in bound.items() if kv not in bis_kv)
+    if progress and bound and done > len(points):
+        progress(done, total)
+    found = dict(zip(bis_kv, _map(_bisect_job, bis_args, jobs, progress, done, total,
+                                  [bound[kv] for kv in bis_kv])))
     for row in rows:
         br = row.pop("_bracket", None)
         if br is None:

@@ -151,10 +151,7 @@ def run(args) -> int:
 
     from sim.analysis.plan import make_plan
 
-    def progress(done, total):
-        if not args.quiet:
-            print(f"engine check {done}/{total}", file=sys.stderr, flush=True)
-
+    progress = Progress("engine run", args.quiet)
     plan = make_plan(scenario, warmup=warmup, max_host_gb=max_gb, check_points=checks,
                      opt_points=opts, grid_points=grid, policies=policies, jobs=jobs,
                      target_hit_rate=target, target_ttft_p99_s=ttft, progress=progress)
@@ -222,7 +219,9 @@ def print_plan(plan) -> None:
         header.append(f"TTFT p99 <= {d['targets']['ttft_p99_s']:g} s: per rank / per node")
     rows = [header]
     for r in d["policies"]:
-        row = [f"{r['write_policy']} + {r['host_policy']}", _gb(r["knee_gb_per_rank"]),
+        knee_text = ("beyond range" if r.get("knee_beyond_range")
+                     else _gb(r["knee_gb_per_rank"]))
+        row = [f"{r['write_policy']} + {r['host_policy']}", knee_text,
                "-" if r["knee_hit_rate"] is None else f"{r['knee_hit_rate']:.1%}",
                f"{r['hit_rate_at_scenario_host']:.1%}",
                "-" if r["model_vs_engine_max_abs_error"] is None
@@ -272,7 +271,8 @@ def print_plan(plan) -> None:
             pol = f"{own['write_policy']} + {own['host_policy']}"
             if v is None:
                 print(f"answer: no {tier} size up to {d['max_host_gb_per_rank']:,.1f} GB per rank "
-                      f"gives {what} with {pol}")
+                      f"gives {what} with {pol}" + (_beyond_optimum(d) if key.startswith(
+                          "target_hit") else ""))
             else:
                 node = d.get("node")
                 fits = "" if not node else (
@@ -280,6 +280,46 @@ def print_plan(plan) -> None:
                     f" (more than the node allows: {node['host_budget_gb_per_rank']:,.1f} GB per rank)")
                 print(f"answer: {pol} needs {v:,.1f} GB of {tier} KV per rank, {v * n:,.1f} GB per "
                       f"node of {n} ranks, for {what}{fits}")
+
+
+def _beyond_optimum(d: dict) -> str:
+    """Why an unreached hit-rate target is unreachable, from the offline optimum: below
+    the target, no policy and no size in the range reaches it; above it, one could."""
+    best, target = d.get("optimum_max_hit_rate"), d["targets"]["hit_rate"]
+    if best is None or target is None:
+        return ""
+    bound = "no L3, not a bound with storage" if d.get("storage") else "a bound for any policy"
+    if best < target:
+        return (f"; even the offline optimum ({bound}) reaches only {best:.1%} in this range, "
+                f"below the {target:.0%} target")
+    return f"; the offline optimum ({bound}) reaches {best:.1%}: another policy may"
+
+
+class Progress:
+    """Progress lines for a log: ``engine run 12/45, 38 s elapsed, ETA 1.2 min``. The
+    total is known before the first run (the plan counts its runs up front), so it
+    never grows; the ETA is the elapsed time per finished run times those left."""
+
+    def __init__(self, what: str, quiet: bool, clock=None, file=None):
+        import time
+
+        self.what, self.quiet = what, quiet
+        self.clock = clock or time.perf_counter
+        self.file = file
+        self.t0 = self.clock()
+        self.total = None
+
+    def __call__(self, done: int, total: int) -> None:
+        from sim.fmt import duration
+
+        self.total = total
+        if self.quiet:
+            return
+        elapsed = self.clock() - self.t0
+        eta = elapsed / done * (total - done) if done else None
+        print(f"{self.what} {done}/{total}, {duration(elapsed)} elapsed, ETA "
+              f"{duration(eta) if done < total else '0 s'}",
+              file=self.file or sys.stderr, flush=True)
 
 
 # Flags of one kind of plan, with their defaults: the other kind refuses a changed one.
@@ -332,10 +372,7 @@ def _run_hybrid(args, scenario, out, warmup, jobs, max_gb) -> int:
         raise UserError(f"found {args.inert_fraction!r}; expected a fraction in (0, 1)",
                         where="--inert-fraction")
 
-    def progress(done, total):
-        if not args.quiet:
-            print(f"engine run {done}/{total}", file=sys.stderr, flush=True)
-
+    progress = Progress("engine run", args.quiet)
     plan = make_hybrid_plan(scenario, warmup=warmup, max_host_gb=max_gb, kv_points=kv_points,
                             slot_points=slot_points, max_slots=max_slots, jobs=jobs,
                             inert_fraction=inert, progress=progress)
