@@ -369,6 +369,21 @@ def _quantiles(values, percentiles, with_max: bool) -> dict:
     return out
 
 
+def seed_ranges(seeds: Iterable[int]) -> str:
+    """Seeds as compact runs: ``0-3, 5, 7-9``."""
+    out, run = [], []
+    for s in sorted(set(int(x) for x in seeds)):
+        if run and s == run[-1] + 1:
+            run.append(s)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+        run = [s]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+    return ", ".join(out)
+
+
 def _group_stats(table, label: str, total: int) -> dict:
     counted = table[table["digest_after_true_divergence"]]
     n = len(table)
@@ -376,6 +391,8 @@ def _group_stats(table, label: str, total: int) -> dict:
         "verdict": label,
         "seeds": int(n),
         "share": (n / total) if total else None,
+        # Which seeds: what `repro --seed N` (or `run --seed N`) needs to replay one.
+        "seed_list": sorted(int(s) for s in table["seed"].tolist()),
         # Over the seeds where the digest fired after a true divergence: how long the
         # ranks ran with different trees before SGLang's assertion noticed.
         "detection_delay_s": _quantiles(counted["detection_delay_s"].tolist(),
@@ -452,6 +469,11 @@ def format_table(agg: dict) -> str:
         fired = ", ".join(f"{k} {v['total']} in {v['seeds_fired']}/{v['seeds_reporting']} seeds"
                           for k, v in agg["perturbations"].items())
         out.append(f"perturbations fired: {fired}")
+    if agg["verdicts"]:
+        width = max(len(row["verdict"]) for row in agg["verdicts"])
+        out.append("seeds by verdict (`run --seed N` or `repro --seed N` replays one):")
+        out += [f"  {row['verdict']:<{width}}  {seed_ranges(row.get('seed_list', []))}"
+                for row in agg["verdicts"]]
     return "\n".join(out)
 
 

@@ -19,6 +19,27 @@ def one_line(text: str) -> str:
     return "".join(out)
 
 
+def suggest(word, choices, n: int = 1) -> list[str]:
+    """The names a user most likely meant by ``word``, best first (at most ``n``).
+
+    A name that starts with ``word`` (``h100`` -> ``h100-sxm``), then one containing
+    it (``70b`` -> ``llama-3.1-70b``), ignoring case, before spelling distance (difflib):
+    a user types the start of a name far more often than a name with one letter wrong,
+    and ``h100`` is closer to ``a100`` by edit distance than to ``h100-sxm``."""
+    import difflib
+
+    word = str(word)
+    choices = [str(c) for c in choices]
+    low = word.lower()
+    out: list[str] = []
+    if low:
+        out += [c for c in choices if c.lower() == low]
+        out += sorted((c for c in choices if c.lower().startswith(low) and c not in out), key=len)
+        out += sorted((c for c in choices if low in c.lower() and c not in out), key=len)
+    out += [c for c in difflib.get_close_matches(word, choices, n) if c not in out]
+    return out[:n]
+
+
 class UserError(Exception):
     """Bad input from the user (a file, a key, a flag). Rendered as one line."""
 

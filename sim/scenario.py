@@ -17,7 +17,6 @@ validated scenario back as YAML, defaults filled in, in schema order.
 """
 
 import dataclasses
-import difflib
 import math
 import re
 import reprlib
@@ -51,7 +50,7 @@ from sim.constants import (
     HOST_POOL_EXTRA_PAGES,
     LOAD_BACK_THRESHOLD,
 )
-from sim.errors import UserError
+from sim.errors import UserError, suggest
 from sim.workloads.dists import DISTRIBUTIONS
 
 GIB = 1 << 30
@@ -106,7 +105,10 @@ def _show(v) -> str:
 class _Model(BaseModel):
     """Every scenario section: unknown keys are errors, inf/nan are rejected."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True)
+    # A field's docstring (the string below it) is its description: in the JSON Schema
+    # editors read and in docs/SCENARIO.md (sim.schema_doc).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True,
+                              use_attribute_docstrings=True)
 
 
 def _resolve_path(value: str, info: ValidationInfo, what: str) -> str:
@@ -136,10 +138,15 @@ class _DistFields(_Model):
     """
 
     value: _num(0.0, 1e12) | None = None
+    """`constant`: the value."""
     low: _num(0.0, 1e12) | None = None
+    """`uniform`: the lower bound."""
     high: _num(0.0, 1e12) | None = None
+    """`uniform`: the upper bound."""
     mean: _num(gt=0.0, hi=1e12) | None = None
+    """`exponential` and `lognormal`: the mean."""
     cv: _num(0.0, 100.0) | None = None
+    """`lognormal`: the coefficient of variation (standard deviation / mean)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -169,6 +176,7 @@ class Dist(_DistFields):
     """A length or time distribution (any registered name)."""
 
     dist: Literal[tuple(DISTRIBUTIONS)]  # type: ignore[valid-type]
+    """The distribution's name (sim.workloads.dists); its parameters are the keys beside it."""
 
 
 def _dist(**kw) -> Any:
@@ -184,7 +192,9 @@ class Mla(_Model):
     """MLA KV geometry: the cached latent width and the decoupled RoPE key width."""
 
     kv_lora_rank: _int(1, 1 << 16)
+    """Width of the cached latent (the compressed KV) per token and layer."""
     qk_rope_head_dim: _int(0, 1 << 16)
+    """Width of the decoupled RoPE key cached beside the latent."""
 
 
 class ModelConfig(_Model):
@@ -196,18 +206,27 @@ class ModelConfig(_Model):
     (FULL, SWA) or (FULL, MAMBA) (docs/HYBRID.md §10), alone."""
 
     preset: str | None = None
+    """A shipped model (see Model presets below); the keys beside it override its geometry."""
     # A hybrid model (sim.costs.hybrid_models.HYBRID_MODEL_PRESETS), with no other key.
     hybrid_preset: str | None = None
     layers: _int(1, 1024) | None = None
+    """Transformer layers holding KV."""
     q_heads: _int(1, 4096) | None = None
+    """Query heads (for the attention FLOPs)."""
     kv_heads: _int(1, 4096) | None = None
+    """KV heads (MHA/GQA); a custom model gives this or `mla`."""
     head_dim: _int(1, 4096) | None = None
+    """Head dimension of keys (and of values unless v_head_dim is set)."""
     v_head_dim: _int(1, 4096) | None = None
+    """Head dimension of values, when it differs from head_dim."""
     dtype_bytes: _int(1, 8) | None = None
+    """Bytes per KV element (2 for bf16/fp16, 1 for fp8)."""
     mla: Mla | None = None
+    """Multi-head latent attention geometry (DeepSeek style), instead of kv_heads."""
     params_b: _num(gt=0.0, hi=1e5) | None = None  # active parameters, billions (FLOPs)
     total_params_b: _num(gt=0.0, hi=1e5) | None = None  # all parameters (MoE), billions
     weight_bytes: _num(gt=0.0, hi=8.0) | None = None
+    """Bytes per weight parameter, for the weights' memory and read time per rank (2 bf16, 1 fp8; default: the preset's, else 2)."""
 
     @model_validator(mode="after")
     def _known(self):
@@ -216,7 +235,7 @@ class ModelConfig(_Model):
 
         if self.hybrid_preset is not None:
             if self.hybrid_preset not in HYBRID_MODEL_PRESETS:
-                close = difflib.get_close_matches(self.hybrid_preset, list(HYBRID_MODEL_PRESETS), 1)
+                close = suggest(self.hybrid_preset, HYBRID_MODEL_PRESETS)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise _err(f"hybrid_preset {self.hybrid_preset!r}",
                            f"one of {', '.join(HYBRID_MODEL_PRESETS)}{hint}", "hybrid_preset")
@@ -228,7 +247,7 @@ class ModelConfig(_Model):
             return self
         if self.preset is not None:
             if self.preset not in MODEL_PRESETS:
-                close = difflib.get_close_matches(self.preset, list(MODEL_PRESETS), 1)
+                close = suggest(self.preset, MODEL_PRESETS)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise _err(f"preset {self.preset!r}", f"one of {', '.join(MODEL_PRESETS)}{hint}", "preset")
         else:
@@ -294,8 +313,11 @@ class Device(_Model):
     takes SGLang's default for that GPU, TP size and chunked prefill)."""
 
     tokens: Tokens | None = None
+    """The pool in KV tokens per rank, a multiple of page_size."""
     gib: _num(gt=0.0, hi=1e6) | None = None
+    """The pool in GiB (2^30 bytes, as GPU memory is given) per rank, rounded down to whole pages."""
     mem_fraction_static: Union[_num(gt=0.0, hi=1.0), Literal["auto"]] | None = None
+    """SGLang --mem-fraction-static: the pool SGLang sizes on cost.profile's GPU after the weights; `auto`: SGLang's default for that GPU."""
     # Hybrid models only (model.hybrid_preset; sim/hybrid/pools.py). With ``tokens``
     # (FULL tokens) the SWA pool is ``tokens * swa_full_tokens_ratio`` and the Mamba
     # pool takes ``mamba_full_memory_ratio`` x the FULL pool's bytes; with ``gib`` or
@@ -338,10 +360,15 @@ class Host(_Model):
     when ``node`` is given (as SGLang does on a real machine)."""
 
     tokens: _int(0, 10**12) | None = None
+    """The pool in KV tokens per rank, a multiple of page_size; 0 (or `host: off`): no host tier."""
     gib: _num(gt=0.0, hi=1e7) | None = None
+    """The pool in GiB (2^30 bytes) per rank (plus SGLang's one page)."""
     ratio: _num(gt=0.0, hi=1e4) | None = None
+    """SGLang --hicache-ratio: the pool as a multiple of the device pool's tokens (plus one page)."""
     size_gb: _num(gt=0.0, hi=1e7) | None = None
+    """SGLang --hicache-size: the pool in GB (1e9 bytes) per rank (plus one page)."""
     host_memory_fraction: _num(gt=0.0, hi=1.0) | None = None
+    """SGLang --hicache-host-memory-fraction: the default ratio 2, sized down to fit this share of node.host_ram_gb."""
     # A Mamba hybrid's host state slots (the MambaPoolHost size, as given), overriding what the
     # sizing unit gives; required with ``tokens``.
     mamba_states: _int(1, 10**9) | None = None
@@ -380,8 +407,11 @@ class Node(_Model):
     it (mem_cache/pool_host/base.py); ``on_exceed: warn`` runs anyway and records it."""
 
     host_ram_gb: _num(gt=0.0, hi=1e7)
+    """Host RAM available to SGLang, GB (1e9 bytes): what psutil reports available."""
     gpus: _int(1, 1024) = 8
+    """GPUs on the node: how many ranks share its host RAM."""
     on_exceed: Literal["refuse", "warn"] = "refuse"
+    """A host pool beyond the node's RAM per rank: `refuse` as SGLang does, or `warn` and run anyway."""
 
 
 # ----------------------------------------------------------------------------------
@@ -405,7 +435,9 @@ class Cache(_Model):
     write_policy: Literal[_WRITE] = "write_through"  # type: ignore[valid-type]  # SGLang default (sem §7)
     host_policy: Literal[_HOSTP] = "duplicate_first"  # type: ignore[valid-type]  # PR #33777
     eviction_policy: Literal[_EVICT] = "lru"  # type: ignore[valid-type]
+    """Which device node is evicted first (SGLang --radix-eviction-policy)."""
     load_back_threshold: _int(0, 10**9) = LOAD_BACK_THRESHOLD
+    """Host-hit tokens below which a match is not loaded back (SGLang's load_back_threshold)."""
     # The tree core: python (the reference, bit-exact) or rust (its digest/id variant, sem §4.6).
     backend: Literal["python", "rust"] = "python"
     # Node ids: as a started 0.5.23 server has them (first node 10, so digests in
@@ -431,6 +463,7 @@ class Cost(_Model):
     """The cost profile (a shipped name or a path to a YAML profile) and the I/O path."""
 
     profile: str = _DEFAULT_PROFILE
+    """A shipped GPU profile (see GPU profiles below) or a path to a profile YAML (`hicache-sim calibrate` writes one)."""
     io_backend: Literal[_IO] = "kernel"  # type: ignore[valid-type]  # SGLang default (sem §7)
     mem_layout: Literal[_LAYOUTS] = "page_first"  # type: ignore[valid-type]  # SGLang default
 
@@ -442,7 +475,7 @@ class Cost(_Model):
         if v in PROFILES:
             return v
         if not (v.endswith((".yaml", ".yml")) or "/" in v):
-            close = difflib.get_close_matches(v, list(PROFILES), 1)
+            close = suggest(v, PROFILES)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise _err(f"profile {v!r}", f"one of {', '.join(PROFILES)} or a path to a .yaml profile{hint}")
         path = _resolve_path(v, info, "a cost profile YAML")
@@ -463,9 +496,13 @@ class Collective(_Model):
     """
 
     backend: Literal["simulated", "torch"] = "simulated"
+    """`simulated` computes the reductions in process; `torch` runs them through torch.distributed, one process per rank."""
     device: Literal["cpu", "cuda"] = "cpu"
+    """The torch backend's device: `cpu` (gloo) or `cuda` (NCCL)."""
     discipline: Literal["synced", "pre_26921", "local"] = "synced"
+    """Which SGLang code issues the per-step cache sync (see the section text)."""
     timeout_s: _num(gt=0.0, hi=3600.0) = 10.0
+    """Seconds a blocked torch collective waits before it is reported as a hang."""
 
 
 class Router(_Model):
@@ -480,10 +517,15 @@ class Router(_Model):
     """
 
     policy: Literal["round_robin", "least_load", "cache_aware"] = "round_robin"
+    """`round_robin`, `least_load` (fewest running plus waiting) or sgl-router's `cache_aware`."""
     cache_threshold: Probability = 0.3
+    """cache_aware: the prefix-match share above which a request goes to the best-matching instance."""
     balance_abs_threshold: _int(0, 10**9) = 64
+    """cache_aware: the load gap (requests) beyond which the least-loaded instance is chosen."""
     balance_rel_threshold: _num(1.0, 1e6) = 1.5
+    """cache_aware: the load ratio beyond which the least-loaded instance is chosen."""
     max_tree_tokens: _int(1, 10**12) = 1 << 24
+    """cache_aware: the tokens each approximate tree is trimmed to."""
 
     @model_validator(mode="after")
     def _cache_aware_only(self):
@@ -508,6 +550,7 @@ class Engine(_Model):
     start. Both give byte-identical results (the option exists to check that)."""
 
     replicas: Literal["shared", "eager"] = "shared"
+    """`shared`: ranks share one tree until a rank-specific event forks one; `eager`: one tree per rank."""
 
 
 class Storage(_Model):
@@ -534,15 +577,25 @@ class Storage(_Model):
     """
 
     backend: Literal["sim", "mooncake", "3fs", "nixl", "file"] = "sim"
+    """The backend's cost shape (sim.storage.backends): op latency plus bytes at its read or write bandwidth per rank."""
     read_gbps: _num(gt=0.0, hi=1e6) | None = None
+    """Read bandwidth per rank, GB/s (null: the backend's)."""
     write_gbps: _num(gt=0.0, hi=1e6) | None = None
+    """Write bandwidth per rank, GB/s (null: the backend's)."""
     op_latency_us: _num(0.0, 1e9) | None = None
+    """Latency of each storage op, microseconds (null: the backend's)."""
     capacity_gb: _num(0.0, 1e9) | None = None
+    """Each rank's storage size, GB (1e9 bytes) of its KV shard; null: unbounded. Overflow evicts the least recently used pages."""
     prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = "timeout"
+    """SGLang --hicache-storage-prefetch-policy: when a prefetch is cut off."""
     prefetch_threshold: _int(0, 10**12) = 256
+    """Tokens a storage hit must reach to be prefetched (SGLang's prefetch_threshold)."""
     prefetch_timeout_base: Seconds = 1.0
+    """`timeout` policy: seconds every prefetch may take."""
     prefetch_timeout_per_ki_token: Seconds = 0.25
+    """`timeout` policy: extra seconds per 1024 prefetched tokens."""
     attn_cp_size: _int(1, 4096) = 1
+    """SGLang --attn-cp-size (dividing tp): which ranks write each page to storage."""
     # SGLang --hicache-host-memory-mode (sim.storage.policy.resolve_host_mode): ``cache``
     # (the host pool is a tier of the tree) or ``buffer_only`` (the host pool only stages
     # KV between device and storage; the tree holds no host values, docs/STORAGE.md §9).
@@ -557,8 +610,10 @@ class AckDelay(_DistFields):
     """Extra completion delay (seconds) of transfer acks on some ranks."""
 
     dist: Literal[_DELAY_DISTS] = "none"  # type: ignore[valid-type]
+    """The delay's distribution, seconds (`none`: no delay)."""
     ranks: list[Rank] | None = None  # None: every rank
     acks: Literal["write", "load", "both"] = "both"
+    """Which acks are late: write (backup) acks, load-back acks, or both."""
 
 
 class HostAllocFailure(_Model):
@@ -566,7 +621,9 @@ class HostAllocFailure(_Model):
     (sem §5.4.b; sglang #28429: ``write_backup`` enqueues only where it succeeds)."""
 
     probability: Probability = 0.0
+    """Chance that one host allocation attempt fails."""
     ranks: list[Rank] | None = None
+    """The ranks it fails on (null: every rank)."""
 
 
 class DeviceFreeDelay(_DistFields):
@@ -575,6 +632,7 @@ class DeviceFreeDelay(_DistFields):
     device space)."""
 
     dist: Literal[_DELAY_DISTS] = "none"  # type: ignore[valid-type]
+    """The delay's distribution, seconds (`none`: no delay)."""
     ranks: list[Rank] | None = None  # None: every rank
 
 
@@ -583,16 +641,22 @@ class IdDrift(_Model):
     (sem §5.4.d: a false-positive digest crash)."""
 
     rank: Rank = 1
+    """The rank whose node-id counter jumps."""
     extra_ids: _int(0, 10**9) = 1
+    """How many ids it skips."""
     after_request: _int(0, 10**12) = 0
+    """The request id after which it jumps."""
 
 
 class RequestOrder(_Model):
     """Some ranks see adjacent requests swapped, within a window, with a probability."""
 
     ranks: list[Rank] | None = None
+    """The ranks that see swapped requests (null: every rank)."""
     swap_probability: Probability = 0.0
+    """Chance that two adjacent requests are swapped."""
     window: _int(2, 1024) = 2
+    """Requests within which a swap may move one."""
 
 
 class StorageMiss(_Model):
@@ -601,7 +665,9 @@ class StorageMiss(_Model):
     draw every time it is asked. Needs ``storage:``."""
 
     probability: Probability = 0.0
+    """Chance that a page key is missing on such a rank (the same draw every time)."""
     ranks: list[Rank] | None = None
+    """The ranks whose storage lacks pages (null: every rank)."""
 
 
 class StorageFail(_Model):
@@ -609,6 +675,7 @@ class StorageFail(_Model):
     MIN, every rank's). Needs ``storage:``."""
 
     ranks: list[Rank] = Field(default_factory=list)
+    """The ranks whose storage fails every query."""
 
 
 class StorageLatency(_DistFields):
@@ -619,7 +686,9 @@ class StorageLatency(_DistFields):
     their timeout votes (docs/STORAGE.md §7). Needs ``storage:``."""
 
     factor: _num(gt=0.0, hi=1e6) = 1.0
+    """Each storage call's backend cost is multiplied by this."""
     dist: Literal[_DELAY_DISTS] = "none"  # type: ignore[valid-type]
+    """An extra delay per call, seconds (`none`: none)."""
     ranks: list[Rank] | None = None  # None: every rank
 
 
@@ -629,16 +698,27 @@ class Jitter(_Model):
     per-rank deltas in tokens."""
 
     seed: _int(0, 2**63 - 1) | None = None
+    """Seed of the jitter's draws (default: the scenario's seed)."""
     ack_delay: AckDelay = Field(default_factory=AckDelay)
+    """Late transfer acks on some ranks."""
     host_alloc_failure: HostAllocFailure = Field(default_factory=HostAllocFailure)
+    """Host allocations failing on some ranks."""
     host_capacity_skew: dict[Rank, _int(-(10**12), 10**12)] = Field(default_factory=dict)
+    """Per-rank change of the host pool, tokens ({rank: delta})."""
     device_capacity_skew: dict[Rank, _int(-(10**12), 10**12)] = Field(default_factory=dict)
+    """Per-rank change of the device pool, tokens ({rank: delta})."""
     device_free_delay: DeviceFreeDelay = Field(default_factory=DeviceFreeDelay)
+    """Late device frees on some ranks."""
     id_drift: IdDrift | None = None
+    """One rank's node ids drifting (a false-positive digest)."""
     request_order: RequestOrder = Field(default_factory=RequestOrder)
+    """Adjacent requests swapped on some ranks."""
     storage_miss: StorageMiss = Field(default_factory=StorageMiss)
+    """Pages missing from some ranks' storage."""
     storage_fail: StorageFail = Field(default_factory=StorageFail)
+    """Storage backends failing every query on some ranks."""
     storage_latency: StorageLatency = Field(default_factory=StorageLatency)
+    """Slow storage backends on some ranks."""
 
 
 # ----------------------------------------------------------------------------------
@@ -650,15 +730,20 @@ class Poisson(_Model):
     """Exponential gaps, ``rate`` arrivals (requests or sessions) per second."""
 
     process: Literal["poisson"]
+    """Exponential gaps between arrivals."""
     rate: _num(gt=0.0, hi=1e7)
+    """Arrivals (requests, or sessions for session workloads) per second."""
 
 
 class Bursty(_Model):
     """Gamma gaps with mean 1/rate and coefficient of variation ``cv`` (1 = Poisson)."""
 
     process: Literal["bursty"]
+    """Gamma gaps: burstier than Poisson when cv > 1."""
     rate: _num(gt=0.0, hi=1e7)
+    """Mean arrivals per second."""
     cv: _num(gt=0.0, hi=100.0) = 2.0
+    """Coefficient of variation of the gaps (1: Poisson)."""
 
 
 class TraceArrival(_Model):
@@ -666,9 +751,13 @@ class TraceArrival(_Model):
     time in seconds per line)."""
 
     process: Literal["trace"]
+    """Arrival times read from a file."""
     path: str
+    """The file (resolved under the scenario's folder, data/ and --trace-root)."""
     format: Literal["mooncake", "generic", "lines"] = "lines"
+    """`lines`: one time in seconds per line; `mooncake` or `generic`: the trace's timestamps."""
     skip_bad_lines: bool = False
+    """Skip malformed lines (counted in summary.json) instead of failing."""
 
     @field_validator("path")
     @classmethod
@@ -681,70 +770,105 @@ Arrival = Annotated[Union[Poisson, Bursty, TraceArrival], Field(discriminator="p
 
 class _Generator(_Model):
     block_size: _int(1, 1 << 20) = 64
+    """Tokens per content block: the unit the generator shares between requests."""
     num_requests: _int(1, 10**9) = 1000
+    """Requests to generate."""
     arrival: Arrival = Field(default_factory=lambda: Poisson(process="poisson", rate=1.0))
+    """When requests (or sessions) arrive."""
     rate_scale: _num(gt=0.0, hi=1e6) = 1.0
+    """Multiplies the arrival rate (or divides a trace's gaps)."""
     output_tokens: Dist = _dist(dist="lognormal", mean=256, cv=1.0)
+    """Decode tokens per request."""
 
 
 class MultiTurnChat(_Generator):
     """Chat sessions (arriving by ``arrival``) with a few shared system prompts."""
 
     kind: Literal["multi_turn_chat"]
+    """Chat sessions sharing a few system prompts, each turn extending the last."""
     num_system_prompts: _int(1, 10**6) = 4
+    """Distinct system prompts the sessions share."""
     system_prompt_tokens: Dist = _dist(dist="constant", value=1024)
+    """Length of a system prompt, tokens."""
     turns: Dist = _dist(dist="exponential", mean=5)
+    """Turns per session."""
     user_tokens: Dist = _dist(dist="lognormal", mean=200, cv=1.0)
+    """Tokens a user adds per turn."""
     think_time_s: Dist = _dist(dist="exponential", mean=30)
+    """Seconds between a reply and the next turn."""
     max_context_tokens: Tokens = 32768
+    """A session ends when its context would exceed this."""
 
 
 class AgenticToolLoop(_Generator):
     """Agent sessions: a long shared tools/system prefix, a task, many short steps."""
 
     kind: Literal["agentic_tool_loop"]
+    """Agent sessions: a shared tools prefix, a task, many short tool steps."""
     num_shared_prefixes: _int(1, 10**6) = 1
+    """Distinct tools/system prefixes the sessions share."""
     shared_prefix_tokens: Dist = _dist(dist="constant", value=12000)
+    """Length of a shared prefix, tokens."""
     task_tokens: Dist = _dist(dist="lognormal", mean=1500, cv=0.5)
+    """Length of a session's task, tokens."""
     steps: Dist = _dist(dist="lognormal", mean=20, cv=1.0)
+    """Tool steps per session."""
     step_tokens: Dist = _dist(dist="lognormal", mean=400, cv=1.5)
+    """Tokens a tool result adds per step."""
     tool_time_s: Dist = _dist(dist="exponential", mean=2)
+    """Seconds a tool call takes between steps."""
     max_context_tokens: Tokens = 131072
+    """A session ends when its context would exceed this."""
     output_tokens: Dist = _dist(dist="lognormal", mean=150, cv=1.0)
+    """Decode tokens per step."""
 
 
 class FewShot(_Generator):
     """A few templates shared by many requests (``template_zipf_s`` 0: uniform)."""
 
     kind: Literal["few_shot"]
+    """Requests sharing a few long templates, each with its own suffix."""
     num_templates: _int(1, 10**6) = 8
+    """Distinct templates."""
     template_tokens: Dist = _dist(dist="constant", value=2048)
+    """Length of a template, tokens."""
     template_zipf_s: _num(0.0, 10.0) = 0.0
+    """Zipf exponent of template popularity (0: uniform)."""
     suffix_tokens: Dist = _dist(dist="lognormal", mean=256, cv=1.0)
+    """Length of a request's own suffix, tokens."""
 
 
 class ZipfDocuments(_Generator):
     """RAG: a shared instruction, a Zipf-popular document, a unique question."""
 
     kind: Literal["zipf_documents"]
+    """RAG requests: a shared instruction, a Zipf-popular document, a unique question."""
     num_documents: _int(1, 10**7) = 1000
+    """Documents in the corpus."""
     document_tokens: Dist = _dist(dist="lognormal", mean=4096, cv=0.5)
+    """Length of a document, tokens."""
     zipf_s: _num(0.0, 10.0) = 1.0
+    """Zipf exponent of document popularity."""
     system_prompt_tokens: _int(0, 10**7) = 256
+    """Length of the shared instruction, tokens."""
     question_tokens: Dist = _dist(dist="lognormal", mean=64, cv=0.5)
+    """Length of a question, tokens."""
 
 
 class Uniform(_Generator):
     """Independent requests of fresh blocks only: no reuse at all (a control)."""
 
     kind: Literal["uniform"]
+    """Independent requests of fresh blocks: no reuse (a control)."""
     input_tokens: Dist = _dist(dist="uniform", low=512, high=8192)
+    """Input length per request, tokens."""
 
 
 class ConversationStart(_Model):
     """Agentic traces: when each conversation starts (file order)."""
 
     mode: Literal["zero", "poisson"] = "zero"
+    """`zero`: every conversation starts at once; `poisson`: at `rate` per second."""
     rate: _num(gt=0.0, hi=1e6) | None = None  # conversations per second (poisson)
 
     @model_validator(mode="after")
@@ -761,10 +885,15 @@ class Trace(_Model):
     ``agentic`` (a folder of conversation JSON files, or one) or ``generic``."""
 
     kind: Literal["trace"]
+    """Requests read from a trace file, streamed."""
     format: Literal["mooncake", "agentic", "generic"]
+    """`mooncake` (JSONL with hash ids), `agentic` (conversation JSON files) or `generic` (JSONL, scenarios/README.md)."""
     path: str
+    """The trace file or folder (resolved under the scenario's folder, data/, $HICACHE_TRACE_CACHE and --trace-root)."""
     rate_scale: _num(gt=0.0, hi=1e6) = 1.0
+    """Divides the trace's inter-arrival gaps (2: twice as fast)."""
     skip_bad_lines: bool = False
+    """Skip malformed lines (counted in summary.json) instead of failing."""
     # mooncake: 512 by default; generic: used for rows without block_size; agentic:
     # always the file's own block_size.
     block_size: _int(1, 1 << 20) | None = None
@@ -811,7 +940,9 @@ class Mix(_Model):
     """Several workloads merged by arrival, each in its own id and session namespace."""
 
     kind: Literal["mix"]
+    """Several workloads merged by arrival time."""
     parts: Annotated[list[_Part], Field(min_length=1, max_length=64)]
+    """The workloads (any kind but mix), each in its own id namespace."""
 
 
 Workload = Annotated[
@@ -835,6 +966,7 @@ class Scheduler(_Model):
     alongside it is an error."""
 
     mode: Literal["serve", "cache_replay"] = "serve"
+    """`serve` runs SGLang's scheduler; `cache_replay`: one request at a time, no decode."""
     max_running_requests: _int(1, 10**6) | None = None  # None: bounded by device memory
     chunked_prefill_tokens: _int(1, 10**9) | None = 8192  # None: no chunking
     # SGLang --max-prefill-tokens: extend tokens one prefill batch may add.
@@ -843,6 +975,7 @@ class Scheduler(_Model):
     # charges running requests' remaining decode with (larger: fewer retractions).
     schedule_conservativeness: _num(gt=0.0, hi=100.0) = 1.0
     decode: bool = True
+    """Simulate decode steps (their time, page growth and retractions)."""
 
     @model_validator(mode="after")
     def _preset(self):
@@ -864,11 +997,14 @@ class Limits(_Model):
     """Stop after this many requests, or drop arrivals after ``duration_s``."""
 
     max_requests: _int(1, 10**12) | None = None
+    """Stop after this many requests."""
     duration_s: _num(gt=0.0, hi=1e9) | None = None
+    """Drop arrivals after this simulated time, seconds."""
 
 
 class Output(_Model):
     timeseries_interval_s: _num(gt=0.0, hi=1e9) = 1.0
+    """Simulated seconds between timeseries.parquet samples."""
     trace_out: str | None = None  # a Perfetto trace file, relative to the results folder
 
     @field_validator("trace_out")
@@ -890,27 +1026,48 @@ class Scenario(_Model):
     """One simulation run, fully described. See scenarios/README.md."""
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
+    """The run's name: the default results folder is results/<name> (a slug)."""
     description: str = ""
+    """One line saying what the scenario shows (free text)."""
     seed: _int(0, 2**63 - 1) = 0
+    """Seeds every random draw of the workload and, unless jitter.seed is set, of the jitter: same scenario and seed, byte-identical results."""
     model: ModelConfig
+    """The model whose KV is cached: a preset (see Model presets below) or a custom geometry; it sets the bytes per token and the compute costs."""
     tp: _int(1, 64) = 1
+    """Tensor-parallel ranks per instance: each rank holds its own replica of the tree and its shard of every KV page."""
     dp: _int(1, 256) = 1  # data-parallel instances, each a TP group of `tp` ranks
     page_size: _int(1, 1 << 16)
+    """KV tokens per page (SGLang --page-size): the unit of allocation, matching and transfer."""
     device: Device
+    """The device (GPU) KV pool per rank."""
     host: Host = Field(default_factory=Host)
+    """The host (pinned CPU) KV pool per rank, HiCache's L2; `host: off` for a single tier."""
     node: Node | None = None
+    """The machine the ranks run on (host RAM, GPUs), for SGLang's host-pool sizing and its refusal when a pool exceeds the RAM; absent: not checked."""
     cache: Cache = Field(default_factory=Cache)
+    """The tree's write, host-pressure and eviction policies."""
     cost: Cost = Field(default_factory=Cost)
+    """The GPU cost profile (see GPU profiles below) and the transfer path."""
     collective: Collective = Field(default_factory=Collective)
+    """How the TP group's collectives are computed and which SGLang sync discipline issues them."""
     router: Router = Field(default_factory=Router)
+    """How requests are spread over the dp instances."""
     engine: Engine = Field(default_factory=Engine)
+    """How the simulator keeps the ranks' replicas (results are the same either way)."""
     storage: Storage | None = None
+    """The L3 storage tier below the host (absent: no L3)."""
     jitter: Jitter = Field(default_factory=Jitter)
+    """Rank-level perturbations and faults, all off by default."""
     workload: Workload
+    """The requests: a generator (`kind`) or a trace."""
     scheduler: Scheduler = Field(default_factory=Scheduler)
+    """The scheduler's batch limits, chunked prefill and decode."""
     limits: Limits = Field(default_factory=Limits)
+    """Stop early: after a number of requests, or at a simulated time."""
     on_divergence: Literal["halt", "record"] = "halt"
+    """What a digest mismatch does: `halt` stops the run as SGLang's assertion stops the server; `record` notes it and runs on (the exit code is the same, README "Exit codes")."""
     output: Output = Field(default_factory=Output)
+    """What the results folder gets besides its fixed files."""
 
     _source: str | None = PrivateAttr(default=None)
 
@@ -1655,7 +1812,7 @@ def _apply_override(data: dict, item: str, where: str) -> tuple:
         child = _child(ann, part, cur)
         if child is None:
             keys = _keys_here(ann, cur)
-            close = difflib.get_close_matches(part, keys, 3)
+            close = suggest(part, keys, 3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             above = ".".join(parts[:i]) or "the top level"
             raise UserError(f"found unknown key {part!r} under {above}; expected one of "
@@ -1747,13 +1904,16 @@ def _render(e: dict, data) -> tuple[list, str, str]:
     if typ == "extra_forbidden":
         keys = _keys_here(_ann_at(parts[:-1], data), _get(data, parts[:-1])) if parts else []
         bad = str(parts[-1]) if parts else "?"
-        close = difflib.get_close_matches(bad, keys, 1)
+        close = suggest(bad, keys)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return parts, f"unknown key {bad!r}", f"one of {', '.join(keys)}{hint}"
     if typ == "missing":
         return parts, "no value", f"a value for {str(parts[-1])!r}" if parts else "a value"
     if typ == "literal_error":
-        return parts, _show(inp), f"one of {ctx.get('expected')}"
+        choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        close = suggest(inp, choices) if isinstance(inp, str) else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return parts, _show(inp), f"one of {ctx.get('expected')}{hint}"
     if typ in ("union_tag_invalid", "union_tag_not_found"):
         disc = ctx.get("discriminator", "kind").strip("'")
         tags = ", ".join(map(str, _tags_here(_ann_at(parts, data)))) or ctx.get("expected_tags", "")
@@ -1799,8 +1959,18 @@ def _get(data, parts):
     return cur
 
 
+def more_errors(rest: list[str]) -> str:
+    """The tail of a one-line error for the errors after the first: the second in full
+    (a user fixing the first should not have to run again to learn of it), then how
+    many more there are."""
+    if not rest:
+        return ""
+    n = len(rest) - 1
+    return f"; also {rest[0]}" + (f" (and {n} more error{'s' if n > 1 else ''})" if n else "")
+
+
 def _as_user_error(err: ValidationError, data, lines, overridden, where, labels=None) -> UserError:
-    best = None
+    ranked = []
     errors = err.errors(include_url=False)
     for order, e in enumerate(errors):
         parts, found, expected = _render(e, data)
@@ -1812,18 +1982,24 @@ def _as_user_error(err: ValidationError, data, lines, overridden, where, labels=
                 break
         via_set = next((o for o in overridden if sp[: len(o)] == o), None)
         rank = (0 if via_set else 1, line if line is not None else 1 << 30, order)
-        if best is None or rank < best[0]:
-            best = (rank, sp, found, expected, line, via_set)
-    _, sp, found, expected, line, via_set = best
+        ranked.append((rank, sp, found, expected, line, via_set))
+    ranked.sort(key=lambda r: r[0])
+
+    def place(line, via_set) -> str:
+        if via_set:
+            label = (labels or {}).get(via_set) or f"--set {'.'.join(via_set)}"
+            return f"{where} ({label})"
+        return f"{where}:{line}" if line is not None else where
+
+    _, sp, found, expected, line, via_set = ranked[0]
     key = ".".join(sp) or "(top level)"
-    if via_set:
-        label = (labels or {}).get(via_set) or f"--set {'.'.join(via_set)}"
-        loc = f"{where} ({label})"
-    else:
-        loc = f"{where}:{line}" if line is not None else where
-    more = len(errors) - 1
-    tail = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
-    return UserError(_flat(f"{key}: found {found}; expected {expected}{tail}"), where=loc)
+    rest = []
+    for _, sp2, found2, expected2, line2, via2 in ranked[1:]:
+        at = place(line2, via2)
+        rest.append(f"{'.'.join(sp2) or '(top level)'}: found {found2}; expected {expected2}"
+                    + (f" ({at})" if at != place(line, via_set) else ""))
+    return UserError(_flat(f"{key}: found {found}; expected {expected}{more_errors(rest)}"),
+                     where=place(line, via_set))
 
 
 # ----------------------------------------------------------------------------------

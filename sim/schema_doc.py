@@ -391,7 +391,69 @@ def markdown() -> str:
                 _code(key), _cell(_type(prop)), _cell(_default(cls, key, prop, key in required)),
                 _cell(_allowed(prop)), _cell(_doc(desc))]) + " |")
         out.append("\n".join(rows) + "\n")
+    out.append(presets_markdown())
+    out.append(profiles_markdown())
     return "\n".join(out)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]) + "\n"
+
+
+def _params(n: float | None) -> str:
+    return "-" if not n else f"{n / 1e9:,.1f}B"
+
+
+def presets_markdown() -> str:
+    """The names ``model.preset`` and ``model.hybrid_preset`` accept, from their
+    registries (``sim.costs.MODEL_PRESETS``, ``sim.costs.hybrid_models``)."""
+    from sim.costs import MODEL_PRESETS
+    from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
+
+    rows = []
+    for name, m in MODEL_PRESETS.items():
+        kv = (f"MLA latent {m.kv_lora_rank} + rope {m.qk_rope_head_dim}" if m.is_mla
+              else f"{m.kv_heads} KV heads x {m.head_dim}")
+        rows.append([_code(name), str(m.layers), kv, str(m.dtype_bytes),
+                     f"{m.bytes_per_token(1):,}", _params(m.active_params),
+                     _params(m.total_params or m.active_params)])
+    out = ['<a id="model-presets"></a>\n\n## Model presets\n',
+           "`model.preset` names one of these (`sim/costs/models.py`, `MODEL_PRESETS`); keys "
+           "beside it override its geometry. KV bytes per token are at `tp: 1` (a rank holds "
+           "its share of the KV heads; MLA's latent is whole on every rank).\n",
+           _table(["preset", "layers", "KV geometry", "KV bytes per element",
+                   "KV bytes per token (tp 1)", "active params", "total params"], rows)]
+    rows = []
+    for name, h in HYBRID_MODEL_PRESETS.items():
+        other = (f"{h.swa_layers} SWA layers, window {h.sliding_window:,} tokens"
+                 if h.kind == "swa" else f"{h.mamba_layers} Mamba layers")
+        rows.append([_code(name), "(FULL, SWA)" if h.kind == "swa" else "(FULL, MAMBA)",
+                     str(h.full.layers), other, f"{h.full.bytes_per_token(1):,}"])
+    out += ["`model.hybrid_preset` names one of these (`sim/costs/hybrid_models.py`, "
+            "`HYBRID_MODEL_PRESETS`; docs/HYBRID.md), alone: a hybrid's geometry is fixed.\n",
+            _table(["hybrid preset", "components", "full-attention layers", "other layers",
+                    "FULL KV bytes per token (tp 1)"], rows)]
+    return "\n".join(out)
+
+
+def profiles_markdown() -> str:
+    """The names ``cost.profile`` accepts, from the registry (``sim.costs.PROFILES``:
+    the YAML files under profiles/, read as data)."""
+    from sim.costs import PROFILES, load_profile
+
+    rows = []
+    for name in PROFILES:
+        p = load_profile(name)
+        rows.append([_code(name), p.gpu, f"{p.hbm_gib:g}", p.host_link or "-",
+                     f"{p.bw_h2d_gbps:g} / {p.bw_d2h_gbps:g}", f"{p.peak_tflops:g}"])
+    return "\n".join([
+        '<a id="gpu-profiles"></a>\n\n## GPU profiles\n',
+        "`cost.profile` names one of these (`profiles/*.yaml`, `sim.costs.PROFILES`) or gives "
+        "a path to a profile YAML of the same keys (`hicache-sim calibrate` writes one). "
+        "The GPU memory sizes `device.mem_fraction_static` pools.\n",
+        _table(["profile", "GPU", "memory (GiB)", "host link", "H2D / D2H copy (GB/s)",
+                "dense BF16 peak (TFLOP/s)"], rows)])
 
 
 __all__ = ["markdown", "json_schema", "raw_schema", "DOC_PATH", "REGENERATE"]

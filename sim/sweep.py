@@ -340,7 +340,7 @@ def _line_of(lines: dict, parts: tuple) -> int | None:
 
 def _spec_error(err: ValidationError, lines: dict, where: str) -> UserError:
     """The sweep-schema error that comes first in the file, as one line."""
-    best = None
+    ranked = []
     errors = err.errors(include_url=False)
     aliases = {"set_": "set", "zip_": "zip"}
     for order, e in enumerate(errors):
@@ -362,13 +362,17 @@ def _spec_error(err: ValidationError, lines: dict, where: str) -> UserError:
                     msg = msg[len(prefix):]
             found, expected = _show(e.get("input")), msg
         line = _line_of(lines, parts)
-        rank = (line if line is not None else 1 << 30, order)
-        if best is None or rank < best[0]:
-            best = (rank, parts, found, expected, line)
-    _, parts, found, expected, line = best
+        ranked.append(((line if line is not None else 1 << 30, order), parts, found,
+                       expected, line))
+    ranked.sort(key=lambda r: r[0])
+    _, parts, found, expected, line = ranked[0]
     key = ".".join(parts) or "(top level)"
-    more = len(errors) - 1
-    tail = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
+    rest = [f"{'.'.join(p) or '(top level)'}: found {f}; expected {x}"
+            + (f" (line {ln})" if ln is not None and ln != line else "")
+            for _, p, f, x, ln in ranked[1:]]
+    from sim.scenario import more_errors
+
+    tail = more_errors(rest)
     return UserError(" ".join(f"{key}: found {found}; expected {expected}{tail}".split()),
                      where=f"{where}:{line}" if line is not None else where)
 

@@ -30,6 +30,8 @@ def test_the_reference_lists_every_key_with_type_default_range_and_description()
     sections = _sections(md)
     # every field of every section, as a table row
     for title, body in sections.items():
+        if title in ("Model presets", "GPU profiles"):  # the registries, not sections
+            continue
         name = title.split(" ")[0]
         model = Scenario if name == "Scenario" else None
         if model is None:

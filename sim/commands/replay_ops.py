@@ -18,7 +18,9 @@ def add_arguments(p) -> None:
                    help="node numbering and digest variant when the header names none (default: optrace; docs/OPTRACE.md)")
     p.add_argument("--host-policy", default="duplicate_first",
                    help="host-pressure policy (default: duplicate_first, SGLang's)")
-    p.add_argument("--summary", action="store_true", help="print a one-line summary to stderr")
+    p.add_argument("--summary", action="store_true",
+                   help="print a one-line summary to stderr instead of the per-op outputs "
+                        "(which still go to -o when it is given)")
 
 
 def run(args) -> int:
@@ -34,6 +36,11 @@ def run(args) -> int:
             for line in lines:
                 fh.write(line + "\n")
                 n, last = n + 1, line
+    elif args.summary:
+        # The summary is what was asked for: the per-op lines (one per op, each with the
+        # tree's state) would bury it; replay them all the same, for the final state.
+        for line in lines:
+            n, last = n + 1, line
     else:
         for line in lines:
             sys.stdout.write(line + "\n")

@@ -10,7 +10,6 @@ nvbandwidth reports), us is microseconds.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sim.constants import RECLAIM_SCAN_SECONDS_PER_ENTRY
-from sim.errors import UserError
+from sim.errors import UserError, suggest
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"
 
@@ -145,22 +144,29 @@ def profile_from_mapping(data: dict, where: str = "profile") -> Profile:
 
 
 def _one_line(err: ValidationError) -> str:
-    errors = err.errors()
     # A typo'd key also shows up as a missing one; the unknown key is the better clue.
-    first = min(errors, key=lambda e: e["type"] != "extra_forbidden")
-    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    kind = first["type"]
+    errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first, *rest = (_describe(e) for e in errors)
+    n = len(rest) - 1
+    more = "" if not rest else f"; also {rest[0]}" + (
+        f" (and {n} more error{'s' if n > 1 else ''})" if n else "")
+    return first + more
+
+
+def _describe(e: dict) -> str:
+    """One profile error: the key, what was found and what was expected."""
+    key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    kind = e["type"]
     if kind == "missing":
         desc = Profile.model_fields[key].description if key in Profile.model_fields else ""
         desc = desc[:1].lower() + desc[1:].rstrip(".") if desc else "a value"
-        return f"key '{key}' is missing; expected {desc}{more}"
+        return f"key '{key}' is missing; expected {desc}"
     if kind == "extra_forbidden":
-        close = difflib.get_close_matches(key, list(Profile.model_fields), n=1)
+        close = suggest(key, Profile.model_fields)
         hint = f"did you mean '{close[0]}'?" if close else "see sim/costs/profile.py Profile"
-        return f"unknown key '{key}'; expected a profile parameter ({hint}){more}"
-    msg = first["msg"].replace("Value error, ", "")
-    return f"key '{key}': found {first.get('input')!r}; expected {_expected(msg)}{more}"
+        return f"unknown key '{key}'; expected a profile parameter ({hint})"
+    msg = e["msg"].replace("Value error, ", "")
+    return f"key '{key}': found {e.get('input')!r}; expected {_expected(msg)}"
 
 
 def _expected(msg: str) -> str:
