@@ -622,8 +622,13 @@ def plot_tier_occupancy(results: Results) -> list[Plot]:
             (line,) = ax.plot(t, frac, **style)
         handles.append(line)
         labels.append(run.display_label)
-    for ax, tier in zip(axes, ("Device", "Host")):
-        ax.set_title(f"{tier} tier")
+    staging = [run.display_label for _, run in runs
+               if run.summary.get("host_memory_mode") == "buffer_only"]
+    host_title = "Host tier" if not staging else (
+        "Host tier (storage's staging buffer in buffer_only runs, not a cache tier)"
+        if len(staging) < len(runs) else "Host pool: storage's staging buffer (buffer_only)")
+    for ax, tier in zip(axes, ("Device tier", host_title)):
+        ax.set_title(tier)
         ax.set_ylabel("used / capacity")
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.set_ylim(0, 1.05)

@@ -88,3 +88,12 @@ def test_device_too_small_counts_storage_hits_as_loaded_back():
                     device_tokens=100, host_tokens=200, write_policy="write_back")
     assert line.startswith("device too small: 78% of hits")
     assert "host 5.0%, storage 30.0%" in line
+
+
+def test_the_occupancy_plot_names_a_buffer_only_host_for_what_it_is(buffer_only):
+    from reports.plots import build_plots
+
+    out, _, _ = buffer_only
+    (occ,) = [p for p in build_plots([load_run(out)]) if p.stem == "tier_occupancy"]
+    titles = [ax.get_title() for ax in occ.figure.axes]
+    assert titles[0] == "Device tier" and "staging buffer" in titles[1]
