@@ -114,3 +114,32 @@ def test_the_reports_verdict_cells_show_no_raw_floats():
     _, text = digest_verdict(div)
     assert not re.search(r"\d{6,}", text), text
     assert "t=13.7 s" in text and "share=0.3333" in text and "1.42 s later" in text
+
+
+SWEEP = """\
+name: layout
+bases: [quickstart.yaml, capacity_wb_vs_wt.yaml]
+zip:
+  cache.write_policy: [write_through, write_back, write_back, write_back]
+  cache.host_policy: [lru, lru, duplicate_first, duplicate_first_single_pass]
+grid:
+  host.ratio: [1.0, 2.0]
+  workload.num_requests: [20]
+seeds: [1]
+"""
+
+
+def test_a_sweeps_eight_capacity_panels_have_no_overlapping_or_clipped_text(tmp_path, capsys):
+    """The capacity sweep's shape (four policy pairs x two workloads): eight panels
+    whose titles are two lines each, the longest policy name among them."""
+    import cli
+    from reports.load import load_many
+
+    (tmp_path / "layout.yaml").write_text(SWEEP)
+    assert cli.main(["sweep", str(tmp_path / "layout.yaml"), "-o", str(tmp_path / "s"),
+                     "--workers", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    (plot,) = [p for p in build_plots(load_many([tmp_path / "s"]))
+               if p.stem.startswith("hit_rate_vs_host_capacity")]
+    assert len([ax for ax in plot.figure.axes if ax.get_visible()]) == 8
+    assert layout_problems(plot.figure) == []
