@@ -35,7 +35,8 @@ def suggest(word, choices, n: int = 1) -> list[str]:
     if low:
         out += [c for c in choices if c.lower() == low]
         out += sorted((c for c in choices if c.lower().startswith(low) and c not in out), key=len)
-        out += sorted((c for c in choices if low in c.lower() and c not in out), key=len)
+        if len(low) >= 3:  # shorter pieces are inside too many names to mean one
+            out += sorted((c for c in choices if low in c.lower() and c not in out), key=len)
     out += [c for c in difflib.get_close_matches(word, choices, n) if c not in out]
     return out[:n]
 
