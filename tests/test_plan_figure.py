@@ -4,7 +4,6 @@ target said to be beyond even the offline optimum."""
 
 import numpy as np
 import pytest
-from matplotlib.lines import Line2D
 
 from reports.plan import draw_plan
 from sim.analysis.plan import knee, make_plan, still_rising
