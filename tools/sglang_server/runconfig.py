@@ -180,10 +180,9 @@ def run_key(cfg: dict, trace_bytes: bytes, harness_files: dict[str, bytes]) -> s
 
 
 def harness_files() -> dict[str, bytes]:
-    """The harness's Python sources (and this folder's launcher) by name."""
+    """The harness's Python sources and this folder's launcher, by name. (zygote.py
+    only forks: run_harness.py --verify-fresh checks it changes no output.)"""
     d = server_dir()
     files = {p.name: p.read_bytes() for p in sorted(d.glob("*.py"))}
-    here = Path(__file__).resolve().parent
-    for name in ("launch.py", "zygote.py"):
-        files["tools/" + name] = (here / name).read_bytes()
+    files["tools/launch.py"] = (Path(__file__).resolve().parent / "launch.py").read_bytes()
     return files

@@ -12,6 +12,10 @@ some of it at import time (``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`` becomes
 Reads one JSON object per line on stdin, ``{"argv": [...], "log": PATH, "timeout":
 S}``; forks; the child sends stdout and stderr to ``log`` and runs launch.run(argv);
 answers ``{"rc": N}`` (``"rc": "timeout"`` when it was killed after ``timeout`` s).
+A TP group is ``{"ranks": [{"argv", "log"}, ...], "timeout": S}``: one child per rank,
+all started before any is waited for (they meet in gloo), answered ``{"rc": [...]}``;
+started with tp_oracle.py's environment (OMP_NUM_THREADS=1,
+SGLANG_CPU_OMP_THREADS_BIND=0|1) by tp2.py.
 run_harness.py --fresh runs without it; --verify-fresh checks both give identical
 outputs.
 """
@@ -20,6 +24,50 @@ import os
 import signal
 import sys
 import time
+
+
+def spawn(server_dir, argv, log):
+    """Fork a child that runs one harness process's main(argv), output to ``log``."""
+    import launch
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        try:
+            rc = launch.run(server_dir, argv)
+        except BaseException:  # the harness catches the real code's errors; be safe
+            import traceback
+            traceback.print_exc()
+            rc = 3
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc if isinstance(rc, int) else 3)
+    return pid
+
+
+def wait_all(pids, timeout):
+    """Each child's exit code, or "timeout" for one still running after ``timeout`` s
+    (then killed: our own child, by pid)."""
+    t0 = time.time()
+    rcs = [None] * len(pids)
+    while any(rc is None for rc in rcs):
+        for i, pid in enumerate(pids):
+            if rcs[i] is None:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    rcs[i] = os.waitstatus_to_exitcode(status)
+        if any(rc is None for rc in rcs) and time.time() - t0 > timeout:
+            for i, pid in enumerate(pids):
+                if rcs[i] is None:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    rcs[i] = "timeout"
+        time.sleep(0.02)
+    return rcs
 
 
 def main():
@@ -47,37 +95,12 @@ def main():
         if not line.strip():
             continue
         job = json.loads(line)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.close(fd)
-            try:
-                rc = launch.run(server_dir, job["argv"])
-            except BaseException:  # the harness re-raises nothing, but be safe
-                import traceback
-                traceback.print_exc()
-                rc = 3
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(rc if isinstance(rc, int) else 3)
-        t0 = time.time()
-        timeout = float(job.get("timeout") or 600)
-        rc = None
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                rc = os.waitstatus_to_exitcode(status)
-                break
-            if time.time() - t0 > timeout:
-                os.kill(pid, signal.SIGKILL)  # our own child, by pid
-                os.waitpid(pid, 0)
-                rc = "timeout"
-                break
-            time.sleep(0.02)
+        if "ranks" in job:  # a TP group: one child per rank, as tp_oracle.py starts them
+            rcs = wait_all([spawn(server_dir, r["argv"], r["log"]) for r in job["ranks"]],
+                           float(job.get("timeout") or 600))
+            print(json.dumps({"rc": rcs}), flush=True)
+            continue
+        rc = wait_all([spawn(server_dir, job["argv"], job["log"])], float(job.get("timeout") or 600))[0]
         print(json.dumps({"rc": rc}), flush=True)
 
 
