@@ -131,13 +131,30 @@ def read_rank(path: Path) -> list[dict]:
     return rows
 
 
+def first_free_difference(steps: list[dict]) -> dict | None:
+    """The first step both ranks logged where host or device free space differs, the
+    values, and on how many steps they differ; None when they never do."""
+    common = sorted(set(steps[0]) & set(steps[1]))
+    fields = ("host_free", "dev_free")
+    differing = [k for k in common if any(steps[0][k].get(f) != steps[1][k].get(f) for f in fields)]
+    if not differing:
+        return None
+    k = differing[0]
+    return {"step": k, "steps_differing": len(differing),
+            "differs": {f: [steps[0][k].get(f), steps[1][k].get(f)] for f in fields
+                        if steps[0][k].get(f) != steps[1][k].get(f)}}
+
+
 def outcome(ranks: list[list[dict]], timed_out: list[bool]) -> dict:
-    """The outcome class of a TP group from its ranks' records (see the module doc)."""
+    """The outcome class of a TP group from its ranks' records (see the module doc).
+    Every class also carries ``first_free_difference`` (null when the ranks' free
+    space never differed), which for a silent divergence is its step."""
     steps = [{r["step"]: r for r in rows if r.get("type") == "step"} for rows in ranks]
     errors = [next((r for r in rows if r.get("type") == "error"), None) for rows in ranks]
     summ = [next((r for r in rows if r.get("type") == "summary"), None) for rows in ranks]
     fired = [((s or {}).get("fault") or {}).get("fired_at") for s in summ]
-    base = {"fired_at": fired, "steps_logged": [len(s) for s in steps]}
+    diff = first_free_difference(steps)
+    base = {"fired_at": fired, "steps_logged": [len(s) for s in steps], "first_free_difference": diff}
     if any(timed_out):
         return {"class": "hang", **base, "timed_out": timed_out,
                 "last_step": [max(s) if s else None for s in steps]}
@@ -145,17 +162,12 @@ def outcome(ranks: list[list[dict]], timed_out: list[bool]) -> dict:
         return {"class": "assertion", **base,
                 "errors": [None if e is None else {"step": e["step"], "exc": e["exc"], "msg": e["msg"]}
                            for e in errors]}
-    for k in sorted(set(steps[0]) & set(steps[1])):
-        a, b = steps[0][k], steps[1][k]
-        diff = {f: [a.get(f), b.get(f)] for f in ("host_free", "dev_free") if a.get(f) != b.get(f)}
-        if diff:
-            n = sum(1 for j in set(steps[0]) & set(steps[1])
-                    if any(steps[0][j].get(f) != steps[1][j].get(f) for f in ("host_free", "dev_free")))
-            return {"class": "silent_divergence", **base, "step": k, "differs": diff,
-                    "steps_differing": n}
+    if diff is not None:
+        return {"class": "silent_divergence", **base, "step": diff["step"], "differs": diff["differs"],
+                "steps_differing": diff["steps_differing"]}
     if len(steps[0]) != len(steps[1]):
         return {"class": "silent_divergence", **base, "step": min(len(steps[0]), len(steps[1])),
-                "differs": {"steps": [len(steps[0]), len(steps[1])]}}
+                "differs": {"steps": [len(steps[0]), len(steps[1])]}, "steps_differing": None}
     return {"class": "agree", **base}
 
 
