@@ -51,7 +51,7 @@ def test_a_vendored_run_carries_the_contract_fields(run):
     cfg = run["config"]
     # the mapping from run config to both sides is the one the files were made with
     assert harness_args(cfg) == run["harness_args"]
-    assert engine_scenario(cfg, run["trace"]) == run["engine_scenario"]
+    assert engine_scenario(cfg, f"conformance/server/{run['trace']}") == run["engine_scenario"]
     rows = records(run["output"])
     config, summary = rows[0], rows[-1]
     assert config["type"] == "config" and summary["type"] == "summary"

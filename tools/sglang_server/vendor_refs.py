@@ -107,7 +107,9 @@ def build(cache: Path, jobs: int) -> dict[str, bytes]:
             summ = json.loads(out.rstrip().rsplit(b"\n", 1)[-1])
             index["runs"].append({
                 "run": cfg["run"], "config": cfg, "harness_args": harness_args(cfg),
-                "engine_scenario": engine_scenario(cfg, tname),
+                # the trace resolves under data/, a documented input root (sim/paths.py),
+                # so the scenario runs from wherever it is written
+                "engine_scenario": engine_scenario(cfg, f"conformance/server/{tname}"),
                 "output": oname, "trace": tname,
                 "steps": summ["steps"], "requests": summ["requests"],
                 "error": summ.get("error")})
