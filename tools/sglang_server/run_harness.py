@@ -175,17 +175,26 @@ def execute(jobs: list[Job], n_workers: int, fresh: bool, say=print) -> list[tup
                 except queue.Empty:
                     return
                 t0 = time.time()
-                if fresh:
-                    _run_fresh(job)
-                else:
-                    g = env_group(job.cfg)
-                    if zyg is None or zyg.group != g:
-                        if zyg is not None:
-                            zyg.close()
-                        zyg = Zygote(g)
-                    zyg.run(job)
+                why = None
+                try:
+                    if fresh:
+                        _run_fresh(job)
+                    else:
+                        g = env_group(job.cfg)
+                        if zyg is None or zyg.group != g:
+                            if zyg is not None:
+                                zyg.close()
+                            zyg = None
+                            zyg = Zygote(g)
+                        zyg.run(job)
+                except (RuntimeError, OSError, ValueError) as e:  # the zygote died: a fresh one next
+                    why = str(e)
+                    if zyg is not None:
+                        zyg.p.kill()  # our own child, by handle
+                        zyg.p.wait()
+                    zyg = None
                 job.wall = time.time() - t0
-                why = _finish(job)
+                why = why or _finish(job)
                 with lock:
                     done[0] += 1
                     if why is None:
@@ -219,7 +228,8 @@ def ensure(cfgs: list[dict], manifest_dir: Path, cache: Path, n_workers: int = 2
             f"({'fresh processes' if fresh else 'forked from a pre-imported SGLang'}, {n_workers} at a time)")
     failed = execute(todo, n_workers, fresh, say)
     bad = {j.cfg["run"] for j, _ in failed}
-    return {j.cfg["run"]: j.out for j in jobs if j.cfg["run"] not in bad}, failed
+    failed += [(j, "not run") for j in todo if not j.out.exists() and j.cfg["run"] not in bad]
+    return {j.cfg["run"]: j.out for j in jobs if j.out.exists()}, failed
 
 
 def _records(path: Path) -> list:
