@@ -123,3 +123,68 @@ def test_the_traces_are_generic_traces_for_the_engine():
     for run in RUNS:
         n = sum(1 for _ in GenericReader(FOLDER / run["trace"]))
         assert n == run["requests"]
+
+
+def _conformance_with(monkeypatch, tmp_path, perturb=None):
+    """tools/conformance_server.py over the vendored runs, with their outputs as the
+    harness cache and an engine that writes back what the harness logged (``perturb``
+    edits one run's engine records)."""
+    import types
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import conformance_server as conf
+    import run_harness
+
+    by_run = {r["run"]: FOLDER / r["output"] for r in RUNS}
+    monkeypatch.setattr(run_harness, "plan", lambda cfgs, wl, cache: [
+        types.SimpleNamespace(cfg=c, out=by_run[c["run"]]) for c in cfgs])
+    monkeypatch.setattr(run_harness, "ensure", lambda cfgs, wl, cache, jobs: (
+        {c["run"]: by_run[c["run"]] for c in cfgs}, []))
+    seen = []
+
+    def fake_engine(scenario, out_dir):
+        import yaml
+
+        scn = yaml.safe_load(scenario.read_text())
+        run = scn["name"]
+        seen.append(scn)
+        rows = engine_style(records(by_run[run].name))
+        if perturb:
+            perturb(run, rows)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "steps.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path, None
+
+    monkeypatch.setattr(conf, "run_engine", fake_engine)
+    names = [r["run"] for r in RUNS[:3]]
+    rc = conf.main(["--work", str(tmp_path), "--only", *names])
+    return rc, seen
+
+
+def test_conformance_server_counts_identical_runs(monkeypatch, tmp_path, capsys):
+    rc, seen = _conformance_with(monkeypatch, tmp_path)
+    out = capsys.readouterr().out
+    assert rc == 0
+    steps = sum(r["steps"] for r in RUNS[:3])
+    reqs = sum(r["requests"] for r in RUNS[:3])
+    assert f"3 of 3 runs compared: {steps} steps and {reqs} requests identical; runs identical: 3, differing: 0" in out
+    # the engine ran the scenario made from each run config, under the step clock
+    assert [s["name"] for s in seen] == [r["run"] for r in RUNS[:3]]
+    assert all(s["engine"]["clock"] == "steps" for s in seen)
+
+
+def test_conformance_server_stops_at_the_first_difference(monkeypatch, tmp_path, capsys):
+    target = RUNS[1]["run"]
+
+    def perturb(run, rows):
+        if run == target:
+            step = next(r for r in rows if r.get("type") == "step" and r["step"] == 5)
+            step["rids"] = list(reversed(step["rids"])) + ["r999"]
+
+    rc, seen = _conformance_with(monkeypatch, tmp_path, perturb)
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert f"{target}" in out and "DIFFERS after 5 identical steps at step 5: rids differ" in out
+    assert len(seen) == 2  # the third run is not started
+    assert "runs identical: 1, differing: 1" in out

@@ -143,8 +143,8 @@ def main(argv=None) -> int:
             break
     compared = identical + len(differing)
     print(f"{len({c['workload'] for c in cfgs})} workloads, {compared} of {len(cfgs)} runs compared: "
-          f"{steps} steps and {reqs} requests identical; {identical} runs identical, "
-          f"{len(differing)} differ; {time.time() - t0:.0f} s")
+          f"{steps} steps and {reqs} requests identical; runs identical: {identical}, "
+          f"differing: {len(differing)}; {time.time() - t0:.0f} s")
     return 1 if differing else 0
 
 
