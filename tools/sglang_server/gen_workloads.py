@@ -10,8 +10,8 @@ results/sglang-server/workloads):
   harness (``../shared/oracle/server``): ``arrival_step``, ``blocks`` +
   ``block_size``, ``input_len``, ``output_len``. For the engine's generic trace
   reader (sim/workloads/traces.py): the same ``blocks``/``block_size``/lengths, plus
-  ``arrival_s`` (``arrival_step`` x 0.02 s), which the time clock reads; the step
-  clock reads ``arrival_step``. Request i (0-based line index) is ``r<i>`` on both
+  ``arrival_s`` (``arrival_step`` x 0.02 s), which the time clock reads (the step
+  clock is to read ``arrival_step``, a field the reader ignores today). Request i (0-based line index) is ``r<i>`` on both
   sides: no comment or blank line is written, and rows are in arrival order.
 * ``manifest.jsonl``: one run config per line (tools/sglang_server/runconfig.py):
   every workload under the three write policies and both loops.
