@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test bench clean venv browser conformance-sglang conformance-hybrid-sglang \
-	conformance-storage-sglang conformance-hybrid-engine-sglang conformance-buffer-sglang
+	conformance-storage-sglang conformance-hybrid-engine-sglang conformance-buffer-sglang \
+	conformance-server conformance-server-refresh
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -74,6 +75,21 @@ conformance-buffer-sglang: $(STAMP)
 	bash $(SGLANG_ORACLE)/setup.sh
 	$(BIN)/python tools/sglang_oracle/make_buffer_cases.py --check
 	git diff --exit-code -- data/conformance/buffer
+
+# The differential test against SGLang 0.5.23's real server (tools/sglang_server/README.md):
+# every generated workload x the three write policies x both loops through the server
+# harness ($(SGLANG_ORACLE)/server, cached in results/sglang-server/harness) and through
+# `run --record-steps` under the step clock, compared step by step. Exits non-zero at
+# the first differing step, showing both sides.
+conformance-server: $(STAMP)
+	bash $(SGLANG_ORACLE)/server/setup.sh
+	HICACHE_SGLANG_SERVER=$(abspath $(SGLANG_ORACLE))/server $(BIN)/python tools/conformance_server.py
+
+# Rewrite data/conformance/server/ (the vendored harness outputs tests/test_server_refs.py
+# reads) from the server harness.
+conformance-server-refresh: $(STAMP)
+	bash $(SGLANG_ORACLE)/server/setup.sh
+	HICACHE_SGLANG_SERVER=$(abspath $(SGLANG_ORACLE))/server $(BIN)/python tools/sglang_server/vendor_refs.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_tree.py
