@@ -4,7 +4,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
@@ -91,24 +90,46 @@ def test_interrupt_inside_the_run_leaves_a_valid_partial_result(tmp_path):
     assert len(pd.read_parquet(tmp_path / "p" / "requests.parquet")) == 50
 
 
-def test_ctrl_c_on_the_command_line(tmp_path):
-    out = tmp_path / "ag"
-    proc = subprocess.Popen(CLI + ["run", str(SCN / "agentic_claude_code.yaml"), "-o", str(out), "--quiet"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # The results folder's lock is taken right before the simulation starts; the
-    # deadline only keeps a broken run from hanging the suite.
-    lock = out.parent / f".{out.name}.lock"
-    deadline = time.monotonic() + 120
-    while not lock.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)  # into the run (the agentic traces take far longer than this)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate()
-    assert proc.returncode == 130, err
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["partial"] is True
-    pd.read_parquet(out / "requests.parquet")
-    assert not list(out.glob(".*.tmp"))  # no half-written file left behind
+# What each phase's Ctrl-C leaves (sim/interrupt.py): nothing before the simulation,
+# a partial folder during it, the whole folder after it.
+CTRL_C_LEAVES = {"locked": "nothing", "simulating": "partial", "simulated": "complete",
+                 "staging": "complete", "committing": "complete", "committed": "complete"}
+
+
+def test_every_interrupt_phase_is_tested():
+    from sim.interrupt import PHASES
+
+    assert tuple(CTRL_C_LEAVES) == PHASES
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["new", "over-an-earlier-folder"])
+@pytest.mark.parametrize("phase", list(CTRL_C_LEAVES))
+def test_ctrl_c_on_the_command_line(tmp_path, phase, earlier):
+    # The SIGINT is delivered by the process itself at the named phase
+    # (HICACHE_SIM_INTERRUPT_AT): the same point on every machine, however loaded.
+    import os
+
+    out = tmp_path / "q"
+    args = ["run", SCN / "quickstart.yaml", "-o", out, "--quiet", "--set", "workload.num_requests=30"]
+    if earlier:
+        assert cli(*args, "--seed", "7").returncode == 0
+        old = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    p = cli(*args, env={**os.environ, "HICACHE_SIM_INTERRUPT_AT": phase})
+    assert p.returncode == 130, p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    leaves = CTRL_C_LEAVES[phase]
+    if leaves == "nothing":
+        if earlier:  # the earlier folder, untouched
+            assert {q.name: q.read_bytes() for q in out.iterdir() if q.is_file()} == old
+        else:
+            assert not out.exists()
+    else:
+        meta = json.loads((out / "meta.json").read_text())
+        assert meta["seed"] == 1 and meta["partial"] is (leaves == "partial")
+        done = len(pd.read_parquet(out / "requests.parquet"))
+        assert done == meta["requests_done"] and (done == 30) is (leaves == "complete")
+    left = ["q"] if (earlier or leaves != "nothing") else []
+    assert sorted(q.name for q in tmp_path.iterdir()) == left  # no lock, no staging folder
 
 
 def test_a_bad_trace_record_mid_run_is_a_one_line_error(tmp_path):

@@ -70,7 +70,7 @@ def run(args) -> int:
     _print_summary(res, out, wall)
     if args.record_ops:
         print(f"op-traces: {args.record_ops}")
-    if args.plots and not res.partial:
+    if args.plots and not res.partial and not res.interrupted:
         from reports.load import load_run
         from reports.plots import plot_runs
 
@@ -78,6 +78,10 @@ def run(args) -> int:
         print(f"plots: {len(paths)} files in {out}/plots")
     if res.partial:
         print("interrupted: partial results written (meta.json: partial=true)", file=sys.stderr)
+        return 130
+    if res.interrupted:
+        print("interrupted after the simulation ended: the results folder is complete",
+              file=sys.stderr)
         return 130
     div = res.divergence
     if div["halted"]:
