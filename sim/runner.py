@@ -267,11 +267,23 @@ def _interrupt_at_first_request(progress):
     return hook
 
 
-def write_user_file(path, write) -> None:
-    """Write a file the command line names (``write(path)``); OS errors as one line."""
+def check_user_file(path) -> Path:
+    """A file the command line names, to write: not a folder, and in a folder that
+    exists (a typo in the folder must not quietly create a tree of folders)."""
     p = Path(path)
     if p.is_dir():
         raise UserError("found a folder; expected a file to write", where=str(p))
+    parent = p.parent
+    if not parent.is_dir():
+        found = "a file" if parent.exists() else "no such folder"
+        raise UserError(f"found {found} at {parent}; expected an existing folder to write the "
+                        "file in", where=str(p))
+    return p
+
+
+def write_user_file(path, write) -> None:
+    """Write a file the command line names (``write(path)``); OS errors as one line."""
+    p = check_user_file(path)
     try:
         write(p)
     except OSError as err:

@@ -109,14 +109,14 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True)
 
 
-def _resolve_path(value: str, info: ValidationInfo, what: str) -> str:
+def _resolve_path(value: str, info: ValidationInfo, what: str, file: bool = False) -> str:
     """An existing input path inside the documented roots (``sim.paths``); absolute."""
     from sim.paths import PathRejected, input_roots, resolve_input
 
     ctx = info.context or {}
     roots = ctx.get("roots") or input_roots(ctx.get("base_dir") or ".", ctx.get("extra_roots", ()))
     try:
-        return resolve_input(value, roots, what)
+        return resolve_input(value, roots, what, file=file)
     except PathRejected as e:
         raise _err(e.found, e.expected) from None
 
@@ -445,7 +445,7 @@ class Cost(_Model):
             close = difflib.get_close_matches(v, list(PROFILES), 1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise _err(f"profile {v!r}", f"one of {', '.join(PROFILES)} or a path to a .yaml profile{hint}")
-        path = _resolve_path(v, info, "a cost profile YAML")
+        path = _resolve_path(v, info, "a cost profile YAML", file=True)
         load_profile(path)  # a bad profile file is its own one-line UserError
         return path
 
@@ -673,7 +673,7 @@ class TraceArrival(_Model):
     @field_validator("path")
     @classmethod
     def _path(cls, v, info: ValidationInfo):
-        return _resolve_path(v, info, "a timestamp file")
+        return _resolve_path(v, info, "a timestamp file", file=True)
 
 
 Arrival = Annotated[Union[Poisson, Bursty, TraceArrival], Field(discriminator="process")]
@@ -1099,6 +1099,7 @@ def _hybrid_pools(s: "Scenario") -> dict:
             budget = None
         elif mode == "gib":
             budget = int(value * GIB)
+            _check_gib_fits(s, value, sizing.weights_bytes_per_rank(h.full_spec(), tp))
         else:
             gpu_gib = _profile_gib(s)
             spec = h.full_spec()
@@ -1248,6 +1249,18 @@ def _ranks_per_node(s: Scenario) -> int:
     return max(1, min(world, s.node.gpus)) if s.node is not None else world
 
 
+def _check_gib_fits(s: Scenario, value: float, weights: int) -> None:
+    """``device.gib`` is a KV pool on the profile's GPU: with the rank's weights it must
+    fit the GPU's memory (``device.tokens`` sets a pool of any size, for what-ifs)."""
+    gpu_gib = _profile_gib(s)
+    room = gpu_gib - weights / GIB
+    if value > room:
+        raise _CapacityError("device.gib", f"{value:g} GiB of KV per rank beside "
+                             f"{weights / GIB:.2f} GiB of weights",
+                             f"at most {max(room, 0):.2f} GiB beside them in the GPU's {gpu_gib:g} GiB (cost.profile "
+                             f"{s.cost.profile}; device.tokens sets a pool of any size)")
+
+
 def _profile_gib(s: Scenario) -> float:
     from sim.costs import load_profile
 
@@ -1279,6 +1292,7 @@ def _device_sizing(s: Scenario, page: int, bpt: int) -> tuple[int, dict]:
         if dev < page:
             raise _CapacityError("device.gib", f"{value:g} GiB = {dev} tokens "
                                  f"at {bpt} bytes/token", f"at least one page ({page} tokens)")
+        _check_gib_fits(s, value, sizing.weights_bytes_per_rank(s.model.spec(), s.tp))
     else:
         spec = s.model.spec()
         gpu_gib = _profile_gib(s)

@@ -657,3 +657,205 @@ def test_a_local_ray_instance_is_configured_for_loopback(monkeypatch):
     _ray_loopback_only(fake)
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     assert consts.ENABLE_RAY_CLUSTER is False
+
+
+# ----------------------------------------------------------------------------------
+# What a newcomer and a fuzzer tripped on: bad input accepted, or named badly
+# ----------------------------------------------------------------------------------
+
+
+def _sweep(box: Path, **spec) -> Path:
+    write_scenario(box)
+    p = box / "sw.yaml"
+    p.write_text(yaml.safe_dump({"name": "sw", "base": "s.yaml", **spec}, sort_keys=False))
+    return p
+
+
+def test_a_sweep_grid_is_capped_like_seeds(box):
+    from sim.sweep import MAX_POINTS
+
+    # 101 x 100 points: refused before a single point is validated
+    p = _sweep(box, grid={"host.ratio": [1 + i / 1000 for i in range(101)],
+                          "workload.num_requests": list(range(1, 101))})
+    err = bad(["sweep", p, "--dry-run"], box, "sw.yaml:3")
+    assert "10,100 points" in err and f"{MAX_POINTS:,}" in err
+    p = _sweep(box, grid={"host.ratio": [1 + i / 10**6 for i in range(MAX_POINTS + 1)]})
+    bad(["sweep", p, "--dry-run"], box, "grid.host.ratio")
+
+
+def test_census_refuses_a_folder_that_is_not_a_census(box):
+    s = write_scenario(box)
+    other = box / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    err = bad(["census", s, "--seeds", "1", "-o", other, "--quiet", "--jobs", "1"], box, str(other))
+    assert "notes.txt" in err and sorted(os.listdir(other)) == ["notes.txt"]
+    f = box / "afile"
+    f.write_text("x")
+    err = bad(["census", s, "--seeds", "1", "-o", f, "--quiet", "--jobs", "1"], box, str(f))
+    assert "found a file" in err and "File exists" not in err
+
+
+def test_census_resumes_its_own_folder(box):
+    s = write_scenario(box)
+    out = box / "c"
+    for _ in range(2):
+        rc, err = call(["census", s, "--seeds", "1", "-o", out, "--quiet", "--jobs", "1",
+                        "--no-plots"], box, out)
+        assert rc == 0, err
+
+
+def test_a_bundle_scenario_symlink_out_of_the_bundle_is_refused(box):
+    b = _bundle(box)
+    outside = box / "elsewhere.yaml"
+    shutil.move(b / "scenario.yaml", outside)
+    (b / "scenario.yaml").symlink_to(outside)
+    bad(["replay", b], box, "scenario.yaml")
+
+
+@pytest.mark.parametrize("fields,where", [
+    ({"inputs_copied": ["/etc/passwd"]}, "inputs_copied.0"),
+    ({"inputs_copied": [{"from": "/etc/passwd", "to": "/etc/passwd"}]}, "inputs_copied.0.to"),
+    ({"inputs_copied": [{"from": "x", "to": "../../x"}]}, "inputs_copied.0.to"),
+    ({"inputs_copied": "x"}, "inputs_copied"),
+    ({"verdict": "detected"}, "verdict"),  # the bundle recorded "missed"
+    ({"verdict": "nonsense"}, "verdict"),
+    ({"seeds": {"scenario": -1, "jitter": 27, "base": 27, "try": 0}}, "seeds.scenario"),
+    ({"seeds": {"scenario": 28, "jitter": 27, "base": 27, "try": 0}}, "seeds.scenario"),
+    ({"seeds": [27]}, "seeds"),
+])
+def test_tampered_bundle_fields_are_refused(box, fields, where):
+    b = _bundle(box)
+    _edit_bundle(b, **fields)
+    bad(["replay", b], box, where)
+
+
+@pytest.mark.parametrize("op", ["evict_device", "evict_host"])
+def test_op_trace_evictions_of_negative_tokens(box, op):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps(OPTRACE[0]) + "\n" + json.dumps({"op": op, "n": -5}) + "\n")
+    bad(["replay-ops", p], box, "t.jsonl:2")
+
+
+@pytest.mark.parametrize("header", [
+    {"op": "header", "device_capacity": 64, "host_capacity": 64, "page_size": 10**9},
+    {"op": "header", "components": ["full", "swa"], "device_capacity": 64, "swa_capacity": 64,
+     "sliding_window": 4, "page_size": 10**9},
+])
+def test_op_trace_page_size_is_bounded(box, header):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps(header) + "\n")
+    err = bad(["replay-ops", p], box, "t.jsonl:1")
+    assert "page_size" in err
+
+
+BUFFER_HEADER = {"op": "header", "version": 2, "device_capacity": 64, "host_capacity": 64,
+                 "page_size": 1, "write_policy": "write_through", "host_memory_mode": "buffer_only",
+                 "prefetch_threshold": 1}
+
+
+@pytest.mark.parametrize("line", [
+    {"op": "prefetch", "tokens": [1, 2], "id": "p"}, {"op": "prefetch_hit", "id": "p", "n": 1},
+    {"op": "prefetch_done", "id": "p", "n": 1}, {"op": "prefetch_revoke", "id": "p"},
+    {"op": "storage_write", "node": 1, "id": "s"}, {"op": "storage_write_ack", "id": "s"},
+])
+def test_storage_ops_in_a_buffer_only_trace(box, line):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps(BUFFER_HEADER) + "\n" + json.dumps(line) + "\n")
+    err = bad(["replay-ops", p], box, "t.jsonl:2")
+    assert "buffer_only" in err
+
+
+def test_storage_writes_header_in_a_buffer_only_trace(box):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps({**BUFFER_HEADER, "storage_writes": "auto"}) + "\n")
+    bad(["replay-ops", p], box, "t.jsonl:1")
+
+
+@pytest.mark.parametrize("body,line", [
+    ('0,100,2,"1 2\n1.5,70,0,1 3\n', ":2"),  # open to the end
+    ('0,100,2,"1 2\n1.5,70,0,1 3\n2,50,1,"4"\n', ":2"),  # swallows a row, closed later
+])
+def test_a_csv_trace_with_an_unclosed_quote(box, body, line):
+    p = trace_case(box, "csv", "arrival_s,input_len,output_len,blocks\n" + body)
+    bad(["validate", "--deep", p], box, f"t.csv{line}")
+
+
+def test_device_gib_must_fit_the_gpu(box):
+    s = write_scenario(box, {**MINIMAL, "device": {"gib": 2000}, "cost": {"profile": "h100-sxm"}})
+    err = bad(["validate", s], box, "device.gib")
+    assert "s.yaml" in err and "80 GiB" in err
+
+
+def test_sweep_gather_only_on_an_empty_folder(box):
+    p = _sweep(box)
+    empty = box / "empty"
+    bad(["sweep", p, "--bounds", "--gather-only", "-o", empty], box, str(empty))
+    assert not empty.exists()
+
+
+def test_sweep_output_must_be_a_folder(box):
+    f = box / "hostname"
+    f.write_text("host\n")
+    for mode in (["--dry-run"], ["--gather-only"], []):
+        bad(["sweep", _sweep(box), "-o", f, *mode], box, str(f))
+    assert f.read_text() == "host\n"
+
+
+@pytest.mark.parametrize("name", ["", " ", "../x", "a/b"])
+def test_calibrate_names_are_profile_names(box, name):
+    bad(["calibrate", "--device", "cpu", "--out", box / "p.yaml", "--name", name], box, "--name")
+
+
+def test_binary_yaml_is_not_a_name(box):
+    s = write_scenario(box, text=_dump(MINIMAL).replace("name: fz", "name: !!binary aGVsbG8="))
+    bad(["validate", s], box, "s.yaml:1")
+
+
+def test_replay_ops_output_errors_name_the_flag_not_a_temporary(box):
+    d = box / "adir"
+    d.mkdir()
+    p = box / "t.jsonl"
+    p.write_text(json.dumps(OPTRACE[0]) + "\n")
+    err = bad(["replay-ops", p, "-o", d], box, str(d))
+    assert ".tmp" not in err and "folder" in err
+    err = bad(["replay-ops", p, "-o", box / "no" / "such" / "o.jsonl"], box, "no such folder")
+    assert not (box / "no").exists()
+
+
+@pytest.mark.parametrize("key,value,what", [
+    ("cost.profile", "p.yaml", "cost profile"),
+    ("workload.arrival", "{process: trace, path: p.yaml}", "timestamp file"),
+])
+def test_a_folder_where_a_file_belongs_names_the_key(box, key, value, what):
+    (box / "p.yaml").mkdir()
+    s = write_scenario(box)
+    err = bad(["validate", s, "--set", f"{key}={value}"], box, "s.yaml")
+    assert key in err and what in err and "(a folder" in err
+
+
+def test_a_folder_as_a_sweep_base_names_the_line(box):
+    (box / "b.yaml").mkdir()
+    p = box / "sw.yaml"
+    p.write_text("name: sw\nbase: b.yaml\n")
+    err = bad(["sweep", p, "--dry-run"], box, "sw.yaml:2")
+    assert "base" in err and "(a folder" in err
+
+
+@pytest.mark.parametrize("mirror", ["http://user:s3cret@127.0.0.1:9/raw",
+                                    "ftp://user:s3cret@example.org/raw",
+                                    "https://:s3cret@/raw"])
+def test_a_mirrors_credentials_are_never_printed(box, mirror, monkeypatch):
+    cache = box / "cache"
+    monkeypatch.setenv("HICACHE_TRACE_CACHE", str(cache))
+    rc, err = call(["traces", "fetch", "mooncake-toolagent", "--mirror", mirror], box, cache)
+    assert rc == 2, err
+    assert "s3cret" not in err and "user:" not in err and "***@" in err, err
+
+
+def test_trace_out_into_a_missing_folder_is_refused(box):
+    s = write_scenario(box)
+    out = box / "r"
+    err = bad(["run", s, "-o", out, "--quiet", "--trace-out", box / "no" / "dir" / "t.json"],
+              box, "no such folder")
+    assert not (box / "no").exists() and not out.exists()  # refused before the run

@@ -54,6 +54,10 @@ def run(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     if est.large:
         print(est.line(), file=sys.stderr)
+    if args.trace_out is not None:  # before the run, not after it
+        from sim.runner import check_user_file
+
+        check_user_file(args.trace_out)
     out = args.out or f"results/{scenario.name}"  # the name is a slug: stays under results/
     bar = _progress_bar(args.quiet, scenario)
     t0 = time.perf_counter()
