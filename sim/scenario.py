@@ -19,6 +19,7 @@ validated scenario back as YAML, defaults filled in, in schema order.
 import dataclasses
 import difflib
 import math
+import os
 import re
 import reprlib
 import types
@@ -966,6 +967,9 @@ class Scenario(_Model):
             for r in ranks:
                 if r >= self.tp:
                     raise _err(f"rank {r}", f"a rank below tp ({self.tp})", path)
+            if len(set(ranks)) != len(ranks):  # a rank listed twice is a typo for another
+                dup = next(r for r in ranks if ranks.count(r) > 1)
+                raise _err(f"rank {dup} twice", "distinct ranks", path)
         if self.model.hybrid_preset is not None:
             _hybrid_check(self)
         elif self.cache.release_prefill_swa:
@@ -1482,6 +1486,11 @@ def load_scenario(path, overrides=(), *, flags=(), trace_roots=(), roots=None) -
     """
     from sim import safeio
 
+    for root in trace_roots:  # a typo in a root would only show as "not found" later
+        if not os.path.isdir(root):
+            found = "a file" if os.path.exists(root) else "no such folder"
+            raise UserError(f"found {found}; expected a folder to resolve the scenario's paths "
+                            "under", where=f"--trace-root {root}")
     path = Path(path)
     where = str(path)
     text = safeio.read_text(path, "a scenario YAML", safeio.LIMIT_YAML)
