@@ -310,3 +310,46 @@ def test_make_browser_asks_before_installing(tmp_path, consent, installs):
     else:
         assert not log.exists()  # nothing installed, nothing asked of apt
         assert p.stderr.strip() == f"make browser: {BROWSER_MISSING}"
+
+
+# ----------------------------------------------------------------------------------
+# Files the README and the --help texts name are in the repository
+# ----------------------------------------------------------------------------------
+
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:docs|data|scenarios|benchmarks|tools|sim|reports|tests|"
+                        r"profiles|bundles|shared)/[\w./-]*[\w/])(?![\w*<])")
+
+
+def _named_paths(text: str) -> set[str]:
+    out = set()
+    for p in _REPO_PATH.findall(text):
+        p = p.rstrip(".")
+        if "*" in p or "<" in p or p.startswith("sim/commands/"):
+            continue
+        out.add(p)
+    return out
+
+
+def test_the_readme_names_only_files_in_the_repository():
+    # ../shared (the project's reference folder beside a checkout) is named as such
+    text = README.replace("../shared", "")
+    missing = sorted(p for p in _named_paths(text) if not (ROOT / p).exists()
+                     and not (ROOT / p.split(" ")[0]).exists())
+    assert not missing, f"README names paths that are not in the repository: {missing}"
+
+
+def test_help_texts_name_only_files_in_the_repository():
+    import contextlib
+    import io
+
+    import cli
+
+    _, handlers = cli.build_parser()
+    missing = []
+    for name in handlers:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+            cli.main([name, "--help"])
+        missing += [f"{name} --help: {p}" for p in _named_paths(buf.getvalue())
+                    if not (ROOT / p).exists()]
+    assert not missing, missing
