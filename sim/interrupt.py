@@ -53,7 +53,10 @@ class InterruptGuard:
         raise KeyboardInterrupt
 
     def arm(self) -> "InterruptGuard":
-        if threading.current_thread() is threading.main_thread():
+        # Only over Python's own Ctrl-C handler: a sweep or census worker ignores SIGINT
+        # (its parent handles Ctrl-C), and keeps ignoring it.
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
             self._old = signal.signal(signal.SIGINT, self._handler)
             self._installed = True
         return self

@@ -91,6 +91,8 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
             if f is not None:
                 f.release()
         guard.restore()
+    if guard.pending and out_dir is None and record_ops_dir is None:
+        raise KeyboardInterrupt  # no folder to finish writing: the caller's Ctrl-C, now
     res.interrupted = guard.pending
     return res
 

@@ -132,6 +132,37 @@ def test_ctrl_c_on_the_command_line(tmp_path, phase, earlier):
     assert sorted(q.name for q in tmp_path.iterdir()) == left  # no lock, no staging folder
 
 
+def test_a_run_leaves_the_sigint_handler_as_it_found_it(tmp_path):
+    # A sweep or census worker ignores SIGINT (its parent handles Ctrl-C): a run there
+    # keeps ignoring it; in a command, the handler is Python's again after the run.
+    scn = load_scenario(SCN / "quickstart.yaml", ["workload.num_requests=10"])
+    seen = []
+
+    def watch(now, metrics):
+        seen.append(signal.getsignal(signal.SIGINT))
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run_scenario(scn, tmp_path / "a", progress=watch)
+        assert set(seen) == {signal.SIG_IGN} and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+    seen.clear()
+    run_scenario(scn, tmp_path / "b", progress=watch)
+    assert seen and signal.default_int_handler not in seen  # the run's own, deferring one
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_after_a_run_without_a_folder_reaches_the_caller(monkeypatch):
+    # census and plan run without a results folder: nothing to finish writing, so a
+    # Ctrl-C that came after the simulation ended is raised, not swallowed
+    monkeypatch.setenv("HICACHE_SIM_INTERRUPT_AT", "simulated")
+    scn = load_scenario(SCN / "quickstart.yaml", ["workload.num_requests=10"])
+    with pytest.raises(KeyboardInterrupt):
+        run_scenario(scn, None)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_bad_trace_record_mid_run_is_a_one_line_error(tmp_path):
     (tmp_path / "t.jsonl").write_text(
         '{"arrival_s": 0.1, "input_len": 100, "output_len": 5, "block_size": 64, "blocks": [1, 2]}\n'
