@@ -102,8 +102,10 @@ def test_every_interrupt_phase_is_tested():
     assert tuple(CTRL_C_LEAVES) == PHASES
 
 
-@pytest.mark.parametrize("earlier", [False, True], ids=["new", "over-an-earlier-folder"])
-@pytest.mark.parametrize("phase", list(CTRL_C_LEAVES))
+# Over an earlier folder where it matters: before the run (the old one stays), during
+# it, and between the two renames (the old one renamed away, the new not yet in place).
+@pytest.mark.parametrize("phase,earlier", [(p, False) for p in CTRL_C_LEAVES]
+                         + [(p, True) for p in ("locked", "simulating", "committing")])
 def test_ctrl_c_on_the_command_line(tmp_path, phase, earlier):
     # The SIGINT is delivered by the process itself at the named phase
     # (HICACHE_SIM_INTERRUPT_AT): the same point on every machine, however loaded.
