@@ -53,6 +53,7 @@ from sim.constants import (
     LOAD_BACK_THRESHOLD,
 )
 from sim.errors import UserError
+from sim.optrace_check import MAX_PAGE_SIZE
 from sim.workloads.dists import DISTRIBUTIONS
 
 GIB = 1 << 30
@@ -896,7 +897,7 @@ class Scenario(_Model):
     model: ModelConfig
     tp: _int(1, 64) = 1
     dp: _int(1, 256) = 1  # data-parallel instances, each a TP group of `tp` ranks
-    page_size: _int(1, 1 << 16)
+    page_size: _int(1, MAX_PAGE_SIZE)  # the op-traces' bound too (sim.optrace_check)
     device: Device
     host: Host = Field(default_factory=Host)
     node: Node | None = None
