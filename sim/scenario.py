@@ -897,7 +897,7 @@ class Scenario(_Model):
     model: ModelConfig
     tp: _int(1, 64) = 1
     dp: _int(1, 256) = 1  # data-parallel instances, each a TP group of `tp` ranks
-    page_size: _int(1, MAX_PAGE_SIZE)  # the op-traces' bound too (sim.optrace_check)
+    page_size: _int(1, MAX_PAGE_SIZE)
     device: Device
     host: Host = Field(default_factory=Host)
     node: Node | None = None
