@@ -166,12 +166,26 @@ def drive_hybrid(ops):
     return rate, tree
 
 
+def sglang_missing() -> str | None:
+    """Why SGLang's column cannot be measured here, or None: it needs the oracle venv and
+    the oracle's folder (oracle/ of the project's shared/ folder beside the repository,
+    not in it), which a plain clone has neither of."""
+    venv = os.environ.get("SGLANG_ORACLE_VENV") or str(Path(tempfile.gettempdir()) / "sglang-oracle-venv")
+    oracle = Path(os.environ.get("HICACHE_SGLANG_ORACLE") or ROOT.parent / "shared" / "oracle")
+    if not (oracle / "oracle_ext.py").is_file():
+        return (f"no SGLang oracle at {oracle} (shared/oracle beside the repository; set "
+                "HICACHE_SGLANG_ORACLE=DIR)")
+    if not (Path(venv) / "bin" / "python").is_file():
+        return f"no oracle venv at {venv} (build it with bash {oracle}/setup.sh)"
+    return None
+
+
 def sglang_rate(ops):
     """SGLang's core on the same trace, in the oracle venv; None when it is absent."""
+    if sglang_missing() is not None:
+        return None
     venv = os.environ.get("SGLANG_ORACLE_VENV") or str(Path(tempfile.gettempdir()) / "sglang-oracle-venv")
     py = Path(venv) / "bin" / "python"
-    if not py.is_file():
-        return None
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for op in ops:
             f.write(json.dumps(op) + "\n")
@@ -189,6 +203,8 @@ def sglang_rate(ops):
 def hybrid_main(n_ops, seed, with_sglang):
     print(f"\nhybrid trees: {n_ops} ops each (sim/hybrid/gen.py), device tier, and the host "
           f"tier (write_back) of each pair")
+    if with_sglang and sglang_missing():
+        print(f"sglang column skipped: {sglang_missing()}")
     print(f"{'components':<20} {'sim ops/s':>10} {'sglang ops/s':>13} {'ratio':>6}")
     for label, kind, opts in HYBRID_BENCHES:
         # dumps are diagnostics, not tree work: both sides skip them

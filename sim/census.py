@@ -145,6 +145,36 @@ def _seed_list(seeds, seed_start) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+# What a census writes into its folder (and, besides dot files, all it may hold).
+CENSUS_ENTRIES = {SEEDS_DIR, TABLE_FILE, AGGREGATE_FILE, FAILURES_FILE, "census.png", "census.svg"}
+
+
+def check_out(out: Path) -> Path:
+    """``-o`` must be a new folder, an empty one or an earlier census's (to resume):
+    a census writes several files and a ``seeds/`` folder in place, so it never
+    writes beside someone else's files (as ``run`` never replaces another folder)."""
+    where = str(out)
+    if out.exists() and not out.is_dir():
+        raise UserError("found a file; expected a census folder (a new one, or an earlier "
+                        "census to resume)", where=where)
+    if out.is_dir():
+        try:
+            names = {n for n in os.listdir(out) if not n.startswith(".")}
+        except OSError as err:
+            raise UserError(f"cannot list it ({err.strerror or err}); expected a readable "
+                            "census folder", where=where) from None
+        foreign = sorted(names - CENSUS_ENTRIES)
+        if foreign:
+            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise UserError(f"found a folder that is not a census folder (it holds "
+                            f"{foreign[0]!r}{more}); expected a new folder or an earlier census "
+                            "to resume", where=where)
+        if SEEDS_DIR in names and not (out / SEEDS_DIR).is_dir():
+            raise UserError(f"found a file {SEEDS_DIR!r}; expected the census's seeds folder",
+                            where=str(out / SEEDS_DIR))
+    return out
+
+
 def plan_census(scenario, seeds, *, seed_start: int = 0, overrides: Iterable[str] = (),
                 out=None) -> CensusPlan:
     """Validate everything a census needs before anything runs (one-line UserErrors).
@@ -163,7 +193,7 @@ def plan_census(scenario, seeds, *, seed_start: int = 0, overrides: Iterable[str
     # not part of the digest, as in sweeps.
     digest = _body_digest(dump_resolved(scn.model_copy(update={"seed": 0})))
     return CensusPlan(scn, str(scenario), overrides, seed_list, digest,
-                      Path(out) if out is not None else default_out(scn))
+                      check_out(Path(out) if out is not None else default_out(scn)))
 
 
 # ----------------------------------------------------------------------------------

@@ -18,6 +18,12 @@ from sim.tree import ID_SCHEMES  # one list of id schemes: the tree's
 # Bounds on every count in a trace: far above any real tree, low enough that the
 # tree's arithmetic stays in ordinary ints.
 MAX_COUNT = 10**15
+# The scenario schema's bound on page_size: a page of 10**9 tokens makes every key
+# shorter than one page, so a trace would replay to an empty tree without a word.
+MAX_PAGE_SIZE = 1 << 16
+# What a buffer_only tree never sees (docs/OPTRACE.md §15): §14's storage ops.
+CACHE_MODE_STORAGE_OPS = ("prefetch", "prefetch_hit", "prefetch_done", "prefetch_revoke",
+                          "storage_write", "storage_write_ack")
 MAX_ALLOC_FAILURES = 10**7
 
 
@@ -73,6 +79,14 @@ def check_header(path, line_no: int, obj: dict) -> None:
             raise InputFormatError(path, line_no, f"host_memory_mode={_short(v)}",
                                    f"'host_memory_mode' one of {', '.join(HOST_MEMORY_MODES)} "
                                    "in a version 2 header")
+    if obj.get("host_memory_mode") == "buffer_only" and "storage_writes" in obj:
+        raise InputFormatError(path, line_no, "storage_writes in a buffer_only header",
+                               "no storage_writes under host_memory_mode buffer_only "
+                               "(docs/OPTRACE.md §15)")
+    ps = obj.get("page_size")
+    if type(ps) is int and ps > MAX_PAGE_SIZE:
+        raise InputFormatError(path, line_no, f"page_size={_short(ps)}",
+                               f"'page_size' of at most {MAX_PAGE_SIZE}")
     for key in ("device_capacity", "host_capacity", "page_size", "load_back_threshold",
                 "prefetch_threshold"):
         v = obj.get(key)
@@ -108,13 +122,19 @@ def check_op(path, line_no: int, obj: dict, header: dict | None = None) -> None:
         if obj.get("op") in STORAGE_OPS:
             raise InputFormatError(path, line_no, f"a {obj['op']} op in a version 1 trace",
                                    'a header with "version": 2 (docs/OPTRACE.md §14)')
+    if (header is not None and header.get("host_memory_mode") == "buffer_only"
+            and obj.get("op") in CACHE_MODE_STORAGE_OPS):
+        raise InputFormatError(path, line_no, f"a {obj['op']} op in a buffer_only trace",
+                               "only buffer_stage, write_ack, pin and unpin besides the tree's "
+                               "ops under host_memory_mode buffer_only (docs/OPTRACE.md §15)")
     n = obj.get("n")
     if type(n) is int and abs(n) > MAX_COUNT:
         raise InputFormatError(path, line_no, f"n={_short(n)}", f"'n' of at most {MAX_COUNT}")
     if obj.get("op") == "skip_ids" and type(n) is int and n < 0:
         # Going back would hand out ids that live nodes already have.
         raise InputFormatError(path, line_no, f"n={n}", "'n' >= 0 (ids only move forward)")
-    if obj.get("op") in ("prefetch_hit", "prefetch_done") and type(n) is int and n < 0:
+    if obj.get("op") in ("prefetch_hit", "prefetch_done", "evict_device", "evict_host") \
+            and type(n) is int and n < 0:
         raise InputFormatError(path, line_no, f"n={n}", "'n' >= 0 (tokens)")
     r = obj.get("reserved")
     if type(r) is int and r > MAX_COUNT:

@@ -80,11 +80,20 @@ def _plain(value, what: str) -> PurePath:
     return p
 
 
-def resolve_input(value, roots, what: str) -> str:
-    """The absolute path of an input file or folder a scenario names, inside a root.
+def resolve_input(value, roots, what: str, file: bool = False) -> str:
+    """The absolute path of an input file or folder a scenario names, inside a root;
+    ``file``: only a file will do, so a folder is refused here, where the caller can
+    name the key and line (the reader would name only the path).
 
     Raises :class:`PathRejected` for anything else; the message names the roots.
     """
+    found = _resolve_input(value, roots, what)
+    if file and os.path.isdir(found):
+        raise PathRejected(f"{value!r:.80} (a folder: {found})", f"{what} (a file)")
+    return found
+
+
+def _resolve_input(value, roots, what: str) -> str:
     p = _plain(value, what)
     names = ", ".join(str(r) for r in roots)
     real_roots = [os.path.realpath(r) for r in roots]

@@ -107,6 +107,9 @@ class ResultsFolder:
             if old.exists():
                 shutil.rmtree(old)
             os.replace(self.out, old)
+        from sim.interrupt import checkpoint
+
+        checkpoint("committing")  # an earlier folder renamed away, the new one not yet in place
         os.replace(self.tmp, self.out)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -30,6 +30,9 @@ class RunResult:
     divergence: dict
     partial: bool
     sim: object
+    # a Ctrl-C that came after the simulation ended: the folder was written whole
+    # (sim.interrupt), and the command exits 130 all the same
+    interrupted: bool = False
 
 
 def git_revision() -> str | None:
@@ -67,6 +70,7 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
     ``out_dir``, write its results folder (locked, staged, renamed whole:
     ``sim.resultsdir``). ``record_ops_dir``: also write every replica's op-trace
     there (v2, docs/OPTRACE.md), under the same rules."""
+    from sim.interrupt import InterruptGuard, checkpoint
     from sim.resultsdir import OpTraceFolder, ResultsFolder
 
     scenario, cfg, cost, workload = prepare(scenario, seed, collective)
@@ -77,13 +81,20 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
     # -o that is not a results folder, fails at once, not after the run.
     folder = ResultsFolder(out_dir).acquire() if out_dir is not None else None
     ops_folder = None
+    guard = InterruptGuard()
     try:
         ops_folder = OpTraceFolder(record_ops_dir).acquire() if record_ops_dir is not None else None
-        return _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder)
+        checkpoint("locked")
+        res = _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder, guard)
     finally:
         for f in (ops_folder, folder):
             if f is not None:
                 f.release()
+        guard.restore()
+    if guard.pending and out_dir is None and record_ops_dir is None:
+        raise KeyboardInterrupt  # no folder to finish writing: the caller's Ctrl-C, now
+    res.interrupted = guard.pending
+    return res
 
 
 def _separate(out_dir, ops_dir) -> None:
@@ -167,19 +178,32 @@ def _write_trace(folder, sub, traces: list, inst, c, trace: list, n_ops: int) ->
         })
 
 
-def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=None) -> RunResult:
+def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=None,
+         guard=None) -> RunResult:
+    import os
+
     from sim.cluster import Cluster
+    from sim.interrupt import INTERRUPT_ENV, InterruptGuard, checkpoint
     from sim.paths import PathRejected, confine_output
     from sim.scenario import dump_resolved
 
+    guard = guard or InterruptGuard()
+    if os.environ.get(INTERRUPT_ENV) == "simulating":
+        progress = _interrupt_at_first_request(progress)
     trace_events = [] if (trace_out or scenario.output.trace_out) else None
     sim = Cluster(cfg, workload, cost, progress=progress, trace_events=trace_events)
     fails = _watch_host_allocs(sim) if ops_folder is not None else {}
-    partial = False
+    partial = ended = False
+    guard.arm()  # from here a Ctrl-C stops the simulation, and the folder is still written
     try:
         sim.run()
+        ended = True
+        checkpoint("simulated")
+        guard.defer()  # the simulation is over: a Ctrl-C now waits for the folder
     except KeyboardInterrupt:
-        partial = True
+        guard.defer()
+        partial = not ended
+        guard.pending |= ended  # it came after the end: a complete folder, exit 130
     summary = sim.summary()
     divergence = sim.report()
     summary["verdict"] = divergence["verdict"]
@@ -193,6 +217,7 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
         out = folder.stage()
         meta_path = out / "meta.json"
         write_parquet(out / "requests.parquet", sim.requests_df(), REQUEST_UNITS)
+        checkpoint("staging")
         write_parquet(out / "timeseries.parquet", sim.timeseries_df(), TIMESERIES_UNITS)
         write_json(out / "divergence.json", divergence)
         write_json(out / "summary.json", summary)
@@ -221,6 +246,7 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
             "sim_time_s": sim.env.now,
         })
         folder.commit()  # the whole folder at once: old or new, never a mix
+        checkpoint("committed")
     if ops_folder is not None:
         write_op_traces(ops_folder.stage(), sim, scenario, fails, partial)
         ops_folder.commit()
@@ -229,11 +255,37 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
     return RunResult(folder.out if folder else None, summary, divergence, partial, sim)
 
 
-def write_user_file(path, write) -> None:
-    """Write a file the command line names (``write(path)``); OS errors as one line."""
+def _interrupt_at_first_request(progress):
+    """The progress callback, delivering ``HICACHE_SIM_INTERRUPT_AT=simulating``'s
+    SIGINT when the first request finishes (sim.interrupt)."""
+    from sim.interrupt import checkpoint
+
+    def hook(now, metrics):
+        if metrics.done == 1:
+            checkpoint("simulating")
+        if progress is not None:
+            progress(now, metrics)
+
+    return hook
+
+
+def check_user_file(path) -> Path:
+    """A file the command line names, to write: not a folder, and in a folder that
+    exists (a typo in the folder must not quietly create a tree of folders)."""
     p = Path(path)
     if p.is_dir():
         raise UserError("found a folder; expected a file to write", where=str(p))
+    parent = p.parent
+    if not parent.is_dir():
+        found = "a file" if parent.exists() else "no such folder"
+        raise UserError(f"found {found} at {parent}; expected an existing folder to write the "
+                        "file in", where=str(p))
+    return p
+
+
+def write_user_file(path, write) -> None:
+    """Write a file the command line names (``write(path)``); OS errors as one line."""
+    p = check_user_file(path)
     try:
         write(p)
     except OSError as err:

@@ -18,6 +18,7 @@ validated scenario back as YAML, defaults filled in, in schema order.
 
 import dataclasses
 import math
+import os
 import re
 import reprlib
 import types
@@ -51,6 +52,7 @@ from sim.constants import (
     LOAD_BACK_THRESHOLD,
 )
 from sim.errors import UserError, suggest
+from sim.optrace_check import MAX_PAGE_SIZE
 from sim.workloads.dists import DISTRIBUTIONS
 
 GIB = 1 << 30
@@ -111,14 +113,14 @@ class _Model(BaseModel):
                               use_attribute_docstrings=True)
 
 
-def _resolve_path(value: str, info: ValidationInfo, what: str) -> str:
+def _resolve_path(value: str, info: ValidationInfo, what: str, file: bool = False) -> str:
     """An existing input path inside the documented roots (``sim.paths``); absolute."""
     from sim.paths import PathRejected, input_roots, resolve_input
 
     ctx = info.context or {}
     roots = ctx.get("roots") or input_roots(ctx.get("base_dir") or ".", ctx.get("extra_roots", ()))
     try:
-        return resolve_input(value, roots, what)
+        return resolve_input(value, roots, what, file=file)
     except PathRejected as e:
         raise _err(e.found, e.expected) from None
 
@@ -478,7 +480,7 @@ class Cost(_Model):
             close = suggest(v, PROFILES)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise _err(f"profile {v!r}", f"one of {', '.join(PROFILES)} or a path to a .yaml profile{hint}")
-        path = _resolve_path(v, info, "a cost profile YAML")
+        path = _resolve_path(v, info, "a cost profile YAML", file=True)
         load_profile(path)  # a bad profile file is its own one-line UserError
         return path
 
@@ -762,7 +764,7 @@ class TraceArrival(_Model):
     @field_validator("path")
     @classmethod
     def _path(cls, v, info: ValidationInfo):
-        return _resolve_path(v, info, "a timestamp file")
+        return _resolve_path(v, info, "a timestamp file", file=True)
 
 
 Arrival = Annotated[Union[Poisson, Bursty, TraceArrival], Field(discriminator="process")]
@@ -1036,7 +1038,7 @@ class Scenario(_Model):
     tp: _int(1, 64) = 1
     """Tensor-parallel ranks per instance: each rank holds its own replica of the tree and its shard of every KV page."""
     dp: _int(1, 256) = 1  # data-parallel instances, each a TP group of `tp` ranks
-    page_size: _int(1, 1 << 16)
+    page_size: _int(1, MAX_PAGE_SIZE)
     """KV tokens per page (SGLang --page-size): the unit of allocation, matching and transfer."""
     device: Device
     """The device (GPU) KV pool per rank."""
@@ -1123,6 +1125,9 @@ class Scenario(_Model):
             for r in ranks:
                 if r >= self.tp:
                     raise _err(f"rank {r}", f"a rank below tp ({self.tp})", path)
+            if len(set(ranks)) != len(ranks):  # a rank listed twice is a typo for another
+                dup = next(r for r in ranks if ranks.count(r) > 1)
+                raise _err(f"rank {dup} twice", "distinct ranks", path)
         if self.model.hybrid_preset is not None:
             _hybrid_check(self)
         elif self.cache.release_prefill_swa:
@@ -1256,6 +1261,7 @@ def _hybrid_pools(s: "Scenario") -> dict:
             budget = None
         elif mode == "gib":
             budget = int(value * GIB)
+            _check_gib_fits(s, value, sizing.weights_bytes_per_rank(h.full_spec(), tp))
         else:
             gpu_gib = _profile_gib(s)
             spec = h.full_spec()
@@ -1405,6 +1411,18 @@ def _ranks_per_node(s: Scenario) -> int:
     return max(1, min(world, s.node.gpus)) if s.node is not None else world
 
 
+def _check_gib_fits(s: Scenario, value: float, weights: int) -> None:
+    """``device.gib`` is a KV pool on the profile's GPU: with the rank's weights it must
+    fit the GPU's memory (``device.tokens`` sets a pool of any size, for what-ifs)."""
+    gpu_gib = _profile_gib(s)
+    room = gpu_gib - weights / GIB
+    if value > room:
+        raise _CapacityError("device.gib", f"{value:g} GiB of KV per rank beside "
+                             f"{weights / GIB:.2f} GiB of weights",
+                             f"at most {max(room, 0):.2f} GiB beside them in the GPU's {gpu_gib:g} GiB (cost.profile "
+                             f"{s.cost.profile}; device.tokens sets a pool of any size)")
+
+
 def _profile_gib(s: Scenario) -> float:
     from sim.costs import load_profile
 
@@ -1436,6 +1454,7 @@ def _device_sizing(s: Scenario, page: int, bpt: int) -> tuple[int, dict]:
         if dev < page:
             raise _CapacityError("device.gib", f"{value:g} GiB = {dev} tokens "
                                  f"at {bpt} bytes/token", f"at least one page ({page} tokens)")
+        _check_gib_fits(s, value, sizing.weights_bytes_per_rank(s.model.spec(), s.tp))
     else:
         spec = s.model.spec()
         gpu_gib = _profile_gib(s)
@@ -1625,6 +1644,11 @@ def load_scenario(path, overrides=(), *, flags=(), trace_roots=(), roots=None) -
     """
     from sim import safeio
 
+    for root in trace_roots:  # a typo in a root would only show as "not found" later
+        if not os.path.isdir(root):
+            found = "a file" if os.path.exists(root) else "no such folder"
+            raise UserError(f"found {found}; expected a folder to resolve the scenario's paths "
+                            "under", where=f"--trace-root {root}")
     path = Path(path)
     where = str(path)
     text = safeio.read_text(path, "a scenario YAML", safeio.LIMIT_YAML)

@@ -60,7 +60,9 @@ SWEEP_TABLE = "sweep.parquet"
 FAILURES_FILE = "failures.json"
 SWEEP_COPY = "sweep.yaml"
 ID_LENGTH = 12  # hex digits of sha256: collisions are negligible for any real sweep
-MAX_POINTS = 100_000
+# Typo guards, like census's: every point is validated up front (about 10 ms each, so
+# --dry-run on 10,000 points takes a couple of minutes), then is a task and a folder.
+MAX_POINTS = 10_000
 MAX_SEEDS = 10_000
 RAY_OBJECT_STORE_BYTES = 128 << 20
 
@@ -154,6 +156,8 @@ class SweepSpec(BaseModel):
             _check_key(key, (key,))
             if not isinstance(values, list) or not values:
                 raise _err(_show(values), "a non-empty list of values", (key,))
+            if len(values) > MAX_POINTS:
+                raise _err(f"{len(values):,} values", f"at most {MAX_POINTS:,} (a sweep's points)", (key,))
             for i, value in enumerate(values):
                 _check_value(value, (key, str(i)))
         return v
@@ -397,7 +401,7 @@ def _expand(path: Path, spec: SweepSpec, lines: dict, trace_roots: tuple = ()) -
     for i, base in enumerate(bases):
         sub = ("bases", str(i)) if spec.bases else ("base",)
         try:
-            p = resolve_input(base, roots, "a base scenario YAML")
+            p = resolve_input(base, roots, "a base scenario YAML", file=True)
         except PathRejected as e:
             line = _line_of(lines, sub)
             raise UserError(f"{'.'.join(sub)}: found {e.found}; expected {e.expected}",
@@ -408,7 +412,11 @@ def _expand(path: Path, spec: SweepSpec, lines: dict, trace_roots: tuple = ()) -
     n_zip = len(next(iter(spec.zip_.values()))) if spec.zip_ else 1
     n_points = len(bases) * n_grid * n_zip * (len(spec.seeds) if seeds_given else 1)
     if n_points > MAX_POINTS:
-        raise UserError(f"grid: found {n_points:,} points; expected at most {MAX_POINTS:,}", where=where)
+        section = "grid" if spec.grid else "zip" if spec.zip_ else "seeds" if seeds_given else "bases"
+        line = _line_of(lines, (section,))
+        raise UserError(f"{section}: found {n_points:,} points (bases x grid x zip x seeds); "
+                        f"expected at most {MAX_POINTS:,}",
+                        where=f"{where}:{line}" if line else where)
 
     where_of: dict[str, tuple[str, int | None]] = {k: ("set", None) for k in spec.set_}
     grid_keys, zip_keys = list(spec.grid), list(spec.zip_)

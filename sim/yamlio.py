@@ -49,7 +49,16 @@ class _Loader(yaml.SafeLoader):
         return super().construct_yaml_int(node)
 
 
+    def construct_yaml_binary(self, node):
+        # A schema string field takes bytes as text, so `name: !!binary aGk=` became
+        # the name "hi": no key of ours holds binary data.
+        raise yaml.constructor.ConstructorError(
+            None, None, "found a !!binary value; expected plain YAML (a number, string, "
+            "boolean, null, list or mapping)", node.start_mark)
+
+
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:binary", _Loader.construct_yaml_binary)
 
 
 def _check_size(root, where: str) -> None:

@@ -4,7 +4,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
@@ -91,24 +90,79 @@ def test_interrupt_inside_the_run_leaves_a_valid_partial_result(tmp_path):
     assert len(pd.read_parquet(tmp_path / "p" / "requests.parquet")) == 50
 
 
-def test_ctrl_c_on_the_command_line(tmp_path):
-    out = tmp_path / "ag"
-    proc = subprocess.Popen(CLI + ["run", str(SCN / "agentic_claude_code.yaml"), "-o", str(out), "--quiet"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # The results folder's lock is taken right before the simulation starts; the
-    # deadline only keeps a broken run from hanging the suite.
-    lock = out.parent / f".{out.name}.lock"
-    deadline = time.monotonic() + 120
-    while not lock.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)  # into the run (the agentic traces take far longer than this)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate()
-    assert proc.returncode == 130, err
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["partial"] is True
-    pd.read_parquet(out / "requests.parquet")
-    assert not list(out.glob(".*.tmp"))  # no half-written file left behind
+# What each phase's Ctrl-C leaves (sim/interrupt.py): nothing before the simulation,
+# a partial folder during it, the whole folder after it.
+CTRL_C_LEAVES = {"locked": "nothing", "simulating": "partial", "simulated": "complete",
+                 "staging": "complete", "committing": "complete", "committed": "complete"}
+
+
+def test_every_interrupt_phase_is_tested():
+    from sim.interrupt import PHASES
+
+    assert tuple(CTRL_C_LEAVES) == PHASES
+
+
+# Over an earlier folder where it matters: before the run (the old one stays), during
+# it, and between the two renames (the old one renamed away, the new not yet in place).
+@pytest.mark.parametrize("phase,earlier", [(p, False) for p in CTRL_C_LEAVES]
+                         + [(p, True) for p in ("locked", "simulating", "committing")])
+def test_ctrl_c_on_the_command_line(tmp_path, phase, earlier):
+    # The SIGINT is delivered by the process itself at the named phase
+    # (HICACHE_SIM_INTERRUPT_AT): the same point on every machine, however loaded.
+    import os
+
+    out = tmp_path / "q"
+    args = ["run", SCN / "quickstart.yaml", "-o", out, "--quiet", "--set", "workload.num_requests=30"]
+    if earlier:
+        assert cli(*args, "--seed", "7").returncode == 0
+        old = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    p = cli(*args, env={**os.environ, "HICACHE_SIM_INTERRUPT_AT": phase})
+    assert p.returncode == 130, p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    leaves = CTRL_C_LEAVES[phase]
+    if leaves == "nothing":
+        if earlier:  # the earlier folder, untouched
+            assert {q.name: q.read_bytes() for q in out.iterdir() if q.is_file()} == old
+        else:
+            assert not out.exists()
+    else:
+        meta = json.loads((out / "meta.json").read_text())
+        assert meta["seed"] == 1 and meta["partial"] is (leaves == "partial")
+        done = len(pd.read_parquet(out / "requests.parquet"))
+        assert done == meta["requests_done"] and (done == 30) is (leaves == "complete")
+    left = ["q"] if (earlier or leaves != "nothing") else []
+    assert sorted(q.name for q in tmp_path.iterdir()) == left  # no lock, no staging folder
+
+
+def test_a_run_leaves_the_sigint_handler_as_it_found_it(tmp_path):
+    # A sweep or census worker ignores SIGINT (its parent handles Ctrl-C): a run there
+    # keeps ignoring it; in a command, the handler is Python's again after the run.
+    scn = load_scenario(SCN / "quickstart.yaml", ["workload.num_requests=10"])
+    seen = []
+
+    def watch(now, metrics):
+        seen.append(signal.getsignal(signal.SIGINT))
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run_scenario(scn, tmp_path / "a", progress=watch)
+        assert set(seen) == {signal.SIG_IGN} and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+    seen.clear()
+    run_scenario(scn, tmp_path / "b", progress=watch)
+    assert seen and signal.default_int_handler not in seen  # the run's own, deferring one
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_after_a_run_without_a_folder_reaches_the_caller(monkeypatch):
+    # census and plan run without a results folder: nothing to finish writing, so a
+    # Ctrl-C that came after the simulation ended is raised, not swallowed
+    monkeypatch.setenv("HICACHE_SIM_INTERRUPT_AT", "simulated")
+    scn = load_scenario(SCN / "quickstart.yaml", ["workload.num_requests=10"])
+    with pytest.raises(KeyboardInterrupt):
+        run_scenario(scn, None)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_bad_trace_record_mid_run_is_a_one_line_error(tmp_path):

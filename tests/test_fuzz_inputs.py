@@ -21,6 +21,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -657,3 +658,504 @@ def test_a_local_ray_instance_is_configured_for_loopback(monkeypatch):
     _ray_loopback_only(fake)
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     assert consts.ENABLE_RAY_CLUSTER is False
+
+
+# ----------------------------------------------------------------------------------
+# What a newcomer and a fuzzer tripped on: bad input accepted, or named badly
+# ----------------------------------------------------------------------------------
+
+
+def _sweep(box: Path, **spec) -> Path:
+    write_scenario(box)
+    p = box / "sw.yaml"
+    p.write_text(yaml.safe_dump({"name": "sw", "base": "s.yaml", **spec}, sort_keys=False))
+    return p
+
+
+def test_a_sweep_grid_is_capped_like_seeds(box):
+    from sim.sweep import MAX_POINTS
+
+    # 101 x 100 points: refused before a single point is validated
+    p = _sweep(box, grid={"host.ratio": [1 + i / 1000 for i in range(101)],
+                          "workload.num_requests": list(range(1, 101))})
+    err = bad(["sweep", p, "--dry-run"], box, "sw.yaml:3")
+    assert "10,100 points" in err and f"{MAX_POINTS:,}" in err
+    p = _sweep(box, grid={"host.ratio": [1 + i / 10**6 for i in range(MAX_POINTS + 1)]})
+    bad(["sweep", p, "--dry-run"], box, "grid.host.ratio")
+
+
+def test_census_refuses_a_folder_that_is_not_a_census(box):
+    s = write_scenario(box)
+    other = box / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    err = bad(["census", s, "--seeds", "1", "-o", other, "--quiet", "--jobs", "1"], box, str(other))
+    assert "notes.txt" in err and sorted(os.listdir(other)) == ["notes.txt"]
+    f = box / "afile"
+    f.write_text("x")
+    err = bad(["census", s, "--seeds", "1", "-o", f, "--quiet", "--jobs", "1"], box, str(f))
+    assert "found a file" in err and "File exists" not in err
+
+
+def test_census_resumes_its_own_folder(box):
+    s = write_scenario(box)
+    out = box / "c"
+    for _ in range(2):
+        rc, err = call(["census", s, "--seeds", "1", "-o", out, "--quiet", "--jobs", "1",
+                        "--no-plots"], box, out)
+        assert rc == 0, err
+
+
+def test_a_bundle_scenario_symlink_out_of_the_bundle_is_refused(box):
+    b = _bundle(box)
+    outside = box / "elsewhere.yaml"
+    shutil.move(b / "scenario.yaml", outside)
+    (b / "scenario.yaml").symlink_to(outside)
+    bad(["replay", b], box, "scenario.yaml")
+
+
+@pytest.mark.parametrize("fields,where", [
+    ({"inputs_copied": ["/etc/passwd"]}, "inputs_copied.0"),
+    ({"inputs_copied": [{"from": "/etc/passwd", "to": "/etc/passwd"}]}, "inputs_copied.0.to"),
+    ({"inputs_copied": [{"from": "x", "to": "../../x"}]}, "inputs_copied.0.to"),
+    ({"inputs_copied": "x"}, "inputs_copied"),
+    ({"verdict": "detected"}, "verdict"),  # the bundle recorded "missed"
+    ({"verdict": "nonsense"}, "verdict"),
+    ({"seeds": {"scenario": -1, "jitter": 27, "base": 27, "try": 0}}, "seeds.scenario"),
+    ({"seeds": {"scenario": 28, "jitter": 27, "base": 27, "try": 0}}, "seeds.scenario"),
+    ({"seeds": [27]}, "seeds"),
+])
+def test_tampered_bundle_fields_are_refused(box, fields, where):
+    b = _bundle(box)
+    _edit_bundle(b, **fields)
+    bad(["replay", b], box, where)
+
+
+@pytest.mark.parametrize("op", ["evict_device", "evict_host"])
+def test_op_trace_evictions_of_negative_tokens(box, op):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps(OPTRACE[0]) + "\n" + json.dumps({"op": op, "n": -5}) + "\n")
+    bad(["replay-ops", p], box, "t.jsonl:2")
+
+
+@pytest.mark.parametrize("header", [
+    {"op": "header", "device_capacity": 64, "host_capacity": 64, "page_size": 10**9},
+    {"op": "header", "components": ["full", "swa"], "device_capacity": 64, "swa_capacity": 64,
+     "sliding_window": 4, "page_size": 10**9},
+])
+def test_op_trace_page_size_is_bounded(box, header):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps(header) + "\n")
+    err = bad(["replay-ops", p], box, "t.jsonl:1")
+    assert "page_size" in err
+
+
+BUFFER_HEADER = {"op": "header", "version": 2, "device_capacity": 64, "host_capacity": 64,
+                 "page_size": 1, "write_policy": "write_through", "host_memory_mode": "buffer_only",
+                 "prefetch_threshold": 1}
+
+
+@pytest.mark.parametrize("line", [
+    {"op": "prefetch", "tokens": [1, 2], "id": "p"}, {"op": "prefetch_hit", "id": "p", "n": 1},
+    {"op": "prefetch_done", "id": "p", "n": 1}, {"op": "prefetch_revoke", "id": "p"},
+    {"op": "storage_write", "node": 1, "id": "s"}, {"op": "storage_write_ack", "id": "s"},
+])
+def test_storage_ops_in_a_buffer_only_trace(box, line):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps(BUFFER_HEADER) + "\n" + json.dumps(line) + "\n")
+    err = bad(["replay-ops", p], box, "t.jsonl:2")
+    assert "buffer_only" in err
+
+
+def test_storage_writes_header_in_a_buffer_only_trace(box):
+    p = box / "t.jsonl"
+    p.write_text(json.dumps({**BUFFER_HEADER, "storage_writes": "auto"}) + "\n")
+    bad(["replay-ops", p], box, "t.jsonl:1")
+
+
+@pytest.mark.parametrize("body,line", [
+    ('0,100,2,"1 2\n1.5,70,0,1 3\n', ":2"),  # open to the end
+    ('0,100,2,"1 2\n1.5,70,0,1 3\n2,50,1,"4"\n', ":2"),  # swallows a row, closed later
+])
+def test_a_csv_trace_with_an_unclosed_quote(box, body, line):
+    p = trace_case(box, "csv", "arrival_s,input_len,output_len,blocks\n" + body)
+    bad(["validate", "--deep", p], box, f"t.csv{line}")
+
+
+def test_device_gib_must_fit_the_gpu(box):
+    s = write_scenario(box, {**MINIMAL, "device": {"gib": 2000}, "cost": {"profile": "h100-sxm"}})
+    err = bad(["validate", s], box, "device.gib")
+    assert "s.yaml" in err and "80 GiB" in err
+
+
+def test_sweep_gather_only_on_an_empty_folder(box):
+    p = _sweep(box)
+    empty = box / "empty"
+    bad(["sweep", p, "--bounds", "--gather-only", "-o", empty], box, str(empty))
+    assert not empty.exists()
+
+
+def test_sweep_output_must_be_a_folder(box):
+    f = box / "hostname"
+    f.write_text("host\n")
+    for mode in (["--dry-run"], ["--gather-only"], []):
+        bad(["sweep", _sweep(box), "-o", f, *mode], box, str(f))
+    assert f.read_text() == "host\n"
+
+
+@pytest.mark.parametrize("name", ["", " ", "../x", "a/b"])
+def test_calibrate_names_are_profile_names(box, name):
+    bad(["calibrate", "--device", "cpu", "--out", box / "p.yaml", "--name", name], box, "--name")
+
+
+def test_binary_yaml_is_not_a_name(box):
+    s = write_scenario(box, text=_dump(MINIMAL).replace("name: fz", "name: !!binary aGVsbG8="))
+    bad(["validate", s], box, "s.yaml:1")
+
+
+def test_replay_ops_output_errors_name_the_flag_not_a_temporary(box):
+    d = box / "adir"
+    d.mkdir()
+    p = box / "t.jsonl"
+    p.write_text(json.dumps(OPTRACE[0]) + "\n")
+    err = bad(["replay-ops", p, "-o", d], box, str(d))
+    assert ".tmp" not in err and "folder" in err
+    err = bad(["replay-ops", p, "-o", box / "no" / "such" / "o.jsonl"], box, "no such folder")
+    assert not (box / "no").exists()
+
+
+@pytest.mark.parametrize("key,value,what", [
+    ("cost.profile", "p.yaml", "cost profile"),
+    ("workload.arrival", "{process: trace, path: p.yaml}", "timestamp file"),
+])
+def test_a_folder_where_a_file_belongs_names_the_key(box, key, value, what):
+    (box / "p.yaml").mkdir()
+    s = write_scenario(box)
+    err = bad(["validate", s, "--set", f"{key}={value}"], box, "s.yaml")
+    assert key in err and what in err and "(a folder" in err
+
+
+def test_a_folder_as_a_sweep_base_names_the_line(box):
+    (box / "b.yaml").mkdir()
+    p = box / "sw.yaml"
+    p.write_text("name: sw\nbase: b.yaml\n")
+    err = bad(["sweep", p, "--dry-run"], box, "sw.yaml:2")
+    assert "base" in err and "(a folder" in err
+
+
+@pytest.mark.parametrize("mirror", ["http://user:s3cret@127.0.0.1:9/raw",
+                                    "ftp://user:s3cret@example.org/raw",
+                                    "https://:s3cret@/raw"])
+def test_a_mirrors_credentials_are_never_printed(box, mirror, monkeypatch):
+    cache = box / "cache"
+    monkeypatch.setenv("HICACHE_TRACE_CACHE", str(cache))
+    rc, err = call(["traces", "fetch", "mooncake-toolagent", "--mirror", mirror], box, cache)
+    assert rc == 2, err
+    assert "s3cret" not in err and "user:" not in err and "***@" in err, err
+
+
+def test_trace_out_into_a_missing_folder_is_refused(box):
+    s = write_scenario(box)
+    out = box / "r"
+    err = bad(["run", s, "-o", out, "--quiet", "--trace-out", box / "no" / "dir" / "t.json"],
+              box, "no such folder")
+    assert not (box / "no").exists() and not out.exists()  # refused before the run
+
+
+# ----------------------------------------------------------------------------------
+# The newer schema, case by case: storage, hybrids, dp / router, node and scheduler
+# keys, plan / census / sweep flags, bundles and op-trace v2. Each case must exit 2
+# with one line naming the file and the key (or line). In-process, so the whole set
+# runs in seconds.
+# ----------------------------------------------------------------------------------
+
+STORAGE_BASE = {**MINIMAL, "cache": {"write_policy": "write_through"},
+                "storage": {"backend": "mooncake", "prefetch_policy": "timeout"}}
+HYBRID_MAMBA = {**MINIMAL, "model": {"hybrid_preset": "qwen3-next-80b-a3b"}, "page_size": 1,
+                "device": {"tokens": 20000, "max_mamba_cache_size": 48},
+                "host": {"tokens": 40000, "mamba_states": 40},
+                "workload": {**MINIMAL["workload"], "block_size": 64}}
+HYBRID_SWA = {**MINIMAL, "model": {"hybrid_preset": "gpt-oss-20b"}, "page_size": 16,
+              "device": {"tokens": 24000, "swa_full_tokens_ratio": 0.2}, "host": {"ratio": 2.0}}
+DP_BASE = {**MINIMAL, "dp": 2, "router": {"policy": "cache_aware"}}
+NODE_BASE = {**MINIMAL, "node": {"host_ram_gb": 512}}
+BASES = {"storage": STORAGE_BASE, "mamba": HYBRID_MAMBA, "swa": HYBRID_SWA, "dp": DP_BASE,
+         "node": NODE_BASE, "plain": MINIMAL}
+
+NOT_A_NUMBER = ["x", [1], {"a": 1}, True, float("inf")]
+NOT_A_NAME = ["nope", 5, [], {"a": 1}, ""]
+NEGATIVE = [-1, -0.5]
+# (base, key path, bad values): every value must be refused
+SCHEMA_CASES = [
+    ("storage", "storage.backend", NOT_A_NAME),
+    ("storage", "storage.read_gbps", NOT_A_NUMBER + NEGATIVE + [0]),
+    ("storage", "storage.write_gbps", NOT_A_NUMBER + NEGATIVE + [0]),
+    ("storage", "storage.op_latency_us", NOT_A_NUMBER + NEGATIVE),
+    ("storage", "storage.capacity_gb", NOT_A_NUMBER + NEGATIVE),
+    ("storage", "storage.prefetch_policy", NOT_A_NAME),
+    ("storage", "storage.prefetch_threshold", NOT_A_NUMBER + NEGATIVE + [1.5]),
+    ("storage", "storage.prefetch_timeout_base", NOT_A_NUMBER + NEGATIVE),
+    ("storage", "storage.prefetch_timeout_per_ki_token", NOT_A_NUMBER + NEGATIVE),
+    ("storage", "storage.attn_cp_size", NOT_A_NUMBER + [0, -1, 1.5]),
+    ("storage", "storage.host_memory_mode", NOT_A_NAME),
+    ("storage", "storage.nope", [1]),
+    ("storage", "jitter.storage_miss.probability", ["x", [1], 2, -0.1, float("inf")]),
+    ("storage", "jitter.storage_miss.ranks", ["x", [5], [-1], [1, 1], [True]]),
+    ("storage", "jitter.storage_fail.ranks", ["x", [5], [-1], [True], 3]),
+    ("storage", "jitter.storage_latency.factor", NOT_A_NUMBER + NEGATIVE),
+    ("storage", "jitter.storage_latency.ranks", ["x", [7], [-1], [True]]),
+    ("storage", "jitter.storage_latency.dist", NOT_A_NAME),
+    ("mamba", "model.hybrid_preset", NOT_A_NAME + ["qwen3-next"]),
+    ("mamba", "device.mamba_full_memory_ratio", NOT_A_NUMBER + NEGATIVE),
+    ("mamba", "device.max_mamba_cache_size", NOT_A_NUMBER + [0, -1, 1.5]),
+    ("mamba", "host.mamba_states", NOT_A_NUMBER + [-1, 1.5]),
+    ("mamba", "page_size", [16, 64]),  # a Mamba tree needs page_size 1
+    ("swa", "device.swa_full_tokens_ratio", NOT_A_NUMBER + NEGATIVE + [0]),
+    ("swa", "host.swa_tokens", NOT_A_NUMBER + [-1, 1.5]),
+    ("swa", "model.hybrid_preset", NOT_A_NAME),
+    ("dp", "dp", ["x", 0, -1, 257, 1.5, True, [2]]),
+    ("dp", "router.policy", NOT_A_NAME),
+    ("dp", "router.cache_threshold", NOT_A_NUMBER + [-0.1, 1.5]),
+    ("dp", "router.balance_abs_threshold", NOT_A_NUMBER + [-1, 1.5]),
+    ("dp", "router.balance_rel_threshold", NOT_A_NUMBER + NEGATIVE),
+    ("dp", "router.max_tree_tokens", NOT_A_NUMBER + [0, -1, 1.5]),
+    ("dp", "router.nope", [1]),
+    ("node", "node.host_ram_gb", NOT_A_NUMBER + NEGATIVE + [0]),
+    ("node", "node.gpus", NOT_A_NUMBER + [0, -1, 1.5]),
+    ("node", "node.on_exceed", NOT_A_NAME),
+    ("plain", "engine.replicas", NOT_A_NAME),
+    ("plain", "collective.backend", NOT_A_NAME),
+    ("plain", "collective.device", NOT_A_NAME),
+    ("plain", "collective.discipline", NOT_A_NAME),
+    ("plain", "collective.timeout_s", NOT_A_NUMBER + NEGATIVE + [0]),
+    ("plain", "scheduler.mode", NOT_A_NAME),
+    ("plain", "scheduler.max_running_requests", NOT_A_NUMBER + [0, -1, 1.5]),
+    ("plain", "scheduler.chunked_prefill_tokens", NOT_A_NUMBER + [0, -1, 1.5]),
+    ("plain", "scheduler.max_prefill_tokens", NOT_A_NUMBER + [0, -1, 1.5]),
+    ("plain", "scheduler.schedule_conservativeness", NOT_A_NUMBER + NEGATIVE),
+    ("plain", "scheduler.decode", ["x", 5, [True]]),
+    ("plain", "limits.max_requests", NOT_A_NUMBER + [0, -1, 1.5]),
+    ("plain", "limits.duration_s", NOT_A_NUMBER + NEGATIVE + [0]),
+    ("plain", "device.mem_fraction_static", ["x", [1], True, 0, 1.5, -0.1, "autox"]),
+    ("plain", "host.host_memory_fraction", NOT_A_NUMBER + [0, 1.5, -0.1]),
+    ("plain", "on_divergence", NOT_A_NAME),
+]
+SCHEMA_PARAMS = [pytest.param(base, key, value, id=f"{key}={value!r}")
+                 for base, key, values in SCHEMA_CASES for value in values]
+
+
+def _with(data: dict, key: str, value) -> dict:
+    out = json.loads(json.dumps(data))
+    node = out
+    parts = key.split(".")
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[parts[-1]] = value
+    if parts[0] == "jitter" and len(parts) == 3 and parts[1] not in ("seed",):
+        # a jitter block needs its other required fields: a valid block, then one bad key
+        valid = {"storage_miss": {"probability": 0.1, "ranks": [1]},
+                 "storage_fail": {"ranks": [1]},
+                 "storage_latency": {"ranks": [1], "factor": 2.0}}[parts[1]]
+        node.update({k: v for k, v in valid.items() if k != parts[2]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def shared_box():
+    with _box() as d:
+        yield Path(d)
+
+
+@pytest.mark.parametrize("base,key,value", SCHEMA_PARAMS)
+def test_newer_schema_keys_in_a_file(shared_box, base, key, value):
+    p = write_scenario(shared_box, _with(BASES[base], key, value), name=f"{base}.yaml")
+    err = bad(["validate", p], shared_box, f"{base}.yaml:")
+    assert re.search(rf"{base}\.yaml:\d+", err), err
+    assert key.rsplit(".", 1)[-1] in err, (key, err)
+
+
+@pytest.mark.parametrize("base,key,value", SCHEMA_PARAMS)
+def test_newer_schema_keys_on_the_command_line(shared_box, base, key, value):
+    p = write_scenario(shared_box, BASES[base], name=f"{base}.yaml")
+    text = _dump(value).strip() if not isinstance(value, str) or not value else value
+    rc, err = call(["validate", p, "--set", f"{key}={text}"], shared_box)
+    assert rc == 2, (rc, err)
+    # the scenario file and the override, or (an unknown key) the override alone
+    assert f"{base}.yaml (--set {key})" in err or f"--set {key}:" in err, err
+    assert key.rsplit(".", 1)[-1] in err, (key, err)
+
+
+def test_the_fuzz_bases_are_valid(shared_box):
+    for name, data in BASES.items():
+        rc, err = call(["validate", write_scenario(shared_box, data, name=f"{name}.yaml")], shared_box)
+        assert rc == 0, (name, err)
+
+
+FLAG_CASES = [  # (command, flag, bad values); the scenario/sweep is a small valid one
+    *[("plan", "--target-hit-rate", v) for v in ["2", "-0.1", "x", "150%", "nan", "inf"]],
+    *[("plan", "--target-ttft-p99", v) for v in ["-1", "0", "x", "nan", "inf"]],
+    *[("plan", "--warmup", v) for v in ["1", "1.5", "-0.1", "x", "nan"]],
+    *[("plan", "--check-points", v) for v in ["-1", "x", "1.5", "100000"]],
+    *[("plan", "--opt-points", v) for v in ["-1", "x", "100000"]],
+    *[("plan", "--grid-points", v) for v in ["0", "1", "-1", "x", "10000000"]],
+    *[("plan", "--max-host-gb", v) for v in ["0", "-1", "x", "inf", "nan"]],
+    *[("plan", "--policies", v) for v in ["x", "write_back+nope", "nope+lru", "", "write_back"]],
+    *[("plan", "--jobs", v) for v in ["0", "-1", "x"]],
+    *[("plan", "--kv-points", v) for v in ["0", "-1", "x"]],
+    *[("plan", "--slot-points", v) for v in ["0", "-1", "x"]],
+    *[("plan", "--aux-points", v) for v in ["0", "-1", "x"]],
+    *[("plan", "--max-slots", v) for v in ["0", "-1", "x"]],
+    *[("plan", "--max-aux", v) for v in ["0", "-1", "x"]],
+    *[("plan", "--inert-fraction", v) for v in ["2", "-0.1", "x", "nan"]],
+    *[("census", "--seeds", v) for v in ["0", "-1", "x", str(10**7)]],
+    *[("census", "--seed-start", v) for v in ["-1", "x", str(2**63)]],
+    *[("census", "--jobs", v) for v in ["0", "-1", "x"]],
+    ("census", "--executor", "nope"), ("census", "--address", "127.0.0.1:1"),
+    *[("sweep", "--workers", v) for v in ["0", "-1", "x"]],
+    ("sweep", "--executor", "nope"), ("sweep", "--address", "127.0.0.1:1"),
+    *[("bound", "--trace-root", v) for v in ["/nonexistent", "/dev/null"]],
+]
+
+
+@pytest.mark.parametrize("command,flag,value", FLAG_CASES,
+                         ids=[f"{c} {f} {v!r}" for c, f, v in FLAG_CASES])
+def test_plan_census_sweep_flags(shared_box, command, flag, value):
+    s = write_scenario(shared_box, name="flags.yaml")
+    out = shared_box / f"out-{command}"
+    if command == "sweep":
+        target = shared_box / "flags-sweep.yaml"
+        target.write_text("name: fl\nbase: flags.yaml\ngrid: {host.ratio: [2.0]}\n")
+        argv = ["sweep", target, "-o", out, flag, value]
+    elif command == "census":
+        argv = ["census", s, "--seeds", "1", "-o", out, "--quiet", "--jobs", "1", flag, value]
+        if flag == "--seeds":
+            argv = ["census", s, "-o", out, "--quiet", "--jobs", "1", flag, value]
+    elif command == "plan":
+        argv = ["plan", s, "-o", out, "--quiet", flag, value]
+    else:
+        argv = [command, s, flag, value]
+    err = bad(argv, shared_box, flag.split("-")[-1], out)
+    assert flag in err or flag.lstrip("-") in err, err
+    assert not out.exists(), "nothing written for a refused flag"
+
+
+SWEEP_FILE_CASES = [  # (sweep file text after the base line, where the error must point)
+    ("seeds: {count: 0}", "seeds"), ("seeds: {count: 20000}", "seeds"),
+    ("seeds: {count: 2, start: -1}", "seeds"), ("seeds: {count: 2, step: 1}", "seeds"),
+    ("seeds: [-1]", "seeds"), ("seeds: [1, 1]", "seeds"), ("seeds: x", "seeds"),
+    ("seeds: [1.5]", "seeds"), ("seeds: []", "seeds"), ("seeds: [true]", "seeds"),
+    ("grid: {host.ratio: []}", "grid.host.ratio"), ("grid: {host.ratio: 5}", "grid.host.ratio"),
+    ("grid: {seed: [1, 2]}", "grid"), ("grid: {'a b': [1]}", "grid"),
+    ("grid: {host.ratio: [.inf]}", "grid.host.ratio"), ("grid: {host.ratio: [2024-01-01]}", "grid.host.ratio"),
+    ("grid: {host.ratoi: [2.0]}", "grid.host.ratoi"), ("grid: {host.ratio: [x]}", "grid.host.ratio"),
+    ("grid: {host.ratio: [2.0, 2.0]}", "sw.yaml"),
+    ("zip: {host.ratio: [2.0, 3.0], tp: [2]}", "zip"),
+    ("set: {host.ratio: 2.0}\ngrid: {host.ratio: [3.0]}", "grid"),
+    ("set: {storage.backend: nope}", "set.storage"), ("set: {dp: 0}", "set.dp"),
+    ("set: {router.policy: nope}", "set.router"), ("set: {model.hybrid_preset: nope}", "set.model"),
+    ("nope: 1", "nope"), ("bases: [s.yaml]", "base"), ("name: ../x", "name"),
+]
+
+
+@pytest.mark.parametrize("extra,where", SWEEP_FILE_CASES, ids=[c for c, _ in SWEEP_FILE_CASES])
+def test_sweep_file_keys(shared_box, extra, where):
+    write_scenario(shared_box)
+    p = shared_box / "sw.yaml"
+    p.write_text(f"name: sw\nbase: s.yaml\n{extra}\n")
+    err = bad(["sweep", p, "--dry-run"], shared_box, where)
+    assert "sw.yaml" in err, err
+
+
+BUNDLE_CASES = [
+    ({"format": "x"}, "format"), ({"format": 5}, "format"),
+    ({"expect": []}, "expect"), ({"expect": None}, "expect"),
+    ({"verdict": 5}, "verdict"), ({"verdict": None}, "verdict"), ({"verdict": ["missed"]}, "verdict"),
+    ({"verdict": "agree"}, "verdict"), ({"verdict": "hang"}, "verdict"),
+    ({"op_traces": {"0": 5}}, "op_traces.0"), ({"op_traces": {"zero": "x"}}, "op_traces"),
+    ({"op_traces": {"0": ""}}, "op_traces.0"), ({"op_traces": {"0": "ranks/../../x"}}, "op_traces.0"),
+    ({"op_traces": {"0": "ranks/rank0.optrace.jsonl\u0000"}}, "op_traces.0"),
+    ({"op_traces": {"99999": "x"}}, "op_traces"), ({"op_traces": "x"}, "op_traces"),
+    ({"optrace_final_digests": {"0": "x"}}, "optrace_final_digests.0"),
+    ({"optrace_final_digests": {"0": 1.5}}, "optrace_final_digests.0"),
+    ({"optrace_final_digests": []}, "optrace_final_digests"),
+    ({"seeds": {"scenario": "x"}}, "seeds.scenario"), ({"seeds": {"scenario": 2**64}}, "seeds.scenario"),
+    ({"seeds": {"jitter": -3}}, "seeds.jitter"), ({"seeds": {"scenario": True}}, "seeds.scenario"),
+    ({"seeds": "x"}, "seeds"), ({"seeds": {"scenario": 1.5}}, "seeds.scenario"),
+    ({"inputs_copied": [{"from": "/x"}]}, "inputs_copied.0"),
+    ({"inputs_copied": [{"to": "inputs/x"}]}, "inputs_copied.0"),
+    ({"inputs_copied": [{"from": 5, "to": "x"}]}, "inputs_copied.0"),
+    ({"inputs_copied": [{"from": "x", "to": ""}]}, "inputs_copied.0.to"),
+    ({"inputs_copied": [5]}, "inputs_copied.0"), ({"inputs_copied": {"a": 1}}, "inputs_copied"),
+]
+
+
+@pytest.mark.parametrize("fields,where", BUNDLE_CASES, ids=[json.dumps(f) for f, _ in BUNDLE_CASES])
+def test_bundle_fields(box, fields, where):
+    b = _bundle(box)
+    _edit_bundle(b, **fields)
+    err = bad(["replay", b], box, where)
+    assert "bundle.json" in err, err
+
+
+V2 = {"op": "header", "version": 2, "device_capacity": 64, "host_capacity": 64, "page_size": 1,
+      "write_policy": "write_through", "prefetch_threshold": 1}
+OPTRACE_V2_CASES = [  # (header changes, op line or None, the line the error names)
+    *[({"version": v}, None, 1) for v in [3, 0, "2", 2.0, None, True]],
+    *[({"write_acks": v}, None, 1) for v in ["x", 5, None]],
+    ({"version": 1, "write_acks": "op"}, None, 1),
+    *[({"storage_writes": v}, None, 1) for v in ["x", 5, None, True]],
+    ({"version": 1, "storage_writes": "auto"}, None, 1),
+    *[({"host_memory_mode": v}, None, 1) for v in ["x", 5, None]],
+    ({"version": 1, "host_memory_mode": "cache"}, None, 1),
+    *[({"prefetch_threshold": v}, None, 1) for v in [-1, "x", 1.5, 10**16]],
+    *[({"page_size": v}, None, 1) for v in [0, -1, "x", 1.5, 2**17]],
+    *[({"device_capacity": v}, None, 1) for v in [-1, "x", None, 10**16]],
+    *[({"load_back_threshold": v}, None, 1) for v in [-1, "x"]],
+    ({"write_policy": "x"}, None, 1), ({"ids": "x"}, None, 1), ({"eviction_policy": "x"}, None, 1),
+    ({}, {"op": "prefetch", "tokens": [1, 2]}, 2),
+    ({}, {"op": "prefetch", "tokens": "x", "id": "p"}, 2),
+    ({}, {"op": "prefetch", "tokens": [1, 2.5], "id": "p"}, 2),
+    ({}, {"op": "prefetch", "tokens": [1], "id": [1]}, 2),
+    ({}, {"op": "prefetch_hit", "id": "p", "n": "x"}, 2),
+    ({}, {"op": "prefetch_hit", "id": "p", "n": -1}, 2),
+    ({}, {"op": "prefetch_hit", "id": "p"}, 2),
+    ({}, {"op": "prefetch_done", "id": "p", "n": -4}, 2),
+    ({}, {"op": "prefetch_done", "id": "p", "n": 1.5}, 2),
+    ({}, {"op": "prefetch_revoke"}, 2),
+    ({}, {"op": "storage_write", "node": "x", "id": "s"}, 2),
+    ({}, {"op": "storage_write", "id": "s"}, 2),
+    ({}, {"op": "storage_write_ack"}, 2),
+    ({}, {"op": "write_ack"}, 2),
+    ({}, {"op": "write_ack", "id": 1.5}, 2),
+    ({"write_acks": "end_of_op"}, {"op": "write_ack", "id": 1}, 2),
+    ({"version": 1}, {"op": "write_ack", "id": 1}, 2),
+    ({"version": 1}, {"op": "prefetch", "tokens": [1], "id": "p"}, 2),
+    ({"version": 1}, {"op": "storage_write", "node": 1, "id": "s"}, 2),
+    ({"version": 1}, {"op": "pin", "tokens": [1], "id": "p"}, 2),
+    ({}, {"op": "buffer_stage", "tokens": "x"}, 2),
+    ({}, {"op": "buffer_stage"}, 2),
+    ({}, {"op": "pin", "tokens": [1]}, 2),
+    ({}, {"op": "unpin"}, 2),
+    ({}, {"op": "insert", "tokens": [1], "reserved": -1}, 2),
+    ({}, {"op": "insert", "tokens": [1], "reserved": "x"}, 2),
+    ({}, {"op": "insert", "tokens": [1], "reserved": 10**16}, 2),
+    ({}, {"op": "skip_ids", "n": -1}, 2),
+    ({}, {"op": "skip_ids", "n": 10**16}, 2),
+    ({}, {"op": "evict_device", "n": "x"}, 2),
+    ({}, {"op": "evict_host", "n": -1}, 2),
+    ({}, {"op": "nope"}, 2), ({}, {"op": 5}, 2), ({}, {"tokens": [1]}, 2),
+    ({}, [1, 2], 2), ({}, "x", 2),
+]
+
+
+@pytest.mark.parametrize("header,line,where", OPTRACE_V2_CASES,
+                         ids=[f"{json.dumps(h)} {json.dumps(o)}" for h, o, _ in OPTRACE_V2_CASES])
+def test_op_trace_v2_lines(shared_box, header, line, where):
+    p = shared_box / "v2.jsonl"
+    head = {**V2, **header}  # None: a JSON null
+    text = json.dumps(head) + "\n" + (json.dumps(line) + "\n" if line is not None else
+                                      json.dumps({"op": "dump"}) + "\n")
+    p.write_text(text)
+    bad(["replay-ops", p], shared_box, f"v2.jsonl:{where}")

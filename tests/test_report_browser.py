@@ -30,6 +30,11 @@ import cli
 from test_reports_fixture import build_run, build_sweep
 
 BROWSERS = ("chromium", "chromium-browser")
+# The line `make browser` prints when Chromium is missing and no one consented to
+# installing it (tests/test_fresh_clone.py checks the Makefile says the same).
+BROWSER_MISSING = ("headless Chromium is missing (tests/test_report_browser.py needs it): run "
+                   "'make browser INSTALL_BROWSER=1' to apt-get install Debian's chromium "
+                   "system-wide (as root or with sudo), or install chromium yourself")
 # A guard against a hung browser, not a speed assertion.
 HANG_GUARD_S = 180
 WINDOW = (1280, 2000)
@@ -66,8 +71,7 @@ def _chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.fail("headless Chromium is not installed: run `make browser` (or "
-                "`apt-get install -y chromium`); this test never skips", pytrace=False)
+    pytest.fail(f"{BROWSER_MISSING}; this test never skips", pytrace=False)
 
 
 def _run(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess:

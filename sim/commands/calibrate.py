@@ -58,6 +58,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from sim.paths import is_slug
+
+    if args.name is not None and not is_slug(args.name):
+        raise UserError(f"found {args.name!r}; expected a profile name: letters, digits, '_', "
+                        "'.' and '-', at most 200 characters", where="--name")
     sizes = [parse_size(s, "--sizes") for s in args.sizes] if args.sizes else None
     pages = [parse_count(k, "--pages") for k in args.pages] if args.pages else None
     for flag, values in (("--sizes", sizes), ("--pages", pages)):

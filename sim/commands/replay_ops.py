@@ -12,7 +12,7 @@ HELP = "Replay an op-trace through the tree and write SGLang-format per-op outpu
 
 
 def add_arguments(p) -> None:
-    p.add_argument("trace", help="op-trace JSONL (see shared/reference/op-trace.md)")
+    p.add_argument("trace", help="op-trace JSONL (format: docs/OPTRACE.md)")
     p.add_argument("-o", "--out", help="write outputs here (atomically) instead of stdout")
     p.add_argument("--ids", choices=("optrace", "sglang", "server", "rust"), default="optrace",
                    help="node numbering and digest variant when the header names none (default: optrace; docs/OPTRACE.md)")
@@ -32,6 +32,9 @@ def run(args) -> int:
     n = 0
     last = None
     if args.out:
+        from sim.runner import check_user_file
+
+        check_user_file(args.out)  # a folder or a missing folder: one line naming -o
         with atomic_path(args.out) as tmp, open(tmp, "w") as fh:
             for line in lines:
                 fh.write(line + "\n")

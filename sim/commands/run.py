@@ -55,6 +55,10 @@ def run(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     if est.large:
         print(est.line(), file=sys.stderr)
+    if args.trace_out is not None:  # before the run, not after it
+        from sim.runner import check_user_file
+
+        check_user_file(args.trace_out)
     out = args.out or f"results/{scenario.name}"  # the name is a slug: stays under results/
     bar = _progress_bar(args.quiet, scenario)
     t0 = time.perf_counter()
@@ -71,7 +75,7 @@ def run(args) -> int:
     _print_summary(res, out, wall)
     if args.record_ops:
         print(f"op-traces: {args.record_ops}")
-    if args.plots and not res.partial:
+    if args.plots and not res.partial and not res.interrupted:
         from reports.load import load_run
         from reports.plots import plot_runs
 
@@ -79,6 +83,10 @@ def run(args) -> int:
         print(f"plots: {len(paths)} files in {out}/plots")
     if res.partial:
         print("interrupted: partial results written (meta.json: partial=true)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if res.interrupted:
+        print("interrupted after the simulation ended: the results folder is complete",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     div = res.divergence
     code = exit_code(div, res.sim.stuck)

@@ -53,9 +53,21 @@ def run(args) -> int:
                         "with --executor ray")
     plan = load_sweep(args.sweep, trace_roots=args.trace_roots)
     out = Path(args.out) if args.out else default_out(plan)
+    if out.exists() and not out.is_dir():  # every mode: a dry run lists the folder too
+        raise UserError("found a file; expected a sweep output folder (a new one, or an "
+                        "earlier run of this sweep)", where=str(out))
     if args.dry_run:
         return _dry_run(plan, out, point_status)
     if args.gather_only:
+        complete = sum(point_status(p, out) == "done" for p in plan.points)
+        if not complete:  # a table of 0 rows would look like a result
+            raise UserError(f"found no complete point (0 of {len(plan.points)}); expected a "
+                            "sweep folder holding results (run the sweep without --gather-only "
+                            "first)", where=str(out))
+        if args.bounds:
+            from sim.sweep import add_bounds
+
+            print(f"bounds: {add_bounds(plan, out)} point(s) got bound.json")
         table = gather(plan, out)
         if len(table):
             print(format_table(table))

@@ -99,6 +99,11 @@ def check_header(path, line_no: int, obj: dict) -> dict:
             want = ("-1 or a positive int" if key == "mamba_max_states"
                     else "a positive int" if lo == 1 else "a non-negative int")
             raise InputFormatError(path, line_no, f"{key}={_short(v)}", f"'{key}' as {want}")
+    from sim.optrace_check import MAX_PAGE_SIZE
+
+    if obj.get("page_size", 1) > MAX_PAGE_SIZE:
+        raise InputFormatError(path, line_no, f"page_size={_short(obj['page_size'])}",
+                               f"'page_size' of at most {MAX_PAGE_SIZE}")
     if "mamba_extra_buffer" in obj and type(obj["mamba_extra_buffer"]) is not bool:
         raise InputFormatError(path, line_no,
                                f"mamba_extra_buffer={_short(obj['mamba_extra_buffer'])}",

@@ -331,6 +331,13 @@ def load_bundle(path) -> tuple[Path, dict]:
     _check_bundle_fields(data, d, meta)
     if not (d / "scenario.yaml").is_file():
         raise UserError("no scenario.yaml; expected the bundle's minimal scenario", where=str(d))
+    from sim.paths import PathRejected, confine_in
+
+    try:  # a symlink leading out of the bundle is refused, as op-trace links are
+        confine_in(d, "scenario.yaml", "the bundle's scenario")
+    except PathRejected as e:
+        raise UserError(f"scenario.yaml: found {e.found}; expected {e.expected}",
+                        where=str(d)) from None
     return d, data
 
 
@@ -343,8 +350,34 @@ def _check_bundle_fields(data: dict, d: Path, meta: Path) -> None:
 
     if not isinstance(data["expect"], dict):
         bad("expect", f"a JSON {type(data['expect']).__name__}", "an object of recorded outcome fields")
-    if not isinstance(data["verdict"], str):
-        bad("verdict", _short(data["verdict"]), "a verdict string")
+    from sim.census import KNOWN_VERDICTS
+
+    if not isinstance(data["verdict"], str) or data["verdict"] not in KNOWN_VERDICTS:
+        bad("verdict", _short(data["verdict"]), f"a verdict ({', '.join(KNOWN_VERDICTS)})")
+    recorded = data["expect"].get("verdict", data["verdict"])
+    if data["verdict"] != recorded:
+        bad("verdict", _short(data["verdict"]), f"the verdict the bundle recorded (expect.verdict "
+            f"{_short(recorded)})")
+    seeds = data.get("seeds")
+    if seeds is not None:
+        if not isinstance(seeds, dict):
+            bad("seeds", f"a JSON {type(seeds).__name__}", "an object of seeds")
+        for k, x in seeds.items():
+            if not (x is None or (type(x) is int and 0 <= x < 2**63)):
+                bad(f"seeds.{k if len(k) <= 40 else _short(k)}", _short(x), "a seed: an int from 0 to 2**63 - 1, or null")
+    copied = data.get("inputs_copied")
+    if copied is not None:
+        if not isinstance(copied, list):
+            bad("inputs_copied", f"a JSON {type(copied).__name__}", "a list of copied inputs")
+        for i, c in enumerate(copied):
+            if not (isinstance(c, dict) and isinstance(c.get("from"), str)
+                    and isinstance(c.get("to"), str)):
+                bad(f"inputs_copied.{i}", _short(c), "an object {from: original path, to: the "
+                    "copy's path inside the bundle}")
+            try:
+                confine_in(d, c["to"], "a copied input")
+            except PathRejected as e:
+                bad(f"inputs_copied.{i}.to", e.found, e.expected)
     for key in ("op_traces", "optrace_final_digests"):
         v = data.get(key)
         if v is None:
@@ -381,6 +414,10 @@ def verify_bundle(path, trace_roots=()) -> VerifyResult:
     d, meta = load_bundle(path)
     scenario = load_scenario(d / "scenario.yaml",
                              roots=[Path(os.path.abspath(d)), *(Path(r) for r in trace_roots)])
+    recorded = (meta.get("seeds") or {}).get("scenario")
+    if recorded is not None and recorded != scenario.seed:
+        raise UserError(f"seeds.scenario: found {recorded}; expected the seed of the bundle's "
+                        f"scenario.yaml ({scenario.seed})", where=str(d / "bundle.json"))
     outcome = run_case(scenario, record=True)
     got, want = expectation(outcome), meta["expect"]
     checked = []

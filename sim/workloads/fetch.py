@@ -17,6 +17,7 @@ file against that record from then on.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import re
 import urllib.error
@@ -61,20 +62,43 @@ def check_sha256(text: str, where: str = "--sha256") -> str:
     return value
 
 
+def redact(url: str) -> str:
+    """``url`` as it may be printed: a user name and password in it become ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<an unparseable URL>"
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
 def check_mirror(url: str) -> str:
     """A mirror base URL: http(s) with a host, or file:// naming an existing folder."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as err:
+        raise UserError(f"found an unparseable URL ({err}); expected a base URL such as "
+                        "https://mirror.example/raw", where="--mirror") from None
+    shown = redact(url)
     if parts.scheme not in SCHEMES:
-        raise UserError(f"found {url!r:.120}; expected a base URL starting https://, http:// "
+        raise UserError(f"found {shown!r:.120}; expected a base URL starting https://, http:// "
                         "or file:// (laid out as raw.githubusercontent.com)", where="--mirror")
     if parts.scheme == "file":
         path = urllib.request.url2pathname(parts.path)
         if not os.path.isdir(path):
-            raise UserError(f"found {url!r:.120} (no such folder); expected a file:// URL of "
+            raise UserError(f"found {shown!r:.120} (no such folder); expected a file:// URL of "
                             "an existing folder", where="--mirror")
-    elif not parts.netloc:
-        raise UserError(f"found {url!r:.120} (no host); expected a base URL such as "
+    elif not parts.hostname:
+        raise UserError(f"found {shown!r:.120} (no host); expected a base URL such as "
                         "https://mirror.example/raw", where="--mirror")
+    else:
+        try:
+            parts.port
+        except ValueError:
+            raise UserError(f"found {shown!r:.120} (a port that is not a number); expected a "
+                            "base URL such as https://mirror.example:8443/raw",
+                            where="--mirror") from None
     return url.rstrip("/")
 
 
@@ -116,7 +140,7 @@ def _download(url: str, target: Path, want: str | None, size: int | None,
               opener: Callable) -> tuple[int, str]:
     """Stream ``url`` into ``target`` atomically; (bytes, sha256). A wrong checksum or
     size raises UserError and leaves no file (the temporary one is removed)."""
-    where = f"traces fetch {url}"
+    where = f"traces fetch {redact(url)}"  # a mirror's credentials are never printed
     h = hashlib.sha256()
     n = 0
     with atomic_path(target) as tmp:
@@ -126,8 +150,9 @@ def _download(url: str, target: Path, want: str | None, size: int | None,
             raise UserError(f"HTTP {err.code} {err.reason}; expected the file at the "
                             "pinned commit (is the mirror laid out as "
                             "raw.githubusercontent.com?)", where=where) from None
-        except (urllib.error.URLError, OSError, ValueError) as err:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as err:
             reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or err
+            reason = str(reason).replace(url, redact(url))
             raise UserError(f"cannot download ({reason}); expected a reachable URL "
                             "(or pass --mirror URL)", where=where) from None
         with resp, open(tmp, "wb") as out:

@@ -297,24 +297,37 @@ class GenericReader(_LineReader):
                     yield lineno, bad
             return
         # CSV: the csv module pulls physical lines from `feed`; `pos` tracks the line.
-        pos = [0]
+        # the physical line, how many lines the reader has taken, the row's first line
+        pos = [0, 0, None]
 
         def feed():
             for lineno, line in lines:
                 pos[0] = lineno
                 if line.strip() and not line.lstrip().startswith("#"):
+                    pos[1] += 1
+                    if pos[2] is None:
+                        pos[2] = lineno
                     yield line
 
-        reader = csv.reader(feed())
+        # strict: a quote left open at the end is an error, not a silent field
+        reader = csv.reader(feed(), strict=True)
         header = None
         while True:
+            taken, pos[2] = pos[1], None
             try:
                 row = next(reader)
             except StopIteration:
                 return
             except csv.Error as err:
-                yield pos[0], _Bad(f"unreadable CSV ({_short(str(err), 60)})", "a CSV row")
+                yield pos[2] or pos[0], _Bad(f"unreadable CSV ({_short(str(err), 60)}; an "
+                                             "unclosed quote?)", "a CSV row with its quotes closed")
                 continue
+            if pos[1] - taken > 1:
+                # One request per line: a quoted field running on over lines swallowed
+                # the rows below it (an unclosed quote).
+                raise InputFormatError(self.path, pos[2], f"a quoted field running over "
+                                       f"{pos[1] - taken} lines (to line {pos[0]}; an unclosed quote?)",
+                                       "one CSV row per line, its quotes closed")
             if header is None:
                 header = [h.strip() for h in row]
                 missing = [f for f in ("arrival_s", "input_len", "output_len", "blocks")
