@@ -79,6 +79,7 @@ CUT: dict[str, tuple[list[str] | str, int]] = {
     "make conformance-sglang": (["make", "conformance-sglang"], 2),
     "make conformance-hybrid-sglang": (["make", "conformance-hybrid-sglang"], 2),
     "make conformance-hybrid-engine-sglang": (["make", "conformance-hybrid-engine-sglang"], 2),
+    "make conformance-server": (["make", "conformance-server"], 2),
     "make conformance-*": ("make-conformance-all", 2),
     ". .venv/bin/activate": ("venv-path", 0),
     "hicache-sim --help": (["hicache-sim", "--help"], 0),
@@ -95,6 +96,9 @@ CUT: dict[str, tuple[list[str] | str, int]] = {
          "--set", "limits.max_requests=300"], 0),
     "hicache-sim run scenarios/hybrid_mamba.yaml -o results/hybrid_mamba": (
         ["hicache-sim", "run", "scenarios/hybrid_mamba.yaml", "-o", "results/hybrid_mamba",
+         "--quiet", *SMALL], 0),
+    "hicache-sim run scenarios/storage_buffer_only.yaml": (
+        ["hicache-sim", "run", "scenarios/storage_buffer_only.yaml", "-o", "{tmp}/buf",
          "--quiet", *SMALL], 0),
     "hicache-sim census scenarios/hybrid_mamba.yaml --seeds 20": (
         ["hicache-sim", "census", "scenarios/hybrid_mamba.yaml", "--seeds", "2", "--jobs", "1",
