@@ -169,6 +169,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
     """Resolve a validated ``sim.scenario.Scenario`` into (SimConfig, CostModel)."""
     from sim.costs import CostModel, load_profile
     from sim.scenario import resolve_capacities
+    from sim.tree import id_scheme
 
     device, host = resolve_capacities(scn)
     j = scn.jitter
@@ -211,7 +212,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         write_policy=scn.cache.write_policy, host_policy=scn.cache.host_policy,
         eviction_policy=scn.cache.eviction_policy,
         load_back_threshold=scn.cache.load_back_threshold,
-        ids="rust" if scn.cache.backend == "rust" else scn.cache.ids,
+        ids=id_scheme(scn.cache.tree_core, scn.cache.ids),
         max_running=scn.scheduler.max_running_requests or 1 << 30,
         chunked_prefill_tokens=scn.scheduler.chunked_prefill_tokens,
         max_prefill_tokens=scn.scheduler.max_prefill_tokens,

@@ -43,6 +43,7 @@ from pydantic_core import PydanticCustomError
 from sim import __version__
 from sim.constants import MAMBA_FULL_MEMORY_RATIO_DEFAULT as C_MAMBA_RATIO
 from sim.constants import SWA_FULL_TOKENS_RATIO_DEFAULT as C_SWA_RATIO
+from sim.constants import DEFAULT_TREE_CORE
 from sim.constants import (
     HICACHE_HOST_MEMORY_FRACTION_DEFAULT,
     HICACHE_RATIO_BUFFER_ONLY,
@@ -406,8 +407,10 @@ class Cache(_Model):
     host_policy: Literal[_HOSTP] = "duplicate_first"  # type: ignore[valid-type]  # PR #33777
     eviction_policy: Literal[_EVICT] = "lru"  # type: ignore[valid-type]
     load_back_threshold: _int(0, 10**9) = LOAD_BACK_THRESHOLD
-    # The tree core: python (the reference, bit-exact) or rust (its digest/id variant, sem §4.6).
-    backend: Literal["python", "rust"] = "python"
+    # The tree core: rust (what a default 0.5.23 server runs: its handles and digest,
+    # sem §4.6) or python (UnifiedTreeCore, SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python).
+    # A hybrid model's trees model the Python core only: the default is python there.
+    tree_core: Literal["rust", "python"] = DEFAULT_TREE_CORE
     # Node ids: as a started 0.5.23 server has them (first node 10, so digests in
     # divergence.json are the values the server would print), as a bare SGLang tree core
     # has them (first node 5), or as op-traces number them (first node 1).
@@ -979,6 +982,12 @@ class Scenario(_Model):
                                     if getattr(self.device, k) is not None))
             raise _err(f"{key} without model.hybrid_preset",
                        "it only with a hybrid model (it sizes a component's pool)", key)
+        if j.id_drift is not None and self.cache.tree_core == "rust":
+            # the drift is UnifiedTreeNode's process-global counter (sem §5.4.d); Rust
+            # handles are per core (rust_tree_core/adapter.py), nothing else moves them
+            raise _err("jitter.id_drift with cache.tree_core 'rust'",
+                       "cache.tree_core: python (Rust core handles are per core)",
+                       "jitter.id_drift")
         try:
             dev, host = _capacities(self)
             _node_check(self, dev, host)
@@ -1064,9 +1073,11 @@ def _hybrid_check(s: "Scenario") -> None:
     if c.eviction_policy != "lru":
         raise _err(f"cache.eviction_policy {c.eviction_policy!r} for a hybrid model",
                    "lru (the unified tree's component LRUs)", "cache.eviction_policy")
-    if c.backend != "python":
-        raise _err(f"cache.backend {c.backend!r} for a hybrid model", "python",
-                   "cache.backend")
+    if c.tree_core != "python":
+        if "tree_core" in c.model_fields_set:
+            raise _err(f"cache.tree_core {c.tree_core!r} for a hybrid model",
+                       "python (hybrid trees model the Python core's ids)", "cache.tree_core")
+        c.tree_core = "python"
     if s.storage is not None:
         raise _err("storage for a hybrid model", "no storage: block (not modelled for hybrids)",
                    "storage")
