@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sim.constants import LOAD_BACK_THRESHOLD, MAX_PREFILL_TOKENS_DEFAULT
+from sim.constants import CLIP_MAX_NEW_TOKENS, SCHEDULE_POLICY_DEFAULT
 
 # The per-step cache-sync disciplines (sim.events), each from one SGLang version.
 DISCIPLINES = ("synced", "pre_26921", "local")
@@ -142,6 +143,8 @@ class SimConfig:
     # SGLang's --max-prefill-tokens and --schedule-conservativeness.
     max_prefill_tokens: int = MAX_PREFILL_TOKENS_DEFAULT
     schedule_conservativeness: float = 1.0
+    schedule_policy: str = SCHEDULE_POLICY_DEFAULT  # sim/policies/schedule.py
+    clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     decode: bool = True
     collective: str = "simulated"
     collective_device: str = "cpu"
@@ -217,6 +220,8 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         chunked_prefill_tokens=scn.scheduler.chunked_prefill_tokens,
         max_prefill_tokens=scn.scheduler.max_prefill_tokens,
         schedule_conservativeness=scn.scheduler.schedule_conservativeness,
+        schedule_policy=scn.scheduler.schedule_policy,
+        clip_max_new_tokens=scn.scheduler.clip_max_new_tokens,
         decode=scn.scheduler.decode,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,

@@ -142,6 +142,14 @@ HICACHE_AUTO_SIZE_SLACK = 0.05
 # schedule_policy.py CLIP_MAX_NEW_TOKENS (env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION):
 # admission's estimate of a request's decode tokens is clipped to this.
 CLIP_MAX_NEW_TOKENS = 4096
+# schedule_policy.py IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD / _DEPRIORITIZE_THRESHOLD
+# (env vars of those names, default 32), read by `_compute_prefix_matches`: a request
+# whose device match is at most the first is matched against the waiting queue's own
+# radix tree, and one matching at least the second there is sent to the back.
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
+# --schedule-policy default (arg_groups/fields/schedule.py `schedule_policy`).
+SCHEDULE_POLICY_DEFAULT = "fcfs"
 # schedule_policy.py WAITING_PREFIX_REFRESH_INTERVAL / WAITING_QUEUE_PREFIX_MATCH_MAX:
 # every 32nd calc_priority call touches up to 128 waiting requests' prefixes
 # (`_touch_waiting_prefixes`, on while SGLANG_ENABLE_WAITING_PREFIX_REFRESH, default

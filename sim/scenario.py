@@ -43,7 +43,7 @@ from pydantic_core import PydanticCustomError
 from sim import __version__
 from sim.constants import MAMBA_FULL_MEMORY_RATIO_DEFAULT as C_MAMBA_RATIO
 from sim.constants import SWA_FULL_TOKENS_RATIO_DEFAULT as C_SWA_RATIO
-from sim.constants import DEFAULT_TREE_CORE
+from sim.constants import CLIP_MAX_NEW_TOKENS, DEFAULT_TREE_CORE, SCHEDULE_POLICY_DEFAULT
 from sim.constants import (
     HICACHE_HOST_MEMORY_FRACTION_DEFAULT,
     HICACHE_RATIO_BUFFER_ONLY,
@@ -828,6 +828,15 @@ Workload = Annotated[
 # ----------------------------------------------------------------------------------
 
 
+def _schedule_names():
+    from sim.policies.schedule import SCHEDULE_POLICIES
+
+    return tuple(SCHEDULE_POLICIES)
+
+
+_SCHEDULE = _schedule_names()
+
+
 class Scheduler(_Model):
     """Simulator defaults (not SGLang constants: SGLang sizes these from GPU memory).
 
@@ -846,6 +855,11 @@ class Scheduler(_Model):
     # charges running requests' remaining decode with (larger: fewer retractions).
     schedule_conservativeness: _num(gt=0.0, hi=100.0) = 1.0
     decode: bool = True
+    # SGLang --schedule-policy (SchedulePolicy.calc_priority; sim/policies/schedule.py).
+    schedule_policy: Literal[_SCHEDULE] = SCHEDULE_POLICY_DEFAULT  # type: ignore[valid-type]
+    # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: admission's estimate of a request's decode
+    # tokens is clipped to this (smaller: more admitted, more retractions).
+    clip_max_new_tokens: _int(1, 10**9) = CLIP_MAX_NEW_TOKENS
 
     @model_validator(mode="after")
     def _preset(self):

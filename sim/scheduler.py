@@ -113,9 +113,11 @@ class Budget:
 class Adder:
     """One replica's `PrefillAdder`: the pass's budgets and what it admitted."""
 
-    __slots__ = ("budget", "rem_input", "rem_chunk", "ps")
+    __slots__ = ("budget", "rem_input", "rem_chunk", "ps", "clip")
 
-    def __init__(self, budget: Budget, max_prefill_tokens: int, chunk: int | None):
+    def __init__(self, budget: Budget, max_prefill_tokens: int, chunk: int | None,
+                 clip: int = C.CLIP_MAX_NEW_TOKENS):
+        self.clip = clip  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
         self.budget = budget
         self.rem_input = max_prefill_tokens
         self.rem_chunk = chunk
@@ -147,7 +149,7 @@ class Adder:
             if extend <= 0:
                 return OTHER
             return extend, 0, True
-        return extend, min(out_len, C.CLIP_MAX_NEW_TOKENS), False
+        return extend, min(out_len, self.clip), False
 
     def charge(self, extend: int, max_new: int) -> None:
         """`_update_prefill_budget` (the compute budgets take the page-ceiled extend)."""
@@ -163,10 +165,9 @@ class Adder:
         return room if room > 0 else self.rem_chunk
 
 
-def running_offset(running, ratio: float) -> float:
+def running_offset(running, ratio: float, clip: int = C.CLIP_MAX_NEW_TOKENS) -> float:
     """`PrefillAdder.__init__`'s total_offset: each running request's remaining decode
     tokens (clipped) times the new-token ratio, summed in batch order."""
-    clip = C.CLIP_MAX_NEW_TOKENS
     return sum(min(rq.r.output_len - rq.generated, clip) * ratio for rq in running)
 
 

@@ -85,6 +85,23 @@ RUST_UNOBSERVABLE_EVENTS = {"dup_sweep", "tombstone"}
 RUST_DUMP_FIELDS = ("id", "parent", "start", "key", "dev", "host")
 
 
+def _drops_sorted(evs: list) -> list:
+    """A drop fallback's ``drop_host`` events sorted by id within each run: the Rust
+    core's `drop_subtree_no_host` reports the subtree's host frees in its own walk
+    order (measured: jitter_host_alloc_failure, rank 1), the same nodes and sizes, the
+    same tree after; the Python core and replay-ops report them in theirs."""
+    out, run = [], []
+    for e in evs + [None]:
+        if e is not None and e["k"] == "drop_host":
+            run.append(e)
+            continue
+        out.extend(sorted(run, key=lambda x: x["id"]))
+        run = []
+        if e is not None:
+            out.append(e)
+    return out
+
+
 def project_rust(rec: dict) -> dict:
     """An output line as ../shared/oracle/rust/compare.py projects both sides, the
     digest left raw (both sides fold the Rust core's digest event)."""
@@ -100,7 +117,7 @@ def project_rust(rec: dict) -> dict:
             passes.append(e.pop("pass", None))
             e.pop("pass_inferred", None)
         evs.append(e)
-    r["events"], r["_pass"] = evs, passes
+    r["events"], r["_pass"] = _drops_sorted(evs), passes
     if r.get("op") == "dump" and "error" not in r:
         r["tree"] = [{k: n[k] for k in RUST_DUMP_FIELDS} for n in r.get("tree", [])]
         for k in ("duplicates", "d_leaves", "h_leaves"):
