@@ -78,51 +78,7 @@ def record(scenario: Path, name: str, sets: list[str], requests: int, out: Path)
     return json.loads((out / "index.json").read_text())
 
 
-# What the Rust API cannot show (../shared/oracle/rust/README.md, "Not observable";
-# compare.py `project`): these events, per-node lock/recency fields of a dump, and the
-# reclaim pass of a dup_reclaim (inferred there), compared as a list of its own.
-RUST_UNOBSERVABLE_EVENTS = {"dup_sweep", "tombstone"}
-RUST_DUMP_FIELDS = ("id", "parent", "start", "key", "dev", "host")
-
-
-def _drops_sorted(evs: list) -> list:
-    """A drop fallback's ``drop_host`` events sorted by id within each run: the Rust
-    core's `drop_subtree_no_host` reports the subtree's host frees in its own walk
-    order (measured: jitter_host_alloc_failure, rank 1), the same nodes and sizes, the
-    same tree after; the Python core and replay-ops report them in theirs."""
-    out, run = [], []
-    for e in evs + [None]:
-        if e is not None and e["k"] == "drop_host":
-            run.append(e)
-            continue
-        out.extend(sorted(run, key=lambda x: x["id"]))
-        run = []
-        if e is not None:
-            out.append(e)
-    return out
-
-
-def project_rust(rec: dict) -> dict:
-    """An output line as ../shared/oracle/rust/compare.py projects both sides, the
-    digest left raw (both sides fold the Rust core's digest event)."""
-    r = dict(rec)
-    for k in ("i", "notes", "partial", "panic"):
-        r.pop(k, None)
-    evs, passes = [], []
-    for e in r.pop("events", []):
-        if e["k"] in RUST_UNOBSERVABLE_EVENTS:
-            continue
-        e = dict(e)
-        if e["k"] == "dup_reclaim":
-            passes.append(e.pop("pass", None))
-            e.pop("pass_inferred", None)
-        evs.append(e)
-    r["events"], r["_pass"] = _drops_sorted(evs), passes
-    if r.get("op") == "dump" and "error" not in r:
-        r["tree"] = [{k: n[k] for k in RUST_DUMP_FIELDS} for n in r.get("tree", [])]
-        for k in ("duplicates", "d_leaves", "h_leaves"):
-            r.pop(k, None)
-    return r
+from sim.optrace_rust import project_rust  # noqa: E402
 
 
 def compare(trace: Path, ours: Path, theirs: Path, project=None) -> tuple[int, str | None]:
