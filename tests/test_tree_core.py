@@ -15,7 +15,7 @@ import gzip
 import json
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, vendored_checksums_match
 
 from sim import constants as C
 from sim.optrace import replay, replay_lines
@@ -33,6 +33,7 @@ def _case_trace(out: "object"):
 
 
 def test_vendored_rust_cases_cover_every_full_case():
+    vendored_checksums_match(RUST)
     full = {p.name for p in DATA.glob("*.jsonl.gz") if not p.name.endswith(".out.jsonl.gz")}
     assert {_case_trace(p).name for p in RUST_CASES} == full and len(full) >= 30
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import io
 import json
 import sys
@@ -44,8 +45,10 @@ def main() -> int:
     args = ap.parse_args()
     OUT.mkdir(exist_ok=True)
     bad = 0
+    sums = []
     for case in CASES:
         text = rust_lines(case)
+        sums.append(f"{hashlib.sha256(text.encode()).hexdigest()}  {case}.rust.out.jsonl\n")
         path = OUT / f"{case}.rust.out.jsonl.gz"
         if args.check:
             with gzip.open(path, "rt") as f:
@@ -56,6 +59,8 @@ def main() -> int:
         with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
             f.write(text.encode())
         print(f"{case}: {text.count(chr(10))} lines")
+    if not args.check:
+        (OUT / "SHA256SUMS").write_text("".join(sums))
     return 1 if bad else 0
 
 
