@@ -5,7 +5,8 @@ scheduler decides inside one iteration, written from SGLang's code:
 
 * **Admission** (`Scheduler._get_new_batch_prefill_raw`, schedule_policy.py
   `PrefillAdder`): the early returns on ``batch_is_full`` and the request-row budget,
-  `calc_priority` (FCFS: no sort; every 32nd call `_touch_waiting_prefixes`), the
+  `calc_priority` (sim/policies/schedule.py: the queue's order under
+  ``scheduler.schedule_policy``; every 32nd call `_touch_waiting_prefixes`), the
   continuing chunk first (`add_chunked_req`), then each waiting request in order:
   `init_next_round_input` matches it (stamping recency, maybe splitting a node) before
   `add_one_req` decides, so the request that fails is matched too. `add_one_req`
@@ -25,8 +26,7 @@ scheduler decides inside one iteration, written from SGLang's code:
   prompt inserts the prompt key a second time, with priority + 1, splitting the leaf
   at the prompt boundary.
 
-Simplifications (docs/TP.md, "How admission differs"): FCFS only (SGLang's default
-policy); a request's ``max_new_tokens`` is its trace output length and it stops there;
+Simplifications (docs/TP.md, "How admission differs"): a request's ``max_new_tokens`` is its trace output length and it stops there;
 no priority preemption, LoRA, grammar, mixed chunks or overlap scheduling.
 """
 

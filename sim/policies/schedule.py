@@ -47,6 +47,7 @@ class SchedulePolicy:
     """One policy: ``cache_aware`` (matches the queue, no prefix touch) and its order."""
 
     name = ""
+    sorts = True  # False: the queue keeps its order (nothing to copy)
     cache_aware = False
     long_queue_fcfs = False  # `_determine_active_policy`: fcfs above the match cap
 
@@ -58,6 +59,7 @@ class SchedulePolicy:
 
 class Fcfs(SchedulePolicy):
     name = "fcfs"
+    sorts = False
 
 
 class LongestPrefixMatch(SchedulePolicy):
@@ -185,6 +187,9 @@ def calc_priority(sim, c) -> None:
     if policy.long_queue_fcfs and len(waiting) > C.WAITING_QUEUE_PREFIX_MATCH_MAX:
         policy = SCHEDULE_POLICIES["fcfs"]
     tree, st = c.tree, c.sched
+    if not policy.sorts:
+        touch_waiting_prefixes(sim, c, st, tree)
+        return
     reqs = list(waiting)
     matches = low = None
     if policy.cache_aware:
