@@ -82,3 +82,10 @@ def test_random_policy_is_deterministic():
     a = _run("scheduler.schedule_policy=random", requests=120).summary
     b = _run("scheduler.schedule_policy=random", requests=120).summary
     assert a == b
+
+
+def test_rust_core_walks_dfs_weight_alike():
+    """The engine orders dfs-weight one way under both tree cores: SGLang's Rust core's
+    own `dfs_weight_order` gave the Python policy's order on every vendored queue."""
+    dfs = [c for c in CASES["cases"] if c["policy"] == "dfs-weight"]
+    assert dfs and all(c["rust_order"] == c["order"] for c in dfs)

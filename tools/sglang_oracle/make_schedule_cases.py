@@ -118,14 +118,35 @@ def run(policy, queue, seed):
     return [r.rid for r in reqs]
 
 
+def rust_dfs_order(queue):
+    """`dfs_weight_order` of SGLang's Rust tree core (the binding's own walk) over the
+    same cached sequences, each request's last device node from its match: the engine
+    sorts alike under both cores, so both must give SGLang's policy order."""
+    from array import array
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import oracle_rust_v2 as V
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+    o = V.RustV2Oracle({"op": "header", "device_capacity": 1 << 20, "host_capacity": 1 << 20,
+                        "page_size": 1, "ids": "rust_server", "write_policy": "write_back"})
+    for s in CACHED:
+        o.apply_ext(0, {"op": "insert", "tokens": s})
+    last = [o.core.match_prefix(MatchPrefixParams(key=RadixKey(array("q", [V._fold(t) for t in toks])))).last_device_node
+            for _, toks, _ in queue]
+    return [queue[i][0] for i in o.core.dfs_weight_order(last)]
+
+
 def cases():
     out = []
     for name, queue in QUEUES.items():
         for policy in POLICIES:
             for seed in (SEEDS if policy == "random" else (0,)):
-                out.append({"queue_name": name, "policy": policy, "seed": seed,
-                            "queue": [list(q) for q in queue],
-                            "order": run(policy, queue, seed)})
+                case = {"queue_name": name, "policy": policy, "seed": seed,
+                        "queue": [list(q) for q in queue], "order": run(policy, queue, seed)}
+                if policy == "dfs-weight":
+                    case["rust_order"] = rust_dfs_order(queue)
+                out.append(case)
     return {"cached": CACHED, "page_size": 1,
             "note": "SGLang 0.5.23 SchedulePolicy.calc_priority over RadixCache (page 1); "
                     "tools/sglang_oracle/make_schedule_cases.py",
