@@ -831,10 +831,10 @@ Workload = Annotated[
 def _schedule_names():
     from sim.policies.schedule import SCHEDULE_POLICIES
 
-    return tuple(SCHEDULE_POLICIES)
+    return tuple(SCHEDULE_POLICIES), {k: p.cache_aware for k, p in SCHEDULE_POLICIES.items()}
 
 
-_SCHEDULE = _schedule_names()
+_SCHEDULE, SCHEDULE_CACHE_AWARE = _schedule_names()
 
 
 class Scheduler(_Model):
@@ -1087,6 +1087,11 @@ def _hybrid_check(s: "Scenario") -> None:
     if c.eviction_policy != "lru":
         raise _err(f"cache.eviction_policy {c.eviction_policy!r} for a hybrid model",
                    "lru (the unified tree's component LRUs)", "cache.eviction_policy")
+    sp = s.scheduler.schedule_policy
+    if SCHEDULE_CACHE_AWARE.get(sp):
+        raise _err(f"scheduler.schedule_policy {sp!r} for a hybrid model",
+                   "fcfs, lof or random (cache-aware policies are modelled on FULL-only trees)",
+                   "scheduler.schedule_policy")
     if c.tree_core != "python":
         if "tree_core" in c.model_fields_set:
             raise _err(f"cache.tree_core {c.tree_core!r} for a hybrid model",

@@ -89,3 +89,12 @@ def test_rust_core_walks_dfs_weight_alike():
     own `dfs_weight_order` gave the Python policy's order on every vendored queue."""
     dfs = [c for c in CASES["cases"] if c["policy"] == "dfs-weight"]
     assert dfs and all(c["rust_order"] == c["order"] for c in dfs)
+
+
+def test_cache_aware_policy_refused_for_a_hybrid():
+    from sim.errors import UserError
+    from sim.scenario import load_scenario
+
+    with pytest.raises(UserError, match="scheduler.schedule_policy"):
+        load_scenario(str(ROOT / "scenarios" / "hybrid_swa.yaml"),
+                      ["scheduler.schedule_policy=dfs-weight"])
