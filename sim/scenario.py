@@ -411,9 +411,10 @@ class Cache(_Model):
     # sem §4.6) or python (UnifiedTreeCore, SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python).
     # A hybrid model's trees model the Python core only: the default is python there.
     tree_core: Literal["rust", "python"] = DEFAULT_TREE_CORE
-    # Node ids: as a started 0.5.23 server has them (first node 10, so digests in
-    # divergence.json are the values the server would print), as a bare SGLang tree core
-    # has them (first node 5), or as op-traces number them (first node 1).
+    # Node ids: as a started 0.5.23 server has them (so digests in divergence.json are
+    # the values the server would print; Python core: first node 10, Rust: 2), as a bare
+    # tree core has them (Python: first node 5, Rust: 1), or as op-traces number them
+    # (first node 1).
     ids: Literal["server", "sglang", "optrace"] = "server"
     # An SWA hybrid only: SGLANG_OPT_RELEASE_PREFILL_SWA (unset: off, SGLang's default),
     # a request's prefill SWA lock released once decode passes the window
