@@ -67,14 +67,18 @@ def tp2_jitter(scenario: Path) -> list[str]:
     return sets
 
 
-def record(scenario: Path, name: str, sets: list[str], requests: int, out: Path) -> dict:
-    """Run the scenario with --record-ops into ``out``; return its index."""
-    from sim.runner import run_scenario
+def load(scenario: Path, sets: list[str], requests: int):
     from sim.scenario import load_scenario
 
     sets = [f"limits.max_requests={requests}", "tp=2", "dp=1", *tp2_jitter(scenario), *sets]
-    scn = load_scenario(str(scenario), sets)
-    run_scenario(scn, None, record_ops_dir=out)
+    return load_scenario(str(scenario), sets)
+
+
+def record(scenario: Path, name: str, sets: list[str], requests: int, out: Path) -> dict:
+    """Run the scenario with --record-ops into ``out``; return its index."""
+    from sim.runner import run_scenario
+
+    run_scenario(load(scenario, sets, requests), None, record_ops_dir=out)
     return json.loads((out / "index.json").read_text())
 
 
@@ -163,15 +167,9 @@ def main() -> int:
             if args.python_only or not all(_rust_playable(work / name / "ops" / t["file"])
                                            for t in index["traces"]):
                 continue
-            try:
-                index = record(path, name, sets, args.requests, work / name / "ops-rust")
-            except Exception as e:  # noqa: BLE001  (a scenario the Rust core refuses)
-                from sim.errors import UserError
-                if not isinstance(e, UserError):
-                    raise
-                continue
-            if index["ids"] not in ("rust", "rust_server"):
-                continue  # a hybrid model runs the Python core's ids
+            if load(path, sets, args.requests).cache.tree_core != "rust":
+                continue  # pinned to the Python core (id drift), or a hybrid model
+            index = record(path, name, sets, args.requests, work / name / "ops-rust")
             for t in index["traces"]:
                 trace = work / name / "ops-rust" / t["file"]
                 stem = t["file"].replace("/", "_").removesuffix(".jsonl")
