@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test bench clean venv browser figures need-oracle conformance-sglang conformance-hybrid-sglang \
 	conformance-storage-sglang conformance-hybrid-engine-sglang conformance-buffer-sglang \
-	conformance-server conformance-server-refresh
+	conformance-server conformance-server-refresh \
+	conformance-rust-sglang conformance-schedule-sglang
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,13 +40,15 @@ test: $(STAMP) browser
 # The differential test against SGLang 0.5.23's real tree (not part of `make test`: it
 # builds a 2.3 GB CPU venv). Every shipped scenario, 200 requests, one TP-2 group:
 # op-traces recorded by `run --record-ops`, replayed on SGLang (tools/sglang_oracle) and
-# through `replay-ops`, compared line by line. Exits non-zero at the first difference.
+# through `replay-ops`, compared line by line. Both tree cores: the Python core
+# (cache.tree_core=python, through ../shared/oracle/) and the Rust core a default server
+# runs (through ../shared/oracle/rust/). Exits non-zero at the first difference.
 SGLANG_ORACLE ?= ../shared/oracle
 # The oracle is not in the repository: it is oracle/ of the project's shared/ folder,
 # which sits beside a checkout. Without it, one line instead of a traceback.
 ORACLE_TARGETS := conformance-sglang conformance-hybrid-sglang conformance-storage-sglang \
 	conformance-hybrid-engine-sglang conformance-buffer-sglang conformance-server \
-	conformance-server-refresh
+	conformance-server-refresh conformance-rust-sglang conformance-schedule-sglang
 need-oracle:
 	@test -f $(SGLANG_ORACLE)/setup.sh || { echo "make $(filter $(ORACLE_TARGETS),$(MAKECMDGOALS)): \
 	needs SGLang 0.5.23's oracle at $(SGLANG_ORACLE) (oracle/ of the project's shared/ folder \
@@ -104,6 +107,23 @@ conformance-server: need-oracle $(STAMP)
 conformance-server-refresh: need-oracle $(STAMP)
 	bash $(SGLANG_ORACLE)/server/setup.sh
 	HICACHE_SGLANG_SERVER=$(abspath $(SGLANG_ORACLE))/server $(BIN)/python tools/sglang_server/vendor_refs.py
+
+# Rebuild data/conformance/rust/ (the FULL cases on SGLang's Rust core under a server's
+# ids, tests/test_tree_core.py) and fail if any vendored byte changed.
+conformance-rust-sglang: need-oracle $(STAMP)
+	bash $(SGLANG_ORACLE)/setup.sh
+	RUST_BACKTRACE=0 HICACHE_SGLANG_ORACLE=$(abspath $(SGLANG_ORACLE)) \
+	  $${SGLANG_ORACLE_VENV:-$${TMPDIR:-/tmp}/sglang-oracle-venv}/bin/python \
+	  tools/sglang_oracle/make_rust_cases.py
+	git diff --exit-code -- data/conformance/rust
+
+# Rebuild data/conformance/schedule/cases.json from SGLang's own SchedulePolicy (it
+# imports the scheduler's modules: the server oracle's venv, ../shared/oracle/server/).
+conformance-schedule-sglang: need-oracle $(STAMP)
+	HICACHE_SGLANG_ORACLE=$(abspath $(SGLANG_ORACLE)) \
+	  $${SGLANG_SERVER_VENV:-$${TMPDIR:-/tmp}/sglang-server-venv}/bin/python \
+	  tools/sglang_oracle/make_schedule_cases.py
+	git diff --exit-code -- data/conformance/schedule
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_tree.py

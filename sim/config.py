@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sim.constants import LOAD_BACK_THRESHOLD, MAX_PREFILL_TOKENS_DEFAULT
+from sim.constants import CLIP_MAX_NEW_TOKENS, SCHEDULE_POLICY_DEFAULT
 
 # The per-step cache-sync disciplines (sim.events), each from one SGLang version.
 DISCIPLINES = ("synced", "pre_26921", "local")
@@ -142,6 +143,8 @@ class SimConfig:
     # SGLang's --max-prefill-tokens and --schedule-conservativeness.
     max_prefill_tokens: int = MAX_PREFILL_TOKENS_DEFAULT
     schedule_conservativeness: float = 1.0
+    schedule_policy: str = SCHEDULE_POLICY_DEFAULT  # sim/policies/schedule.py
+    clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     decode: bool = True
     collective: str = "simulated"
     collective_device: str = "cpu"
@@ -169,6 +172,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
     """Resolve a validated ``sim.scenario.Scenario`` into (SimConfig, CostModel)."""
     from sim.costs import CostModel, load_profile
     from sim.scenario import resolve_capacities
+    from sim.tree import id_scheme
 
     device, host = resolve_capacities(scn)
     j = scn.jitter
@@ -211,11 +215,13 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         write_policy=scn.cache.write_policy, host_policy=scn.cache.host_policy,
         eviction_policy=scn.cache.eviction_policy,
         load_back_threshold=scn.cache.load_back_threshold,
-        ids="rust" if scn.cache.backend == "rust" else scn.cache.ids,
+        ids=id_scheme(scn.cache.tree_core, scn.cache.ids),
         max_running=scn.scheduler.max_running_requests or 1 << 30,
         chunked_prefill_tokens=scn.scheduler.chunked_prefill_tokens,
         max_prefill_tokens=scn.scheduler.max_prefill_tokens,
         schedule_conservativeness=scn.scheduler.schedule_conservativeness,
+        schedule_policy=scn.scheduler.schedule_policy,
+        clip_max_new_tokens=scn.scheduler.clip_max_new_tokens,
         decode=scn.scheduler.decode,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,

@@ -9,9 +9,21 @@ shared/reference/hicache-semantics.md (cited below as "sem §x").
 DIGEST_MULTIPLIER = 1000003
 DIGEST_MASK = (1 << 42) - 1  # 4398046511103
 
-# Rust core digest event: (handle + 1) * 3 + component_index, FULL index 0 (sem §4.6).
+# Rust core digest event: (handle + 1) * 3 + component_index, FULL index 0 (sem §4.6;
+# `release_coexisting_host_value` in rust_tree_core/mem_cache*.so, recovered term by term
+# by shared/oracle/rust/digest_terms.py: `3 * (id + 1)` for every FULL reclaim).
 RUST_COMPONENT_TYPES = 3
 RUST_FULL_COMPONENT_INDEX = 0
+# The tree core a server builds: SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND defaults to
+# "rust" (unified_cache/tree_core_registry.py select_tree_core_backend), and none of
+# `_rust_fallback_reason`'s fallbacks applies to a FULL-only model on Linux.
+DEFAULT_TREE_CORE = "rust"
+# Rust core handles are per core, with no sentinels: the binding's constructor mints
+# root 0 and `RustUnifiedTreeCore.reset` a fresh root ("Node handles are never
+# re-minted", rust_tree_core/adapter.py). UnifiedRadixCache.__init__ ends with
+# `self.reset()` (-> _reset_full -> tree_core.reset()), so a server's root is 1 and its
+# first node 2: one root minted before the live one.
+RUST_SERVER_ROOTS_BEFORE = 1
 
 # Logical clock: a process-global float64 starting at 1.0, +1.0 per draw (sem §1.4).
 CLOCK_START = 1.0
@@ -130,6 +142,14 @@ HICACHE_AUTO_SIZE_SLACK = 0.05
 # schedule_policy.py CLIP_MAX_NEW_TOKENS (env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION):
 # admission's estimate of a request's decode tokens is clipped to this.
 CLIP_MAX_NEW_TOKENS = 4096
+# schedule_policy.py IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD / _DEPRIORITIZE_THRESHOLD
+# (env vars of those names, default 32), read by `_compute_prefix_matches`: a request
+# whose device match is at most the first is matched against the waiting queue's own
+# radix tree, and one matching at least the second there is sent to the back.
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
+# --schedule-policy default (arg_groups/fields/schedule.py `schedule_policy`).
+SCHEDULE_POLICY_DEFAULT = "fcfs"
 # schedule_policy.py WAITING_PREFIX_REFRESH_INTERVAL / WAITING_QUEUE_PREFIX_MATCH_MAX:
 # every 32nd calc_priority call touches up to 128 waiting requests' prefixes
 # (`_touch_waiting_prefixes`, on while SGLANG_ENABLE_WAITING_PREFIX_REFRESH, default

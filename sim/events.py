@@ -56,6 +56,7 @@ from sim.errors import UserError
 from sim.jitter import Jitter
 from sim.metrics import Metrics
 from sim.ranks import Ack, Cohort, RankGroup
+from sim.policies.schedule import calc_priority
 from sim.scheduler import (CONTINUE, NO_TOKEN, OTHER, Adder, Budget, available,
                            page_ceil, ratio_after_retract, retraction_order,
                            running_offset, steps_without_event)
@@ -684,7 +685,7 @@ class Simulation:
         while self.waiting:
             rq = self.waiting[0]
             r = rq.r
-            if (rq.fill_len + min(r.output_len - rq.generated, C.CLIP_MAX_NEW_TOKENS) + ps >= cap
+            if (rq.fill_len + min(r.output_len - rq.generated, self.cfg.clip_max_new_tokens) + ps >= cap
                     or (self._hyb is not None and self._hyb.never_admissible(rq))):
                 # Never admissible, even into an empty pool (check_prefill's
                 # `total_tokens < remaining_total`): SGLang aborts such a request.
@@ -763,8 +764,9 @@ class Simulation:
             st.batch_is_full = True
             return plan
         self._calc_priority(c)
-        adder = Adder(Budget(tree, running_offset(running, st.ratio)), cfg.max_prefill_tokens,
-                      cfg.chunked_prefill_tokens)
+        clip = cfg.clip_max_new_tokens
+        adder = Adder(Budget(tree, running_offset(running, st.ratio, clip)), cfg.max_prefill_tokens,
+                      cfg.chunked_prefill_tokens, clip)
         if chunked is not None:
             if not self._add_chunked(c, chunked, adder, plan):
                 return plan
@@ -787,23 +789,8 @@ class Simulation:
         return plan
 
     def _calc_priority(self, c: Cohort) -> None:
-        """`SchedulePolicy.calc_priority` under FCFS: no sort, no match (the Python
-        tree core has no fast match); then `_touch_waiting_prefixes`: every 32nd call,
-        the first 128 waiting requests' prefixes, head last, so LRU evicts in reverse
-        admission order. Each touch is `touch_prefix`: a match (recency, a split)."""
-        st = c.sched
-        if self.cfg.eviction_policy != "lru" or not self.waiting:
-            return
-        refresh = st.priority_calls % C.WAITING_PREFIX_REFRESH_INTERVAL == 0
-        st.priority_calls += 1
-        if not refresh:
-            return
-        tree = c.tree
-        head = list(itertools.islice(self.waiting, C.WAITING_QUEUE_PREFIX_MATCH_MAX))
-        for rq in reversed(head):
-            key = self._seq_key(rq, rq.fill_len)
-            self._op(c, {"op": "match", "key": key})
-            tree.match_prefix(key)
+        """`SchedulePolicy.calc_priority` (sim/policies/schedule.py)."""
+        calc_priority(self, c)
 
     def _add_chunked(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> bool:
         """`add_chunked_req`: the continuing chunk goes first, as large as the chunk
@@ -821,7 +808,7 @@ class Simulation:
         plan.reqs.append(rq)
         plan.shape.append((rq.r.rid, slot.done, extend))
         plan.chunks.append((extend, slot.done))
-        adder.charge(extend, 0 if truncated else min(rq.r.output_len, C.CLIP_MAX_NEW_TOKENS))
+        adder.charge(extend, 0 if truncated else min(rq.r.output_len, self.cfg.clip_max_new_tokens))
         return True
 
     def _add_one(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> str:
@@ -842,7 +829,7 @@ class Simulation:
         lock = m.last_device
         tree.inc_lock(lock)
         dev = m.device_len
-        max_new = min(max(req.output_len - rq.generated, 0), C.CLIP_MAX_NEW_TOKENS)
+        max_new = min(max(req.output_len - rq.generated, 0), self.cfg.clip_max_new_tokens)
         total = fill - dev + max_new + ps  # + per_req_token_overhead (one page)
         first = not plan.reqs
         sel = adder.select(fill, dev + m.host_len, total, req.output_len, first)

@@ -43,6 +43,7 @@ from pydantic_core import PydanticCustomError
 from sim import __version__
 from sim.constants import MAMBA_FULL_MEMORY_RATIO_DEFAULT as C_MAMBA_RATIO
 from sim.constants import SWA_FULL_TOKENS_RATIO_DEFAULT as C_SWA_RATIO
+from sim.constants import CLIP_MAX_NEW_TOKENS, DEFAULT_TREE_CORE, SCHEDULE_POLICY_DEFAULT
 from sim.constants import (
     HICACHE_HOST_MEMORY_FRACTION_DEFAULT,
     HICACHE_RATIO_BUFFER_ONLY,
@@ -440,11 +441,13 @@ class Cache(_Model):
     """Which device node is evicted first (SGLang --radix-eviction-policy)."""
     load_back_threshold: _int(0, 10**9) = LOAD_BACK_THRESHOLD
     """Host-hit tokens below which a match is not loaded back (SGLang's load_back_threshold)."""
-    # The tree core: python (the reference, bit-exact) or rust (its digest/id variant, sem §4.6).
-    backend: Literal["python", "rust"] = "python"
-    # Node ids: as a started 0.5.23 server has them (first node 10, so digests in
-    # divergence.json are the values the server would print), as a bare SGLang tree core
-    # has them (first node 5), or as op-traces number them (first node 1).
+    # A hybrid model's trees model the Python core only: the default is python there.
+    tree_core: Literal["rust", "python"] = DEFAULT_TREE_CORE
+    """The tree core: rust (what a default 0.5.23 server runs: its handles and digest, sem §4.6) or python (UnifiedTreeCore, SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python)."""
+    # Node ids: as a started 0.5.23 server has them (so digests in divergence.json are
+    # the values the server would print; Python core: first node 10, Rust: 2), as a bare
+    # tree core has them (Python: first node 5, Rust: 1), or as op-traces number them
+    # (first node 1).
     ids: Literal["server", "sglang", "optrace"] = "server"
     # An SWA hybrid only: SGLANG_OPT_RELEASE_PREFILL_SWA (unset: off, SGLang's default),
     # a request's prefill SWA lock released once decode passes the window
@@ -958,6 +961,15 @@ Workload = Annotated[
 # ----------------------------------------------------------------------------------
 
 
+def _schedule_names():
+    from sim.policies.schedule import SCHEDULE_POLICIES
+
+    return tuple(SCHEDULE_POLICIES), {k: p.cache_aware for k, p in SCHEDULE_POLICIES.items()}
+
+
+_SCHEDULE, SCHEDULE_CACHE_AWARE = _schedule_names()
+
+
 class Scheduler(_Model):
     """Simulator defaults (not SGLang constants: SGLang sizes these from GPU memory).
 
@@ -978,6 +990,10 @@ class Scheduler(_Model):
     schedule_conservativeness: _num(gt=0.0, hi=100.0) = 1.0
     decode: bool = True
     """Simulate decode steps (their time, page growth and retractions)."""
+    schedule_policy: Literal[_SCHEDULE] = SCHEDULE_POLICY_DEFAULT  # type: ignore[valid-type]
+    """SGLang --schedule-policy (SchedulePolicy.calc_priority; sim/policies/schedule.py)."""
+    clip_max_new_tokens: _int(1, 10**9) = CLIP_MAX_NEW_TOKENS
+    """SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: admission's estimate of a request's decode tokens is clipped to this (smaller: more admitted, more retractions)."""
 
     @model_validator(mode="after")
     def _preset(self):
@@ -1141,6 +1157,12 @@ class Scenario(_Model):
                                     if getattr(self.device, k) is not None))
             raise _err(f"{key} without model.hybrid_preset",
                        "it only with a hybrid model (it sizes a component's pool)", key)
+        if j.id_drift is not None and self.cache.tree_core == "rust":
+            # the drift is UnifiedTreeNode's process-global counter (sem §5.4.d); Rust
+            # handles are per core (rust_tree_core/adapter.py), nothing else moves them
+            raise _err("jitter.id_drift with cache.tree_core 'rust'",
+                       "cache.tree_core: python (Rust core handles are per core)",
+                       "jitter.id_drift")
         try:
             dev, host = _capacities(self)
             _node_check(self, dev, host)
@@ -1226,9 +1248,16 @@ def _hybrid_check(s: "Scenario") -> None:
     if c.eviction_policy != "lru":
         raise _err(f"cache.eviction_policy {c.eviction_policy!r} for a hybrid model",
                    "lru (the unified tree's component LRUs)", "cache.eviction_policy")
-    if c.backend != "python":
-        raise _err(f"cache.backend {c.backend!r} for a hybrid model", "python",
-                   "cache.backend")
+    sp = s.scheduler.schedule_policy
+    if SCHEDULE_CACHE_AWARE.get(sp):
+        raise _err(f"scheduler.schedule_policy {sp!r} for a hybrid model",
+                   "fcfs, lof or random (cache-aware policies are modelled on FULL-only trees)",
+                   "scheduler.schedule_policy")
+    if c.tree_core != "python":
+        if "tree_core" in c.model_fields_set:
+            raise _err(f"cache.tree_core {c.tree_core!r} for a hybrid model",
+                       "python (hybrid trees model the Python core's ids)", "cache.tree_core")
+        c.tree_core = "python"
     if s.storage is not None:
         raise _err("storage for a hybrid model", "no storage: block (not modelled for hybrids)",
                    "storage")

@@ -5,7 +5,8 @@ scheduler decides inside one iteration, written from SGLang's code:
 
 * **Admission** (`Scheduler._get_new_batch_prefill_raw`, schedule_policy.py
   `PrefillAdder`): the early returns on ``batch_is_full`` and the request-row budget,
-  `calc_priority` (FCFS: no sort; every 32nd call `_touch_waiting_prefixes`), the
+  `calc_priority` (sim/policies/schedule.py: the queue's order under
+  ``scheduler.schedule_policy``; every 32nd call `_touch_waiting_prefixes`), the
   continuing chunk first (`add_chunked_req`), then each waiting request in order:
   `init_next_round_input` matches it (stamping recency, maybe splitting a node) before
   `add_one_req` decides, so the request that fails is matched too. `add_one_req`
@@ -25,8 +26,7 @@ scheduler decides inside one iteration, written from SGLang's code:
   prompt inserts the prompt key a second time, with priority + 1, splitting the leaf
   at the prompt boundary.
 
-Simplifications (docs/TP.md, "How admission differs"): FCFS only (SGLang's default
-policy); a request's ``max_new_tokens`` is its trace output length and it stops there;
+Simplifications (docs/TP.md, "How admission differs"): a request's ``max_new_tokens`` is its trace output length and it stops there;
 no priority preemption, LoRA, grammar, mixed chunks or overlap scheduling.
 """
 
@@ -113,9 +113,11 @@ class Budget:
 class Adder:
     """One replica's `PrefillAdder`: the pass's budgets and what it admitted."""
 
-    __slots__ = ("budget", "rem_input", "rem_chunk", "ps")
+    __slots__ = ("budget", "rem_input", "rem_chunk", "ps", "clip")
 
-    def __init__(self, budget: Budget, max_prefill_tokens: int, chunk: int | None):
+    def __init__(self, budget: Budget, max_prefill_tokens: int, chunk: int | None,
+                 clip: int = C.CLIP_MAX_NEW_TOKENS):
+        self.clip = clip  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
         self.budget = budget
         self.rem_input = max_prefill_tokens
         self.rem_chunk = chunk
@@ -147,7 +149,7 @@ class Adder:
             if extend <= 0:
                 return OTHER
             return extend, 0, True
-        return extend, min(out_len, C.CLIP_MAX_NEW_TOKENS), False
+        return extend, min(out_len, self.clip), False
 
     def charge(self, extend: int, max_new: int) -> None:
         """`_update_prefill_budget` (the compute budgets take the page-ceiled extend)."""
@@ -163,10 +165,9 @@ class Adder:
         return room if room > 0 else self.rem_chunk
 
 
-def running_offset(running, ratio: float) -> float:
+def running_offset(running, ratio: float, clip: int = C.CLIP_MAX_NEW_TOKENS) -> float:
     """`PrefillAdder.__init__`'s total_offset: each running request's remaining decode
     tokens (clipped) times the new-token ratio, summed in batch order."""
-    clip = C.CLIP_MAX_NEW_TOKENS
     return sum(min(rq.r.output_len - rq.generated, clip) * ratio for rq in running)
 
 

@@ -45,8 +45,19 @@ _M64 = (1 << 64) - 1
 
 # Node-id schemes: "optrace" (root 0, nodes 1, 2, ...: the op-trace contract),
 # "sglang" (a bare Python core: sentinels 1-4, first node 5), "server" (a real 0.5.23
-# server, whose core is reset twice: first node 10), "rust" (the Rust core's handles).
-ID_SCHEMES = ("optrace", "sglang", "server", "rust")
+# server, whose core is reset twice: first node 10), "rust" (a bare Rust core's handles:
+# root 0, first node 1), "rust_server" (the Rust core of a started server: root 1, first
+# node 2). Both Rust schemes fold the Rust core's digest event (sem §4.6).
+ID_SCHEMES = ("optrace", "sglang", "server", "rust", "rust_server")
+RUST_ID_SCHEMES = ("rust", "rust_server")
+
+
+def id_scheme(tree_core: str, ids: str) -> str:
+    """The tree's id scheme for a scenario's ``cache.tree_core`` and ``cache.ids``: the
+    Rust core has no sentinels, so a bare Rust core and op-trace numbering coincide."""
+    if tree_core == "python":
+        return ids
+    return "rust_server" if ids == "server" else "rust"
 
 
 def _content(node) -> int:
@@ -421,7 +432,8 @@ class Tree:
     contract); ``"server"`` a started 0.5.23 server (first node 10, ``ID_SCHEMES``);
     ``"sglang"`` reproduces a fresh SGLang process, where ``reset()``'s LRU
     sentinels take ids 1-4 (sem §1.3); ``"rust"`` numbers like optrace and folds the
-    Rust core's digest event (sem §4.6).
+    Rust core's digest event (sem §4.6); ``"rust_server"`` is the Rust core of a started
+    server (root 1, first node 2, the Rust digest).
     """
 
     def __init__(
@@ -490,6 +502,10 @@ class Tree:
             # root and sentinels consume ids and clock draws before this root.
             for _ in range(1 + C.SENTINEL_IDS_PER_COMPONENT):
                 self._new_node([], None)
+        elif ids == "rust_server":
+            # the Rust core's constructor root, replaced by the server's second reset
+            for _ in range(C.RUST_SERVER_ROOTS_BEFORE):
+                self._new_node([], None)
         self.root = self._new_node([], None)
         self.root.lock_ref = 1  # never a leaf, never evicted
         if ids in ("sglang", "server"):
@@ -498,8 +514,9 @@ class Tree:
             for _ in range(C.SENTINEL_IDS_PER_COMPONENT):
                 self._new_node([], None)
         self.digest = 0
-        self._digest_stride = C.RUST_COMPONENT_TYPES if ids == "rust" else 1
-        self._digest_offset = C.RUST_FULL_COMPONENT_INDEX if ids == "rust" else 0
+        rust = ids in RUST_ID_SCHEMES
+        self._digest_stride = C.RUST_COMPONENT_TYPES if rust else 1
+        self._digest_offset = C.RUST_FULL_COMPONENT_INDEX if rust else 0
 
         self.dev_used = 0
         self.host_used = 0

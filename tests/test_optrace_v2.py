@@ -48,7 +48,7 @@ WT2 = {"op": "header", "device_capacity": 32, "host_capacity": 32,
     ({"version": "2"}, "version='2'", "'version' one of 1, 2"),
     ({"write_acks": "op"}, "write_acks='op' in a version 1 header", "only with \"version\": 2"),
     ({"version": 2, "write_acks": "later"}, "write_acks='later'", "one of end_of_op, op"),
-    ({"version": 2, "ids": "serve"}, "ids='serve'", "one of optrace, sglang, server, rust"),
+    ({"version": 2, "ids": "serve"}, "ids='serve'", "one of optrace, sglang, server, rust, rust_server"),
 ])
 def test_bad_v2_header_fields_are_one_line_errors(tmp_path, header, found, expected):
     t = write(tmp_path / "t.jsonl", [{"op": "header", "device_capacity": 8, "host_capacity": 8, **header}])

@@ -95,8 +95,10 @@ def test_decode_runs_write_what_a_step_by_step_loop_writes(sets, tmp_path):
 
 @pytest.mark.parametrize("sets", [("seed=1",), ("seed=5",) + SMALL,
                                   ("seed=2", "jitter.storage_latency={ranks: [1], factor: 4.0}"),
-                                  # a mid-run fork (shared) clones the buffer state
-                                  ("seed=3", "jitter.id_drift={rank: 1, extra_ids: 3, "
+                                  # a mid-run fork (shared) clones the buffer state; the
+                                  # id drift moves the Python core's global node counter
+                                  ("seed=3", "cache.tree_core=python",
+                                   "jitter.id_drift={rank: 1, extra_ids: 3, "
                                    "after_request: 10}") + SMALL])
 def test_shared_and_eager_replicas_write_byte_identical_results(sets, tmp_path):
     run(*sets, "engine.replicas=shared", out=tmp_path / "shared")

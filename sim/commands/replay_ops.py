@@ -14,7 +14,9 @@ HELP = "Replay an op-trace through the tree and write SGLang-format per-op outpu
 def add_arguments(p) -> None:
     p.add_argument("trace", help="op-trace JSONL (format: docs/OPTRACE.md)")
     p.add_argument("-o", "--out", help="write outputs here (atomically) instead of stdout")
-    p.add_argument("--ids", choices=("optrace", "sglang", "server", "rust"), default="optrace",
+    from sim.tree import ID_SCHEMES
+
+    p.add_argument("--ids", choices=ID_SCHEMES, default="optrace",
                    help="node numbering and digest variant when the header names none (default: optrace; docs/OPTRACE.md)")
     p.add_argument("--host-policy", default="duplicate_first",
                    help="host-pressure policy (default: duplicate_first, SGLang's)")

@@ -904,7 +904,7 @@ class HybridHooks:
         extend = min(extend, fill - prefix)
         still = chunked and prefix + extend < fill
         if chunked and not still:
-            max_new = min(out_len, C.CLIP_MAX_NEW_TOKENS)
+            max_new = min(out_len, self.sim.cfg.clip_max_new_tokens)
         return extend, max_new, still
 
     def chunk_room(self, c, plan, room: int) -> int:
@@ -930,7 +930,7 @@ class HybridHooks:
         aborted as one too long for the FULL pool is."""
         if self.h.kind != "swa" or self.sim.cfg.chunked_prefill_tokens is not None:
             return False
-        max_new = min(max(rq.r.output_len - rq.generated, 0), C.CLIP_MAX_NEW_TOKENS)
+        max_new = min(max(rq.r.output_len - rq.generated, 0), self.sim.cfg.clip_max_new_tokens)
         return self._swa_tokens(rq.fill_len, max_new) >= self.h.aux_capacity
 
     # ------------------------------------------------------------ allocation
