@@ -163,6 +163,10 @@ class SimConfig:
     storage: StorageConfig | None = None
     # A hybrid model's tree; None: the FULL-only tree (sim.tree).
     hybrid: HybridConfig | None = None
+    # "time": iterations cost what the cost model says; "steps": one iteration is one
+    # step, copies are acked ``ack_delay_steps`` (d2h, h2d) polls after their issue.
+    clock: str = "time"
+    ack_delay_steps: tuple[int, int] = (1, 1)
 
 
 def from_scenario(scn) -> tuple[SimConfig, object]:
@@ -224,7 +228,10 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         on_divergence=scn.on_divergence, seed=scn.seed,
         max_requests=scn.limits.max_requests, duration_s=scn.limits.duration_s,
         timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,
+        clock=scn.engine.clock,
     )
+    if scn.engine.ack_delay_steps is not None:
+        cfg.ack_delay_steps = (scn.engine.ack_delay_steps.d2h, scn.engine.ack_delay_steps.h2d)
     if scn.storage is not None:
         from sim.storage.backends import backend
 

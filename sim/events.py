@@ -139,6 +139,48 @@ class FixedCosts:
         return entries * 0.4e-6
 
 
+class StepCosts:
+    """``engine.clock: steps``: one scheduler iteration is one unit of SimPy time, as
+    in the SGLang server harness (/work/shared/oracle/server, its ack-timing model):
+    every forward costs one step, a blocking synchronize (a write_back eviction's
+    backup, `writing_check(write_back=True)`) completes at once, and an asynchronous
+    copy is acked by the poll ``ack_delay_steps`` steps after the step that issued it
+    (``Simulation._copy``). Nothing else costs time."""
+
+    name = "steps"
+
+    def __init__(self, base):
+        self.bytes_per_token = base.bytes_per_token
+
+    def d2h_time(self, tokens, concurrent=False):
+        return 0.0
+
+    h2d_time = d2h_time
+
+    def batch_load_stall(self, load_tokens, chunks, concurrent=False):
+        return 0.0
+
+    def prefill_batch_time(self, chunks):
+        return 1.0
+
+    def prefill_time(self, new_tokens, cached_tokens=0):
+        return 1.0
+
+    def decode_step_time(self, batch_size, total_context_tokens):
+        return 1.0
+
+    def decode_run(self, batch_size, context_tokens, max_steps, t0, extra_s, stop, busy=0.0):
+        # whole steps from t0 until ``max_steps`` or the first boundary at or after ``stop``
+        k = max_steps if stop == math.inf else min(max_steps, max(1, math.ceil(stop - t0)))
+        return t0 + k, k, busy + k
+
+    def sync_time(self, world, backend="gloo"):
+        return 0.0
+
+    def reclaim_scan_time(self, entries):
+        return 0.0
+
+
 class _Slot:
     """A request's state on one replica: its lock and its KV."""
 
@@ -251,6 +293,10 @@ class Simulation:
         cluster's ``env``)."""
         self.cfg = cfg
         self.cost = cost if cost is not None else FixedCosts()
+        self._steps = cfg.clock == "steps"
+        self.steprec = None  # sim.steprec.StepRecorder under run --record-steps
+        if self._steps:
+            self.cost = StepCosts(self.cost)
         self.env = env if env is not None else simpy.Environment()
         self.instance = instance
         self.jitter = Jitter(cfg.jitter, cfg.tp, cfg.seed, rank_base=instance * cfg.tp)
@@ -448,10 +494,15 @@ class Simulation:
         """`event_loop_normal`: one iteration per relevant moment."""
         while True:
             yield from self._settle()
+            sr = self.steprec
+            if sr is not None:
+                sr.end(self.group.cohorts)
             if self._drained():
                 self._release_gpu()
                 self.finished = True
                 return
+            if sr is not None:
+                sr.begin(int(self.env.now), self.group.cohorts)
             self.step_no += 1
             self._sample()
             self._sync_mismatch = False
@@ -460,13 +511,21 @@ class Simulation:
             if self.waiting or self.chunked is not None:
                 plan = self._admit()
                 if plan is not None:
+                    if sr is not None:
+                        self._record_extend(plan)
                     yield from self._prefill(plan)
+                    if self._steps:
+                        self._flush_writes()  # the step's backups leave with its results
                     continue
             if self.running and self.cfg.decode:
                 yield from self._decode()
+                if self._steps:
+                    self._flush_writes()
                 continue
             self._compare()
             if self._drained():
+                if sr is not None:
+                    sr.end(self.group.cohorts)
                 self.finished = True
                 return
             self._release_gpu()
@@ -641,6 +700,8 @@ class Simulation:
             for i in ack.ids:
                 tree.finish_write_through(i)
                 self._op(c, {"op": "write_ack", "id": i})
+                if self.steprec is not None:
+                    self.steprec.hc(c, "write_ack", i)
         for _ in range(n_load):
             ack = c.load_q.popleft()
             for i in ack.ids:
@@ -649,6 +710,8 @@ class Simulation:
                     continue
                 tree.finish_load_back(i)
                 self._op(c, {"op": "load_back_ack", "id": i})
+            if self.steprec is not None:
+                self.steprec.hc(c, "load_ack", 1)
             self._trace("load_ack", "ack", c.ranks, self.env.now, 0, ids=len(ack.ids))
 
     def _count_delays(self, ack: Ack) -> None:
@@ -657,7 +720,12 @@ class Simulation:
 
     def _copy(self, c: Cohort, engine, other, ack: Ack, seconds, started):
         """One merged transfer on a copy engine; its ack completes when it ends.
-        Concurrent traffic the other way shares the link (priced by the cost model)."""
+        Concurrent traffic the other way shares the link (priced by the cost model).
+        Under the step clock it holds no engine: the harness completes every copy
+        ``ack_delay_steps`` after its issue, however many are in flight."""
+        if self._steps:
+            yield from self._step_copy(c, ack, started)
+            return
         with engine.request() as req:
             yield req
             if started is not None:
@@ -668,6 +736,24 @@ class Simulation:
             yield self.env.timeout(dur)
         ack.done = self.env.now
         self._trace(f"{ack.kind}_copy", "transfer", c.ranks, t0, ack.done - t0, tokens=ack.tokens)
+        for t in sorted(ack.ready_times()):
+            self._mark(t)
+
+    def _step_copy(self, c: Cohort, ack: Ack, started):
+        """A copy under the step clock: issued in step k, acked by the poll of step
+        k + N (N: ``ack_delay_steps``). Loads are issued during their step (at its
+        start time k); write-through backups when its results are processed, at k + 1
+        (``_loop`` flushes them there, as `process_batch_result` ends with
+        `flush_pending_backups`)."""
+        if started is not None:
+            started.succeed()
+        d2h, h2d = self.cfg.ack_delay_steps
+        dur = h2d if ack.kind == "load" else d2h - 1
+        t0 = self.env.now
+        self._mark(t0 + dur)
+        if dur:
+            yield self.env.timeout(dur)
+        ack.done = self.env.now
         for t in sorted(ack.ready_times()):
             self._mark(t)
 
@@ -722,6 +808,18 @@ class Simulation:
         if len(plans) > 1:
             self._compare_shapes(plans)
         return plans
+
+    def _record_extend(self, plans) -> None:
+        """The batch as the harness logs it after `get_next_batch_to_run`."""
+        sr, step = self.steprec, int(self.env.now)
+        for c, p in plans:
+            chunked = None
+            for rq, (rid, prefix, extend) in zip(p.reqs, p.shape):
+                if prefix + extend < rq.fill_len:
+                    chunked = rid
+            sr.extend(c, p, chunked)
+        for rq in plans[0][1].reqs:
+            sr.first_sched(rq.r.rid, step)
 
     def _orders(self) -> dict[int, list[int]]:
         """Request-order jitter: each perturbed rank's order over the first waiting
@@ -826,6 +924,14 @@ class Simulation:
 
     def _add_one(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> str:
         """`init_next_round_input` (the match) and `add_one_req` for one candidate."""
+        if self.steprec is None:
+            return self._add_one_req(c, rq, adder, plan)
+        rem = adder.budget.remaining_total  # `rem_total_tokens` as add_one_req starts
+        res = self._add_one_req(c, rq, adder, plan)
+        self.steprec.add(c, rq.r.rid, res, rem)
+        return res
+
+    def _add_one_req(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> str:
         tree, req, ps = c.tree, rq.r, self._ps
         fill = rq.fill_len
         # The match stops a token short of the input (`_compute_max_prefix_len`): the
@@ -860,6 +966,10 @@ class Simulation:
             self._op(c, {"op": "load_back", "key": key, "id": rid})
             res = tree.load_back(m, rid)
             plan.stall_first += self._charge(plan, res.eviction)
+            if self.steprec is not None:
+                self.steprec.hc(c, "init_load_back", [f"r{req.rid}", m.host_len, res.tokens])
+                if res.ok:
+                    self.steprec.hc(c, "load", [res.anchor.id, res.tokens, True])
             if res.ok:
                 loaded = res.tokens
                 # the request's lock moves down to the loaded anchor
@@ -1121,6 +1231,8 @@ class Simulation:
                 k_cap = max(1, self._decode_headroom(limit))
         batch = self.running
         b = len(batch)
+        if self.steprec is not None:
+            self.steprec.decode(self.group.cohorts, batch)
         ctx = sum([rq.kv for rq in batch]) + b  # each step attends kv + 1 positions
         now = env.now
         # The sample grid is a stop too, so the timeseries is sampled where a step-by-step
@@ -1147,6 +1259,8 @@ class Simulation:
                 break
         self.busy_s = busy
         self.step_no += k - 1  # the first of these steps is this iteration
+        if self.steprec is not None:
+            self.steprec.decode_run(self.group.cohorts, batch, k)
         if k > 1:
             # the other iterations' syncs and forwards, as a step-by-step loop issues
             # them, and their digest checks (the digests cannot change in a run)
@@ -1254,9 +1368,12 @@ class Simulation:
             self._retracted_now = True
             kept = [batch[i] for i in ref]
             stay = set(ref)
-            for i in retraction_order(batch)[::-1]:
-                if i not in stay:
-                    self._requeue(batch[i], aborted=i == aborted)
+            out = [i for i in retraction_order(batch)[::-1] if i not in stay]
+            if self.steprec is not None:
+                for c in self.group.cohorts:
+                    self.steprec.retracted(c, [batch[i].r.rid for i in out])
+            for i in out:
+                self._requeue(batch[i], aborted=i == aborted)
             self.running = kept
             for c in self.group.cohorts:
                 c.sched.ratio = ratio_after_retract(kept)
@@ -1305,6 +1422,8 @@ class Simulation:
         the request's lock and leftover pages released."""
         self._checkpoint(rq, rq.kv, final=True)
         rq.finish = self.env.now
+        if self.steprec is not None:
+            self.steprec.finished(rq, int(self.env.now) - 1)  # results of the step before
         self.metrics.request_done(rq)
         if self.progress is not None:
             self.progress(self.env.now, self.metrics)

@@ -502,12 +502,34 @@ class Router(_Model):
                 "max_tree_tokens": self.max_tree_tokens}
 
 
+class AckDelaySteps(_Model):
+    """Steps from a copy's issue to the poll that acks it (the harness's
+    ``--d2h-delay-steps`` / ``--h2d-delay-steps``)."""
+
+    d2h: _int(1, 10**6) = 1
+    h2d: _int(1, 10**6) = 1
+
+
 class Engine(_Model):
     """How the simulator keeps the ranks' replicas. ``shared``: ranks share one tree
     until a rank-specific event forks one off; ``eager``: one tree per rank from the
     start. Both give byte-identical results (the option exists to check that)."""
 
     replicas: Literal["shared", "eager"] = "shared"
+    # ``time`` (default): iterations cost what the cost model says. ``steps``: one
+    # scheduler iteration is one step (the SGLang server harness's clock, for step-by-step
+    # comparison with it); arrivals are a generic trace's ``arrival_step``.
+    clock: Literal["time", "steps"] = "time"
+    # Under ``clock: steps``: a copy issued in step k is acked by the poll of step k+N.
+    ack_delay_steps: AckDelaySteps | None = None
+
+    @model_validator(mode="after")
+    def _steps_only(self):
+        if self.ack_delay_steps is not None and self.clock != "steps":
+            raise _err("ack_delay_steps with clock 'time'",
+                       "clock 'steps' (under the time clock copies take what the cost model says)",
+                       "ack_delay_steps")
+        return self
 
 
 class Storage(_Model):
@@ -939,6 +961,18 @@ class Scenario(_Model):
             if not (bs % self.page_size == 0 or self.page_size % bs == 0):
                 raise _err(f"page_size {self.page_size} with block_size {bs} ({path})",
                            "one of them to divide the other", "page_size")
+        if self.engine.clock == "steps":
+            w = self.workload
+            if not (w.kind == "trace" and w.format == "generic"):
+                raise _err(f"clock 'steps' with workload kind {w.kind!r}"
+                           + (f" format {w.format!r}" if w.kind == "trace" else ""),
+                           "a generic trace whose rows carry arrival_step", "engine.clock")
+            if self.storage is not None:
+                raise _err("clock 'steps' with storage",
+                           "no storage block (the step clock models device and host only)",
+                           "engine.clock")
+            if self.dp != 1:
+                raise _err(f"clock 'steps' with dp {self.dp}", "dp 1", "engine.clock")
         if self.storage is not None and self.collective.discipline != "synced":
             raise _err(f"storage with discipline {self.collective.discipline!r}",
                        "discipline 'synced' (the storage queues ride on 0.5.23's sync)",

@@ -1,0 +1,152 @@
+"""``run --record-steps``: every scheduler step and request in the SGLang server
+harness's own records (/work/shared/oracle/server/instrument.py ``Instrument``).
+
+Under ``engine.clock: steps`` a step is one SimPy time unit; step ``k`` starts at time
+``k`` and its results are processed at ``k + 1``, so the recorder keeps step ``k``'s
+record open until the loop starts the next iteration. The field names are the
+harness's (its ``--quiet-steps`` form of ``adds``: ``[rid, result, rem_total]``):
+
+* ``step``: ``step, mode, rids, extend, prefix, chunked, adds, retracted`` and ``hc``
+  (``write [node, tokens, ok]``, ``write_ack [node]``, ``load [node, tokens, ok]``,
+  ``load_ack`` (a count), ``init_load_back [rid, host_hit, loaded]``, ``digest``),
+  empty ``hc`` lists left out as the harness does; a step with no batch has no
+  ``mode``. Steps in which the engine's loop does not iterate (it sleeps until the
+  next relevant time) are not written: they are the harness's empty idle steps.
+* ``req``: ``rid`` ("r" + trace line index), ``first_sched_step``, ``finish_step``,
+  ``cached_tokens``, ``cached_tokens_device``, ``cached_tokens_host``.
+
+One record list per rank (ranks of one replica share their records until it forks).
+"""
+
+from __future__ import annotations
+
+import json
+
+# schedule_policy.py AddReqResult's names, as the harness prints them
+RESULT_NAMES = {"continue": "CONTINUE", "no_token": "NO_TOKEN", "other": "OTHER"}
+
+
+class StepRecorder:
+    def __init__(self, tp: int):
+        self.tp = tp
+        self.steps: dict[int, list[dict]] = {r: [] for r in range(tp)}
+        self.reqs: dict[int, dict] = {}
+        self.cur: dict[int, dict] = {}   # id(cohort) -> the open step's record
+        self._ranks: dict[int, list[int]] = {}
+        self.step = None
+
+    # ------------------------------------------------------------ steps
+    def begin(self, step: int, cohorts) -> None:
+        self.step = step
+        self.cur = {}
+        self._ranks = {}
+        for c in cohorts:
+            if c.tree.rec is None:
+                c.tree.rec = []
+            c.tree.rec.clear()
+            self.cur[id(c)] = {"type": "step", "step": step}
+            self._ranks[id(c)] = list(c.ranks)
+
+    def rec(self, c) -> dict:
+        r = self.cur.get(id(c))
+        if r is None:  # a replica forked during the step: its ranks' records start here
+            r = self.cur[id(c)] = {"type": "step", "step": self.step}
+            self._ranks[id(c)] = list(c.ranks)
+        return r
+
+    def hc(self, c, key: str, item) -> None:
+        h = self.rec(c).setdefault("hc", {})
+        if key == "load_ack":
+            h[key] = h.get(key, 0) + item
+        else:
+            h.setdefault(key, []).append(item)
+
+    def add(self, c, rid: int, result: str, rem_total: float) -> None:
+        self.rec(c).setdefault("adds", []).append([f"r{rid}", RESULT_NAMES[result],
+                                                   int(rem_total)])
+
+    def retracted(self, c, rids: list[int]) -> None:
+        self.rec(c).setdefault("retracted", []).append([f"r{i}" for i in rids])
+
+    def extend(self, c, plan, chunked_rid) -> None:
+        r = self.rec(c)
+        r["mode"] = "extend"
+        r["rids"] = [f"r{rid}" for rid, _, _ in plan.shape]
+        r["extend"] = [e for _, _, e in plan.shape]
+        r["prefix"] = [p for _, p, _ in plan.shape]
+        r["chunked"] = None if chunked_rid is None else f"r{chunked_rid}"
+
+    def decode(self, cohorts, batch) -> None:
+        rids = [f"r{rq.r.rid}" for rq in batch]
+        for c in cohorts:
+            r = self.rec(c)
+            r["mode"] = "decode"
+            r["rids"] = rids
+
+    def decode_run(self, cohorts, batch, k: int) -> None:
+        """A run of ``k`` identical decode steps: the open record is its first; the
+        middle ones are plain; the last stays open for the run's results."""
+        if k <= 1:
+            return
+        rids = [f"r{rq.r.rid}" for rq in batch]
+        first = self.step
+        self.end(cohorts)
+        for s in range(first + 1, first + k - 1):
+            for c in cohorts:
+                rec = {"type": "step", "step": s, "mode": "decode", "rids": rids}
+                self._close(c, rec)
+        self.begin(first + k - 1, cohorts)
+        self.decode(cohorts, batch)
+
+    def end(self, cohorts) -> None:
+        if self.step is None:
+            return
+        for c in cohorts:
+            rec = self.rec(c)
+            rec.setdefault("adds", [])
+            rec.setdefault("retracted", [])
+            tree = c.tree
+            if tree.rec:
+                # every D->H backup of the step, per node (write-through inserts and
+                # write_back evictions alike), as the harness logs each `write` call
+                w = [[node.id, extra["n"], True] for kind, node, extra in tree.rec
+                     if kind == "backup"]
+                if w:
+                    rec.setdefault("hc", {})["write"] = w + rec.get("hc", {}).get("write", [])
+                tree.rec.clear()
+            rec.setdefault("hc", {})["digest"] = tree.digest
+            self._close(c, rec)
+        self.step = None
+
+    def _close(self, c, rec: dict) -> None:
+        for r in self._ranks.get(id(c), c.ranks):
+            self.steps[r].append(rec)
+
+    # ------------------------------------------------------------ requests
+    def first_sched(self, rid: int, step: int) -> None:
+        self.reqs.setdefault(rid, {}).setdefault("first_sched_step", step)
+
+    def finished(self, rq, step: int) -> None:
+        d = self.reqs.setdefault(rq.r.rid, {})
+        d["finish_step"] = step
+        d["cached_tokens"] = rq.device_hit + rq.loaded
+        d["cached_tokens_device"] = rq.device_hit
+        d["cached_tokens_host"] = rq.loaded
+
+    # ------------------------------------------------------------ output
+    def lines(self, rank: int):
+        for rec in self.steps[rank]:
+            yield json.dumps(rec, separators=(", ", ": "))
+        for rid in sorted(self.reqs):
+            yield json.dumps({"type": "req", "rid": f"r{rid}", **self.reqs[rid]},
+                             separators=(", ", ": "))
+
+
+def rank_paths(path: str, tp: int) -> list[str]:
+    """``FILE.jsonl`` at tp 1; ``FILE.rank0.jsonl``, ``FILE.rank1.jsonl``, ... above."""
+    if tp == 1:
+        return [path]
+    stem, dot, ext = path.rpartition(".")
+    if not dot or "/" in ext:
+        stem, ext = path, "jsonl"
+    return [f"{stem}.rank{r}.{ext}" for r in range(tp)]
