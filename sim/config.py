@@ -143,6 +143,7 @@ class SimConfig:
     max_prefill_tokens: int = MAX_PREFILL_TOKENS_DEFAULT
     schedule_conservativeness: float = 1.0
     decode: bool = True
+    ignore_eos: bool = False
     collective: str = "simulated"
     collective_device: str = "cpu"
     collective_timeout_s: float = 10.0  # torch backend: how long a blocked call waits
@@ -220,7 +221,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         chunked_prefill_tokens=scn.scheduler.chunked_prefill_tokens,
         max_prefill_tokens=scn.scheduler.max_prefill_tokens,
         schedule_conservativeness=scn.scheduler.schedule_conservativeness,
-        decode=scn.scheduler.decode,
+        decode=scn.scheduler.decode, ignore_eos=scn.scheduler.ignore_eos,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
         replicas=scn.engine.replicas,

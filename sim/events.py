@@ -861,7 +861,8 @@ class Simulation:
             st.batch_is_full = True
             return plan
         self._calc_priority(c)
-        adder = Adder(Budget(tree, running_offset(running, st.ratio)), cfg.max_prefill_tokens,
+        adder = Adder(Budget(tree, running_offset(running, st.ratio, cfg.ignore_eos)),
+                      cfg.max_prefill_tokens,
                       cfg.chunked_prefill_tokens)
         if chunked is not None:
             if not self._add_chunked(c, chunked, adder, plan):

@@ -865,6 +865,11 @@ class Scheduler(_Model):
     # charges running requests' remaining decode with (larger: fewer retractions).
     schedule_conservativeness: _num(gt=0.0, hi=100.0) = 1.0
     decode: bool = True
+    # SGLang's sampling param ``ignore_eos`` on every request (the server harness sets
+    # it: its stub forward never emits EOS). Admission then charges running requests'
+    # remaining decode in full instead of times the new-token ratio
+    # (schedule_policy.py `_get_running_request_total_token_offset`).
+    ignore_eos: bool = False
 
     @model_validator(mode="after")
     def _preset(self):

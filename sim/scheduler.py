@@ -163,10 +163,13 @@ class Adder:
         return room if room > 0 else self.rem_chunk
 
 
-def running_offset(running, ratio: float) -> float:
+def running_offset(running, ratio: float, ignore_eos: bool = False) -> float:
     """`PrefillAdder.__init__`'s total_offset: each running request's remaining decode
-    tokens (clipped) times the new-token ratio, summed in batch order."""
+    tokens (clipped) times the new-token ratio, summed in batch order; a request with
+    ``ignore_eos`` is charged in full (`_get_running_request_total_token_offset`)."""
     clip = C.CLIP_MAX_NEW_TOKENS
+    if ignore_eos:
+        return float(sum(min(rq.r.output_len - rq.generated, clip) for rq in running))
     return sum(min(rq.r.output_len - rq.generated, clip) * ratio for rq in running)
 
 
