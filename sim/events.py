@@ -295,6 +295,7 @@ class Simulation:
         self.cost = cost if cost is not None else FixedCosts()
         self._steps = cfg.clock == "steps"
         self.steprec = None  # sim.steprec.StepRecorder under run --record-steps
+        self._stash = None   # the chunked request whose progress is not checkpointed yet
         if self._steps:
             self.cost = StepCosts(self.cost)
         self.env = env if env is not None else simpy.Environment()
@@ -507,6 +508,11 @@ class Simulation:
             self._sample()
             self._sync_mismatch = False
             self._sync()
+            if self._stash is not None:
+                # `get_next_batch_to_run`: after the HiCache poll, the continuing chunk's
+                # progress is inserted (`stash_chunked_request` -> `cache_unfinished_req`)
+                self._checkpoint(self._stash, None)
+                self._stash = None
             self._compare()
             if self.waiting or self.chunked is not None:
                 plan = self._admit()
@@ -514,13 +520,13 @@ class Simulation:
                     if sr is not None:
                         self._record_extend(plan)
                     yield from self._prefill(plan)
-                    if self._steps:
-                        self._flush_writes()  # the step's backups leave with its results
+                    # `process_batch_result` ends with `flush_pending_backups`: the
+                    # step's backups leave with its results
+                    self._flush_writes()
                     continue
             if self.running and self.cfg.decode:
                 yield from self._decode()
-                if self._steps:
-                    self._flush_writes()
+                self._flush_writes()
                 continue
             self._compare()
             if self._drained():
@@ -1173,9 +1179,9 @@ class Simulation:
             rq.prefill_s += cost.prefill_time(p0.shape[i][2], p0.shape[i][1])
             fill = rq.fill_len
             if s0.done < fill:
-                self.chunked = rq
+                # its checkpoint waits for the next iteration (`stash_chunked_request`)
+                self.chunked = self._stash = rq
                 shrink = True
-                self._checkpoint(rq, None)
                 continue
             rq.kv = fill
             rq.generated += 1

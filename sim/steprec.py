@@ -112,7 +112,13 @@ class StepRecorder:
                 w = [[node.id, extra["n"], True] for kind, node, extra in tree.rec
                      if kind == "backup"]
                 if w:
-                    rec.setdefault("hc", {})["write"] = w + rec.get("hc", {}).get("write", [])
+                    h = rec.setdefault("hc", {})
+                    h["write"] = w + h.get("write", [])
+                    # a write_back eviction's backup is synchronized at once
+                    # (`writing_check(write_back=True)`): acked in its own step
+                    done = [i for i, _, _ in w if i not in tree.pending_writes]
+                    if done:
+                        h["write_ack"] = h.get("write_ack", []) + done
                 tree.rec.clear()
             rec.setdefault("hc", {})["digest"] = tree.digest
             self._close(c, rec)
