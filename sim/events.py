@@ -1168,6 +1168,9 @@ class Simulation:
         if p0.stall_first and p0.reqs:
             p0.reqs[0].stall_s += p0.stall_first
         shrink = False  # a request leaves the batch: `batch_is_full` resets
+        # `get_next_batch_to_run`: into an empty running batch the prefill batch is not
+        # merged but becomes it, with its own `batch_is_full` (False)
+        shrink_if_joined = not self.running
         for i, rq in enumerate(p0.reqs):
             req = rq.r
             for c, p in plans:
@@ -1196,7 +1199,7 @@ class Simulation:
             else:
                 self._checkpoint(rq, fill)
                 self.running.append(rq)
-        if shrink:
+        if shrink or (shrink_if_joined and self.running):
             for c in self.group.cohorts:
                 c.sched.batch_is_full = False
         if admitted:
