@@ -156,3 +156,105 @@ def rank_paths(path: str, tp: int) -> list[str]:
     if not dot or "/" in ext:
         stem, ext = path, "jsonl"
     return [f"{stem}.rank{r}.{ext}" for r in range(tp)]
+
+
+# ------------------------------------------------------------ comparison
+# The fields compared with a harness output: per step (a step missing on one side is
+# an idle step with nothing in it, the digest carried over) and per request.
+STEP_FIELDS = ("mode", "rids", "extend", "prefix", "chunked", "adds", "retracted")
+HC_FIELDS = ("write", "write_ack", "load", "init_load_back", "digest")
+REQ_FIELDS = ("first_sched_step", "finish_step", "cached_tokens", "cached_tokens_device",
+              "cached_tokens_host")
+
+
+def read_records(path) -> tuple[dict, dict]:
+    import gzip
+
+    op = gzip.open if str(path).endswith(".gz") else open
+    steps, reqs = {}, {}
+    with op(path, "rt") as fh:
+        for line in fh:
+            d = json.loads(line)
+            if d["type"] == "step":
+                steps[d["step"]] = d
+            elif d["type"] == "req":
+                reqs[d["rid"]] = d
+    return steps, reqs
+
+
+class _Relabel:
+    """A bijection built as values appear: node ids (and digests, which fold them)
+    match up to the numbering."""
+
+    def __init__(self):
+        self.fw, self.bw = {}, {}
+
+    def same(self, h, e) -> bool:
+        a, b = self.fw.get(e), self.bw.get(h)
+        if a is None and b is None:
+            self.fw[e], self.bw[h] = h, e
+            return True
+        return a == h and b == e
+
+
+def _view(d: dict | None, hc_on: bool) -> dict:
+    d = d or {}
+    out = {"mode": d.get("mode")}
+    if out["mode"]:
+        out["rids"] = d.get("rids")
+    if out["mode"] == "extend":
+        for k in ("extend", "prefix", "chunked"):
+            out[k] = d.get(k)
+    out["adds"] = [[a["rid"], a["res"], a["rem_total"]] if isinstance(a, dict) else a
+                   for a in d.get("adds") or []]
+    out["retracted"] = d.get("retracted") or []
+    if hc_on:
+        hc = d.get("hc") or {}
+        for k in HC_FIELDS:
+            if hc.get(k):
+                out["hc." + k] = hc[k]
+    return out
+
+
+def _same(k, a, b, ids: _Relabel, dig: _Relabel) -> bool:
+    if k in ("hc.write", "hc.load"):
+        return (a is not None and b is not None and len(a) == len(b)
+                and all(x[1:] == y[1:] and ids.same(x[0], y[0]) for x, y in zip(a, b)))
+    if k == "hc.write_ack":
+        return (a is not None and b is not None and len(a) == len(b)
+                and all(ids.same(x, y) for x, y in zip(a, b)))
+    if k == "hc.digest":
+        return dig.same(a or 0, b or 0)
+    return a == b
+
+
+def compare(harness, engine) -> dict:
+    """Step-for-step comparison of a harness output with a ``--record-steps`` file:
+    counts, and the first differing step with both sides of each differing field."""
+    hs, hr = read_records(harness)
+    es, er = read_records(engine)
+    hc_on = any("hc" in d for d in hs.values())
+    last = max(max(hs, default=0), max(es, default=0))
+    ids, dig = _Relabel(), _Relabel()
+    dig.same(0, 0)
+    differ, first = 0, None
+    dh = de = 0
+    for s in range(last + 1):
+        a, b = _view(hs.get(s), hc_on), _view(es.get(s), hc_on)
+        if hc_on:
+            dh = a.get("hc.digest", 0) if s in hs else dh
+            de = b.get("hc.digest", 0) if s in es else de
+            a["hc.digest"], b["hc.digest"] = dh, de
+        bad = [k for k in sorted(set(a) | set(b)) if not _same(k, a.get(k), b.get(k), ids, dig)]
+        if bad:
+            differ += 1
+            if first is None:
+                first = {"step": s, "fields": {k: {"harness": a.get(k), "engine": b.get(k)}
+                                               for k in bad}}
+    rdiff = [r for r in hr if any(hr[r].get(k) != er.get(r, {}).get(k) for k in REQ_FIELDS)]
+    return {"steps": last + 1, "steps_differ": differ, "first": first,
+            "requests": len(hr), "requests_differ": len(rdiff),
+            "first_request": None if not rdiff else {
+                "rid": rdiff[0], **{k: {"harness": hr[rdiff[0]].get(k),
+                                        "engine": er.get(rdiff[0], {}).get(k)}
+                                    for k in REQ_FIELDS}}}
