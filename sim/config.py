@@ -144,6 +144,7 @@ class SimConfig:
     schedule_conservativeness: float = 1.0
     decode: bool = True
     ignore_eos: bool = False
+    overlap: bool = False
     collective: str = "simulated"
     collective_device: str = "cpu"
     collective_timeout_s: float = 10.0  # torch backend: how long a blocked call waits
@@ -222,6 +223,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         max_prefill_tokens=scn.scheduler.max_prefill_tokens,
         schedule_conservativeness=scn.scheduler.schedule_conservativeness,
         decode=scn.scheduler.decode, ignore_eos=scn.scheduler.ignore_eos,
+        overlap=scn.scheduler.overlap,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
         replicas=scn.engine.replicas,

@@ -296,6 +296,13 @@ class Simulation:
         self._steps = cfg.clock == "steps"
         self.steprec = None  # sim.steprec.StepRecorder under run --record-steps
         self._stash = None   # the chunked request whose progress is not checkpointed yet
+        # scheduler.overlap (`event_loop_overlap`): the last launched batch's results,
+        # processed in the next iteration once it has scheduled its own batch
+        self._overlap = cfg.overlap
+        self._pending: list = []          # deferred result work, in order
+        self._finishing: list[Req] = []   # last tokens launched, results pending
+        self._inflight: set[int] = set()  # rids of the last launched batch
+        self._iter_step = 0               # the current iteration's step (clock: steps)
         if self._steps:
             self.cost = StepCosts(self.cost)
         self.env = env if env is not None else simpy.Environment()
@@ -489,7 +496,7 @@ class Simulation:
 
     def _drained(self) -> bool:
         return (self.arrivals_done and not self.waiting and not self.running
-                and self.chunked is None and not self._in_flight())
+                and self.chunked is None and not self._pending and not self._in_flight())
 
     def _loop(self):
         """`event_loop_normal`: one iteration per relevant moment."""
@@ -502,6 +509,8 @@ class Simulation:
                 self._release_gpu()
                 self.finished = True
                 return
+            if self._steps:
+                self._iter_step = int(self.env.now)
             if sr is not None:
                 sr.begin(int(self.env.now), self.group.cohorts)
             self.step_no += 1
@@ -519,15 +528,28 @@ class Simulation:
                 if plan is not None:
                     if sr is not None:
                         self._record_extend(plan)
+                    self._process_pending()  # the last batch's results, this one launched
                     yield from self._prefill(plan)
                     # `process_batch_result` ends with `flush_pending_backups`: the
                     # step's backups leave with its results
                     self._flush_writes()
                     continue
             if self.running and self.cfg.decode:
-                yield from self._decode()
+                ran = yield from self._decode()
                 self._flush_writes()
+                if ran is not False:
+                    continue
+            if self._pending:
+                # no batch this step: the last batch's results are processed, and the
+                # step is spent (the next one schedules with them)
+                self._inflight = set()
+                self._process_pending()
+                self._flush_writes()
+                self._compare()
+                if self._steps:
+                    yield self.env.timeout(1)
                 continue
+            self._inflight = set()
             self._compare()
             if self._drained():
                 if sr is not None:
@@ -747,15 +769,15 @@ class Simulation:
 
     def _step_copy(self, c: Cohort, ack: Ack, started):
         """A copy under the step clock: issued in step k, acked by the poll of step
-        k + N (N: ``ack_delay_steps``). Loads are issued during their step (at its
-        start time k); write-through backups when its results are processed, at k + 1
-        (``_loop`` flushes them there, as `process_batch_result` ends with
-        `flush_pending_backups`)."""
+        k + N (N: ``ack_delay_steps``), at time k + N. Loads are issued at the step's
+        start; write-through backups where `process_batch_result` ends with
+        `flush_pending_backups` (at k + 1 for the normal loop's own results, at k for
+        the overlap loop's results of the step before)."""
         if started is not None:
             started.succeed()
         d2h, h2d = self.cfg.ack_delay_steps
-        dur = h2d if ack.kind == "load" else d2h - 1
         t0 = self.env.now
+        dur = self._iter_step + (h2d if ack.kind == "load" else d2h) - t0
         self._mark(t0 + dur)
         if dur:
             yield self.env.timeout(dur)
@@ -768,7 +790,7 @@ class Simulation:
         """This iteration's prefill batch on every replica (`get_new_batch_prefill`),
         its extend allocation included (`prepare_for_extend`)."""
         group = self.group
-        if self.chunked is None and self.running and all(c.sched.batch_is_full
+        if self.chunked is None and (self.running or self._finishing) and all(c.sched.batch_is_full
                                                          for c in group.cohorts):
             return None  # every replica's early return (`batch_is_full`)
         cap = min(c.tree.device_capacity for c in group.cohorts)
@@ -856,7 +878,8 @@ class Simulation:
         """`_get_new_batch_prefill_raw` on one replica, over the candidates in its order."""
         cfg, tree, st = self.cfg, c.tree, c.sched
         plan = _Plan()
-        running = self.running
+        # under overlap the running batch still holds the in-flight finishers
+        running = self.running + self._finishing if self._finishing else self.running
         if not running:
             st.batch_is_full = False
         chunked = self.chunked
@@ -867,7 +890,8 @@ class Simulation:
             st.batch_is_full = True
             return plan
         self._calc_priority(c)
-        adder = Adder(Budget(tree, running_offset(running, st.ratio, cfg.ignore_eos)),
+        adder = Adder(Budget(tree, running_offset(running, st.ratio, cfg.ignore_eos,
+                                                  self._inflight)),
                       cfg.max_prefill_tokens,
                       cfg.chunked_prefill_tokens)
         if chunked is not None:
@@ -1155,6 +1179,33 @@ class Simulation:
         except CollectiveError as err:
             self._collective_failed(err)
 
+    def _process_pending(self) -> None:
+        """`pop_and_process` under overlap: the previous batch's results."""
+        if not self._pending:
+            return
+        work, self._pending = self._pending, []
+        for fn, arg in work:
+            fn(arg)
+        self._flush_writes()
+
+    def _defer(self, fn, arg) -> None:
+        if self._overlap:
+            self._pending.append((fn, arg))
+        else:
+            fn(arg)
+
+    def _finished_inflight(self, rq: Req) -> None:
+        """A request whose last token's result is processed now (overlap: one step
+        after its launch; it was already left out of the decode batch, as
+        `_reqs_finishing_inflight` does)."""
+        self._finish(rq)
+        if self._overlap:
+            self._finishing.remove(rq)
+
+    def _unfull(self, _=None) -> None:
+        for c in self.group.cohorts:
+            c.sched.batch_is_full = False
+
     def _after_prefill(self, plans, began: float) -> None:
         """`process_batch_result_prefill`: a continuing chunk checkpoints its progress;
         a finished prefill yields its first token, then checkpoints and decodes (or
@@ -1171,6 +1222,7 @@ class Simulation:
         # `get_next_batch_to_run`: into an empty running batch the prefill batch is not
         # merged but becomes it, with its own `batch_is_full` (False)
         shrink_if_joined = not self.running
+        finished = False
         for i, rq in enumerate(p0.reqs):
             req = rq.r
             for c, p in plans:
@@ -1194,14 +1246,21 @@ class Simulation:
                 rq.first_token = now
             rq.remaining = req.output_len - rq.generated
             if rq.remaining <= 0 or not self.cfg.decode:
-                shrink = True
-                self._finish(rq)
+                if self._overlap:
+                    self._finishing.append(rq)
+                    finished = True
+                else:
+                    shrink = True
+                self._defer(self._finished_inflight, rq)
             else:
-                self._checkpoint(rq, fill)
+                self._defer(self._checkpoint_filled, (rq, fill))
                 self.running.append(rq)
+        if self._overlap:
+            self._inflight = {rq.r.rid for rq in p0.reqs}
+            if finished:
+                self._pending.append((self._unfull, None))
         if shrink or (shrink_if_joined and self.running):
-            for c in self.group.cohorts:
-                c.sched.batch_is_full = False
+            self._unfull()
         if admitted:
             # Admitted requests are at the head of the queue (FCFS); request-order
             # jitter can admit a later one, hence the general filter behind.
@@ -1212,6 +1271,9 @@ class Simulation:
                 self.waiting = deque(rq for rq in w if rq.r.rid not in admitted)
         self._compare()
 
+    def _checkpoint_filled(self, arg) -> None:
+        self._checkpoint(*arg)
+
     # ------------------------------------------------------------ decode
     def _decode(self):
         """Decode steps of the running batch (`update_running_batch` + forward) up to
@@ -1221,9 +1283,25 @@ class Simulation:
         limit = min([rq.remaining for rq in self.running])
         if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
             limit = 1  # admission is retried every step while the batch is not full
-        k_cap = self._decode_headroom(limit)
+        pending = bool(self._pending)
+        if pending:
+            # the previous batch's results land after this step's memory work: this
+            # step runs alone (its frees and inserts change the next one's headroom)
+            plans = self._decode_memory()
+            if plans is None:
+                return False  # `update_running_batch` skips decode this step
+            if plans:
+                yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
+            self._process_pending()
+            if not self.running:
+                return
+            k_cap = 1
+        else:
+            k_cap = self._decode_headroom(limit)
         if k_cap == 0:
             plans = self._decode_memory()
+            if plans is None:
+                return False
             mark = self._next_mark()
             if plans:
                 yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
@@ -1269,6 +1347,9 @@ class Simulation:
                 break
         self.busy_s = busy
         self.step_no += k - 1  # the first of these steps is this iteration
+        self._iter_step += k - 1
+        if self._overlap:
+            self._inflight = {rq.r.rid for rq in batch}
         if self.steprec is not None:
             self.steprec.decode_run(self.group.cohorts, batch, k)
         if k > 1:
@@ -1309,8 +1390,15 @@ class Simulation:
         self._retracted_now = False
         if done:
             self.running = [rq for rq in batch if rq.remaining > 0]
-            for c in self.group.cohorts:
-                c.sched.batch_is_full = False
+            if self._overlap:
+                # left out of the next decode batch (`_reqs_finishing_inflight`), their
+                # results processed in the next step, after it has been scheduled
+                self._finishing.extend(done)
+                for rq in done:
+                    self._pending.append((self._finished_inflight, rq))
+                self._pending.append((self._unfull, None))
+                return
+            self._unfull()
             for rq in done:
                 self._finish(rq)
             self._compare()
@@ -1346,8 +1434,24 @@ class Simulation:
         collective sees it."""
         batch, ps = self.running, self._ps
         plans, kept_by, abort_by = [], {}, {}
+        if self._finishing:
+            # `update_running_batch`: with the in-flight finishers' KV about to be
+            # freed, a step that does not fit is skipped rather than retracting
+            pre = {id(c): _Plan() for c in self.group.cohorts}
+            fits = [self._decode_fits(c, batch, list(range(len(batch))), pre[id(c)])
+                    for c in self.group.cohorts]
+            if not all(fits):
+                if any(fits):
+                    self.obs.untracked(self.env.now, self.step_no,
+                                       "ranks disagree on skipping a decode step")
+                    self.halted = "untracked"
+                    raise _Halt()
+                self._unfull()
+                return None
+        else:
+            pre = {}
         for c in self.group.cohorts:
-            plan = _Plan()
+            plan = pre.get(id(c)) or _Plan()
             order = list(range(len(batch)))
             abort_by[id(c)] = None
             if not self._decode_fits(c, batch, order, plan):
@@ -1433,7 +1537,7 @@ class Simulation:
         self._checkpoint(rq, rq.kv, final=True)
         rq.finish = self.env.now
         if self.steprec is not None:
-            self.steprec.finished(rq, int(self.env.now) - 1)  # results of the step before
+            self.steprec.finished(rq, self.steprec.step)
         self.metrics.request_done(rq)
         if self.progress is not None:
             self.progress(self.env.now, self.metrics)

@@ -870,6 +870,10 @@ class Scheduler(_Model):
     # remaining decode in full instead of times the new-token ratio
     # (schedule_policy.py `_get_running_request_total_token_offset`).
     ignore_eos: bool = False
+    # SGLang's default loop, `event_loop_overlap`: each batch's results are processed
+    # in the next iteration, after it has scheduled and launched its own batch
+    # (false: `event_loop_normal`, SGLang's --disable-overlap-schedule).
+    overlap: bool = True
 
     @model_validator(mode="after")
     def _preset(self):

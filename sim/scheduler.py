@@ -163,14 +163,20 @@ class Adder:
         return room if room > 0 else self.rem_chunk
 
 
-def running_offset(running, ratio: float, ignore_eos: bool = False) -> float:
+def running_offset(running, ratio: float, ignore_eos: bool = False, lag=()) -> float:
     """`PrefillAdder.__init__`'s total_offset: each running request's remaining decode
     tokens (clipped) times the new-token ratio, summed in batch order; a request with
-    ``ignore_eos`` is charged in full (`_get_running_request_total_token_offset`)."""
+    ``ignore_eos`` is charged in full (`_get_running_request_total_token_offset`).
+    ``lag``: rids whose last token is not yet processed (the overlap loop's last
+    batch): their `output_ids` are one short."""
     clip = C.CLIP_MAX_NEW_TOKENS
+    if lag:
+        rem = [min(rq.r.output_len - rq.generated + (rq.r.rid in lag), clip) for rq in running]
+    else:
+        rem = [min(rq.r.output_len - rq.generated, clip) for rq in running]
     if ignore_eos:
-        return float(sum(min(rq.r.output_len - rq.generated, clip) for rq in running))
-    return sum(min(rq.r.output_len - rq.generated, clip) * ratio for rq in running)
+        return float(sum(rem))
+    return sum(x * ratio for x in rem)
 
 
 def retraction_order(batch) -> list[int]:
