@@ -32,8 +32,13 @@ the sample grid) and before the first step that must evict or retract on some
 replica. Those times are the same set however ranks share replicas, which keeps
 shared and eager runs identical; a test runs the loop step by step against it.
 
+``engine.clock: steps`` (``StepCosts``) makes one iteration one unit of time, the SGLang
+server harness's clock, for step-by-step comparison with it (``sim.steprec``).
+
 Simplifications, each a documented difference from SGLang 0.5.23 (docs/TP.md):
-- the normal (non-overlap) loop; the overlap scheduler is not modelled;
+- (``scheduler.overlap``, default) `event_loop_overlap`: each batch's results are
+  processed in the next iteration, after it has scheduled (docs/SCHEDULER.md, the
+  loop's table); ``false`` is `event_loop_normal`;
 - prefill and decode batches do not mix (`enable_mixed_chunk` off, SGLang's default);
 - the scheduler's simplifications listed in ``sim.scheduler``.
 """

@@ -25,9 +25,9 @@ scheduler decides inside one iteration, written from SGLang's code:
   prompt inserts the prompt key a second time, with priority + 1, splitting the leaf
   at the prompt boundary.
 
-Simplifications (docs/TP.md, "How admission differs"): FCFS only (SGLang's default
-policy); a request's ``max_new_tokens`` is its trace output length and it stops there;
-no priority preemption, LoRA, grammar, mixed chunks or overlap scheduling.
+Simplifications (docs/SCHEDULER.md, "How the engine still differs"): FCFS only
+(SGLang's default policy); a request's ``max_new_tokens`` is its trace output length
+and it stops there; no priority preemption, LoRA, grammar or mixed chunks.
 """
 
 from __future__ import annotations
