@@ -506,7 +506,10 @@ class AckDelaySteps(_Model):
     """Steps from a copy's issue to the poll that acks it (the harness's
     ``--d2h-delay-steps`` / ``--h2d-delay-steps``)."""
 
+    # device -> host copies: write-through backups (a write_back eviction's blocking
+    # backup completes at once)
     d2h: _int(1, 10**6) = 1
+    # host -> device copies: load-backs
     h2d: _int(1, 10**6) = 1
 
 
