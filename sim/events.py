@@ -782,7 +782,7 @@ class Simulation:
             started.succeed()
         d2h, h2d = self.cfg.ack_delay_steps
         t0 = self.env.now
-        dur = self._iter_step + (h2d if ack.kind == "load" else d2h) - t0
+        dur = max(0, self._iter_step + (h2d if ack.kind == "load" else d2h) - t0)
         self._mark(t0 + dur)
         if dur:
             yield self.env.timeout(dur)

@@ -124,3 +124,15 @@ def test_record_steps_files(tmp_path):
     _record(FOLDER / "w50_dev.yaml", two, ["tp=2"])
     r0, r1 = (tmp_path / "tp.rank0.jsonl").read_text(), (tmp_path / "tp.rank1.jsonl").read_text()
     assert r0 == r1 and r0.count('"type": "req"') == 50 and not two.exists()
+
+
+def test_the_overlap_loop_changes_the_run(tmp_path):
+    """Each loop matches its own server run and not the other's: under overlap the
+    results (finishes, frees, inserts) land one step later."""
+    normal = _record(FOLDER / "w1_wt.yaml", tmp_path / "n.jsonl")
+    over = _record(FOLDER / "w1_wt.yaml", tmp_path / "o.jsonl", ["scheduler.overlap=true"])
+    assert compare(FOLDER / "w1_wt_overlap.harness.jsonl.gz", over)["first"] is None
+    cross = compare(FOLDER / "w1_wt_overlap.harness.jsonl.gz", normal)
+    assert cross["first"] is not None and cross["requests_differ"] > 0
+    fin_n, fin_o = (read_records(p)[1]["r0"]["finish_step"] for p in (normal, over))
+    assert fin_o == fin_n + 1
