@@ -534,6 +534,7 @@ class Simulation:
                     if sr is not None:
                         self._record_extend(plan)
                     self._process_pending()  # the last batch's results, this one launched
+                    yield from self._result_scan_time()
                     yield from self._prefill(plan)
                     # `process_batch_result` ends with `flush_pending_backups`: the
                     # step's backups leave with its results
@@ -551,6 +552,7 @@ class Simulation:
                 self._process_pending()
                 self._flush_writes()
                 self._compare()
+                yield from self._result_scan_time()
                 if self._steps:
                     yield self.env.timeout(1)
                 continue
@@ -1298,6 +1300,7 @@ class Simulation:
             if plans:
                 yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
             self._process_pending()
+            yield from self._result_scan_time()
             if not self.running:
                 return
             k_cap = 1
