@@ -306,7 +306,7 @@ class Simulation:
         self._overlap = cfg.overlap
         self._pending: list = []          # deferred result work, in order
         self._finishing: list[Req] = []   # last tokens launched, results pending
-        self._inflight: set[int] = set()  # rids of the last launched batch
+        self._inflight: list[Req] = []    # the last launched batch (overlap)
         self._iter_step = 0               # the current iteration's step (clock: steps)
         if self._steps:
             self.cost = StepCosts(self.cost)
@@ -548,7 +548,7 @@ class Simulation:
             if self._pending:
                 # no batch this step: the last batch's results are processed, and the
                 # step is spent (the next one schedules with them)
-                self._inflight = set()
+                self._inflight = []
                 self._process_pending()
                 self._flush_writes()
                 self._compare()
@@ -556,7 +556,7 @@ class Simulation:
                 if self._steps:
                     yield self.env.timeout(1)
                 continue
-            self._inflight = set()
+            self._inflight = []
             self._compare()
             if self._drained():
                 if sr is not None:
@@ -898,7 +898,7 @@ class Simulation:
             return plan
         self._calc_priority(c)
         adder = Adder(Budget(tree, running_offset(running, st.ratio, cfg.ignore_eos,
-                                                  self._inflight)),
+                                                  self._inflight_rids())),
                       cfg.max_prefill_tokens,
                       cfg.chunked_prefill_tokens)
         if chunked is not None:
@@ -1201,6 +1201,10 @@ class Simulation:
         else:
             fn(arg)
 
+    def _inflight_rids(self) -> set[int]:
+        """The last launched batch's rids (built only when admission asks)."""
+        return {rq.r.rid for rq in self._inflight} if self._inflight else set()
+
     def _finished_inflight(self, rq: Req) -> None:
         """A request whose last token's result is processed now (overlap: one step
         after its launch; it was already left out of the decode batch, as
@@ -1263,7 +1267,7 @@ class Simulation:
                 self._defer(self._checkpoint_filled, (rq, fill))
                 self.running.append(rq)
         if self._overlap:
-            self._inflight = {rq.r.rid for rq in p0.reqs}
+            self._inflight = p0.reqs
             if finished:
                 self._pending.append((self._unfull, None))
         if shrink or (shrink_if_joined and self.running):
@@ -1290,20 +1294,28 @@ class Simulation:
         limit = min([rq.remaining for rq in self.running])
         if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
             limit = 1  # admission is retried every step while the batch is not full
-        pending = bool(self._pending)
-        if pending:
-            # the previous batch's results land after this step's memory work: this
-            # step runs alone (its frees and inserts change the next one's headroom)
-            plans = self._decode_memory()
-            if plans is None:
-                return False  # `update_running_batch` skips decode this step
-            if plans:
-                yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
-            self._process_pending()
-            yield from self._result_scan_time()
-            if not self.running:
-                return
-            k_cap = 1
+        if self._pending:
+            # the previous batch's results land after this step's memory work (a
+            # hybrid's pools always take it: their decode pages are accounted there)
+            if self._hyb is not None or self._decode_headroom(1) == 0:
+                plans = self._decode_memory()
+                if plans is None:
+                    return False  # `update_running_batch` skips decode this step
+                if plans:
+                    yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
+                self._process_pending()
+                yield from self._result_scan_time()
+                if not self.running:
+                    return
+                k_cap = 1  # its frees and inserts change the next step's headroom
+            else:
+                # this step needs no memory work; the steps after it see the results
+                self._process_pending()
+                yield from self._result_scan_time()
+                limit = min([rq.remaining for rq in self.running])
+                if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
+                    limit = 1
+                k_cap = max(1, self._decode_headroom(limit))
         else:
             k_cap = self._decode_headroom(limit)
         if k_cap == 0:
@@ -1357,7 +1369,7 @@ class Simulation:
         self.step_no += k - 1  # the first of these steps is this iteration
         self._iter_step += k - 1
         if self._overlap:
-            self._inflight = {rq.r.rid for rq in batch}
+            self._inflight = batch
         if self.steprec is not None:
             self.steprec.decode_run(self.group.cohorts, batch, k)
         if k > 1:
