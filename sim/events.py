@@ -1296,8 +1296,8 @@ class Simulation:
             limit = 1  # admission is retried every step while the batch is not full
         if self._pending:
             # the previous batch's results land after this step's memory work (a
-            # hybrid's pools always take it: their decode pages are accounted there)
-            if self._hyb is not None or self._decode_headroom(1) == 0:
+            # hybrid's pools, and the storage tier's staging, always take it alone)
+            if self._hyb is not None or self._st is not None or self._decode_headroom(1) == 0:
                 plans = self._decode_memory()
                 if plans is None:
                     return False  # `update_running_batch` skips decode this step
