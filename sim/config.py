@@ -146,6 +146,8 @@ class SimConfig:
     schedule_policy: str = SCHEDULE_POLICY_DEFAULT  # sim/policies/schedule.py
     clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
     decode: bool = True
+    ignore_eos: bool = False
+    overlap: bool = False
     collective: str = "simulated"
     collective_device: str = "cpu"
     collective_timeout_s: float = 10.0  # torch backend: how long a blocked call waits
@@ -166,6 +168,10 @@ class SimConfig:
     storage: StorageConfig | None = None
     # A hybrid model's tree; None: the FULL-only tree (sim.tree).
     hybrid: HybridConfig | None = None
+    # "time": iterations cost what the cost model says; "steps": one iteration is one
+    # step, copies are acked ``ack_delay_steps`` (d2h, h2d) polls after their issue.
+    clock: str = "time"
+    ack_delay_steps: tuple[int, int] = (1, 1)
 
 
 def from_scenario(scn) -> tuple[SimConfig, object]:
@@ -222,7 +228,8 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         schedule_conservativeness=scn.scheduler.schedule_conservativeness,
         schedule_policy=scn.scheduler.schedule_policy,
         clip_max_new_tokens=scn.scheduler.clip_max_new_tokens,
-        decode=scn.scheduler.decode,
+        decode=scn.scheduler.decode, ignore_eos=scn.scheduler.ignore_eos,
+        overlap=scn.scheduler.overlap,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
         replicas=scn.engine.replicas,
@@ -230,7 +237,10 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         on_divergence=scn.on_divergence, seed=scn.seed,
         max_requests=scn.limits.max_requests, duration_s=scn.limits.duration_s,
         timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,
+        clock=scn.engine.clock,
     )
+    if scn.engine.ack_delay_steps is not None:
+        cfg.ack_delay_steps = (scn.engine.ack_delay_steps.d2h, scn.engine.ack_delay_steps.h2d)
     if scn.storage is not None:
         from sim.storage.backends import backend
 

@@ -32,8 +32,13 @@ the sample grid) and before the first step that must evict or retract on some
 replica. Those times are the same set however ranks share replicas, which keeps
 shared and eager runs identical; a test runs the loop step by step against it.
 
+``engine.clock: steps`` (``StepCosts``) makes one iteration one unit of time, the SGLang
+server harness's clock, for step-by-step comparison with it (``sim.steprec``).
+
 Simplifications, each a documented difference from SGLang 0.5.23 (docs/TP.md):
-- the normal (non-overlap) loop; the overlap scheduler is not modelled;
+- (``scheduler.overlap``, default) `event_loop_overlap`: each batch's results are
+  processed in the next iteration, after it has scheduled (docs/SCHEDULER.md, the
+  loop's table); ``false`` is `event_loop_normal`;
 - prefill and decode batches do not mix (`enable_mixed_chunk` off, SGLang's default);
 - the scheduler's simplifications listed in ``sim.scheduler``.
 """
@@ -138,6 +143,48 @@ class FixedCosts:
 
     def reclaim_scan_time(self, entries):
         return entries * 0.4e-6
+
+
+class StepCosts:
+    """``engine.clock: steps``: one scheduler iteration is one unit of SimPy time, as
+    in the SGLang server harness (/work/shared/oracle/server, its ack-timing model):
+    every forward costs one step, a blocking synchronize (a write_back eviction's
+    backup, `writing_check(write_back=True)`) completes at once, and an asynchronous
+    copy is acked by the poll ``ack_delay_steps`` steps after the step that issued it
+    (``Simulation._copy``). Nothing else costs time."""
+
+    name = "steps"
+
+    def __init__(self, base):
+        self.bytes_per_token = base.bytes_per_token
+
+    def d2h_time(self, tokens, concurrent=False):
+        return 0.0
+
+    h2d_time = d2h_time
+
+    def batch_load_stall(self, load_tokens, chunks, concurrent=False):
+        return 0.0
+
+    def prefill_batch_time(self, chunks):
+        return 1.0
+
+    def prefill_time(self, new_tokens, cached_tokens=0):
+        return 1.0
+
+    def decode_step_time(self, batch_size, total_context_tokens):
+        return 1.0
+
+    def decode_run(self, batch_size, context_tokens, max_steps, t0, extra_s, stop, busy=0.0):
+        # whole steps from t0 until ``max_steps`` or the first boundary at or after ``stop``
+        k = max_steps if stop == math.inf else min(max_steps, max(1, math.ceil(stop - t0)))
+        return t0 + k, k, busy + k
+
+    def sync_time(self, world, backend="gloo"):
+        return 0.0
+
+    def reclaim_scan_time(self, entries):
+        return 0.0
 
 
 class _Slot:
@@ -252,6 +299,18 @@ class Simulation:
         cluster's ``env``)."""
         self.cfg = cfg
         self.cost = cost if cost is not None else FixedCosts()
+        self._steps = cfg.clock == "steps"
+        self.steprec = None  # sim.steprec.StepRecorder under run --record-steps
+        self._stash = None   # the chunked request whose progress is not checkpointed yet
+        # scheduler.overlap (`event_loop_overlap`): the last launched batch's results,
+        # processed in the next iteration once it has scheduled its own batch
+        self._overlap = cfg.overlap
+        self._pending: list = []          # deferred result work, in order
+        self._finishing: list[Req] = []   # last tokens launched, results pending
+        self._inflight: list[Req] = []    # the last launched batch (overlap)
+        self._iter_step = 0               # the current iteration's step (clock: steps)
+        if self._steps:
+            self.cost = StepCosts(self.cost)
         self.env = env if env is not None else simpy.Environment()
         self.instance = instance
         self.jitter = Jitter(cfg.jitter, cfg.tp, cfg.seed, rank_base=instance * cfg.tp)
@@ -443,31 +502,66 @@ class Simulation:
 
     def _drained(self) -> bool:
         return (self.arrivals_done and not self.waiting and not self.running
-                and self.chunked is None and not self._in_flight())
+                and self.chunked is None and not self._pending and not self._in_flight())
 
     def _loop(self):
         """`event_loop_normal`: one iteration per relevant moment."""
         while True:
             yield from self._settle()
+            sr = self.steprec
+            if sr is not None:
+                sr.end(self.group.cohorts)
             if self._drained():
                 self._release_gpu()
                 self.finished = True
                 return
+            if self._steps:
+                self._iter_step = int(self.env.now)
+            if sr is not None:
+                sr.begin(int(self.env.now), self.group.cohorts)
             self.step_no += 1
             self._sample()
             self._sync_mismatch = False
             self._sync()
+            if self._stash is not None:
+                # `get_next_batch_to_run`: after the HiCache poll, the continuing chunk's
+                # progress is inserted (`stash_chunked_request` -> `cache_unfinished_req`)
+                self._checkpoint(self._stash, None)
+                self._stash = None
             self._compare()
             if self.waiting or self.chunked is not None:
                 plan = self._admit()
                 if plan is not None:
+                    if sr is not None:
+                        self._record_extend(plan)
+                    self._process_pending()  # the last batch's results, this one launched
+                    yield from self._result_scan_time()
                     yield from self._prefill(plan)
+                    # `process_batch_result` ends with `flush_pending_backups`: the
+                    # step's backups leave with its results
+                    self._flush_writes()
                     continue
             if self.running and self.cfg.decode:
-                yield from self._decode()
+                ran = yield from self._decode()
+                self._flush_writes()
+                if ran is not False:
+                    continue
+            if self._pending:
+                # no batch this step: the last batch's results are processed, and the
+                # step is spent (the next one schedules with them)
+                self._inflight = []
+                self._process_pending()
+                self._flush_writes()
+                self._compare()
+                yield from self._result_scan_time()
+                if self._steps:
+                    yield self.env.timeout(1)
                 continue
+            self._inflight = []
             self._compare()
             if self._drained():
+                if sr is not None:
+                    sr.end(self.group.cohorts)
                 self.finished = True
                 return
             self._release_gpu()
@@ -642,6 +736,8 @@ class Simulation:
             for i in ack.ids:
                 tree.finish_write_through(i)
                 self._op(c, {"op": "write_ack", "id": i})
+                if self.steprec is not None:
+                    self.steprec.hc(c, "write_ack", i)
         for _ in range(n_load):
             ack = c.load_q.popleft()
             for i in ack.ids:
@@ -650,6 +746,8 @@ class Simulation:
                     continue
                 tree.finish_load_back(i)
                 self._op(c, {"op": "load_back_ack", "id": i})
+            if self.steprec is not None:
+                self.steprec.hc(c, "load_ack", 1)
             self._trace("load_ack", "ack", c.ranks, self.env.now, 0, ids=len(ack.ids))
 
     def _count_delays(self, ack: Ack) -> None:
@@ -658,7 +756,12 @@ class Simulation:
 
     def _copy(self, c: Cohort, engine, other, ack: Ack, seconds, started):
         """One merged transfer on a copy engine; its ack completes when it ends.
-        Concurrent traffic the other way shares the link (priced by the cost model)."""
+        Concurrent traffic the other way shares the link (priced by the cost model).
+        Under the step clock it holds no engine: the harness completes every copy
+        ``ack_delay_steps`` after its issue, however many are in flight."""
+        if self._steps:
+            yield from self._step_copy(c, ack, started)
+            return
         with engine.request() as req:
             yield req
             if started is not None:
@@ -672,12 +775,30 @@ class Simulation:
         for t in sorted(ack.ready_times()):
             self._mark(t)
 
+    def _step_copy(self, c: Cohort, ack: Ack, started):
+        """A copy under the step clock: issued in step k, acked by the poll of step
+        k + N (N: ``ack_delay_steps``), at time k + N. Loads are issued at the step's
+        start; write-through backups where `process_batch_result` ends with
+        `flush_pending_backups` (at k + 1 for the normal loop's own results, at k for
+        the overlap loop's results of the step before)."""
+        if started is not None:
+            started.succeed()
+        d2h, h2d = self.cfg.ack_delay_steps
+        t0 = self.env.now
+        dur = max(0, self._iter_step + (h2d if ack.kind == "load" else d2h) - t0)
+        self._mark(t0 + dur)
+        if dur:
+            yield self.env.timeout(dur)
+        ack.done = self.env.now
+        for t in sorted(ack.ready_times()):
+            self._mark(t)
+
     # ------------------------------------------------------------ admission
     def _admit(self) -> list[tuple[Cohort, _Plan]] | None:
         """This iteration's prefill batch on every replica (`get_new_batch_prefill`),
         its extend allocation included (`prepare_for_extend`)."""
         group = self.group
-        if self.chunked is None and self.running and all(c.sched.batch_is_full
+        if self.chunked is None and (self.running or self._finishing) and all(c.sched.batch_is_full
                                                          for c in group.cohorts):
             return None  # every replica's early return (`batch_is_full`)
         cap = min(c.tree.device_capacity for c in group.cohorts)
@@ -724,6 +845,18 @@ class Simulation:
             self._compare_shapes(plans)
         return plans
 
+    def _record_extend(self, plans) -> None:
+        """The batch as the harness logs it after `get_next_batch_to_run`."""
+        sr, step = self.steprec, int(self.env.now)
+        for c, p in plans:
+            chunked = None
+            for rq, (rid, prefix, extend) in zip(p.reqs, p.shape):
+                if prefix + extend < rq.fill_len:
+                    chunked = rid
+            sr.extend(c, p, chunked)
+        for rq in plans[0][1].reqs:
+            sr.first_sched(rq.r.rid, step)
+
     def _orders(self) -> dict[int, list[int]]:
         """Request-order jitter: each perturbed rank's order over the first waiting
         requests (at most ORDER_WINDOW: a batch never reaches further in practice),
@@ -753,7 +886,8 @@ class Simulation:
         """`_get_new_batch_prefill_raw` on one replica, over the candidates in its order."""
         cfg, tree, st = self.cfg, c.tree, c.sched
         plan = _Plan()
-        running = self.running
+        # under overlap the running batch still holds the in-flight finishers
+        running = self.running + self._finishing if self._finishing else self.running
         if not running:
             st.batch_is_full = False
         chunked = self.chunked
@@ -765,8 +899,9 @@ class Simulation:
             return plan
         self._calc_priority(c)
         clip = cfg.clip_max_new_tokens
-        adder = Adder(Budget(tree, running_offset(running, st.ratio, clip)), cfg.max_prefill_tokens,
-                      cfg.chunked_prefill_tokens, clip)
+        adder = Adder(Budget(tree, running_offset(running, st.ratio, cfg.ignore_eos,
+                                                  self._inflight_rids(), clip)),
+                      cfg.max_prefill_tokens, cfg.chunked_prefill_tokens, clip)
         if chunked is not None:
             if not self._add_chunked(c, chunked, adder, plan):
                 return plan
@@ -813,6 +948,14 @@ class Simulation:
 
     def _add_one(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> str:
         """`init_next_round_input` (the match) and `add_one_req` for one candidate."""
+        if self.steprec is None:
+            return self._add_one_req(c, rq, adder, plan)
+        rem = adder.budget.remaining_total  # `rem_total_tokens` as add_one_req starts
+        res = self._add_one_req(c, rq, adder, plan)
+        self.steprec.add(c, rq.r.rid, res, rem)
+        return res
+
+    def _add_one_req(self, c: Cohort, rq: Req, adder: Adder, plan: _Plan) -> str:
         tree, req, ps = c.tree, rq.r, self._ps
         fill = rq.fill_len
         # The match stops a token short of the input (`_compute_max_prefix_len`): the
@@ -847,6 +990,10 @@ class Simulation:
             self._op(c, {"op": "load_back", "key": key, "id": rid})
             res = tree.load_back(m, rid)
             plan.stall_first += self._charge(plan, res.eviction)
+            if self.steprec is not None:
+                self.steprec.hc(c, "init_load_back", [f"r{req.rid}", m.host_len, res.tokens])
+                if res.ok:
+                    self.steprec.hc(c, "load", [res.anchor.id, res.tokens, True])
             if res.ok:
                 loaded = res.tokens
                 # the request's lock moves down to the loaded anchor
@@ -1025,6 +1172,37 @@ class Simulation:
         except CollectiveError as err:
             self._collective_failed(err)
 
+    def _process_pending(self) -> None:
+        """`pop_and_process` under overlap: the previous batch's results."""
+        if not self._pending:
+            return
+        work, self._pending = self._pending, []
+        for fn, arg in work:
+            fn(arg)
+        self._flush_writes()
+
+    def _defer(self, fn, arg) -> None:
+        if self._overlap:
+            self._pending.append((fn, arg))
+        else:
+            fn(arg)
+
+    def _inflight_rids(self) -> set[int]:
+        """The last launched batch's rids (built only when admission asks)."""
+        return {rq.r.rid for rq in self._inflight} if self._inflight else set()
+
+    def _finished_inflight(self, rq: Req) -> None:
+        """A request whose last token's result is processed now (overlap: one step
+        after its launch; it was already left out of the decode batch, as
+        `_reqs_finishing_inflight` does)."""
+        self._finish(rq)
+        if self._overlap:
+            self._finishing.remove(rq)
+
+    def _unfull(self, _=None) -> None:
+        for c in self.group.cohorts:
+            c.sched.batch_is_full = False
+
     def _after_prefill(self, plans, began: float) -> None:
         """`process_batch_result_prefill`: a continuing chunk checkpoints its progress;
         a finished prefill yields its first token, then checkpoints and decodes (or
@@ -1038,6 +1216,10 @@ class Simulation:
         if p0.stall_first and p0.reqs:
             p0.reqs[0].stall_s += p0.stall_first
         shrink = False  # a request leaves the batch: `batch_is_full` resets
+        # `get_next_batch_to_run`: into an empty running batch the prefill batch is not
+        # merged but becomes it, with its own `batch_is_full` (False)
+        shrink_if_joined = not self.running
+        finished = False
         for i, rq in enumerate(p0.reqs):
             req = rq.r
             for c, p in plans:
@@ -1049,9 +1231,9 @@ class Simulation:
             rq.prefill_s += cost.prefill_time(p0.shape[i][2], p0.shape[i][1])
             fill = rq.fill_len
             if s0.done < fill:
-                self.chunked = rq
+                # its checkpoint waits for the next iteration (`stash_chunked_request`)
+                self.chunked = self._stash = rq
                 shrink = True
-                self._checkpoint(rq, None)
                 continue
             rq.kv = fill
             rq.generated += 1
@@ -1061,14 +1243,21 @@ class Simulation:
                 rq.first_token = now
             rq.remaining = req.output_len - rq.generated
             if rq.remaining <= 0 or not self.cfg.decode:
-                shrink = True
-                self._finish(rq)
+                if self._overlap:
+                    self._finishing.append(rq)
+                    finished = True
+                else:
+                    shrink = True
+                self._defer(self._finished_inflight, rq)
             else:
-                self._checkpoint(rq, fill)
+                self._defer(self._checkpoint_filled, (rq, fill))
                 self.running.append(rq)
-        if shrink:
-            for c in self.group.cohorts:
-                c.sched.batch_is_full = False
+        if self._overlap:
+            self._inflight = p0.reqs
+            if finished:
+                self._pending.append((self._unfull, None))
+        if shrink or (shrink_if_joined and self.running):
+            self._unfull()
         if admitted:
             # Admitted requests are at the head of the queue (FCFS); request-order
             # jitter can admit a later one, hence the general filter behind.
@@ -1079,6 +1268,9 @@ class Simulation:
                 self.waiting = deque(rq for rq in w if rq.r.rid not in admitted)
         self._compare()
 
+    def _checkpoint_filled(self, arg) -> None:
+        self._checkpoint(*arg)
+
     # ------------------------------------------------------------ decode
     def _decode(self):
         """Decode steps of the running batch (`update_running_batch` + forward) up to
@@ -1088,9 +1280,34 @@ class Simulation:
         limit = min([rq.remaining for rq in self.running])
         if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
             limit = 1  # admission is retried every step while the batch is not full
-        k_cap = self._decode_headroom(limit)
+        if self._pending:
+            # the previous batch's results land after this step's memory work (a
+            # hybrid's pools, and the storage tier's staging, always take it alone)
+            if self._hyb is not None or self._st is not None or self._decode_headroom(1) == 0:
+                plans = self._decode_memory()
+                if plans is None:
+                    return False  # `update_running_batch` skips decode this step
+                if plans:
+                    yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
+                self._process_pending()
+                yield from self._result_scan_time()
+                if not self.running:
+                    return
+                k_cap = 1  # its frees and inserts change the next step's headroom
+            else:
+                # this step needs no memory work; the steps after it see the results
+                self._process_pending()
+                yield from self._result_scan_time()
+                limit = min([rq.remaining for rq in self.running])
+                if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
+                    limit = 1
+                k_cap = max(1, self._decode_headroom(limit))
+        else:
+            k_cap = self._decode_headroom(limit)
         if k_cap == 0:
             plans = self._decode_memory()
+            if plans is None:
+                return False
             mark = self._next_mark()
             if plans:
                 yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
@@ -1108,6 +1325,8 @@ class Simulation:
                 k_cap = max(1, self._decode_headroom(limit))
         batch = self.running
         b = len(batch)
+        if self.steprec is not None:
+            self.steprec.decode(self.group.cohorts, batch)
         ctx = sum([rq.kv for rq in batch]) + b  # each step attends kv + 1 positions
         now = env.now
         # The sample grid is a stop too, so the timeseries is sampled where a step-by-step
@@ -1134,6 +1353,11 @@ class Simulation:
                 break
         self.busy_s = busy
         self.step_no += k - 1  # the first of these steps is this iteration
+        self._iter_step += k - 1
+        if self._overlap:
+            self._inflight = batch
+        if self.steprec is not None:
+            self.steprec.decode_run(self.group.cohorts, batch, k)
         if k > 1:
             # the other iterations' syncs and forwards, as a step-by-step loop issues
             # them, and their digest checks (the digests cannot change in a run)
@@ -1172,8 +1396,15 @@ class Simulation:
         self._retracted_now = False
         if done:
             self.running = [rq for rq in batch if rq.remaining > 0]
-            for c in self.group.cohorts:
-                c.sched.batch_is_full = False
+            if self._overlap:
+                # left out of the next decode batch (`_reqs_finishing_inflight`), their
+                # results processed in the next step, after it has been scheduled
+                self._finishing.extend(done)
+                for rq in done:
+                    self._pending.append((self._finished_inflight, rq))
+                self._pending.append((self._unfull, None))
+                return
+            self._unfull()
             for rq in done:
                 self._finish(rq)
             self._compare()
@@ -1209,8 +1440,24 @@ class Simulation:
         collective sees it."""
         batch, ps = self.running, self._ps
         plans, kept_by, abort_by = [], {}, {}
+        if self._finishing:
+            # `update_running_batch`: with the in-flight finishers' KV about to be
+            # freed, a step that does not fit is skipped rather than retracting
+            pre = {id(c): _Plan() for c in self.group.cohorts}
+            fits = [self._decode_fits(c, batch, list(range(len(batch))), pre[id(c)])
+                    for c in self.group.cohorts]
+            if not all(fits):
+                if any(fits):
+                    self.obs.untracked(self.env.now, self.step_no,
+                                       "ranks disagree on skipping a decode step")
+                    self.halted = "untracked"
+                    raise _Halt()
+                self._unfull()
+                return None
+        else:
+            pre = {}
         for c in self.group.cohorts:
-            plan = _Plan()
+            plan = pre.get(id(c)) or _Plan()
             order = list(range(len(batch)))
             abort_by[id(c)] = None
             if not self._decode_fits(c, batch, order, plan):
@@ -1241,9 +1488,12 @@ class Simulation:
             self._retracted_now = True
             kept = [batch[i] for i in ref]
             stay = set(ref)
-            for i in retraction_order(batch)[::-1]:
-                if i not in stay:
-                    self._requeue(batch[i], aborted=i == aborted)
+            out = [i for i in retraction_order(batch)[::-1] if i not in stay]
+            if self.steprec is not None:
+                for c in self.group.cohorts:
+                    self.steprec.retracted(c, [batch[i].r.rid for i in out])
+            for i in out:
+                self._requeue(batch[i], aborted=i == aborted)
             self.running = kept
             for c in self.group.cohorts:
                 c.sched.ratio = ratio_after_retract(kept)
@@ -1292,6 +1542,8 @@ class Simulation:
         the request's lock and leftover pages released."""
         self._checkpoint(rq, rq.kv, final=True)
         rq.finish = self.env.now
+        if self.steprec is not None:
+            self.steprec.finished(rq, self.steprec.step)
         self.metrics.request_done(rq)
         if self.progress is not None:
             self.progress(self.env.now, self.metrics)

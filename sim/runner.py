@@ -65,7 +65,7 @@ def prepare(scenario, seed: int | None = None, collective: str | None = None):
 def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
                  collective: str | None = None, progress: Callable | None = None,
                  trace_out: str | None = None, record_ops: bool = False,
-                 record_ops_dir=None) -> RunResult:
+                 record_ops_dir=None, record_steps: str | None = None) -> RunResult:
     """Simulate ``scenario`` (a validated ``sim.scenario.Scenario``) and, with
     ``out_dir``, write its results folder (locked, staged, renamed whole:
     ``sim.resultsdir``). ``record_ops_dir``: also write every replica's op-trace
@@ -75,6 +75,9 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
 
     scenario, cfg, cost, workload = prepare(scenario, seed, collective)
     cfg.record_ops = record_ops or record_ops_dir is not None
+    steps_paths = None
+    if record_steps is not None:
+        steps_paths = _step_paths(record_steps, scenario)
     if out_dir is not None and record_ops_dir is not None:
         _separate(out_dir, record_ops_dir)
     # Lock (and check) the results folder before simulating: a second writer, or an
@@ -85,7 +88,8 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
     try:
         ops_folder = OpTraceFolder(record_ops_dir).acquire() if record_ops_dir is not None else None
         checkpoint("locked")
-        res = _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder, guard)
+        res = _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder, guard,
+                   steps_paths)
     finally:
         for f in (ops_folder, folder):
             if f is not None:
@@ -95,6 +99,24 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
         raise KeyboardInterrupt  # no folder to finish writing: the caller's Ctrl-C, now
     res.interrupted = guard.pending
     return res
+
+
+def _step_paths(path: str, scenario) -> list[str]:
+    """``--record-steps FILE``: one file per rank; none may exist yet."""
+    import os
+
+    from sim.steprec import rank_paths
+
+    if scenario.engine.clock != "steps":
+        raise UserError(f"found engine.clock {scenario.engine.clock!r}; expected 'steps' "
+                        "for --record-steps (its records are per scheduler step)",
+                        where=scenario.source)
+    paths = rank_paths(path, scenario.tp)
+    for p in paths:
+        if os.path.lexists(p):
+            raise UserError("found an existing file; expected a new file for --record-steps",
+                            where=p)
+    return paths
 
 
 def _separate(out_dir, ops_dir) -> None:
@@ -179,7 +201,7 @@ def _write_trace(folder, sub, traces: list, inst, c, trace: list, n_ops: int) ->
 
 
 def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=None,
-         guard=None) -> RunResult:
+         guard=None, steps_paths=None) -> RunResult:
     import os
 
     from sim.cluster import Cluster
@@ -193,6 +215,12 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
     trace_events = [] if (trace_out or scenario.output.trace_out) else None
     sim = Cluster(cfg, workload, cost, progress=progress, trace_events=trace_events)
     fails = _watch_host_allocs(sim) if ops_folder is not None else {}
+    recorder = None
+    if steps_paths is not None:
+        from sim.steprec import StepRecorder
+
+        recorder = StepRecorder(cfg.tp)
+        sim.instances[0].steprec = recorder
     partial = ended = False
     guard.arm()  # from here a Ctrl-C stops the simulation, and the folder is still written
     try:
@@ -250,6 +278,10 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
     if ops_folder is not None:
         write_op_traces(ops_folder.stage(), sim, scenario, fails, partial)
         ops_folder.commit()
+    if recorder is not None:
+        for r, p in enumerate(steps_paths):
+            write_user_file(p, lambda path, r=r: write_text(
+                path, "".join(line + "\n" for line in recorder.lines(r))))
     if trace_out is not None:  # the command line's --trace-out: any file the user names
         write_user_file(trace_out, lambda p: write_trace(p, sim, trace_events))
     return RunResult(folder.out if folder else None, summary, divergence, partial, sim)

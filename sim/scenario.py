@@ -549,6 +549,16 @@ class Router(_Model):
                 "max_tree_tokens": self.max_tree_tokens}
 
 
+class AckDelaySteps(_Model):
+    """Steps from a copy's issue to the poll that acks it (the harness's
+    ``--d2h-delay-steps`` / ``--h2d-delay-steps``)."""
+
+    d2h: _int(1, 10**6) = 1
+    """Device -> host copies: write-through backups (a write_back eviction's blocking backup completes at once)."""
+    h2d: _int(1, 10**6) = 1
+    """Host -> device copies: load-backs."""
+
+
 class Engine(_Model):
     """How the simulator keeps the ranks' replicas. ``shared``: ranks share one tree
     until a rank-specific event forks one off; ``eager``: one tree per rank from the
@@ -556,6 +566,18 @@ class Engine(_Model):
 
     replicas: Literal["shared", "eager"] = "shared"
     """`shared`: ranks share one tree until a rank-specific event forks one; `eager`: one tree per rank."""
+    clock: Literal["time", "steps"] = "time"
+    """`time` (default): iterations cost what the cost model says. `steps`: one scheduler iteration is one step (the SGLang server harness's clock, for step-by-step comparison with it); arrivals are a generic trace's `arrival_step`."""
+    ack_delay_steps: AckDelaySteps | None = None
+    """Under `clock: steps`: a copy issued in step k is acked by the poll of step k+N."""
+
+    @model_validator(mode="after")
+    def _steps_only(self):
+        if self.ack_delay_steps is not None and self.clock != "steps":
+            raise _err("ack_delay_steps with clock 'time'",
+                       "clock 'steps' (under the time clock copies take what the cost model says)",
+                       "ack_delay_steps")
+        return self
 
 
 class Storage(_Model):
@@ -994,6 +1016,10 @@ class Scheduler(_Model):
     """SGLang --schedule-policy (SchedulePolicy.calc_priority; sim/policies/schedule.py)."""
     clip_max_new_tokens: _int(1, 10**9) = CLIP_MAX_NEW_TOKENS
     """SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: admission's estimate of a request's decode tokens is clipped to this (smaller: more admitted, more retractions)."""
+    ignore_eos: bool = False
+    """SGLang's sampling param `ignore_eos` on every request (the server harness sets it: its stub forward never emits EOS). Admission then charges running requests' remaining decode in full instead of times the new-token ratio (schedule_policy.py `_get_running_request_total_token_offset`)."""
+    overlap: bool = True
+    """SGLang's default loop, `event_loop_overlap`: each batch's results are processed in the next iteration, after it has scheduled and launched its own batch (false: `event_loop_normal`, SGLang's --disable-overlap-schedule)."""
 
     @model_validator(mode="after")
     def _preset(self):
@@ -1114,6 +1140,18 @@ class Scenario(_Model):
             if not (bs % self.page_size == 0 or self.page_size % bs == 0):
                 raise _err(f"page_size {self.page_size} with block_size {bs} ({path})",
                            "one of them to divide the other", "page_size")
+        if self.engine.clock == "steps":
+            w = self.workload
+            if not (w.kind == "trace" and w.format == "generic"):
+                raise _err(f"clock 'steps' with workload kind {w.kind!r}"
+                           + (f" format {w.format!r}" if w.kind == "trace" else ""),
+                           "a generic trace whose rows carry arrival_step", "engine.clock")
+            if self.storage is not None:
+                raise _err("clock 'steps' with storage",
+                           "no storage block (the step clock models device and host only)",
+                           "engine.clock")
+            if self.dp != 1:
+                raise _err(f"clock 'steps' with dp {self.dp}", "dp 1", "engine.clock")
         if self.storage is not None and self.collective.discipline != "synced":
             raise _err(f"storage with discipline {self.collective.discipline!r}",
                        "discipline 'synced' (the storage queues ride on 0.5.23's sync)",

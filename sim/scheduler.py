@@ -26,8 +26,9 @@ scheduler decides inside one iteration, written from SGLang's code:
   prompt inserts the prompt key a second time, with priority + 1, splitting the leaf
   at the prompt boundary.
 
-Simplifications (docs/TP.md, "How admission differs"): a request's ``max_new_tokens`` is its trace output length and it stops there;
-no priority preemption, LoRA, grammar, mixed chunks or overlap scheduling.
+Simplifications (docs/SCHEDULER.md, "How the engine still differs"): a request's
+``max_new_tokens`` is its trace output length and it stops there; no priority
+preemption, LoRA, grammar or mixed chunks.
 """
 
 from __future__ import annotations
@@ -165,10 +166,21 @@ class Adder:
         return room if room > 0 else self.rem_chunk
 
 
-def running_offset(running, ratio: float, clip: int = C.CLIP_MAX_NEW_TOKENS) -> float:
+def running_offset(running, ratio: float, ignore_eos: bool = False, lag=(),
+                   clip: int = C.CLIP_MAX_NEW_TOKENS) -> float:
     """`PrefillAdder.__init__`'s total_offset: each running request's remaining decode
-    tokens (clipped) times the new-token ratio, summed in batch order."""
-    return sum(min(rq.r.output_len - rq.generated, clip) * ratio for rq in running)
+    tokens (clipped at ``clip``, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION) times the
+    new-token ratio, summed in batch order; a request with ``ignore_eos`` is charged in
+    full, still clipped (`_get_running_request_total_token_offset`). ``lag``: rids whose
+    last token is not yet processed (the overlap loop's last batch): their `output_ids`
+    are one short."""
+    if lag:
+        rem = [min(rq.r.output_len - rq.generated + (rq.r.rid in lag), clip) for rq in running]
+    else:
+        rem = [min(rq.r.output_len - rq.generated, clip) for rq in running]
+    if ignore_eos:
+        return float(sum(rem))
+    return sum(x * ratio for x in rem)
 
 
 def retraction_order(batch) -> list[int]:

@@ -530,16 +530,21 @@ def test_every_write_through_replica_stays_consistent_at_every_step(seed, policy
 def test_late_write_acks_under_write_through_fork_a_replica_the_digest_cannot_see():
     """Under write_through the reclaim digest stays 0 (no duplicate reclaim), so late
     write acks drained locally split the replicas with nothing to detect it; the
-    synced discipline absorbs the same delays."""
+    synced discipline absorbs the same delays. (With seed 1 the split replicas later
+    admit different batches, which the forward's collective sees: the digest never
+    does.)"""
+    verdicts = []
     for seed in (1, 2, 3):
         res = run(MAMBA, f"seed={seed}", WT, "jitter.ack_delay.acks=write")
         d = res.divergence
         assert d["perturbations"]["ack_delay"] > 0
-        assert d["verdict"] == "missed"
+        assert d["verdict"] in ("missed", "size_mismatch") and not d["digest_mismatch"]
+        verdicts.append(d["verdict"])
         assert len(res.sim.instances[0].group.cohorts) == 2
         for t in replicas(res):
             t.check()
             assert t.digest == 0
+    assert verdicts.count("missed") >= 2
     res = run(MAMBA, "seed=1", WT, "jitter.ack_delay.acks=write", "collective.discipline=synced")
     assert res.divergence["verdict"] == "absorbed"
 

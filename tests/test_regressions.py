@@ -179,7 +179,8 @@ def test_34519_the_load_back_pin_keeps_in_flight_sources_from_reclaim():
     assert all(s["perturbations"]["ack_delay"] > 0 for s, _, _ in per_seed)
     assert all(s["reclaim_pass1_tokens"] > 0 for s, _, _ in per_seed)  # reclaim runs
     walks = [w for _, w, _ in per_seed]
-    assert sum(walks) == 22 and sum(w > 0 for w in walks) == 10
+    # under the overlap loop (SGLang's default; 22 walks in 10 seeds under the normal one)
+    assert sum(walks) == 17 and sum(w > 0 for w in walks) == 7
     assert sum(r for _, _, r in per_seed) == 0          # no in-flight source released
 
 

@@ -206,7 +206,9 @@ TRACE_SCN = ROOT / "scenarios" / "storage_mooncake_trace.yaml"
 def test_three_tier_trace_scenario_fast_path_and_storage_size(tmp_path):
     """The Mooncake-trace storage scenario: the decode fast path writes what a step-by-step
     loop writes, and a smaller store (16 GB per rank: full within 300 requests, which the
-    shipped 256 GB is not) gives back less, but more than none."""
+    shipped 256 GB is not) gives back less (within these 300 requests, nothing: its
+    hit rate is then the device's, which the loop order moves either side of the
+    storage-less run's)."""
     sets = ["limits.max_requests=300"]
     fast, plain = tmp_path / "fast", tmp_path / "plain"
     run_scenario(load_scenario(TRACE_SCN, sets), fast)
@@ -217,7 +219,8 @@ def test_three_tier_trace_scenario_fast_path_and_storage_size(tmp_path):
     sized = json.loads((fast / "summary.json").read_text())
     small = run_scenario(load_scenario(TRACE_SCN, sets + ["storage.capacity_gb=16"])).summary
     none = run_scenario(load_scenario(TRACE_SCN, sets + ["storage=null"])).summary
-    assert none["hit_rate"] < small["hit_rate"] < sized["hit_rate"]
+    assert small["l3_hit_tokens"] < sized["l3_hit_tokens"]
+    assert max(none["hit_rate"], small["hit_rate"]) < sized["hit_rate"]
 
 
 @pytest.mark.parametrize("knob", [

@@ -23,6 +23,10 @@ def add_arguments(p) -> None:
     p.add_argument("--record-ops", metavar="DIR",
                    help="also write every replica's op-trace (v2, docs/OPTRACE.md) into DIR: one "
                         "JSONL per rank plus index.json (one folder per instance with dp > 1)")
+    p.add_argument("--record-steps", metavar="FILE.jsonl",
+                   help="also write every scheduler step and request in the SGLang server "
+                        "harness's records (needs engine.clock steps; at tp > 1 one file "
+                        "per rank, FILE.rank0.jsonl, ...)")
     p.add_argument("--plots", action="store_true", help="also write the plots into the results folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_input_flags(p)
@@ -65,7 +69,8 @@ def run(args) -> int:
     final = None  # (metrics, whether the run reached its end)
     try:
         res = run_scenario(scenario, out, progress=bar.update if bar else None,
-                           trace_out=args.trace_out, record_ops_dir=args.record_ops)
+                           trace_out=args.trace_out, record_ops_dir=args.record_ops,
+                           record_steps=args.record_steps)
         # the engine (sim.cluster.Cluster) counts done and rejected requests itself
         final = (res.sim, not res.partial and res.sim.stuck is None and not res.sim.halted)
     finally:

@@ -84,8 +84,10 @@ class WorkloadStream:
     """
 
     def __init__(self, workload_cfg, seed: int, max_requests: int | None = None,
-                 duration_s: float | None = None, page_size: int | None = None):
+                 duration_s: float | None = None, page_size: int | None = None,
+                 clock: str = "time"):
         self.cfg, self.seed = workload_cfg, seed
+        self.clock = clock
         self.page_size = page_size
         self.max_requests, self.duration_s = max_requests, duration_s
         self._source = None
@@ -96,6 +98,8 @@ class WorkloadStream:
 
     def __iter__(self) -> Iterator[Request]:
         src = WORKLOADS[self.cfg.kind](self.cfg, self.seed, IdSpace())
+        if self.clock == "steps":
+            src.steps = True  # a generic trace (the schema allows no other under steps)
         self._source = src
         limit, until = self.max_requests, self.duration_s
         last = 0.0
@@ -123,4 +127,4 @@ def build_workload(scenario) -> WorkloadStream:
     """The request stream a validated scenario describes (``sim.scenario.Scenario``)."""
     return WorkloadStream(scenario.workload, _sub_seed(scenario.seed, 0),
                           scenario.limits.max_requests, scenario.limits.duration_s,
-                          scenario.page_size)
+                          scenario.page_size, clock=scenario.engine.clock)

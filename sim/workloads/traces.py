@@ -283,6 +283,9 @@ class GenericReader(_LineReader):
             raise UserError(f"found block_ids {block_ids!r}; expected 'prefix' or 'content'")
         self.block_size = block_size
         self.block_ids = block_ids
+        # engine.clock steps: each row's arrival is its integer ``arrival_step``
+        # (the server harness's field) instead of ``arrival_s``.
+        self.steps = False
 
     def _rows(self) -> Iterator[tuple[int, dict | _Bad]]:
         lines = _open_lines(self.path)
@@ -352,7 +355,16 @@ class GenericReader(_LineReader):
             try:
                 if isinstance(rec, _Bad):
                     raise rec
-                arrival = _num(rec, "arrival_s")
+                if self.steps:
+                    if "arrival_step" not in rec:
+                        raise _Bad("no 'arrival_step'" + (" (arrival_s given)" if "arrival_s" in rec else ""),
+                                   "an integer 'arrival_step' (engine.clock steps)")
+                    arrival = float(_int(rec, "arrival_step", 0, 10**12))
+                elif "arrival_s" not in rec and "arrival_step" in rec:
+                    raise _Bad("'arrival_step' without 'arrival_s'",
+                               "'arrival_s' (or engine.clock steps for arrival_step)")
+                else:
+                    arrival = _num(rec, "arrival_s")
                 n_in = _int(rec, "input_len", 1)
                 n_out = _int(rec, "output_len", 0)
                 if "block_size" in rec and rec["block_size"] not in ("", None):
@@ -368,7 +380,8 @@ class GenericReader(_LineReader):
                     raise _Bad("no 'blocks'", "a list of integers 'blocks'")
                 hs = _int_list(rec["blocks"], "blocks")
                 if arrival < last:
-                    raise _Bad(f"arrival_s {arrival:g} after {last:g}", "non-decreasing arrival_s")
+                    f = "arrival_step" if self.steps else "arrival_s"
+                    raise _Bad(f"{f} {arrival:g} after {last:g}", f"non-decreasing {f}")
                 n = len(hs)
                 if self.block_ids == "prefix":
                     blocks = _remap(hs, remap, ids)
