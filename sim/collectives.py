@@ -558,10 +558,13 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
             t = t.cuda()
             dist.all_reduce(t, op=op)
             return t.cpu()  # waits for the kernel: a wedged one never returns
+
         dev_reduce = all_reduce
 
         def broadcast(t):
-            dist.broadcast(t.cuda(), src=0)
+            t = t.cuda()
+            dist.broadcast(t, src=0)
+            t.cpu()  # waits, as all_reduce does
     elif iface:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         # The forward's group, apart from the cpu group as a server's NCCL group is:
