@@ -503,7 +503,9 @@ class Simulation:
     # ------------------------------------------------------------ collectives
     def _all_reduce(self, site: str, inputs: dict[int, list[int]], next_calls=None) -> list[int]:
         try:
-            return self.collective.all_reduce_min(self.step_no, site, inputs, next_calls)
+            if next_calls and len(inputs) < self.cfg.tp:
+                return self.collective.all_reduce_min(self.step_no, site, inputs, next_calls)
+            return self.collective.all_reduce_min(self.step_no, site, inputs)
         except CollectiveError as err:
             self._collective_failed(err)
 
