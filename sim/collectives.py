@@ -18,6 +18,7 @@ entered it: a rank of ``range(world)`` missing from ``inputs`` skipped the call.
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import math
 import os
@@ -58,6 +59,12 @@ from sim.errors import UserError
 LINES = {
     "gloo_timeout": ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
                      "unbound_buffer.cc:78] Timed out waiting {ms}ms for recv operation to complete"),
+    # The same timeout on the send path (unbound_buffer.cc:129): all_reduces of
+    # different sizes that gloo does not check, where the shorter rank returns and the
+    # longer one waits to send its next segment (measured: int64 1 vs 3 at world 2).
+    "gloo_send_timeout": ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
+                          "tcp/unbound_buffer.cc:129] Timed out waiting {ms}ms for send "
+                          "operation to complete"),
     "gloo_size": ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
                   "pair.cc:456] op.preamble.length <= op.nbytes. {sent} vs {expected}. Received data "
                   "size doesn't match expected size. Is there a distributed collective mismatch in "
@@ -118,6 +125,79 @@ def gloo_size_check(numels, world: int, itemsize: int) -> tuple[int, int] | None
 
 
 # ----------------------------------------------------------------------------------
+# Calls as each rank issues them, paired by order per process group
+# ----------------------------------------------------------------------------------
+class Call(NamedTuple):
+    """One collective as one rank issues it. ``group``: the process group it runs on,
+    "cpu" (the TP group's gloo ``cpu_group``: the request broadcast and the HiCache
+    syncs) or "device" (the forward's all_reduce, NCCL on a server)."""
+
+    group: str
+    site: str
+    op: str  # "all_reduce" or "broadcast"
+    numel: int
+    dtype: str
+
+    def as_dict(self) -> dict:
+        return {"group": self.group, "site": self.site, "op": self.op,
+                "shape": [self.numel], "dtype": self.dtype}
+
+
+# The first collective of every scheduler iteration: `broadcast_pyobj` (utils/common.py)
+# called from `RequestReceiver._broadcast_reqs_across_ranks`
+# (managers/scheduler_components/request_receiver.py) on `tp_group.cpu_group`, whose
+# first call on every rank is `dist.broadcast` of a 1-element torch.long size tensor
+# from the TP group's first rank. A rank that leaves an iteration early (no batch: no
+# forward, `event_loop_normal`'s `else: self.on_idle()`) blocks here next.
+REQUEST_BROADCAST = Call("cpu", "request_broadcast", "broadcast", 1, "int64")
+
+
+def pair_outcome(calls: dict[int, Call], world: int, transport: str) -> tuple[str, str | None]:
+    """What one process group does when call n of every rank meets the others' call n.
+
+    Returns (kind, line key): "ok" (identical calls); "misaligned" (same op, size and
+    dtype from different sites: a group pairs calls by order only, ProcessGroupGloo by
+    its per-group sequence tag `nextTag()`, NCCL by launch order, so both return with
+    a result meant for another call and every later pairing is shifted); "hang" or
+    "size_mismatch". Under gloo, measured with torch==2.13.0 at world 2
+    (tests/test_collectives.py, ``test_a_skip_pairs_the_next_call_as_gloo_does``): an
+    all_reduce meeting a broadcast blocks both ranks until the timeout, whatever the
+    sizes (int64 4 vs 1, 3 vs 1, 1 vs 1, 1 vs 4); all_reduces of different sizes
+    follow ``gloo_size_check`` (1 vs 3 int64: the shorter rank returns, the longer one
+    times out on its send). Under NCCL nothing is checked: ranks wedge (sglang PR
+    #33442), a hang."""
+    first = next(iter(calls.values()))
+    if all(c == first for c in calls.values()):
+        return "ok", None
+    if all(c[2:] == first[2:] for c in calls.values()):
+        return "misaligned", None
+    if transport == "nccl":
+        return "hang", "nccl_timeout"
+    # The line is the lowest failing rank's, as measured: its wait is a send (:129) or
+    # a receive (:78) depending on where it stands in the exchange.
+    if len({c.op for c in calls.values()}) > 1:
+        r = min(calls)  # every rank blocks
+        return "hang", ("gloo_send_timeout" if r == 0 and calls[r].op == "broadcast"
+                        else "gloo_timeout")
+    itemsize = SYNC_ITEMSIZE if first.dtype == "int64" else 4
+    if gloo_size_check([c.numel for c in calls.values()], world, itemsize) is None:
+        # the shorter ranks return; the longest ones wait for segments never sent
+        longest = max(c.numel for c in calls.values())
+        r = min(r for r, c in calls.items() if c.numel == longest)
+        return "hang", "gloo_timeout" if r == 0 else "gloo_send_timeout"
+    return "size_mismatch", "gloo_size"
+
+
+def _pending(calls: dict[int, Call]) -> dict[int, dict]:
+    return {r: calls[r].as_dict() for r in sorted(calls)}
+
+
+def _pending_detail(calls: dict[int, Call]) -> str:
+    return "; ".join(f"rank {r} in {c.site} ({c.op} {c.dtype}[{c.numel}] on the {c.group} group)"
+                     for r, c in sorted(calls.items()))
+
+
+# ----------------------------------------------------------------------------------
 # Errors and the call log
 # ----------------------------------------------------------------------------------
 class CollectiveError(Exception):
@@ -131,7 +211,8 @@ class CollectiveError(Exception):
     simulated backend's model of it, or what torch.distributed printed)."""
 
     def __init__(self, kind: str, step: int | None, site: str, ranks_in: list[int],
-                 ranks_out: list[int], detail: str, line: str, call: int = 0):
+                 ranks_out: list[int], detail: str, line: str, call: int = 0,
+                 pending: dict[int, dict] | None = None):
         at = f"collective #{call}" if step is None else f"step {step}, collective #{call}"
         super().__init__(f"{kind} at {at} ({site}): {detail}")
         self.kind = kind
@@ -142,6 +223,9 @@ class CollectiveError(Exception):
         self.detail = detail
         self.line = line
         self.call = call
+        # Each rank's call when the group stopped (site, op, shape), where the engine
+        # said what a skipping rank issues next; None for the plain skip.
+        self.pending = pending
 
 
 class CallLog(deque):
@@ -214,13 +298,17 @@ class Collective:
         identical iterations of a decode run, which the engine prices at once."""
         self.log.calls += n
 
-    def all_reduce_min(self, step, site=None, inputs=None) -> list[int]:
+    def all_reduce_min(self, step, site=None, inputs=None, next_calls=None) -> list[int]:
         """The per-step sync: element-wise MIN of the entering ranks' int64 vectors.
 
         ``inputs`` maps each rank that entered the call to its vector; a rank of
         ``range(world)`` absent from it skipped the call. Returns what every entering
         rank receives. Raises ``CollectiveError``: "hang" on a skip, "size_mismatch" on
-        differing lengths (the torch backend reports what gloo did instead)."""
+        differing lengths (the torch backend reports what gloo did instead).
+
+        ``next_calls`` maps each skipping rank to the call it issues next on the same
+        group (``Call``): that call is what meets the entering ranks' one, and the
+        outcome is ``pair_outcome``'s (the torch backend really issues it)."""
         if inputs is None and isinstance(step, str):
             # compat: removed once the engine uses all_reduce_min(step, site, inputs)
             step, site, inputs = None, step, site
@@ -229,18 +317,39 @@ class Collective:
         sizes = {r: len(inputs[r]) for r in ranks_in}
         self.log.record({"call": call, "step": step, "site": site, "ranks_in": ranks_in,
                          "sizes": sizes})
+        if ranks_out and next_calls:
+            missing = [r for r in ranks_out if r not in next_calls]
+            if missing:
+                raise ValueError(f"no next call for skipping ranks {missing}")
+            calls = {r: Call("cpu", site, "all_reduce", sizes[r], "int64") for r in ranks_in}
+            calls.update({r: next_calls[r] for r in ranks_out})
+            self._paired(call, step, site, inputs, ranks_in, ranks_out, calls)
         return self._min(call, step, site, inputs, ranks_in, ranks_out, sizes)
 
-    def forward(self, step: int, numels: dict[int, int]) -> None:
+    def forward(self, step: int, numels: dict[int, int], idle: dict[int, Call] | None = None) -> None:
         """The forward pass's TP all_reduce: each entering rank's activation tensor has
         numel = its batch's token count. Equal everywhere: fine. Different: the real
         kernel gets different element counts (sglang PR #33442: both ranks wedge in the
         same all-reduce kernel) -> CollectiveError, "size_mismatch" or "hang" as the
-        backend observes it. A rank absent from ``numels`` skipped it: "hang"."""
+        backend observes it. A rank absent from ``numels`` skipped it: "hang".
+
+        ``idle`` maps the ranks that have no batch (SGLang's `event_loop_normal` runs no
+        forward for them) to the call they block in next on the cpu group
+        (``REQUEST_BROADCAST``). The forward runs on the device group, so nothing
+        there pairs with the entering ranks' call and nothing on the cpu group pairs
+        with the idle ranks' one: a hang naming every rank's pending call."""
         ranks_in, ranks_out = self._split(numels)
         call = self.log.calls + 1
         self.log.record({"call": call, "step": step, "site": "forward", "ranks_in": ranks_in,
                          "sizes": {r: numels[r] for r in ranks_in}})
+        if idle:
+            if sorted(idle) != ranks_out:
+                raise ValueError(f"idle ranks {sorted(idle)} are not the ranks outside the "
+                                 f"forward {ranks_out}")
+            calls = {r: Call("device", "forward", "all_reduce", numels[r], "float32")
+                     for r in ranks_in}
+            calls.update(idle)
+            self._idle_forward(call, step, numels, ranks_in, ranks_out, calls)
         self._forward(call, step, numels, ranks_in, ranks_out)
 
     def all_reduce_uniform(self, step: int, site: str, vector: list[int]) -> list[int]:
@@ -265,6 +374,12 @@ class Collective:
             raise ValueError(f"ranks {bad} are not in range({self.world})")
         ranks_in = sorted(inputs)
         return ranks_in, [r for r in range(self.world) if r not in inputs]
+
+    def _paired(self, call, step, site, inputs, ranks_in, ranks_out, calls):  # pragma: no cover
+        raise NotImplementedError
+
+    def _idle_forward(self, call, step, numels, ranks_in, ranks_out, calls):  # pragma: no cover
+        raise NotImplementedError
 
     def _min(self, call, step, site, inputs, ranks_in, ranks_out, sizes):  # pragma: no cover
         raise NotImplementedError
@@ -312,6 +427,30 @@ class SimulatedCollective(Collective):
 
     def forward_uniform(self, step: int, numel: int) -> None:
         self.log.record_uniform(step, "forward", self.world, numel)
+
+    def _paired(self, call, step, site, inputs, ranks_in, ranks_out, calls):
+        kind, key = pair_outcome(calls, self.world, self.transport)
+        detail = f"call #{call} pairs {_pending_detail(calls)}"
+        r0 = ranks_in[0]
+        if kind == "misaligned":
+            line = "(no error: each rank returns with a result meant for another call)"
+        elif key == "gloo_size":
+            check = gloo_size_check([c.numel for c in calls.values()], self.world, SYNC_ITEMSIZE)
+            line = LINES["gloo_size"].format(sent=check[0], expected=check[1])
+        elif key == "gloo_send_timeout":
+            line = LINES[key].format(ms=self._server_ms("gloo"))
+        else:
+            line = self._hang_line(call, r0, calls[r0].numel)
+        raise CollectiveError(kind, step, site, ranks_in, ranks_out, detail, line, call,
+                              _pending(calls))
+
+    def _idle_forward(self, call, step, numels, ranks_in, ranks_out, calls):
+        r0 = ranks_in[0]
+        # The NCCL watchdog (10 min by default) fires before gloo's 30 min timeout.
+        raise CollectiveError("hang", step, "forward", ranks_in, ranks_out,
+                              f"ranks {ranks_out} have no batch and run no forward: "
+                              f"{_pending_detail(calls)}",
+                              self._nccl_line(call, r0, numels[r0]), call, _pending(calls))
 
     def _min(self, call, step, site, inputs, ranks_in, ranks_out, sizes):
         if ranks_out:
@@ -419,12 +558,29 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
             t = t.cuda()
             dist.all_reduce(t, op=op)
             return t.cpu()  # waits for the kernel: a wedged one never returns
+
+        dev_reduce = all_reduce
+
+        def broadcast(t):
+            t = t.cuda()
+            dist.broadcast(t, src=0)
+            t.cpu()  # waits, as all_reduce does
     elif iface:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        # The forward's group, apart from the cpu group as a server's NCCL group is:
+        # calls on one never pair with calls on the other.
+        dev_pg = dist.new_group(backend="gloo", timeout=timeout)
 
         def all_reduce(t, op):
             dist.all_reduce(t, op=op)
             return t
+
+        def dev_reduce(t, op):
+            dist.all_reduce(t, op=op, group=dev_pg)
+            return t
+
+        def broadcast(t):
+            dist.broadcast(t, src=0)
     else:
         # No interface named "lo": build gloo's device on 127.0.0.1 explicitly (the
         # default device binds whatever the hostname resolves to).
@@ -432,12 +588,21 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
         opts._timeout = timeout
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         pg = dist.ProcessGroupGloo(store, rank, world, opts)
+        dev = dist.ProcessGroupGloo(dist.PrefixStore("device", store), rank, world, opts)
 
-        def all_reduce(t, op):
+        def all_reduce(t, op, pg=pg):
             o = dist.AllreduceOptions()
             o.reduceOp = op
             pg.allreduce([t], o).wait()
             return t
+
+        def dev_reduce(t, op):
+            return all_reduce(t, op, dev)
+
+        def broadcast(t):
+            o = dist.BroadcastOptions()
+            o.rootRank = 0
+            pg.broadcast([t], o).wait()
 
     conn.send(("ready", os.getpid()))
     msg = ()
@@ -457,8 +622,11 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
             if what == "min":
                 t = all_reduce(torch.tensor(arg, dtype=torch.int64), dist.ReduceOp.MIN)
                 conn.send(("ok", t.tolist()))
+            elif what == "bcast":  # the request broadcast's size tensor
+                broadcast(torch.zeros(arg, dtype=torch.int64))
+                conn.send(("ok", None))
             else:  # "forward": only the element count matters
-                all_reduce(torch.zeros(arg, dtype=torch.float32), dist.ReduceOp.SUM)
+                dev_reduce(torch.zeros(arg, dtype=torch.float32), dist.ReduceOp.SUM)
                 conn.send(("ok", None))
         except Exception as err:  # noqa: BLE001 - every failure goes back to the parent
             # Stay up (the parent sends nothing more and terminates the group): exiting
@@ -598,14 +766,27 @@ class TorchCollective(Collective):
     def _call(self, what: str, args: dict[int, object], ranks_in: list[int]) -> dict[int, tuple]:
         """Send one call to the entering ranks and collect each one's outcome:
         ("ok", value), ("error", message), ("died", line or None) or ("stuck", None)."""
+        return self._call_each({r: (what, args[r]) for r in ranks_in})
+
+    @staticmethod
+    def _msg(c: Call) -> tuple:
+        if c.op == "broadcast":
+            return ("bcast", c.numel)
+        if c.group == "device":
+            return ("forward", c.numel)
+        return ("min", [0] * c.numel)
+
+    def _call_each(self, msgs: dict[int, tuple]) -> dict[int, tuple]:
+        """``_call`` where each rank gets its own message: the ranks' own streams."""
         from multiprocessing.connection import wait
 
         if self._broken:
             raise RuntimeError("the torch collective group is closed, or unusable after an "
                                "earlier error")
         self._broken = True  # until every entering rank has answered ok
+        ranks_in = sorted(msgs)
         for r in ranks_in:
-            self._conns[r].send((what, args[r]))
+            self._conns[r].send(msgs[r])
         out: dict[int, tuple] = {}
         waiting = {self._conns[r]: r for r in ranks_in}
         sentinels = {self._procs[r].sentinel: r for r in ranks_in}
@@ -675,6 +856,38 @@ class TorchCollective(Collective):
                                   f"{detail}; {self.transport} blocked instead of failing on it",
                                   line, call)
         raise CollectiveError("size_mismatch", step, site, ranks_in, ranks_out, detail, line, call)
+
+    def _streams(self, call, step, site, ranks_in, ranks_out, calls, msgs, detail):
+        """Issue every rank's own call and report what the group did with them."""
+        outcomes = self._call_each(msgs)
+        self._broken = True
+        pending = _pending(calls)
+        r0 = ranks_in[0]
+        if all(o[0] == "ok" for o in outcomes.values()):
+            raise CollectiveError("misaligned", step, site, ranks_in, ranks_out, detail,
+                                  "(no error: each rank returns with a result meant for "
+                                  "another call)", call, pending)
+        line = self._line({r: o for r, o in outcomes.items() if o[0] != "ok"}, call,
+                          calls[r0].numel, r0)
+        failed = [o for o in outcomes.values() if o[0] != "ok"]
+        blocked = all(o[0] == "stuck" or (o[0] == "error" and _is_timeout(o[1]))
+                      or (o[0] == "died" and o[1] and _is_timeout(o[1])) for o in failed)
+        raise CollectiveError("hang" if blocked else "size_mismatch", step, site, ranks_in,
+                              ranks_out, detail, line, call, pending)
+
+    def _paired(self, call, step, site, inputs, ranks_in, ranks_out, calls):
+        msgs = {r: ("min", list(inputs[r])) for r in ranks_in}
+        msgs.update({r: self._msg(calls[r]) for r in ranks_out})
+        self._streams(call, step, site, ranks_in, ranks_out, calls, msgs,
+                      f"call #{call} pairs {_pending_detail(calls)}")
+
+    def _idle_forward(self, call, step, numels, ranks_in, ranks_out, calls):
+        sizes = _forward_sizes({r: numels[r] for r in ranks_in})
+        msgs = {r: ("forward", sizes[r]) for r in ranks_in}
+        msgs.update({r: self._msg(calls[r]) for r in ranks_out})
+        self._streams(call, step, "forward", ranks_in, ranks_out, calls, msgs,
+                      f"ranks {ranks_out} have no batch and run no forward: "
+                      f"{_pending_detail(calls)}")
 
     def _min(self, call, step, site, inputs, ranks_in, ranks_out, sizes):
         outcomes = self._call("min", {r: list(inputs[r]) for r in ranks_in}, ranks_in)

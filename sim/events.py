@@ -54,7 +54,7 @@ from typing import Callable, Iterable
 import simpy
 
 from sim import constants as C
-from sim.collectives import CollectiveError, make_collective
+from sim.collectives import REQUEST_BROADCAST, Call, CollectiveError, make_collective
 from sim.config import SimConfig
 from sim.constants import DIGEST_MISMATCH_MESSAGE
 from sim.errors import UserError
@@ -596,13 +596,22 @@ class Simulation:
             self._next_sample = (math.floor(now / dt) + 1) * dt
 
     # ------------------------------------------------------------ collectives
-    def _all_reduce(self, site: str, inputs: dict[int, list[int]]) -> list[int]:
+    def _all_reduce(self, site: str, inputs: dict[int, list[int]], next_calls=None) -> list[int]:
         try:
+            if next_calls and len(inputs) < self.cfg.tp:
+                return self.collective.all_reduce_min(self.step_no, site, inputs, next_calls)
             return self.collective.all_reduce_min(self.step_no, site, inputs)
         except CollectiveError as err:
             self._collective_failed(err)
 
     def _collective_failed(self, err: CollectiveError):
+        if err.kind == "misaligned":
+            # Calls from different sites paired with equal sizes: a real group returns
+            # and runs on with every later pairing shifted, which this engine cannot follow.
+            self.obs.untracked(self.env.now, self.step_no, f"collectives misaligned: {err.detail}")
+            self.obs.compare(self.env.now, self.step_no, self.group.cohorts, full=True)
+            self.halted = "untracked"
+            raise _Halt()
         self.obs.collective_error(self.env.now, self.step_no, err)
         self._trace(err.kind, "collective", list(range(self.cfg.tp)), self.env.now, 0)
         self.obs.compare(self.env.now, self.step_no, self.group.cohorts, full=True)
@@ -701,13 +710,20 @@ class Simulation:
         before its own all_reduce. The digest rides on the load check, as in 0.5.23's
         standalone `loading_check`."""
         group = self.group
+        # A rank that returns early issues its next call on the cpu group instead: the
+        # load check when it has a load in flight, else the next iteration's request
+        # broadcast (the forward runs on the device group). That call meets the others'.
+        load_check = Call("cpu", "load_check", "all_reduce", 3, "int64")
+        nxt = {r: load_check if c.load_q else REQUEST_BROADCAST
+               for c in group.cohorts if not c.write_q for r in c.ranks}
         inputs = {r: [counts[r][0]] for c in group.cohorts if c.write_q for r in c.ranks}
-        n_write = self._all_reduce("write_check", inputs)[0] if inputs else 0
+        n_write = self._all_reduce("write_check", inputs, nxt)[0] if inputs else 0
         inputs = {r: [counts[r][1], digest[r], -digest[r]]
                   for c in group.cohorts if c.load_q for r in c.ranks}
+        nxt = {r: REQUEST_BROADCAST for c in group.cohorts if not c.load_q for r in c.ranks}
         n_load = 0
         if inputs:
-            red = self._all_reduce("load_check", inputs)
+            red = self._all_reduce("load_check", inputs, nxt)
             self._check_digest({r: digest[r] for r in inputs}, red[1], -red[2])
             n_load = red[0]
         for c in group.cohorts:
@@ -1059,10 +1075,14 @@ class Simulation:
         to do, and nothing recorded, when the tree has nothing evictable)."""
         tree = c.tree
         short = tokens - available(tree)
+        if self.jitter.device_skew and tree.evictable:
+            # Fired only on a skewed replica, and only where the skew changed what it
+            # evicts: an eviction an unskewed pool would not need, or another amount.
+            skew = tree.device_capacity - self.cfg.device_tokens
+            if skew and max(0, short) != max(0, short + skew):
+                self.jitter.perturbations.fire("device_capacity_skew")
         if short <= 0 or not tree.evictable:
             return
-        if self.jitter.device_skew:
-            self.jitter.perturbations.fire("device_capacity_skew")
         self._op(c, {"op": "evict_device", "n": short})
         plan.stall_first += self._charge(plan, tree.evict_device(short))
 
@@ -1076,8 +1096,6 @@ class Simulation:
         cost = self.cost
         plan.backups.extend(ev.backups)
         plan.scanned += ev.reclaim_scanned
-        if ev.host.freed and self.jitter.host_skew:
-            self.jitter.perturbations.fire("host_capacity_skew")
         return (sum(cost.d2h_time(k) for k in ev.backups)
                 + cost.reclaim_scan_time(ev.reclaim_scanned))
 
@@ -1168,7 +1186,17 @@ class Simulation:
             if isinstance(numels, int):
                 self.collective.forward_uniform(self.step_no, numels)
             else:
-                self.collective.forward(self.step_no, numels)
+                # A rank with no batch runs no forward (`event_loop_normal`: `if batch:
+                # run_batch` else `on_idle`); it goes round its loop and blocks in the
+                # next iteration's request broadcast.
+                idle = {r: REQUEST_BROADCAST for r, n in numels.items() if n == 0}
+                if len(idle) == len(numels):
+                    return
+                if idle:
+                    self.collective.forward(self.step_no, {r: n for r, n in numels.items() if n},
+                                            idle)
+                else:
+                    self.collective.forward(self.step_no, numels)
         except CollectiveError as err:
             self._collective_failed(err)
 

@@ -493,6 +493,10 @@ class Tree:
         # Sizes of the D->H backups issued since the engine last drained it (None: off).
         # Rank-local host allocation failure (a physical fault on one rank, sem §5.4.b).
         self.host_alloc_fail: Callable[[], bool] | None = None
+        # A rank whose host pool is skewed: its unskewed capacity and the counter to
+        # call when the skew changes what ``_host_room`` evicts (set by sim/ranks.py).
+        self.host_nominal: int | None = None
+        self.host_skew_fired: Callable[[], None] | None = None
 
         self._clock = C.CLOCK_START
         self._next_id = 0
@@ -937,6 +941,12 @@ class Tree:
         that frees less than asked (sem §3.3 step 1.2). The host eviction is added to
         ``res.host`` (``res``: the public op's result, an Insert, Eviction or Backup)."""
         avail = self.host_capacity - self.host_used - self.host_reserved
+        if self.host_skew_fired is not None:
+            # Fired only where the skew changed this rank's action: it evicts on the
+            # host where an unskewed pool would not, or a different amount.
+            nominal = avail + self.host_nominal - self.host_capacity
+            if max(0, k - avail) != max(0, k - nominal):
+                self.host_skew_fired()
         if avail < k:
             need = k - avail
             he = res.host
@@ -1423,6 +1433,7 @@ class Tree:
         new.stats = copy.copy(self.stats)
         new.rec = None if self.rec is None else []
         new.host_alloc_fail = None
+        new.host_skew_fired = None
         # The storage hook belongs to the original's book; a fork re-attaches its own
         # (and its own PrefetchBook: staged slots are copied in host_reserved).
         new.on_host_backup = None

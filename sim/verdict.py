@@ -162,6 +162,8 @@ class Observations:
             self.collective = {"t": now, "step": step, "kind": err.kind, "site": err.site,
                                "ranks_in": list(err.ranks_in), "ranks_out": list(err.ranks_out),
                                "detail": err.detail, "message": err.line}
+            if err.pending is not None:
+                self.collective["pending"] = {str(r): c for r, c in err.pending.items()}
 
     # ------------------------------------------------------------ verdict
     def verdict(self) -> tuple[str, str]:

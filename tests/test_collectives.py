@@ -404,3 +404,81 @@ def test_workers_die_with_their_parent():
     # they remove the group's files on their way out (the last one out may still be
     # removing them when the first is reaped)
     wait_until(lambda: not os.path.exists(tmp), "the orphaned workers to remove the group's files")
+
+
+# ----------------------------------------------------------------------------------
+# calls paired by order: a skipping rank's next call meets the others' pending one
+# ----------------------------------------------------------------------------------
+AR = lambda n, site="sync": C.Call("cpu", site, "all_reduce", n, "int64")  # noqa: E731
+BC = C.REQUEST_BROADCAST
+
+# (rank 0's call, rank 1's call) -> (kind, line) measured with real gloo at world 2
+# (torch==2.13.0; each rank's outcome recorded, the line the lowest failing rank's)
+MEASURED = [
+    (AR(4), BC, "hang", "gloo_timeout"),            # both time out receiving
+    (AR(3, "load_check"), BC, "hang", "gloo_timeout"),
+    (AR(1, "write_check"), BC, "hang", "gloo_timeout"),
+    (BC, AR(4), "hang", "gloo_send_timeout"),       # the broadcast's root waits to send
+    (AR(1, "write_check"), AR(3, "load_check"), "hang", "gloo_send_timeout"),  # rank 0 returns
+    (AR(4), AR(1, "write_check"), "hang", "gloo_timeout"),                     # rank 1 returns
+]
+
+
+@pytest.mark.parametrize("c0,c1,kind,key", MEASURED)
+def test_pairing_follows_what_gloo_did(c0, c1, kind, key):
+    assert C.pair_outcome({0: c0, 1: c1}, 2, "gloo") == (kind, key)
+
+
+def test_equal_calls_from_other_sites_pair_silently_and_nccl_never_checks():
+    assert C.pair_outcome({0: AR(3, "load_check"), 1: AR(3, "load_check")}, 2, "gloo")[0] == "ok"
+    assert C.pair_outcome({0: AR(3, "load_check"), 1: AR(3, "sync")}, 2, "gloo")[0] == "misaligned"
+    assert C.pair_outcome({0: AR(4), 1: AR(5)}, 2, "gloo") == ("size_mismatch", "gloo_size")
+    assert C.pair_outcome({0: AR(4), 1: AR(5)}, 2, "nccl") == ("hang", "nccl_timeout")
+
+
+def test_a_skip_names_each_ranks_pending_call():
+    sim = SimulatedCollective(2, timeout_s=2)
+    err = raises(sim.all_reduce_min, 7, "write_check", {0: [1]}, {1: AR(3, "load_check")})
+    assert (err.kind, err.ranks_in, err.ranks_out, err.step) == ("hang", [0], [1], 7)
+    assert err.pending == {0: AR(1, "write_check").as_dict(), 1: AR(3, "load_check").as_dict()}
+    assert err.line == LINES["gloo_send_timeout"].format(ms=2000)
+    err = raises(sim.forward, 8, {0: 96}, {1: BC})
+    assert err.kind == "hang" and err.pending[1]["site"] == "request_broadcast"
+    assert err.pending[0] == {"group": "device", "site": "forward", "op": "all_reduce",
+                              "shape": [96], "dtype": "float32"}
+
+
+@pytest.mark.parametrize("args", [
+    ("write_check", {0: [1]}, {1: AR(3, "load_check")}),   # rank 1 skips: its load check pairs
+    ("sync", {0: [0, 1, 5, -5]}, {1: BC}),                   # rank 1 is already in the broadcast
+], ids=["write_check_meets_load_check", "sync_meets_request_broadcast"])
+def test_a_skip_pairs_the_next_call_as_gloo_does(args):
+    """The real gloo group gets each rank's own call, the skipping rank its next one:
+    the simulated answer is what it did."""
+    coll = make_collective("torch", 2, timeout_s=TIMEOUT_S)
+    pids = coll.pids
+    try:
+        coll.all_reduce_min(1, "sync", {0: [1, -1], 1: [2, -2]})
+        err = raises(coll.all_reduce_min, 2, *args)
+        ref = SimulatedCollective(2, timeout_s=TIMEOUT_S)
+        ref.all_reduce_min(1, "sync", {0: [1, -1], 1: [2, -2]})
+        sim = raises(ref.all_reduce_min, 2, *args)
+        assert (err.kind, err.pending, err.detail) == (sim.kind, sim.pending, sim.detail)
+        assert err.line == sim.line
+    finally:
+        assert_torn_down(coll, pids)
+
+
+def test_an_idle_rank_blocks_in_the_request_broadcast_under_gloo():
+    coll = make_collective("torch", 2, timeout_s=TIMEOUT_S)
+    pids = coll.pids
+    try:
+        coll.forward(1, {0: 64, 1: 64})
+        err = raises(coll.forward, 2, {0: 64}, {1: BC})
+        ref = SimulatedCollective(2)
+        ref.forward(1, {0: 64, 1: 64})
+        sim = raises(ref.forward, 2, {0: 64}, {1: BC})
+        assert (err.kind, err.pending, err.detail) == ("hang", sim.pending, sim.detail)
+        assert is_gloo_timeout(err.line)
+    finally:
+        assert_torn_down(coll, pids)

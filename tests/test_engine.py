@@ -188,12 +188,51 @@ def test_rank_local_device_state_fails_where_sglang_would(name):
     """Rank-local allocator state changes what a rank caches; the outcome (digest,
     forward shapes) is whatever the ranks' own checks see first."""
     d = run_shipped(name).divergence
-    assert d["verdict"] in ("detected", "size_mismatch", "missed")
+    assert d["verdict"] in ("detected", "size_mismatch", "missed", "hang")
     assert d["first_true_divergence"] is not None
-    if d["verdict"] == "size_mismatch":
+    if d["verdict"] in ("size_mismatch", "hang"):
         err = d["collective_error"]
         assert err["site"] == "forward" and d["shape_divergence"]["step"] <= err["step"]
+    if d["verdict"] == "hang":
+        # a rank with no batch runs no forward: it blocks in the request broadcast
+        idle = [r for r, c in d["collective_error"]["pending"].items()
+                if c["site"] == "request_broadcast"]
+        assert idle and [int(r) for r in idle] == d["collective_error"]["ranks_out"]
 
+
+def test_skew_counters_fire_only_on_the_skewed_replica():
+    """A capacity skew counts where it changed what the skewed rank did, never on the
+    unskewed rank (so absorbed versus agree is observed)."""
+    from sim.events import _Plan
+    from sim.scheduler import available
+    from sim.tree import Eviction
+    cfg = SimConfig(tp=2, page_size=16, device_tokens=16 * 80, host_tokens=16 * 200,
+                    jitter=JitterConfig(device_capacity_skew={1: -16 * 4},
+                                        host_capacity_skew={1: -16 * 10}))
+    sim = simulate(cfg, n=150)
+    fired = sim.jitter.perturbations.fired
+    by_rank = {c.ranks[0]: c for c in sim.group.cohorts}
+    c0, c1 = by_rank[0], by_rank[1]
+    assert c0.ranks == [0] and c1.ranks == [1] and c0.tree.evictable and c1.tree.evictable
+    before = fired["device_capacity_skew"]
+    free0 = available(c0.tree)
+    sim._evict_for(c0, free0 + 16, _Plan())  # the unskewed rank evicts: no count
+    assert fired["device_capacity_skew"] == before
+    free1 = available(c1.tree)
+    sim._evict_for(c1, free1 + 16, _Plan())  # needed only because its pool is smaller
+    assert fired["device_capacity_skew"] == before + 1
+    # host: a demand that fits an unskewed pool but not rank 1's
+    before = fired["host_capacity_skew"]
+    t0, t1 = c0.tree, c1.tree
+    room1 = t1.host_capacity - t1.host_used - t1.host_reserved
+    assert t0.host_skew_fired is None
+    t0._host_room(room1 + 16 if room1 + 16 <= t0.host_capacity - t0.host_used - t0.host_reserved
+                  else 1, Eviction())
+    assert fired["host_capacity_skew"] == before
+    t1._host_room(room1 + 16, Eviction())
+    assert fired["host_capacity_skew"] == before + 1
+    t1._host_room(1 if room1 >= 1 else 0, Eviction())  # fits either way: no count
+    assert fired["host_capacity_skew"] == before + 1
 
 def test_forward_shapes_that_differ_are_a_size_mismatch():
     # rank 1's device pool is much smaller: it evicts where rank 0 hits

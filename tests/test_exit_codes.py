@@ -27,7 +27,7 @@ def run(tmp_path, scenario, *sets):
 BUNDLES = [("ack_local", "detected", EXIT_SERVER_FAILED),
            ("id_drift", "false_alarm", EXIT_SERVER_FAILED),
            ("pre_26921", "hang", EXIT_SERVER_FAILED),
-           ("write_through_alloc_failure", "size_mismatch", EXIT_SERVER_FAILED),
+           ("device_free_delay", "size_mismatch", EXIT_SERVER_FAILED),
            ("request_order", "missed", EXIT_UNTRACKED)]
 
 

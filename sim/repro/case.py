@@ -48,22 +48,24 @@ class _RecordingCollective:
         except CollectiveError as err:
             rec["error"] = {"kind": err.kind, "detail": err.detail,
                             "ranks_out": list(err.ranks_out)}
+            if err.pending is not None:
+                rec["error"]["pending"] = {str(r): c for r, c in err.pending.items()}
             raise
         if out is not None:
             rec["result"] = list(out)
         return out
 
-    def all_reduce_min(self, step, site, inputs):
+    def all_reduce_min(self, step, site, inputs, next_calls=None):
         rec = self._record(step, site, inputs)
-        return self._run(rec, self.inner.all_reduce_min, step, site, inputs)
+        return self._run(rec, self.inner.all_reduce_min, step, site, inputs, next_calls)
 
     def all_reduce_uniform(self, step, site, vector):
         rec = self._record(step, site, {r: vector for r in range(self.inner.world)})
         return self._run(rec, self.inner.all_reduce_uniform, step, site, vector)
 
-    def forward(self, step, numels):
+    def forward(self, step, numels, idle=None):
         rec = self._record(step, "forward", numels)
-        return self._run(rec, self.inner.forward, step, numels)
+        return self._run(rec, self.inner.forward, step, numels, idle)
 
     def forward_uniform(self, step, numel):
         rec = self._record(step, "forward", {r: numel for r in range(self.inner.world)})
