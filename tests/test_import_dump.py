@@ -1,0 +1,165 @@
+"""`hicache-sim import`: SGLang 0.5.23's crash and request dumps in, read safely.
+
+The dumps under data/dumps/ were written by SGLang's own code
+(tools/sglang_dumps/make_dumps.py calls the real TokenizerManager
+dump_requests_before_crash / dump_requests); crash_dump_tp8.expected.json is what
+SGLang's own unpickler read from the crash dump.
+"""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from sim.imports import crashdump, unpickle
+from sim.imports.build import page_ids
+
+CLI = [sys.executable, str(ROOT / "cli.py")]
+DUMPS = ROOT / "data" / "dumps"
+CRASH = DUMPS / "crash_dump_tp8.pkl"
+
+
+def cli(*args):
+    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_crash_dump_reads_as_sglang_reads_it():
+    exp = json.loads((DUMPS / "crash_dump_tp8.expected.json").read_text())
+    d = crashdump.read(CRASH)
+    assert d.kind == "crash"
+    assert d.server_args["tp_size"] == exp["tp_size"] == 8
+    assert d.server_args["page_size"] == exp["page_size"]
+    assert d.launch_command == exp["launch_command"]
+    want = sorted(exp["requests"], key=lambda r: (r["created"], r["rid"]))
+    assert [r.rid for r in d.requests] == [r["rid"] for r in want]
+    for got, w in zip(d.requests, want):
+        assert list(got.input_ids) == w["input_ids"]
+        assert got.created == w["created"] and got.finished == w["finished"]
+        assert got.cached_tokens == w["cached_tokens"]
+        assert got.output_len == w["output_len"]
+    # the one request in flight at the crash: output so far, no meta_info
+    assert [r.done for r in d.requests] == [True] * 5 + [False]
+
+
+def test_request_dump_folder_reads_every_file():
+    d = crashdump.read(DUMPS / "request_dumps")
+    assert d.kind == "requests" and len(d.requests) == 6 and all(r.done for r in d.requests)
+    crash = crashdump.read(CRASH)
+    assert [r.input_ids for r in d.requests] == [r.input_ids for r in crash.requests]
+
+
+def test_page_ids_are_prefix_ids():
+    a = tuple(range(40))
+    b = tuple(range(32)) + (99,) * 8
+    pa, pb = page_ids(a, 16), page_ids(b, 16)
+    assert len(pa) == 2 and pa[:2] == pb[:2]  # the tail (8 tokens) is not a full page
+    c = (7,) * 16 + tuple(range(16, 32))
+    assert page_ids(c, 16)[1] != pa[1]  # same page tokens, other prefix: other id
+
+
+def test_import_then_run_reproduces_the_traffic(tmp_path):
+    out = tmp_path / "imp"
+    p = cli("import", CRASH, "-o", out)
+    assert p.returncode == 0, p.stderr
+    text = (out / "scenario.yaml").read_text()
+    assert "tp_size = 8 -> tp: 8" in text and "schedule_policy = 'lpm'" in text
+    unmapped = json.loads((out / "unmapped.json").read_text())
+    assert any(u["field"] == "schedule_policy" for u in unmapped)
+    res = tmp_path / "res"
+    p = cli("run", out / "scenario.yaml", "-o", res, "--quiet")
+    assert p.returncode == 0, p.stderr
+    req = pd.read_parquet(res / "requests.parquet").sort_values("arrival")
+    d = crashdump.read(CRASH)
+    t0 = d.requests[0].created
+    assert list(req["input_tokens"]) == [len(r.input_ids) for r in d.requests]
+    assert req["arrival"].tolist() == pytest.approx([r.created - t0 for r in d.requests], abs=1e-5)
+    assert list(req["miss_tokens"] + req["device_hit_tokens"] + req["host_hit_tokens"]) == \
+        [len(r.input_ids) for r in d.requests]
+    # The shared 160-token document prefix (10 pages of 16) hits for the 4 later requests.
+    hit = (req["device_hit_tokens"] + req["host_hit_tokens"]).tolist()
+    assert hit == [0, 0, 160, 160, 160, 160]
+
+
+@pytest.mark.parametrize("name, words", [
+    ("hostile_unknown_class.pkl", "evil.module.Gadget"),
+    ("hostile_reduce.pkl", "open"),
+    ("hostile_truncated.pkl", "not a complete pickle"),
+    ("hostile_deep.pkl", "nested deeper"),
+])
+def test_hostile_dumps_are_refused_in_one_line(tmp_path, name, words):
+    p = cli("import", DUMPS / name, "-o", tmp_path / "o")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and str(DUMPS / name) in lines[0], p.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_vendored_reduce_payload_never_runs(tmp_path):
+    target = "/tmp/hicache_sim_pwned_by_dump"
+    assert not os.path.exists(target)
+    with pytest.raises(unpickle.Refused):
+        crashdump.read(DUMPS / "hostile_reduce.pkl")
+    assert not os.path.exists(target)
+
+
+class _Payload:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_live_file_writing_payload_is_refused_and_never_executed(tmp_path):
+    live = tmp_path / "live"
+    pickle.loads(pickle.dumps(_Payload(str(live)))).close()  # the payload is real:
+    assert live.exists()  # a plain pickle.load writes the file
+    target = tmp_path / "never"
+    bad = tmp_path / "bad.pkl"
+    bad.write_bytes(pickle.dumps({"server_args": None, "requests": [_Payload(str(target))]}))
+    p = cli("import", bad, "-o", tmp_path / "o")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert "builtins.open" in p.stderr or "io.open" in p.stderr
+    assert not target.exists()
+    # find_class is the boundary on its own too (no pre-scan): still refused, not run
+    import io
+    with pytest.raises(pickle.UnpicklingError):
+        unpickle._Restricted(io.BytesIO(bad.read_bytes())).load()
+    assert not target.exists()
+
+
+def test_huge_list_is_refused_by_the_element_bound(tmp_path):
+    huge = tmp_path / "huge.pkl"
+    huge.write_bytes(pickle.dumps({"server_args": None, "requests": [0] * 300_000}))
+    p = cli("import", huge, "-o", tmp_path / "o", "--max-items", 200_000)
+    assert p.returncode == 2 and "more than 200,000 pickle opcodes" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_size_bound_is_checked_before_parsing(tmp_path):
+    p = cli("import", CRASH, "-o", tmp_path / "o", "--max-bytes", 1000)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert str(CRASH) in p.stderr
+
+
+def test_a_value_with_a_newline_stays_in_the_comment(tmp_path):
+    d = crashdump.read(CRASH)
+    d.launch_command = "python -m sglang.launch_server\nname: injected"
+    d.server_args = dict(d.server_args, schedule_policy="lpm\ntp: 64")
+    from sim.imports.build import write
+    from sim.scenario import load_scenario
+    write(d, tmp_path / "o")
+    s = load_scenario(tmp_path / "o" / "scenario.yaml")
+    assert s.name == "dump_crash_dump_tp8" and s.tp == 8
+
+
+def test_dump_without_server_args_is_refused(tmp_path):
+    bad = tmp_path / "none.pkl"
+    bad.write_bytes(pickle.dumps({"server_args": None, "resolved_config": None, "requests": []}))
+    p = cli("import", bad, "-o", tmp_path / "o")
+    assert p.returncode == 2 and "no server args" in p.stderr
