@@ -261,6 +261,9 @@ class Simulation:
         self.obs = Observations(cfg.tp, self.jitter.perturbations)
         self.progress = progress
         self.trace = trace_events
+        # (time, rank 0's op count) where a scheduler iteration ends: SGLang publishes
+        # the tree's KV events there (sim.kvevents); kept only when ops are recorded.
+        self.op_ticks: list | None = [] if cfg.record_ops else None
         self.workload = None if workload is None else iter(workload)
         self.busy_s = 0.0                # GPU time spent in forwards
         self.gpu = simpy.Resource(self.env, capacity=1)  # the TP group's forward passes
@@ -367,6 +370,10 @@ class Simulation:
                 ev.update(ph="i", s="t")  # an instant event, thread-scoped
             self.trace.append(ev)
 
+    def _tick_ops(self) -> None:
+        c = next(c for c in self.group.cohorts if 0 in c.ranks)
+        self.op_ticks.append((self.env.now, len(c.ops)))
+
     @staticmethod
     def _op(c: Cohort, op: dict) -> None:
         """Record ``op`` in the replica's op-trace. ``reserved`` is the device KV that
@@ -453,6 +460,8 @@ class Simulation:
                 self.finished = True
                 return
             self.step_no += 1
+            if self.op_ticks is not None:
+                self._tick_ops()
             self._sample()
             self._sync_mismatch = False
             self._sync()
@@ -473,6 +482,8 @@ class Simulation:
             self._wake = self.env.event()
             self._idle = True
             self._wake_at = self._next_mark()
+            if self.op_ticks is not None:
+                self._tick_ops()
             if self._wake_at < math.inf:
                 self.env.timeout(self._wake_at - self.env.now).callbacks.append(self._kick)
             yield self._wake

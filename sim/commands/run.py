@@ -23,6 +23,10 @@ def add_arguments(p) -> None:
     p.add_argument("--record-ops", metavar="DIR",
                    help="also write every replica's op-trace (v2, docs/OPTRACE.md) into DIR: one "
                         "JSONL per rank plus index.json (one folder per instance with dp > 1)")
+    p.add_argument("--kv-events", metavar="FILE",
+                   help="also write SGLang's KV events (BlockStored / BlockRemoved, as its "
+                        "publisher sends them: one msgpack KVEventBatch per scheduler iteration, "
+                        "back to back) of each instance's rank 0 into FILE (docs/SERVER_ARTEFACTS.md)")
     p.add_argument("--plots", action="store_true", help="also write the plots into the results folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_input_flags(p)
@@ -60,7 +64,8 @@ def run(args) -> int:
     final = None  # (metrics, whether the run reached its end)
     try:
         res = run_scenario(scenario, out, progress=bar.update if bar else None,
-                           trace_out=args.trace_out, record_ops_dir=args.record_ops)
+                           trace_out=args.trace_out, record_ops_dir=args.record_ops,
+                           kv_events=args.kv_events)
         # the engine (sim.cluster.Cluster) counts done and rejected requests itself
         final = (res.sim, not res.partial and res.sim.stuck is None and not res.sim.halted)
     finally:
@@ -70,6 +75,8 @@ def run(args) -> int:
     _print_summary(res, out, wall)
     if args.record_ops:
         print(f"op-traces: {args.record_ops}")
+    if args.kv_events:
+        print(f"KV events: {args.kv_events}")
     if args.plots and not res.partial:
         from reports.load import load_run
         from reports.plots import plot_runs

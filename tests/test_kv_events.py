@@ -1,0 +1,146 @@
+"""`run --kv-events`: SGLang 0.5.23's KV cache events out, in its wire format.
+
+Fixtures, all from SGLang's own code (tools/sglang_kv/make_kv_fixtures.py):
+* data/kv_events/rust/*.rust_events.jsonl.gz: per op of each conformance op-trace, the
+  events the Rust tree core's take_events returned (the Python core's were equal);
+* data/kv_events/quickstart_25.*: a run's event file and SGLang's decoding of it
+  (msgspec Decoder(KVEventBatch)), whose re-encoding by SGLang's encoder gave the
+  same bytes;
+* data/kv_events/hashes.json: SGLang's page hashes (get_hash_str, hash_str_to_int64).
+"""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import msgpack
+import pytest
+
+from conftest import CONFORMANCE, ROOT, conformance_cases
+from sim.kvevents import BlockHasher, KvReplayer, Recorder, hash_to_int64
+
+KV = ROOT / "data" / "kv_events"
+CLI = [sys.executable, str(ROOT / "cli.py")]
+
+
+def _norm(evs):
+    out = []
+    for e in evs:
+        d = {"t": e["type"]}
+        if e["type"] == "BlockStored":
+            d.update(block_hashes=e["block_hashes"], parent_block_hash=e["parent_block_hash"],
+                     token_ids=e["token_ids"], block_size=e["block_size"], medium=e["medium"])
+        elif e["type"] == "BlockRemoved":
+            d.update(block_hashes=e["block_hashes"], medium=e["medium"])
+        out.append(d)
+    return out
+
+
+CASES = [c for c in conformance_cases() if (KV / "rust" / c.name.replace(
+    ".jsonl.gz", ".rust_events.jsonl.gz")).exists()]
+
+
+def test_every_conformance_trace_has_rust_events():
+    assert len(CASES) == len(conformance_cases()) >= 30
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name.replace(".jsonl.gz", ""))
+def test_events_equal_the_rust_cores_op_by_op(case):
+    lines = [json.loads(x) for x in gzip.open(case, "rt") if x.strip()]
+    exp = [json.loads(x) for x in gzip.open(
+        KV / "rust" / case.name.replace(".jsonl.gz", ".rust_events.jsonl.gz"), "rt")]
+    rep = KvReplayer(lines[0])
+    n_events = 0
+    for i, op in enumerate(lines[1:], 1):
+        rep.apply(i, op)
+        got = _norm(rep.kv.take())
+        assert got == exp[i - 1]["events"], f"op {i} ({op['op']})"
+        n_events += len(got)
+    assert len(exp) == len(lines) - 1
+
+
+def test_rust_fixtures_cover_every_event_kind():
+    kinds = set()
+    for p in (KV / "rust").glob("*.gz"):
+        for x in gzip.open(p, "rt"):
+            for e in json.loads(x)["events"]:
+                kinds.add((e["t"], e.get("medium")))
+    assert {("BlockStored", "GPU"), ("BlockStored", "CPU_PINNED"), ("BlockRemoved", "GPU"),
+            ("BlockRemoved", "CPU_PINNED")} <= kinds
+
+
+def test_page_hashes_are_sglangs_narrow_and_wide():
+    for case in json.loads((KV / "hashes.json").read_text()):
+        ps, toks = case["page_size"], case["tokens"]
+        pages = [tuple(toks[i:i + ps]) for i in range(0, len(toks), ps)]
+        got = [hash_to_int64(d) for d in BlockHasher().chain(pages)]
+        assert got == case["hashes"], case
+
+
+def test_recorder_coalesces_a_chain_and_splits_on_medium():
+    r = Recorder(1)
+    r.store([1, 2], 2, "GPU")
+    r.store([1, 2, 3], 1, "GPU")  # its parent is the tail's last block: one event
+    r.store([1, 2, 3], 1, "CPU_PINNED")
+    q = r.take()
+    assert [len(e["block_hashes"]) for e in q] == [3, 1]
+    assert q[0]["token_ids"] == [1, 2, 3] and q[0]["parent_block_hash"] is None
+    assert q[1]["parent_block_hash"] == q[0]["block_hashes"][1]
+
+
+def _batches(data: bytes):
+    u = msgpack.Unpacker(raw=False, strict_map_key=False)
+    u.feed(data)
+    return list(u)
+
+
+def test_run_writes_what_sglang_decodes(tmp_path):
+    out = tmp_path / "ev.msgpack"
+    p = subprocess.run(CLI + ["run", str(ROOT / "scenarios" / "quickstart.yaml"), "--set",
+                              "workload.num_requests=25", "-o", str(tmp_path / "r"),
+                              "--kv-events", str(out), "--quiet"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    data = out.read_bytes()
+    # byte for byte the file SGLang decoded and re-encoded identically
+    assert data == (KV / "quickstart_25.kv.msgpack").read_bytes()
+    dec = json.loads(gzip.open(KV / "quickstart_25.sglang_decoded.json.gz", "rt").read())
+    assert dec["reencoded_identical"] is True
+    ours = _batches(data)
+    assert len(ours) == len(dec["batches"]) > 10
+    for b, s in zip(ours, dec["batches"]):
+        ts, events, dp = b
+        assert ts == s["ts"] and dp == s["attn_dp_rank"] == 0
+        assert len(events) == len(s["events"])
+        for e, f in zip(events, s["events"]):
+            assert e["type"] == f["t"]
+            for k, v in e.items():
+                if k != "type":
+                    assert f[k] == v, (k, e, f)
+    # a batch per iteration, in time order; stores on both tiers, removes on the device
+    assert [b[0] for b in ours] == sorted(b[0] for b in ours)
+    kinds = {(e["type"], e.get("medium")) for b in ours for e in b[1]}
+    assert ("BlockStored", "GPU") in kinds and ("BlockStored", "CPU_PINNED") in kinds
+
+
+def test_events_follow_the_tree(tmp_path):
+    """Replaying the batches as a router would: every removal names a block stored on
+    that medium before and not removed since."""
+    data = (KV / "quickstart_25.kv.msgpack").read_bytes()
+    live = {"GPU": set(), "CPU_PINNED": set()}
+    for _ts, events, _dp in _batches(data):
+        for e in events:
+            if e["type"] == "BlockStored":
+                live[e["medium"]].update(e["block_hashes"])
+            elif e["type"] == "BlockRemoved":
+                for h in e["block_hashes"]:
+                    assert h in live[e["medium"]], (e["medium"], h)
+                    live[e["medium"]].discard(h)
+
+
+def test_kv_events_refused_on_a_hybrid(tmp_path):
+    p = subprocess.run(CLI + ["run", str(ROOT / "scenarios" / "hybrid_swa.yaml"), "-o",
+                              str(tmp_path / "r"), "--kv-events", str(tmp_path / "e")],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "hybrid" in p.stderr and len(p.stderr.strip().splitlines()) == 1
