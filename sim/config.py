@@ -253,6 +253,10 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         cfg.hybrid, cfg.max_running = resolve_hybrid(scn, cfg.max_running)
     cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
                      io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
+    if scn.host.mla_dedup:
+        from sim.constants import MLA_DEDUP_CHUNK_TOKENS
+
+        cost.enable_mla_dedup(MLA_DEDUP_CHUNK_TOKENS)
     if cfg.storage is not None and scn.storage.capacity_gb is not None:
         from sim.storage.view import capacity_pages
 

@@ -204,3 +204,12 @@ STORAGE_BATCH_PAGES = 128
 # eviction goes on, the write_through ones back nodes up at insert time once their
 # hit count reaches WRITE_THROUGH_THRESHOLD (unified_radix_cache.py __init__).
 HYBRID_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+
+# MLA host dedup (mem_cache/mla_host_dedup.py). The broadcast stages at most
+# SGLANG_MLA_DEDUP_CHUNK_TOKENS x layer_num token rows per NCCL broadcast call
+# (environ.py SGLANG_MLA_DEDUP_CHUNK_TOKENS = EnvInt(2048);
+# MLAHostDedupBroadcaster.__init__ kv_staging, _bcast_layer rows_per_chunk).
+MLA_DEDUP_CHUNK_TOKENS = 2048
+# Storage backends the dedup tolerates on buffer-less peer ranks
+# (mla_host_dedup.py _DEDUP_COMPATIBLE_STORAGE = {None, "", "file"}).
+MLA_DEDUP_STORAGE_BACKENDS = (None, "file")
