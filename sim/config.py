@@ -155,6 +155,7 @@ class SimConfig:
     jitter: JitterConfig = field(default_factory=JitterConfig)
     # Record each rank's op-trace (repro bundles, run --record-ops).
     record_ops: bool = False
+    rank_consensus: bool = False  # collective.rank_consensus (sim.consensus)
     # "shared": ranks share a tree until a rank-specific event forks one off;
     # "eager": every rank has its own tree from t=0. Bookkeeping only: both write
     # byte-identical results, which is how a user checks the optimisation.
@@ -219,6 +220,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         decode=scn.scheduler.decode,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
+        rank_consensus=scn.collective.rank_consensus,
         replicas=scn.engine.replicas,
         dp=scn.dp, router=scn.router.policy, router_params=scn.router.params(),
         on_divergence=scn.on_divergence, seed=scn.seed,

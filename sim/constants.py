@@ -213,3 +213,8 @@ MLA_DEDUP_CHUNK_TOKENS = 2048
 # Storage backends the dedup tolerates on buffer-less peer ranks
 # (mla_host_dedup.py _DEDUP_COMPATIBLE_STORAGE = {None, "", "file"}).
 MLA_DEDUP_STORAGE_BACKENDS = (None, "file")
+
+# What every rank logs before os._exit(1) when the rank consensus checker's hashes of a
+# drained event batch differ (utils/rank_consensus_checker.py _check_for_consensus:
+# "Found rank divergence for {n} events(s)! local hash: ..., events = ...").
+RANK_DIVERGENCE_MESSAGE = "Found rank divergence"

@@ -474,6 +474,13 @@ class Collective(_Model):
     device: Literal["cpu", "cuda"] = "cpu"
     discipline: Literal["synced", "pre_26921", "local"] = "synced"
     timeout_s: _num(gt=0.0, hi=3600.0) = 10.0
+    # SGLang's rank consensus checker (utils/rank_consensus_checker.py, sglang #34406):
+    # off unless SGLANG_ENABLE_RANK_CONSENSUS_CHECKER is set. Each rank logs its
+    # @rank_consensus calls (match_prefix, insert, evict_for_alloc, write_backup_storage,
+    # _can_terminate_prefetch, check_prefetch_progress) with the selected params and
+    # results; the first call that differs across ranks kills the server
+    # ("Found rank divergence"), where it was made (sim.consensus).
+    rank_consensus: bool = False
 
 
 class Router(_Model):

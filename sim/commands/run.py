@@ -92,6 +92,13 @@ def run(args) -> int:
     return 0
 
 
+def consensus_line(rc: dict) -> str:
+    """The rank consensus checker's CRITICAL line (rank_consensus_checker.py), short."""
+    ev = "; ".join(f"ranks {r}: {e}" for r, e in rc["events"].items())
+    return (f"{rc['message']} at t={rc['t']:.6f}s (step {rc['step']}, @rank_consensus "
+            f"{rc['site']}, event {rc['event']}): {ev}")
+
+
 def halt_message(div: dict) -> str:
     """One line saying what stopped a run, as the real server would have failed."""
     from sim.constants import DIGEST_MISMATCH_MESSAGE
@@ -99,6 +106,8 @@ def halt_message(div: dict) -> str:
     if div["halted"] == "digest_mismatch":
         m = div["digest_mismatch"]
         return f"AssertionError at t={m['t']:.6f}s (step {m['step']}): {DIGEST_MISMATCH_MESSAGE}"
+    if div["halted"] == "rank_consensus":
+        return consensus_line(div["rank_consensus"])
     if div.get("collective_error"):
         e = div["collective_error"]
         return (f"collective {e['kind']} at t={e['t']:.6f}s (step {e['step']}, {e['site']}): "
