@@ -158,6 +158,9 @@ WHY_NOT: dict[str, Callable[[Any], str | None]] = {
     "enable_mixed_chunk": lambda v: "mixed chunks are not modelled" if v else None,
     "pp_size": lambda v: f"pipeline parallel {v} is not modelled" if v and v > 1 else None,
     "kv_cache_dtype": lambda v: None if v in ("auto", None) else f"{v!r}: set as model.dtype_bytes",
+    "enable_linker_mla_dedup": lambda v: (
+        "the Mooncake linker's MLA dedup (hicache_hook.py: needs the external linker, exclusive "
+        "with --enable-hierarchical-cache); host.mla_dedup is the HiCache pool's") if v else None,
 }
 
 
