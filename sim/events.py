@@ -1768,6 +1768,8 @@ class Simulation:
             self._op(c, {"op": "match", "key": key} if self._buf
                      else {"op": "prefetch", "key": key, "id": pid})
             m = c.tree.match_prefix(key)
+            if self._rc:  # `init_next_round_input` in `_prefetch_kvcache`
+                self._consensus_match(c, key, m)
             iss = c.st.book.issue(pid, m, key)
             if iss.reason is not None:
                 if iss.reason != "empty":  # an empty key is no attempt

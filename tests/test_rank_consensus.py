@@ -63,14 +63,21 @@ def test_a_divergence_is_caught_at_evict_for_alloc_before_the_digest(tmp_path):
     assert rc["t"] == div["first_true_divergence"]["t"] and div["detection_delay_s"] == 0.0
 
 
-@pytest.mark.parametrize("jitter, site", [
-    ("jitter.host_capacity_skew={1: -640}", "match_prefix"),
-    ("jitter.host_alloc_failure={probability: 0.01, ranks: [1]}", "_can_terminate_prefetch"),
+@pytest.mark.parametrize("name, jitter, site, verdict", [
+    ("storage_mooncake", "jitter.host_capacity_skew={1: -640}", "match_prefix", "detected"),
+    ("storage_slow_rank", "jitter.host_capacity_skew={1: -1280}", "insert", "detected"),
+    # rank 1 admits in another order: its check_prefetch_progress names another request
+    ("storage_mooncake_trace", "jitter.request_order={ranks: [1], swap_probability: 0.05, window: 2}",
+     "check_prefetch_progress", "false_alarm"),
 ])
-def test_storage_runs_are_caught_at_their_check_points(jitter, site):
-    r = _run("storage_mooncake", "collective.rank_consensus=true", "on_divergence=halt", jitter)
+def test_divergences_are_caught_at_sglangs_check_points(name, jitter, site, verdict):
+    r = _run(name, "collective.rank_consensus=true", "on_divergence=halt", jitter,
+             "limits.max_requests=400")
     rc = r.divergence["rank_consensus"]
-    assert rc is not None and rc["site"] == site and r.divergence["verdict"] == "detected"
+    assert rc is not None and rc["site"] == site and r.divergence["verdict"] == verdict
+    assert r.divergence["halted"] == "rank_consensus"
+    off = _run(name, "on_divergence=halt", jitter, "limits.max_requests=400")
+    assert off.divergence["rank_consensus"] is None  # the checker is what caught it
 
 
 def test_rank_agreed_storage_faults_stay_silent():
