@@ -37,10 +37,13 @@ SGLang computes when it replays that op-trace (negative output-page ids: ``token
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import struct
 
 import msgpack
 
+from sim.errors import UserError
 from sim.optrace import Replayer
 
 GPU, CPU = "GPU", "CPU_PINNED"  # kv_events.py StorageMedium values
@@ -251,3 +254,92 @@ def engine_batches(trace: list, ticks: list, end_time: float, attn_dp_rank: int)
         if evs:
             out.append((t, evs))
     return out, rep
+
+
+# --kv-events-config: SGLang's KVEventsConfig keys (disaggregation/kv_events.py), of
+# which a simulated publisher honours the socket's; a loopback tcp endpoint only.
+_CONFIG_KEYS = {"publisher", "endpoint", "bind", "replay_endpoint", "buffer_steps", "hwm",
+                "max_queue_size", "topic", "format"}
+_LOOPBACK = re.compile(r"tcp://(127\.0\.0\.1|localhost|\[::1\]):([0-9]{1,5})\Z")
+
+
+def parse_zmq_config(text: str) -> dict:
+    """``--kv-events-config`` JSON, as ``KVEventsConfig.from_cli`` reads it, checked."""
+    where = "--kv-events-config"
+    try:
+        cfg = json.loads(text)
+    except ValueError as err:
+        raise UserError(f"found invalid JSON ({str(err)[:80]}); expected a KVEventsConfig "
+                        "object such as {\"publisher\": \"zmq\", \"endpoint\": "
+                        "\"tcp://127.0.0.1:5557\"}", where=where) from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"found a JSON {type(cfg).__name__}; expected an object", where=where)
+    bad = sorted(set(cfg) - _CONFIG_KEYS)
+    if bad:
+        raise UserError(f"found key {bad[0]!r}; expected KVEventsConfig keys "
+                        f"({', '.join(sorted(_CONFIG_KEYS))})", where=where)
+    if cfg.get("publisher", "null") != "zmq":
+        raise UserError(f"found publisher {cfg.get('publisher', 'null')!r}; expected 'zmq'",
+                        where=where)
+    ep = cfg.get("endpoint", "tcp://*:5557")
+    m = _LOOPBACK.match(ep) if isinstance(ep, str) else None
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise UserError(f"found endpoint {ep!r}; expected a loopback tcp endpoint "
+                        "(tcp://127.0.0.1:PORT, tcp://localhost:PORT or tcp://[::1]:PORT): "
+                        "simulated events never leave the machine", where=where)
+    if cfg.get("replay_endpoint") is not None:
+        raise UserError("found a replay_endpoint; expected none (the replay socket is not "
+                        "simulated)", where=where)
+    if cfg.get("format", "default") != "default":
+        raise UserError(f"found format {cfg['format']!r}; expected 'default' (the dynamo "
+                        "format's namespaced hashes are not produced)", where=where)
+    topic, bind, hwm = cfg.get("topic", ""), cfg.get("bind"), cfg.get("hwm", 100_000)
+    if not isinstance(topic, str) or not (bind is None or isinstance(bind, bool)) or \
+            isinstance(hwm, bool) or not isinstance(hwm, int) or hwm < 0:
+        raise UserError("found a topic, bind or hwm of the wrong type; expected a string, a "
+                        "boolean and a non-negative integer", where=where)
+    return {"endpoint": ep, "topic": topic, "bind": bool(bind), "hwm": hwm}
+
+
+def offset_endpoint(endpoint: str, dp_rank: int) -> str:
+    """``ZmqEventPublisher.offset_endpoint_port``: DP rank r publishes on port + r."""
+    if dp_rank == 0:
+        return endpoint
+    base, _, port = endpoint.rpartition(":")
+    return f"{base}:{int(port) + dp_rank}"
+
+
+def publish_zmq(cfg: dict, payloads: dict, wait_s: float) -> int:
+    """Send each DP rank's payloads as ``ZmqEventPublisher`` does: frames (topic,
+    8-byte big-endian sequence number, payload) on its own socket, bound or connected
+    as SGLang's ``bind`` says. An XPUB socket (a PUB to its subscribers) waits up to
+    ``wait_s`` for the first subscription, so a subscriber misses nothing. Returns the
+    messages sent."""
+    try:
+        import zmq
+    except ImportError:
+        raise UserError("found no pyzmq; expected it installed for a ZMQ publisher "
+                        "(pip install pyzmq)", where="--kv-events-config") from None
+    ctx = zmq.Context()
+    sent = 0
+    try:
+        for dp in sorted(payloads):
+            ep = offset_endpoint(cfg["endpoint"], dp)
+            sock = ctx.socket(zmq.XPUB)
+            try:
+                sock.setsockopt(zmq.SNDHWM, cfg["hwm"])
+                (sock.bind if cfg["bind"] else sock.connect)(ep)
+                if not sock.poll(int(wait_s * 1000), zmq.POLLIN):
+                    raise UserError(f"found no subscriber on {ep} within {wait_s:g} s; "
+                                    "expected one (start it first, or raise --kv-events-wait)",
+                                    where="--kv-events-config")
+                sock.recv()  # the subscription
+                topic = cfg["topic"].encode()
+                for seq, payload in enumerate(payloads[dp]):
+                    sock.send_multipart((topic, seq.to_bytes(8, "big"), payload))
+                    sent += 1
+            finally:
+                sock.close(linger=int(wait_s * 1000))
+    finally:
+        ctx.term()
+    return sent

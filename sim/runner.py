@@ -62,11 +62,13 @@ def prepare(scenario, seed: int | None = None, collective: str | None = None):
 def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
                  collective: str | None = None, progress: Callable | None = None,
                  trace_out: str | None = None, record_ops: bool = False,
-                 record_ops_dir=None, kv_events: str | None = None) -> RunResult:
+                 record_ops_dir=None, kv_events: dict | None = None) -> RunResult:
     """Simulate ``scenario`` (a validated ``sim.scenario.Scenario``) and, with
     ``out_dir``, write its results folder (locked, staged, renamed whole:
     ``sim.resultsdir``). ``record_ops_dir``: also write every replica's op-trace
-    there (v2, docs/OPTRACE.md), under the same rules."""
+    there (v2, docs/OPTRACE.md), under the same rules. ``kv_events``: SGLang's KV
+    events of the run, ``{"file": path, "zmq": parsed --kv-events-config, "wait_s": s}``
+    (sim.kvevents; either or both)."""
     from sim.resultsdir import OpTraceFolder, ResultsFolder
 
     scenario, cfg, cost, workload = prepare(scenario, seed, collective)
@@ -125,11 +127,11 @@ def _engine_trace(c, cfg, fails: dict, note: str) -> list:
         note=note)
 
 
-def write_kv_events(path, sim, scenario, fails: dict) -> None:
+def kv_event_payloads(sim, fails: dict) -> list:
     """SGLang's KV event batches (sim.kvevents) of each instance's rank 0 (the
-    publisher rank: is_kv_publisher_rank, attn-TP rank 0), as its publisher sends
-    them; instances interleaved by time, each batch tagged with its attn_dp_rank
-    (select_kv_publisher_dp_rank: the DP replica)."""
+    publisher rank: is_kv_publisher_rank, attn-TP rank 0), encoded as its publisher
+    encodes them: [(ts, attn_dp_rank, payload)], instances interleaved by time, each
+    batch tagged with its attn_dp_rank (select_kv_publisher_dp_rank: the DP replica)."""
     from sim.kvevents import encode_batch, engine_batches
 
     cfg = sim.cfg
@@ -145,11 +147,15 @@ def write_kv_events(path, sim, scenario, fails: dict) -> None:
                                "engine's tree")
         allb += [(ts, inst.instance, k, evs) for k, (ts, evs) in enumerate(batches)]
     allb.sort(key=lambda b: (b[0], b[1], b[2]))
-    data = b"".join(encode_batch(ts, evs, dp) for ts, dp, _k, evs in allb)
+    return [(ts, dp, encode_batch(ts, evs, dp)) for ts, dp, _k, evs in allb]
+
+
+def write_kv_events(path, payloads: list) -> None:
+    """The payloads back to back (a msgpack stream), atomically."""
     from sim.atomic import atomic_path
 
     with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
+        tmp.write_bytes(b"".join(p for _ts, _dp, p in payloads))
 
 
 def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
@@ -267,7 +273,16 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
     if trace_out is not None:  # the command line's --trace-out: any file the user names
         write_user_file(trace_out, lambda p: write_trace(p, sim, trace_events))
     if kv_events is not None:
-        write_user_file(kv_events, lambda p: write_kv_events(p, sim, scenario, fails))
+        payloads = kv_event_payloads(sim, fails)
+        if kv_events.get("file") is not None:
+            write_user_file(kv_events["file"], lambda p: write_kv_events(p, payloads))
+        if kv_events.get("zmq") is not None:
+            from sim.kvevents import publish_zmq
+
+            by_dp: dict = {}
+            for _ts, dp, p in payloads:
+                by_dp.setdefault(dp, []).append(p)
+            publish_zmq(kv_events["zmq"], by_dp or {0: []}, kv_events.get("wait_s", 10.0))
     return RunResult(folder.out if folder else None, summary, divergence, partial, sim)
 
 

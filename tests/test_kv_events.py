@@ -144,3 +144,78 @@ def test_kv_events_refused_on_a_hybrid(tmp_path):
                               str(tmp_path / "r"), "--kv-events", str(tmp_path / "e")],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "hybrid" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_zmq_config_is_checked_in_one_line(tmp_path):
+    for cfg, words in (('{"publisher": "zmq", "endpoint": "tcp://*:5557"}', "loopback"),
+                       ('{"publisher": "zmq", "endpoint": "tcp://10.0.0.1:5557"}', "loopback"),
+                       ('{"publisher": "null"}', "expected 'zmq'"),
+                       ('{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", "x": 1}', "key 'x'"),
+                       ('{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", "format": "dynamo"}',
+                        "dynamo"),
+                       ("[1]", "expected an object"), ("{", "invalid JSON")):
+        p = subprocess.run(CLI + ["run", str(ROOT / "scenarios" / "quickstart.yaml"), "-o",
+                                  str(tmp_path / "r"), "--kv-events-config", cfg],
+                           capture_output=True, text=True, cwd=ROOT)
+        assert p.returncode == 2 and words in p.stderr, (cfg, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "r").exists()  # refused before the run
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_zmq_publisher_sends_the_files_batches_as_sglangs_publisher_frames(tmp_path):
+    """With pyzmq: a subscriber on loopback gets (topic, sequence, payload) frames whose
+    payloads are the file's batches, in order. Without it: the one-line refusal."""
+    import importlib.util
+    import threading
+
+    port = _free_port()
+    cfg = json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "bind": True,
+                      "topic": "kv"})
+    args = CLI + ["run", str(ROOT / "scenarios" / "quickstart.yaml"), "--set",
+                  "workload.num_requests=25", "-o", str(tmp_path / "r"), "--quiet",
+                  "--kv-events", str(tmp_path / "ev"), "--kv-events-config", cfg,
+                  "--kv-events-wait", "60"]
+    if importlib.util.find_spec("zmq") is None:
+        p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+        assert p.returncode == 2 and "found no pyzmq" in p.stderr
+        return
+    import zmq
+    got = []
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    want = len(_batches((KV / "quickstart_25.kv.msgpack").read_bytes()))
+
+    def listen():
+        import time
+        while True:  # connect once the publisher has bound (it waits for us)
+            try:
+                sub.connect(f"tcp://127.0.0.1:{port}")
+                break
+            except zmq.ZMQError:
+                time.sleep(0.05)
+        while len(got) < want:
+            if not sub.poll(60_000):
+                return
+            got.append(sub.recv_multipart())
+
+    t = threading.Thread(target=listen)
+    t.start()
+    out, err = proc.communicate(timeout=300)
+    t.join(timeout=120)
+    sub.close(linger=0)
+    ctx.term()
+    assert proc.returncode == 0, err
+    file_batches = _batches((tmp_path / "ev").read_bytes())
+    assert len(got) == len(file_batches) == want
+    for seq, (topic, seq_b, payload) in enumerate(got):
+        assert topic == b"kv" and int.from_bytes(seq_b, "big") == seq
+        assert _batches(payload) == [file_batches[seq]]

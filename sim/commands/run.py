@@ -27,6 +27,13 @@ def add_arguments(p) -> None:
                    help="also write SGLang's KV events (BlockStored / BlockRemoved, as its "
                         "publisher sends them: one msgpack KVEventBatch per scheduler iteration, "
                         "back to back) of each instance's rank 0 into FILE (docs/SERVER_ARTEFACTS.md)")
+    p.add_argument("--kv-events-config", metavar="JSON",
+                   help="also publish those events on a ZMQ socket, as SGLang's --kv-events-config "
+                        "configures it: '{\"publisher\": \"zmq\", \"endpoint\": "
+                        "\"tcp://127.0.0.1:5557\", \"bind\": true, \"topic\": \"kv\"}' "
+                        "(loopback only; needs pyzmq)")
+    p.add_argument("--kv-events-wait", type=float, default=10.0, metavar="SECONDS",
+                   help="how long the ZMQ publisher waits for a subscriber (default 10)")
     p.add_argument("--plots", action="store_true", help="also write the plots into the results folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_input_flags(p)
@@ -42,7 +49,7 @@ def add_input_flags(p) -> None:
 
 
 def run(args) -> int:
-    from sim.errors import DivergenceError
+    from sim.errors import DivergenceError, UserError
     from sim.runner import run_scenario
     from sim.scenario import load_scenario
 
@@ -51,6 +58,16 @@ def run(args) -> int:
     # Command-line values go through the schema like any scenario key.
     flags = [("--seed", "seed", args.seed), ("--collective", "collective.backend", args.collective)]
     scenario = load_scenario(args.scenario, args.sets, flags=flags, trace_roots=args.trace_roots)
+    kv = None
+    if args.kv_events or args.kv_events_config:
+        import math
+
+        from sim.kvevents import parse_zmq_config
+
+        if not (math.isfinite(args.kv_events_wait) and 0 < args.kv_events_wait <= 3600):
+            raise UserError(f"--kv-events-wait {args.kv_events_wait:g}; expected seconds in (0, 3600]")
+        kv = {"file": args.kv_events, "wait_s": args.kv_events_wait,
+              "zmq": parse_zmq_config(args.kv_events_config) if args.kv_events_config else None}
     est = resources.check(scenario, force=args.force)
     from sim.scenario import resolve_sizing
 
@@ -65,7 +82,7 @@ def run(args) -> int:
     try:
         res = run_scenario(scenario, out, progress=bar.update if bar else None,
                            trace_out=args.trace_out, record_ops_dir=args.record_ops,
-                           kv_events=args.kv_events)
+                           kv_events=kv)
         # the engine (sim.cluster.Cluster) counts done and rejected requests itself
         final = (res.sim, not res.partial and res.sim.stuck is None and not res.sim.halted)
     finally:
@@ -77,6 +94,8 @@ def run(args) -> int:
         print(f"op-traces: {args.record_ops}")
     if args.kv_events:
         print(f"KV events: {args.kv_events}")
+    if args.kv_events_config:
+        print(f"KV events published: {kv['zmq']['endpoint']}")
     if args.plots and not res.partial:
         from reports.load import load_run
         from reports.plots import plot_runs
