@@ -163,3 +163,44 @@ def test_dump_without_server_args_is_refused(tmp_path):
     bad.write_bytes(pickle.dumps({"server_args": None, "resolved_config": None, "requests": []}))
     p = cli("import", bad, "-o", tmp_path / "o")
     assert p.returncode == 2 and "no server args" in p.stderr
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+_RAW = CRASH.read_bytes()
+
+
+@given(st.lists(st.tuples(st.integers(0, len(_RAW) - 1), st.integers(0, 255)), min_size=1,
+                max_size=8), st.integers(16, len(_RAW)))
+def test_a_damaged_dump_is_read_or_refused_never_a_traceback(edits, cut):
+    data = bytearray(_RAW[:cut])
+    for pos, byte in edits:
+        if pos < len(data):
+            data[pos] = byte
+    try:
+        obj = unpickle.loads(bytes(data), "fuzz.pkl")
+    except unpickle.Refused as err:
+        assert "\n" not in str(err) and str(err).startswith("fuzz.pkl: ")
+        return
+    # what loads holds only plain values and stand-ins
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif isinstance(o, unpickle.StandIn):
+            stack.extend(o.__dict__.values())
+        else:
+            assert o is None or isinstance(o, (bool, int, float, str, bytes, bytearray, complex)), type(o)
+
+
+def test_a_field_shadowing_the_readers_methods_is_refused(tmp_path):
+    # GLOBAL GenerateReqInput, EMPTY_TUPLE, NEWOBJ, {"get": None}, BUILD: a stand-in whose
+    # state would replace the .get the reader calls
+    payload = (b"\x80\x02}X\x08\x00\x00\x00requests]"
+               b"csglang.srt.managers.io_struct\nGenerateReqInput\n)\x81}X\x03\x00\x00\x00getNsbas.")
+    with pytest.raises(unpickle.Refused, match="a field 'get'"):
+        unpickle.loads(payload, "x.pkl")

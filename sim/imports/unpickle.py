@@ -54,18 +54,27 @@ class StandIn:
         return obj
 
     def __init__(self, *args, **kwargs):
-        self.__dict__.update(kwargs)
+        self._store(kwargs)
 
     def __setstate__(self, state):
         # object.__reduce_ex__ gives a dict, or (dict, slots dict) for slotted classes.
         if isinstance(state, tuple) and len(state) == 2:
             for part in state:
                 if isinstance(part, dict):
-                    self.__dict__.update(part)
+                    self._store(part)
         elif isinstance(state, dict):
-            self.__dict__.update(state)
+            self._store(state)
         else:
             self.__dict__["_state"] = state
+
+    def _store(self, fields: dict) -> None:
+        # A field may not shadow this class's own attributes (``get``) or a dunder:
+        # the reader calls them, and the file must not choose what they are.
+        for k in fields:
+            if not isinstance(k, str) or k.startswith("__") or hasattr(StandIn, k):
+                raise pickle.UnpicklingError(f"gives {self.sglang_name} a field {str(k)[:40]!r}, "
+                                             "which no SGLang dump type has")
+        self.__dict__.update(fields)
 
     def get(self, name, default=None):
         return self.__dict__.get(name, default)
