@@ -204,3 +204,19 @@ def test_a_field_shadowing_the_readers_methods_is_refused(tmp_path):
                b"csglang.srt.managers.io_struct\nGenerateReqInput\n)\x81}X\x03\x00\x00\x00getNsbas.")
     with pytest.raises(unpickle.Refused, match="a field 'get'"):
         unpickle.loads(payload, "x.pkl")
+
+
+def test_an_mla_servers_dump_gives_an_mla_model(tmp_path):
+    """DeepSeek-V3 geometry (tools/sglang_dumps/deepseek_v3_tiny): the ModelConfig's MLA
+    dims, so the host pool is sized as SGLang's MLATokenToKVPoolHost (576 dims x 2 bytes x
+    2 layers per token; --hicache-size 4: int(4e9 // 2304) tokens, whole pages + 1)."""
+    out = tmp_path / "o"
+    p = cli("import", DUMPS / "crash_dump_dsv3_tp8.pkl", "-o", out)
+    assert p.returncode == 0, p.stderr
+    from sim.scenario import load_scenario, resolve_sizing
+    s = load_scenario(out / "scenario.yaml")
+    assert s.model.mla.kv_lora_rank == 512 and s.model.mla.qk_rope_head_dim == 64
+    assert s.model.head_dim == 192 and s.model.layers == 2 and s.tp == 8
+    info = resolve_sizing(s)
+    assert info["bytes_per_token"] == 2 * 576 * 2
+    assert info["host_tokens"] == (int(4e9 // 2304) // 64 + 1) * 64

@@ -65,8 +65,11 @@ def model_from_dump(dump: Dump) -> tuple[dict | None, str]:
     if _n(mc, "v_head_dim") and mc.get("v_head_dim") != hd:
         out["v_head_dim"] = mc.get("v_head_dim")
     if arch_v == _ARCH_MLA and _n(mc, "kv_lora_rank"):
-        out["mla"] = {"kv_lora_rank": mc.get("kv_lora_rank"),
-                      "qk_rope_head_dim": int(mc.get("qk_rope_head_dim") or 0)}
+        rope = int(mc.get("qk_rope_head_dim") or 0)
+        out["mla"] = {"kv_lora_rank": mc.get("kv_lora_rank"), "qk_rope_head_dim": rope}
+        if _n(mc, "qk_nope_head_dim"):
+            # prefill attends as MHA over nope + rope dims (the deepseek-v3 preset's 192)
+            out["head_dim"] = mc.get("qk_nope_head_dim") + rope
     else:
         out["kv_heads"] = _n(mc, "num_key_value_heads") or q
     out["params_b"] = _params_b(mc, layers, q, hd, out.get("kv_heads") or 1)

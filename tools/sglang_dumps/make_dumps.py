@@ -63,6 +63,21 @@ def server_args() -> ServerArgs:
     return sa
 
 
+def deepseek_server_args() -> ServerArgs:
+    """An MLA server: a two-layer DeepSeek-V3 geometry (deepseek_v3_tiny/config.json:
+    kv_lora_rank 512, qk_rope_head_dim 64), TP 8, --hicache-size 4."""
+    sa = ServerArgs(
+        model_path=str(HERE / "deepseek_v3_tiny"), device="cpu", load_format="dummy",
+        skip_tokenizer_init=True, attention_backend="torch_native", disable_cuda_graph=True,
+        tp_size=8, dist_init_addr="127.0.0.1:29912", page_size=64, max_total_tokens=8192,
+        enable_hierarchical_cache=True, hicache_write_policy="write_back", hicache_size=4,
+        crash_dump_folder="/tmp/unused",
+    )
+    sa.resolve_once()
+    publish(sa, role="tokenizer", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+    return sa
+
+
 def tokens(doc: int, n: int) -> list[int]:
     """Deterministic token ids: a shared document prefix, then per-request text."""
     return [zlib.crc32(f"{doc}:{i}".encode()) % 32000 for i in range(n)]
@@ -123,7 +138,7 @@ def state_for(rid, ids, out_len, created, finished):
     return st, out_dict
 
 
-def crash_dump(out: Path, sa: ServerArgs) -> Path:
+def crash_dump(out: Path, sa: ServerArgs, name: str = "crash_dump_tp8.pkl") -> Path:
     folder = out / "crash"
     tm = manager(sa, folder)
     base = time.perf_counter() - 10.0
@@ -136,7 +151,7 @@ def crash_dump(out: Path, sa: ServerArgs) -> Path:
     tm.rid_to_state[rid] = st
     tm.dump_requests_before_crash(hostname="node0")
     (path,) = sorted((folder / "node0").glob("crash_dump_*.pkl"))
-    dst = out / "crash_dump_tp8.pkl"
+    dst = out / name
     os.replace(path, dst)
     (folder / "node0").rmdir()
     folder.rmdir()
@@ -215,6 +230,7 @@ def main():
     good = crash_dump(out, sa)
     request_dump(out, sa)
     hostile(out, good)
+    crash_dump(out, deepseek_server_args(), "crash_dump_dsv3_tp8.pkl")
     # What SGLang's own unpickler sees, for the importer's tests to compare with.
     with open(good, "rb") as f:
         d = pickle.load(f)
