@@ -115,17 +115,22 @@ def encode_batch(ts: float, events: list, attn_dp_rank: int | None) -> bytes:
 
 
 class Recorder:
-    """``KVCacheEventRecorder`` over paths of page units (no node objects needed)."""
+    """``KVCacheEventRecorder`` over paths of page units (no node objects needed).
 
-    def __init__(self, page_size: int):
+    ``tokens``: a page unit's real token ids, where the trace gave them
+    (``trace_page_tokens``); other pages are the op-trace's tokens."""
+
+    def __init__(self, page_size: int, tokens: dict | None = None):
         self.page_size = page_size
         self.hasher = BlockHasher()
         self.queue: list = []
+        self.tokens = tokens or {}
 
     def _pages(self, units) -> list[tuple]:
+        real = self.tokens
         if self.page_size == 1:
-            return [(token_id(u),) for u in units]
-        return [tuple(token_id(t) for t in u) for u in units]
+            return [real.get(u) or (token_id(u),) for u in units]
+        return [real.get(u[0]) or tuple(token_id(t) for t in u) for u in units]
 
     def enqueue(self, ev: dict) -> None:
         q = self.queue
@@ -185,9 +190,9 @@ class KvReplayer(Replayer):
     makes them (the recorder's coalescing depends on it); a write's CPU store is
     recorded where SGLang's ``finish_write_through`` runs."""
 
-    def __init__(self, header: dict, **kw):
+    def __init__(self, header: dict, tokens: dict | None = None, **kw):
         super().__init__(header, **kw)
-        self.kv = Recorder(self.page_size)
+        self.kv = Recorder(self.page_size, tokens)
         tree = self.tree
         orig_ev = tree._ev
         orig_finish = tree.finish_write_through
@@ -237,12 +242,13 @@ class KvReplayer(Replayer):
         return out
 
 
-def engine_batches(trace: list, ticks: list, end_time: float, attn_dp_rank: int):
+def engine_batches(trace: list, ticks: list, end_time: float, attn_dp_rank: int,
+                   tokens: dict | None = None):
     """(ts, events) per scheduler iteration with events, from rank 0's op-trace
     (``trace``: header + ops, as ``run --record-ops`` writes it) and the iteration
     ends ``ticks`` [(time, ops before it)]. Returns the batches and the replayer (whose
     tree the caller checks against the engine's)."""
-    rep = KvReplayer(trace[0])
+    rep = KvReplayer(trace[0], tokens)
     ops = trace[1:]
     out = []
     done = 0
@@ -254,6 +260,47 @@ def engine_batches(trace: list, ticks: list, end_time: float, attn_dp_rank: int)
         if evs:
             out.append((t, evs))
     return out, rep
+
+
+_MAX_TOKEN = (1 << 63) - 1
+
+
+def trace_page_tokens(scenario) -> dict | None:
+    """Page unit -> its real token ids, for a generic trace whose records carry
+    ``input_ids`` (what ``hicache-sim import`` writes) with ``block_size`` equal to the
+    page size, so each block id is one page of the engine's key. Then the events carry
+    the prompt's own tokens and SGLang's hashes of them. None for any other workload."""
+    from sim import safeio
+    from sim.workloads import build_workload
+
+    w = scenario.workload
+    ps = scenario.page_size
+    if getattr(w, "kind", None) != "trace" or w.format != "generic" or \
+            safeio.suffix(w.path) == ".csv":
+        return None
+    stream = build_workload(scenario)
+    raw = safeio.open_lines(w.path, "a trace file")
+    out: dict = {}
+    at, text = 0, b""
+    try:
+        for req in stream:
+            line = stream.line
+            if req.block_size != ps or line is None:
+                return None
+            while at < line:
+                at, text = next(raw)
+            try:
+                ids = json.loads(text).get("input_ids")
+            except (ValueError, AttributeError):
+                ids = None
+            if not (isinstance(ids, list) and len(ids) == req.input_len
+                    and all(type(t) is int and 0 <= t <= _MAX_TOKEN for t in ids)):
+                continue
+            for i in range(min(len(ids) // ps, len(req.blocks))):
+                out[req.blocks[i]] = tuple(ids[i * ps:(i + 1) * ps])
+    finally:
+        raw.close()
+    return out or None
 
 
 # --kv-events-config: SGLang's KVEventsConfig keys (disaggregation/kv_events.py), of

@@ -127,19 +127,20 @@ def _engine_trace(c, cfg, fails: dict, note: str) -> list:
         note=note)
 
 
-def kv_event_payloads(sim, fails: dict) -> list:
+def kv_event_payloads(sim, fails: dict, scenario=None) -> list:
     """SGLang's KV event batches (sim.kvevents) of each instance's rank 0 (the
     publisher rank: is_kv_publisher_rank, attn-TP rank 0), encoded as its publisher
     encodes them: [(ts, attn_dp_rank, payload)], instances interleaved by time, each
     batch tagged with its attn_dp_rank (select_kv_publisher_dp_rank: the DP replica)."""
-    from sim.kvevents import encode_batch, engine_batches
+    from sim.kvevents import encode_batch, engine_batches, trace_page_tokens
 
     cfg = sim.cfg
+    tokens = trace_page_tokens(scenario) if scenario is not None else None
     allb = []
     for inst in sim.instances:
         c = next(c for c in inst.group.cohorts if 0 in c.ranks)
         trace = _engine_trace(c, cfg, fails, f"kv events, instance {inst.instance}")
-        batches, rep = engine_batches(trace, inst.op_ticks, sim.env.now, inst.instance)
+        batches, rep = engine_batches(trace, inst.op_ticks, sim.env.now, inst.instance, tokens)
         t = rep.tree
         if (t.digest, t.dev_used, t.host_used, t.n_nodes) != (
                 c.tree.digest, c.tree.dev_used, c.tree.host_used, c.tree.n_nodes):
@@ -273,7 +274,7 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
     if trace_out is not None:  # the command line's --trace-out: any file the user names
         write_user_file(trace_out, lambda p: write_trace(p, sim, trace_events))
     if kv_events is not None:
-        payloads = kv_event_payloads(sim, fails)
+        payloads = kv_event_payloads(sim, fails, scenario)
         if kv_events.get("file") is not None:
             write_user_file(kv_events["file"], lambda p: write_kv_events(p, payloads))
         if kv_events.get("zmq") is not None:

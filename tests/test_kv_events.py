@@ -219,3 +219,33 @@ def test_zmq_publisher_sends_the_files_batches_as_sglangs_publisher_frames(tmp_p
     for seq, (topic, seq_b, payload) in enumerate(got):
         assert topic == b"kv" and int.from_bytes(seq_b, "big") == seq
         assert _batches(payload) == [file_batches[seq]]
+
+
+def test_an_imported_dumps_events_carry_its_tokens_and_sglangs_hashes(tmp_path):
+    """`import` then `run --kv-events`: the prompt pages' events hold the dump's own
+    token ids, and their block hashes are the ones SGLang computes for those tokens
+    (data/dumps/crash_dump_tp8.expected.json: get_hash_str + hash_str_to_int64)."""
+    dumps = ROOT / "data" / "dumps"
+    exp = json.loads((dumps / "crash_dump_tp8.expected.json").read_text())
+    imp, ev = tmp_path / "imp", tmp_path / "ev"
+    for args in (["import", str(dumps / "crash_dump_tp8.pkl"), "-o", str(imp)],
+                 ["run", str(imp / "scenario.yaml"), "-o", str(tmp_path / "r"), "--quiet",
+                  "--kv-events", str(ev)]):
+        p = subprocess.run(CLI + args, capture_output=True, text=True, cwd=ROOT)
+        assert p.returncode == 0, p.stderr
+    want = {}  # SGLang's hash of each prompt page -> that page's tokens
+    for r in exp["requests"]:
+        ids = r["input_ids"]
+        for i, h in enumerate(r["page_hashes"]):
+            want[h] = ids[i * 16:(i + 1) * 16]
+    stored = {}
+    for _ts, events, _dp in _batches(ev.read_bytes()):
+        for e in events:
+            if e["type"] == "BlockStored" and e["medium"] == "GPU":
+                for k, h in enumerate(e["block_hashes"]):
+                    stored[h] = e["token_ids"][k * 16:(k + 1) * 16]
+    prompt = {h: t for h, t in stored.items() if h in want}
+    # every prompt page the tree stored is published under SGLang's hash, with its tokens
+    assert len(prompt) == len(set(want)) and all(prompt[h] == want[h] for h in prompt)
+    # the remaining stores are output pages (the op-trace's tokens: ids of 2**63 + u)
+    assert all(min(t) >= 2**32 for h, t in stored.items() if h not in want)

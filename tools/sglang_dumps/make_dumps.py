@@ -36,6 +36,7 @@ sys.path.insert(0, str(SHIMS))
 import cpu_shims  # noqa: E402,F401  (torchvision stand-in; must precede sglang)
 
 from sglang.srt.managers.io_struct import GenerateReqInput  # noqa: E402
+from sglang.srt.mem_cache.utils import get_hash_str, hash_str_to_int64  # noqa: E402
 from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager  # noqa: E402
 from sglang.srt.observability.req_time_stats import APIServerReqTimeStats  # noqa: E402
 from sglang.srt.runtime_context import SpawnRanks, publish  # noqa: E402
@@ -242,7 +243,11 @@ def main():
              "max_new_tokens": r[0].sampling_params.get("max_new_tokens"),
              "output_len": len(r[1].get("output_ids") or []),
              "cached_tokens": (r[1].get("meta_info") or {}).get("cached_tokens"),
-             "created": r[2], "finished": r[3]}
+             "created": r[2], "finished": r[3],
+             # SGLang's KV-event hashes of the prompt's full pages (mem_cache/utils.py)
+             "page_hashes": [hash_str_to_int64(h) for h in get_hash_str(
+                 list(r[0].input_ids)[: len(r[0].input_ids) // PAGE * PAGE], None,
+                 page_size=PAGE)] if len(r[0].input_ids) >= PAGE else []}
             for r in d["requests"]
         ],
         "tp_size": d["server_args"].tp_size, "page_size": d["server_args"].page_size,
