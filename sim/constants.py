@@ -218,3 +218,12 @@ MLA_DEDUP_STORAGE_BACKENDS = (None, "file")
 # drained event batch differ (utils/rank_consensus_checker.py _check_for_consensus:
 # "Found rank divergence for {n} events(s)! local hash: ..., events = ...").
 RANK_DIVERGENCE_MESSAGE = "Found rank divergence"
+
+# KV cache event media (disaggregation/kv_events.py StorageMedium: GPU = "GPU",
+# CPU = "CPU_PINNED"), as BlockStored / BlockRemoved carry them on the wire.
+KV_MEDIUM_GPU = "GPU"
+KV_MEDIUM_CPU = "CPU_PINNED"
+
+# configs/model_config.py AttentionArch: MLA = auto(), the first member (1); a crash
+# dump's ModelConfig pickles the enum as its value.
+ATTENTION_ARCH_MLA = 1

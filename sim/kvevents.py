@@ -43,10 +43,11 @@ import struct
 
 import msgpack
 
+from sim.constants import KV_MEDIUM_CPU, KV_MEDIUM_GPU
 from sim.errors import UserError
 from sim.optrace import Replayer
 
-GPU, CPU = "GPU", "CPU_PINNED"  # kv_events.py StorageMedium values
+GPU, CPU = KV_MEDIUM_GPU, KV_MEDIUM_CPU
 _U32 = (1 << 32) - 1
 
 

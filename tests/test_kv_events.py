@@ -17,7 +17,7 @@ import sys
 import msgpack
 import pytest
 
-from conftest import CONFORMANCE, ROOT, conformance_cases
+from conftest import ROOT, conformance_cases
 from sim.kvevents import BlockHasher, KvReplayer, Recorder, hash_to_int64
 
 KV = ROOT / "data" / "kv_events"
@@ -51,12 +51,10 @@ def test_events_equal_the_rust_cores_op_by_op(case):
     exp = [json.loads(x) for x in gzip.open(
         KV / "rust" / case.name.replace(".jsonl.gz", ".rust_events.jsonl.gz"), "rt")]
     rep = KvReplayer(lines[0])
-    n_events = 0
     for i, op in enumerate(lines[1:], 1):
         rep.apply(i, op)
         got = _norm(rep.kv.take())
         assert got == exp[i - 1]["events"], f"op {i} ({op['op']})"
-        n_events += len(got)
     assert len(exp) == len(lines) - 1
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import yaml
 
 from sim import atomic
+from sim.constants import ATTENTION_ARCH_MLA
 from sim.errors import UserError, one_line
 from sim.imports.crashdump import Dump
 from sim.imports.server_args import map_server_args
@@ -30,8 +31,6 @@ from sim.imports.server_args import map_server_args
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
                 "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
                 "fp4_e2m1": 1}
-# model_config.py AttentionArch: MLA = auto() = 1.
-_ARCH_MLA = 1
 
 
 def _n(mc, key):
@@ -64,7 +63,7 @@ def model_from_dump(dump: Dump) -> tuple[dict | None, str]:
     out = {"layers": layers, "q_heads": q, "head_dim": hd, "dtype_bytes": dtype_bytes}
     if _n(mc, "v_head_dim") and mc.get("v_head_dim") != hd:
         out["v_head_dim"] = mc.get("v_head_dim")
-    if arch_v == _ARCH_MLA and _n(mc, "kv_lora_rank"):
+    if arch_v == ATTENTION_ARCH_MLA and _n(mc, "kv_lora_rank"):
         rope = int(mc.get("qk_rope_head_dim") or 0)
         out["mla"] = {"kv_lora_rank": mc.get("kv_lora_rank"), "qk_rope_head_dim": rope}
         if _n(mc, "qk_nope_head_dim"):
