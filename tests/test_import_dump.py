@@ -220,3 +220,11 @@ def test_an_mla_servers_dump_gives_an_mla_model(tmp_path):
     info = resolve_sizing(s)
     assert info["bytes_per_token"] == 2 * 576 * 2
     assert info["host_tokens"] == (int(4e9 // 2304) // 64 + 1) * 64
+
+
+def test_import_is_deterministic(tmp_path):
+    for d in ("a", "b"):
+        p = cli("import", CRASH, "-o", tmp_path / d, "--name", "same")
+        assert p.returncode == 0, p.stderr
+    for f in ("scenario.yaml", "trace.jsonl", "unmapped.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()

@@ -52,8 +52,16 @@ def _plan(tmp_path, dedup: bool) -> dict:
 
 def test_plan_per_node_host_with_dedup_on_and_off(tmp_path):
     off, on = _plan(tmp_path, False), _plan(tmp_path, True)
-    # per rank the same pool, per node 8 copies vs one (the fixture's 40 GB case: 320 vs 40)
+    # per rank the same pool, per node 8 copies vs one
     assert off["doc"]["host_copies_per_node"] == 8 and on["doc"]["host_copies_per_node"] == 1
+    # the scenario's own pool, per node, as SGLang's MLATokenToKVPoolHost sizes it
+    sg = next(c for c in CASES if (c["device_tokens"], c["hicache_size"]) == (8192, 4))
+    for r, key in ((off, "node_bytes_dedup_off"), (on, "node_bytes_dedup_on")):
+        d = r["doc"]
+        assert d["scenario_host_tokens_per_rank"] == sg["host_tokens"]
+        per_node = d["scenario_host_tokens_per_rank"] * d["bytes_per_token"] * d["host_copies_per_node"]
+        assert per_node == sg[key]
+        assert d["node"]["host_gb_per_node"] * 1e9 == pytest.approx(sg[key], rel=1e-12)
     for r in (off, on):
         df = r["df"]
         k = r["doc"]["host_copies_per_node"]

@@ -41,6 +41,8 @@ def case(tp, page, device_tokens, ratio, size_gb):
             "node_bytes_dedup_off": tp * owner, "node_bytes_dedup_on": owner + (tp - 1) * peer}
 
 
-cases = [case(8, 64, 65536, 2.0, 0), case(8, 64, 65536, 0, 40), case(4, 1, 100000, 3.0, 0)]
+# The last case is scenarios/deepseek_mla_dedup.yaml's pool (tests/test_mla_dedup.py plans it).
+cases = [case(8, 64, 65536, 2.0, 0), case(8, 64, 65536, 0, 40), case(4, 1, 100000, 3.0, 0),
+         case(8, 64, 8192, 0, 4)]
 json.dump(cases, open(sys.argv[1], "w"), indent=1)
 print(json.dumps(cases, indent=1))
