@@ -228,3 +228,13 @@ def test_import_is_deterministic(tmp_path):
         assert p.returncode == 0, p.stderr
     for f in ("scenario.yaml", "trace.jsonl", "unmapped.json"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+
+
+def test_import_replaces_only_its_own_output(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("x")
+    p = cli("import", CRASH, "-o", other)
+    assert p.returncode == 2 and "import.json" in p.stderr and (other / "keep.txt").exists()
+    assert cli("import", CRASH, "-o", tmp_path / "o").returncode == 0
+    assert cli("import", CRASH, "-o", tmp_path / "o").returncode == 0  # again: replaced

@@ -128,6 +128,9 @@ def write(dump: Dump, out_dir, *, name: str | None = None, model: str | None = N
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder; expected an output folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "import.json").is_file():
+        raise UserError(f"{out}: a folder with other files; expected an empty folder or an "
+                        "earlier `import` output (one with import.json)")
     keys, mapped, unmapped = map_server_args(dump.server_args)
     if model is not None:
         model_sec, model_note = {"preset": model}, f"preset {model!r} (--model)"
