@@ -247,3 +247,21 @@ def test_an_imported_dumps_events_carry_its_tokens_and_sglangs_hashes(tmp_path):
     assert len(prompt) == len(set(want)) and all(prompt[h] == want[h] for h in prompt)
     # the remaining stores are output pages (the op-trace's tokens: ids of 2**63 + u)
     assert all(min(t) >= 2**32 for h, t in stored.items() if h not in want)
+
+
+def test_an_engine_recorded_op_trace_gives_sglangs_events_op_by_op():
+    """rank 0's op-trace of a quickstart run (run --record-ops: v2, write acks, reserved,
+    server ids) replayed on SGLang's own tree core with its KV-event recorder on
+    (make_kv_fixtures.py v2): the same events, op for op, as the run's file holds."""
+    eng = KV / "engine"
+    lines = [json.loads(x) for x in gzip.open(eng / "quickstart_25_rank0.jsonl.gz", "rt") if x.strip()]
+    exp = [json.loads(x) for x in gzip.open(eng / "quickstart_25_rank0.sglang_events.jsonl.gz", "rt")]
+    rep = KvReplayer(lines[0])
+    n = 0
+    for i, op in enumerate(lines[1:], 1):
+        rep.apply(i, op)
+        got = _norm(rep.kv.take())
+        assert got == exp[i - 1]["events"], f"op {i} ({op['op']})"
+        n += len(got)
+    file_events = sum(len(b[1]) for b in _batches((KV / "quickstart_25.kv.msgpack").read_bytes()))
+    assert len(exp) == len(lines) - 1 and n == file_events > 0

@@ -5,6 +5,7 @@ Run in the tree-core oracle venv:
     /tmp/sglang-oracle-venv/bin/python tools/sglang_kv/make_kv_fixtures.py rust TRACE... -o data/kv_events
     /tmp/sglang-oracle-venv/bin/python tools/sglang_kv/make_kv_fixtures.py decode EVENTS.msgpack -o OUT.json
     /tmp/sglang-oracle-venv/bin/python tools/sglang_kv/make_kv_fixtures.py hashes -o data/kv_events/hashes.json
+    /tmp/sglang-oracle-venv/bin/python tools/sglang_kv/make_kv_fixtures.py v2 RANK0.jsonl.gz -o data/kv_events/engine
 
 ``rust``: replays each op-trace on SGLang's Rust tree core (the shared oracle's
 RustOracle, built with ``enable_kv_cache_events=True``) and writes, per op, the events
@@ -27,7 +28,7 @@ import os
 import sys
 from pathlib import Path
 
-SHARED = Path(os.environ.get("HICACHE_SGLANG_ORACLE", "/work/shared/oracle"))
+SHARED = Path(os.environ.setdefault("HICACHE_SGLANG_ORACLE", "/work/shared/oracle"))
 
 
 def _norm(evs):
@@ -128,6 +129,39 @@ def decode(path: Path, out: Path):
     print(len(batches), "batches; re-encoded identical:", same)
 
 
+def v2(paths, out: Path):
+    """An engine-recorded op-trace (``run --record-ops``: v2, write acks, ``reserved``,
+    ``ids``) on SGLang's Python tree core through the project's V2 oracle
+    (tools/sglang_oracle/oracle_v2.py), its KV-event recorder on: per op, the events
+    ``take_events`` returns (the Python core's equal the Rust core's:
+    ../shared/oracle/rust/README.md)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sglang_oracle"))
+    import oracle_v2
+    out.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as f:
+            lines = [json.loads(x) for x in f if x.strip()]
+        o = oracle_v2.V2Oracle(lines[0])
+        o.core.kv_events.enabled = True
+        recs = []
+        for op in lines[1:]:
+            # the engine's output pages have negative ids, which SGLang's page hash
+            # refuses; sim.kvevents.token_id stands them for 2**63 + t (a bijection:
+            # the tree is the same)
+            if "tokens" in op:
+                op["tokens"] = [t if t >= 0 else t + (1 << 63) for t in op["tokens"]]
+        for i, op in enumerate(lines[1:], 1):
+            r = o.apply_ext(i, op)
+            assert "error" not in r, (path, i, r)
+            recs.append(json.dumps({"i": i, "events": _norm(o.core.take_events())},
+                                   separators=(",", ":")))
+        name = Path(path).name.split(".")[0]
+        with gzip.GzipFile(out / f"{name}.sglang_events.jsonl.gz", "wb", mtime=0) as f:
+            f.write(("\n".join(recs) + "\n").encode())
+        print(name, len(recs), "ops", sum(len(json.loads(r)["events"]) for r in recs), "events")
+
+
 def hashes(out: Path):
     """SGLang's page hashes (get_hash_str + hash_str_to_int64, mem_cache/utils.py) of a
     few token chains, narrow and wide (an id above 2**32 - 1), page sizes 1, 2 and 4."""
@@ -144,12 +178,14 @@ def hashes(out: Path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("rust", "decode", "hashes"))
+    ap.add_argument("mode", choices=("rust", "v2", "decode", "hashes"))
     ap.add_argument("paths", nargs="*")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     if a.mode == "rust":
         rust(a.paths, Path(a.out))
+    elif a.mode == "v2":
+        v2(a.paths, Path(a.out))
     elif a.mode == "hashes":
         hashes(Path(a.out))
     else:
