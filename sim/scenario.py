@@ -981,6 +981,11 @@ class Scenario(_Model):
             for r in ranks:
                 if r >= self.tp:
                     raise _err(f"rank {r}", f"a rank below tp ({self.tp})", path)
+        if self.model.hybrid_preset is not None and self.collective.rank_consensus:
+            raise _err("rank_consensus with model.hybrid_preset",
+                       "a FULL-attention model (the checker's payloads are the FULL tree's: "
+                       "a hybrid's match and insert results are not modelled for it)",
+                       "collective.rank_consensus")
         if self.model.hybrid_preset is not None:
             _hybrid_check(self)
         elif self.cache.release_prefill_swa:

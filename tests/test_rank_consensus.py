@@ -106,3 +106,10 @@ def test_an_extra_call_on_one_rank_is_a_divergence():
     consensus.record(sim, b, "write_backup_storage", "<no check>", "<no check>")
     consensus.record(sim, a, "insert", "len(params.key)=128", "result.prefix_len=64")
     assert hits and hits[0][2] == "insert" and hits[0][3] == 2
+
+
+def test_refused_on_a_hybrid_in_one_line():
+    p = subprocess.run(CLI + ["validate", str(SCN / "hybrid_swa.yaml"), "--set",
+                              "collective.rank_consensus=true"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "rank_consensus with model.hybrid_preset" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
