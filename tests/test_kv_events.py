@@ -265,3 +265,26 @@ def test_an_engine_recorded_op_trace_gives_sglangs_events_op_by_op():
         n += len(got)
     file_events = sum(len(b[1]) for b in _batches((KV / "quickstart_25.kv.msgpack").read_bytes()))
     assert len(exp) == len(lines) - 1 and n == file_events > 0
+
+
+def test_each_dp_instance_publishes_its_own_tree(tmp_path):
+    out = tmp_path / "ev"
+    p = subprocess.run(CLI + ["run", str(ROOT / "scenarios" / "quickstart.yaml"), "--set", "dp=2",
+                              "--set", "workload.num_requests=60", "-o", str(tmp_path / "r"),
+                              "--kv-events", str(out), "--quiet"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    batches = _batches(out.read_bytes())
+    assert {b[2] for b in batches} == {0, 1}
+    assert [b[0] for b in batches] == sorted(b[0] for b in batches)
+    for dp in (0, 1):
+        live = {"GPU": set(), "CPU_PINNED": set()}
+        for _ts, events, r in batches:
+            if r != dp:
+                continue
+            for e in events:
+                if e["type"] == "BlockStored":
+                    live[e["medium"]].update(e["block_hashes"])
+                else:
+                    assert set(e["block_hashes"]) <= live[e["medium"]]
+                    live[e["medium"]] -= set(e["block_hashes"])
