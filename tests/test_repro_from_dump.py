@@ -58,3 +58,21 @@ def test_scenario_and_dump_together_are_refused(tmp_path):
     assert p.returncode == 2 and "exactly one" in p.stderr
     p = cli("repro", "--from-dump", ROOT / "data" / "dumps" / "hostile_reduce.pkl", "-o", tmp_path / "b")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_budget_stops_the_search_between_runs(tmp_path):
+    from sim.imports import build, crashdump
+    from sim.repro.from_dump import search_dump
+    from sim.scenario import load_scenario
+
+    build.write(crashdump.read(DUMP), tmp_path / "imp")
+    s = load_scenario(tmp_path / "imp" / "scenario.yaml")
+    ticks = iter(range(100))
+    res = search_dump(s, tries=5, base_seed=1, budget_s=2.5, clock=lambda: next(ticks))
+    assert res.stopped == "budget" and res.runs == 3 and res.outcome is None
+    assert res.as_search(1).stopped == "budget"
+
+
+def test_a_name_must_be_a_slug(tmp_path):
+    p = cli("import", DUMP, "-o", tmp_path / "o", "--name", "a b/c")
+    assert p.returncode == 2 and "--name" in p.stderr

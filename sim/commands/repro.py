@@ -162,16 +162,18 @@ def _from_dump(args) -> int:
                   flush=True)
 
         found = search_dump(scenario, tries=args.tries, base_seed=base,
-                            assertion=args.assertion, on_try=on_try)
+                            assertion=args.assertion, on_try=on_try, budget_s=args.budget)
         for name, why in found.skipped:
             print(f"skipped {name}: {why}")
         if found.outcome is None:
             others = (f"; {len(found.other_failures)} runs failed otherwise (first: "
                       f"{found.other_failures[0][0]} seed {found.other_failures[0][1]}: "
                       f"{found.other_failures[0][2]})") if found.other_failures else ""
+            stop = (f", stopped by the {args.budget:g} s budget" if found.stopped == "budget"
+                    else "")
             print(f"not reproduced: no perturbation in the space gave {found.assertion!r} in "
-                  f"{found.runs} runs ({args.tries} seeds from {base} per perturbation){others}; "
-                  "nothing written")
+                  f"{found.runs} runs ({args.tries} seeds from {base} per perturbation{stop})"
+                  f"{others}; nothing written")
             return 0
         first = found.outcome
         print(f"found: {found.candidate} on rank 1, seed {found.seed}: {failure(first)}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -148,7 +149,12 @@ def write(dump: Dump, out_dir, *, name: str | None = None, model: str | None = N
                "finished": r.done, "cached_tokens": r.cached_tokens,
                "input_ids": list(r.input_ids)}
         lines.append(json.dumps(rec, separators=(",", ":")))
-    base = name or ("dump_" + Path(dump.path).stem.replace(".", "_"))[:200]
+    from sim.paths import SLUG_RULE, is_slug
+
+    if name is not None and not is_slug(name):
+        raise UserError(f"--name {name!r}; expected {SLUG_RULE}")
+    # the scenario name names a results folder: the file's stem, as a slug
+    base = name or re.sub(r"[^A-Za-z0-9_.-]", "_", "dump_" + Path(dump.path).stem)[:200]
     scen = {"name": base,
             "description": f"Traffic and server args of SGLang dump {Path(dump.path).name}",
             "seed": 1, "model": model_sec}

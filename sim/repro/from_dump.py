@@ -17,6 +17,7 @@ sizes refuse) is skipped and counted.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from sim.constants import DIGEST_MISMATCH_MESSAGE
@@ -50,18 +51,22 @@ class DumpSearch:
     tried: list = field(default_factory=list)  # (candidate, seed, failure line)
     skipped: list = field(default_factory=list)  # (candidate, why)
     other_failures: list = field(default_factory=list)  # failures with another line
+    stopped: str = "space"  # "space" (every candidate tried) or "budget"
 
     def as_search(self, base: int) -> SearchResult:
         """The search in ``sim.repro.search``'s terms, for the bundle's record."""
         return SearchResult(self.outcome, self.runs, self.seed, base,
                             [(s, line) for _c, s, line in self.tried],
-                            "found" if self.outcome is not None else "tries")
+                            "found" if self.outcome is not None else
+                            "budget" if self.stopped == "budget" else "tries")
 
 
 def search_dump(scenario, *, tries: int, base_seed: int, assertion: str | None = None,
-                on_try=None) -> DumpSearch:
-    """Each candidate of the space over seeds ``base .. base + tries - 1``."""
+                on_try=None, budget_s: float | None = None, clock=time.monotonic) -> DumpSearch:
+    """Each candidate of the space over seeds ``base .. base + tries - 1``; a wall-time
+    ``budget_s`` is checked between runs only (a run is never cut short)."""
     res = DumpSearch(assertion or DIGEST_MISMATCH_MESSAGE)
+    t0 = clock()
     if scenario.tp < 2:
         res.skipped.append(("all", f"tp {scenario.tp}: one rank cannot diverge from others"))
         return res
@@ -82,6 +87,9 @@ def search_dump(scenario, *, tries: int, base_seed: int, assertion: str | None =
             continue
         cand = scenario.model_copy(update={"jitter": jit})
         for i in range(tries):
+            if budget_s is not None and res.runs and clock() - t0 >= budget_s:
+                res.stopped = "budget"
+                return res
             seed = base_seed + i
             out = run_case(with_seed(cand, seed))
             res.runs += 1
