@@ -160,6 +160,7 @@ class SimConfig:
     jitter: JitterConfig = field(default_factory=JitterConfig)
     # Record each rank's op-trace (repro bundles, run --record-ops).
     record_ops: bool = False
+    rank_consensus: bool = False  # collective.rank_consensus (sim.consensus)
     # "shared": ranks share a tree until a rank-specific event forks one off;
     # "eager": every rank has its own tree from t=0. Bookkeeping only: both write
     # byte-identical results, which is how a user checks the optimisation.
@@ -232,6 +233,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         overlap=scn.scheduler.overlap,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
+        rank_consensus=scn.collective.rank_consensus,
         replicas=scn.engine.replicas,
         dp=scn.dp, router=scn.router.policy, router_params=scn.router.params(),
         on_divergence=scn.on_divergence, seed=scn.seed,
@@ -269,6 +271,10 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         cfg.hybrid, cfg.max_running = resolve_hybrid(scn, cfg.max_running)
     cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
                      io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
+    if scn.host.mla_dedup:
+        from sim.constants import MLA_DEDUP_CHUNK_TOKENS
+
+        cost.enable_mla_dedup(MLA_DEDUP_CHUNK_TOKENS)
     if cfg.storage is not None and scn.storage.capacity_gb is not None:
         from sim.storage.view import capacity_pages
 

@@ -224,3 +224,26 @@ STORAGE_BATCH_PAGES = 128
 # eviction goes on, the write_through ones back nodes up at insert time once their
 # hit count reaches WRITE_THROUGH_THRESHOLD (unified_radix_cache.py __init__).
 HYBRID_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+
+# MLA host dedup (mem_cache/mla_host_dedup.py). The broadcast stages at most
+# SGLANG_MLA_DEDUP_CHUNK_TOKENS x layer_num token rows per NCCL broadcast call
+# (environ.py SGLANG_MLA_DEDUP_CHUNK_TOKENS = EnvInt(2048);
+# MLAHostDedupBroadcaster.__init__ kv_staging, _bcast_layer rows_per_chunk).
+MLA_DEDUP_CHUNK_TOKENS = 2048
+# Storage backends the dedup tolerates on buffer-less peer ranks
+# (mla_host_dedup.py _DEDUP_COMPATIBLE_STORAGE = {None, "", "file"}).
+MLA_DEDUP_STORAGE_BACKENDS = (None, "file")
+
+# What every rank logs before os._exit(1) when the rank consensus checker's hashes of a
+# drained event batch differ (utils/rank_consensus_checker.py _check_for_consensus:
+# "Found rank divergence for {n} events(s)! local hash: ..., events = ...").
+RANK_DIVERGENCE_MESSAGE = "Found rank divergence"
+
+# KV cache event media (disaggregation/kv_events.py StorageMedium: GPU = "GPU",
+# CPU = "CPU_PINNED"), as BlockStored / BlockRemoved carry them on the wire.
+KV_MEDIUM_GPU = "GPU"
+KV_MEDIUM_CPU = "CPU_PINNED"
+
+# configs/model_config.py AttentionArch: MLA = auto(), the first member (1); a crash
+# dump's ModelConfig pickles the enum as its value.
+ATTENTION_ARCH_MLA = 1

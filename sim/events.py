@@ -53,6 +53,7 @@ from typing import Callable, Iterable
 
 import simpy
 
+from sim import consensus
 from sim import constants as C
 from sim.collectives import REQUEST_BROADCAST, Call, CollectiveError, make_collective
 from sim.config import SimConfig
@@ -321,6 +322,10 @@ class Simulation:
         self.obs = Observations(cfg.tp, self.jitter.perturbations)
         self.progress = progress
         self.trace = trace_events
+        # (time, rank 0's op count) where a scheduler iteration ends: SGLang publishes
+        # the tree's KV events there (sim.kvevents); kept only when ops are recorded.
+        self.op_ticks: list | None = [] if cfg.record_ops else None
+        self._rc = cfg.rank_consensus  # SGLang's rank consensus checker (sim.consensus)
         self.workload = None if workload is None else iter(workload)
         self.busy_s = 0.0                # GPU time spent in forwards
         self.gpu = simpy.Resource(self.env, capacity=1)  # the TP group's forward passes
@@ -427,6 +432,15 @@ class Simulation:
                 ev.update(ph="i", s="t")  # an instant event, thread-scoped
             self.trace.append(ev)
 
+    def _consensus_match(self, c: Cohort, key, m) -> None:
+        consensus.record(self, c, "match_prefix", f"params={consensus.key_text(key, self._ps)}",
+                         f"result.full_kv_hit_length={m.device_len + getattr(m, 'host_len', 0)} | "
+                         "result.swa_host_hit_length=0")
+
+    def _tick_ops(self) -> None:
+        c = next(c for c in self.group.cohorts if 0 in c.ranks)
+        self.op_ticks.append((self.env.now, len(c.ops)))
+
     @staticmethod
     def _op(c: Cohort, op: dict) -> None:
         """Record ``op`` in the replica's op-trace. ``reserved`` is the device KV that
@@ -520,6 +534,8 @@ class Simulation:
             if sr is not None:
                 sr.begin(int(self.env.now), self.group.cohorts)
             self.step_no += 1
+            if self.op_ticks is not None:
+                self._tick_ops()
             self._sample()
             self._sync_mismatch = False
             self._sync()
@@ -568,6 +584,8 @@ class Simulation:
             self._wake = self.env.event()
             self._idle = True
             self._wake_at = self._next_mark()
+            if self.op_ticks is not None:
+                self._tick_ops()
             if self._wake_at < math.inf:
                 self.env.timeout(self._wake_at - self.env.now).callbacks.append(self._kick)
             yield self._wake
@@ -982,6 +1000,8 @@ class Simulation:
         # admitted request keeps it as its own lock (`_commit_prefill_admission`).
         self._op(c, {"op": "lock", "key": key, "id": lid})
         m = tree.match_prefix(key)
+        if self._rc:
+            self._consensus_match(c, key, m)
         hyb = self._hyb
         if hyb is not None:
             hyb.matched(c, rq, m, plan)  # inside the match (copy on write), before the pin
@@ -1084,7 +1104,11 @@ class Simulation:
         if short <= 0 or not tree.evictable:
             return
         self._op(c, {"op": "evict_device", "n": short})
-        plan.stall_first += self._charge(plan, tree.evict_device(short))
+        ev = tree.evict_device(short)
+        if self._rc:
+            consensus.record(self, c, "evict_for_alloc", f"<evict {short} tokens> | "
+                             "allocation_reclaim_satisfied is not None=False", f"<freed {ev.freed}>")
+        plan.stall_first += self._charge(plan, ev)
 
     def _charge_into(self, plan: _Plan, ev) -> None:
         plan.stall_first += self._charge(plan, ev)
@@ -1631,6 +1655,9 @@ class Simulation:
                 c.st.book.walk = c.tree.buffer_walk = None
         else:
             ins = c.tree.insert(key, priority, resident)
+        if self._rc:
+            consensus.record(self, c, "insert", f"len(params.key)={len(key) * self._ps}",
+                             f"result.prefix_len={ins.prefix_tokens}")
         cid = id(c)
         self._result_scans[cid] = self._result_scans.get(cid, 0) + ins.host.scanned
         if ins.writes:
@@ -2006,6 +2033,8 @@ class Simulation:
             self._op(c, {"op": "match", "key": key} if self._buf
                      else {"op": "prefetch", "key": key, "id": pid})
             m = c.tree.match_prefix(key)
+            if self._rc:  # `init_next_round_input` in `_prefetch_kvcache`
+                self._consensus_match(c, key, m)
             iss = c.st.book.issue(pid, m, key)
             if iss.reason is not None:
                 if iss.reason != "empty":  # an empty key is no attempt
@@ -2088,6 +2117,8 @@ class Simulation:
         rank's `batch_exists` when the write finishes."""
         from sim.storage.replica import StorageOp
 
+        if self._rc:
+            consensus.record(self, c, "write_backup_storage", "<no check>", "<no check>")
         st = c.st
         if self._buf:
             # `finish_backup_ack` -> `write_storage` from the staging copy
@@ -2237,6 +2268,13 @@ class Simulation:
         self._st_count(c, "prefetch_revoked", reason)
 
     def _st_poll(self, c: Cohort, rq: Req) -> bool:
+        done = self._st_poll_once(c, rq)
+        if self._rc:
+            consensus.record(self, c, "check_prefetch_progress", f"{{'request': 'p{rq.r.rid}'}}",
+                             repr(done))
+        return done
+
+    def _st_poll_once(self, c: Cohort, rq: Req) -> bool:
         """`check_prefetch_progress` at admission: True when the request may go on
         (no prefetch, or it is terminated now: inserted if staged, else revoked).
         What has landed is the rank-agreed progress (`_st_completed`); under
@@ -2329,6 +2367,12 @@ class Simulation:
         return out
 
     def _st_vote(self, c: Cohort, pid) -> bool:
+        verdict = self._st_vote_once(c, pid)
+        if self._rc:
+            consensus.record(self, c, "_can_terminate_prefetch", "<no check>", repr(verdict))
+        return verdict
+
+    def _st_vote_once(self, c: Cohort, pid) -> bool:
         """`_can_terminate_prefetch` under `timeout`: PP0's TP ranks each vote
         (`_prefetch_deadline_expired`: its own timer, the agreed progress) and MAX-reduce
         the votes (`_all_reduce(..., ReduceOp.MAX)` over the attention TP group, one

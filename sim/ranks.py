@@ -59,7 +59,7 @@ class Cohort:
     """Ranks with identical history: one tree, FIFO ack queues, copy engines."""
 
     __slots__ = ("ranks", "tree", "write_q", "load_q", "ops", "acks_issued", "h2d", "d2h",
-                 "alloc_attempts", "frees", "late_free_tokens", "sched", "st")
+                 "alloc_attempts", "frees", "late_free_tokens", "sched", "st", "consensus")
 
     def __init__(self, env: simpy.Environment, ranks: list[int], tree: Tree, ops=None,
                  sched: SchedState | None = None):
@@ -77,6 +77,7 @@ class Cohort:
         self.frees = 0             # finished-request device frees (late-free draws)
         self.late_free_tokens = 0  # device KV freed but not yet back in the allocator
         self.st = None  # the L3 tier's per-replica state (sim.events.StorageState), or None
+        self.consensus = None  # the rank consensus checker's event log (sim.consensus), or None
 
     def ready_count(self, q: deque, rank: int, now: float) -> int:
         """`_count_ready_acks`: ready acks from the front, up to the first that is not."""
@@ -105,6 +106,8 @@ class RankGroup:
         self.cohorts: list[Cohort] = [Cohort(env, list(range(cfg.tp)), base,
                                              ops=[] if cfg.record_ops else None,
                                              sched=SchedState(cfg.schedule_conservativeness))]
+        if cfg.rank_consensus:
+            self.cohorts[0].consensus = []
         own = (range(1, cfg.tp) if cfg.replicas == "eager"
                else cfg.jitter.physical_ranks(cfg.tp))
         for r in own:
@@ -177,6 +180,8 @@ class RankGroup:
         new.acks_issued = dict(c.acks_issued)
         new.alloc_attempts, new.frees = c.alloc_attempts, c.frees
         new.late_free_tokens = c.late_free_tokens
+        if c.consensus is not None:
+            new.consensus = list(c.consensus)
         for old_e, new_e in ((c.h2d, new.h2d), (c.d2h, new.d2h)):
             if old_e.count or old_e.queue:
                 self.env.process(_shadow(old_e, new_e))

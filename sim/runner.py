@@ -65,16 +65,23 @@ def prepare(scenario, seed: int | None = None, collective: str | None = None):
 def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
                  collective: str | None = None, progress: Callable | None = None,
                  trace_out: str | None = None, record_ops: bool = False,
-                 record_ops_dir=None, record_steps: str | None = None) -> RunResult:
+                 record_ops_dir=None, record_steps: str | None = None,
+                 kv_events: dict | None = None) -> RunResult:
     """Simulate ``scenario`` (a validated ``sim.scenario.Scenario``) and, with
     ``out_dir``, write its results folder (locked, staged, renamed whole:
     ``sim.resultsdir``). ``record_ops_dir``: also write every replica's op-trace
-    there (v2, docs/OPTRACE.md), under the same rules."""
+    there (v2, docs/OPTRACE.md), under the same rules. ``kv_events``: SGLang's KV
+    events of the run, ``{"file": path, "zmq": parsed --kv-events-config, "wait_s": s}``
+    (sim.kvevents; either or both)."""
     from sim.interrupt import InterruptGuard, checkpoint
     from sim.resultsdir import OpTraceFolder, ResultsFolder
 
     scenario, cfg, cost, workload = prepare(scenario, seed, collective)
-    cfg.record_ops = record_ops or record_ops_dir is not None
+    # KV events come from rank 0's op stream (sim.kvevents): recorded for them too.
+    cfg.record_ops = record_ops or record_ops_dir is not None or kv_events is not None
+    if kv_events is not None and cfg.hybrid is not None:
+        raise UserError("--kv-events on a hybrid model; expected a FULL-attention model (the "
+                        "hybrid trees' KV events are not modelled)")
     steps_paths = None
     if record_steps is not None:
         steps_paths = _step_paths(record_steps, scenario)
@@ -89,7 +96,7 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
         ops_folder = OpTraceFolder(record_ops_dir).acquire() if record_ops_dir is not None else None
         checkpoint("locked")
         res = _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder, guard,
-                   steps_paths)
+                   steps_paths, kv_events)
     finally:
         for f in (ops_folder, folder):
             if f is not None:
@@ -138,10 +145,56 @@ def _watch_host_allocs(sim) -> dict:
     return {id(c): log_alloc_failures(c) for inst in sim.instances for c in inst.group.cohorts}
 
 
+def _engine_trace(c, cfg, fails: dict, note: str) -> list:
+    """A (FULL-only) replica's recorded ops as an op-trace v2: header + ops."""
+    from sim.optrace import engine_ops_to_trace
+
+    return engine_ops_to_trace(
+        c.ops, device_capacity=c.tree.device_capacity, host_capacity=c.tree.host_capacity,
+        page_size=cfg.page_size, write_policy=cfg.write_policy,
+        load_back_threshold=cfg.load_back_threshold, version=2, ids=cfg.ids,
+        host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy,
+        host_alloc_failures=fails.get(id(c)),
+        storage=None if cfg.storage is None else cfg.storage.prefetch_threshold,
+        host_memory_mode=None if cfg.storage is None else cfg.storage.host_memory_mode,
+        note=note)
+
+
+def kv_event_payloads(sim, fails: dict, scenario=None) -> list:
+    """SGLang's KV event batches (sim.kvevents) of each instance's rank 0 (the
+    publisher rank: is_kv_publisher_rank, attn-TP rank 0), encoded as its publisher
+    encodes them: [(ts, attn_dp_rank, payload)], instances interleaved by time, each
+    batch tagged with its attn_dp_rank (select_kv_publisher_dp_rank: the DP replica)."""
+    from sim.kvevents import encode_batch, engine_batches, trace_page_tokens
+
+    cfg = sim.cfg
+    tokens = trace_page_tokens(scenario) if scenario is not None else None
+    allb = []
+    for inst in sim.instances:
+        c = next(c for c in inst.group.cohorts if 0 in c.ranks)
+        trace = _engine_trace(c, cfg, fails, f"kv events, instance {inst.instance}")
+        batches, rep = engine_batches(trace, inst.op_ticks, sim.env.now, inst.instance, tokens)
+        t = rep.tree
+        if (t.digest, t.dev_used, t.host_used, t.n_nodes) != (
+                c.tree.digest, c.tree.dev_used, c.tree.host_used, c.tree.n_nodes):
+            raise RuntimeError("the KV-event replay of rank 0's ops ended elsewhere than the "
+                               "engine's tree")
+        allb += [(ts, inst.instance, k, evs) for k, (ts, evs) in enumerate(batches)]
+    allb.sort(key=lambda b: (b[0], b[1], b[2]))
+    return [(ts, dp, encode_batch(ts, evs, dp)) for ts, dp, _k, evs in allb]
+
+
+def write_kv_events(path, payloads: list) -> None:
+    """The payloads back to back (a msgpack stream), atomically."""
+    from sim.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(b"".join(p for _ts, _dp, p in payloads))
+
+
 def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
     """Every replica's op-trace into the staged ``folder``: ``rank<r>.jsonl`` per rank
     (``instance<i>/rank<r>.jsonl`` with dp > 1) and ``index.json``. Returns the index."""
-    from sim.optrace import engine_ops_to_trace
     from sim.resultsdir import OPTRACE_INDEX, OPTRACE_KIND
 
     cfg = sim.cfg
@@ -157,16 +210,9 @@ def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
                                     f"{scenario.name}, instance {inst.instance}, ranks {c.label}")
                 _write_trace(folder, sub, traces, inst, c, trace, len(trace) - 1)
                 continue
-            trace = engine_ops_to_trace(
-                c.ops, device_capacity=c.tree.device_capacity, host_capacity=c.tree.host_capacity,
-                page_size=cfg.page_size, write_policy=cfg.write_policy,
-                load_back_threshold=cfg.load_back_threshold, version=2, ids=cfg.ids,
-                host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy,
-                host_alloc_failures=fails.get(id(c)),
-                storage=None if cfg.storage is None else cfg.storage.prefetch_threshold,
-                host_memory_mode=None if cfg.storage is None else cfg.storage.host_memory_mode,
-                note=f"hicache-sim {__version__} run --record-ops, scenario {scenario.name}, "
-                     f"instance {inst.instance}, ranks {c.label}")
+            trace = _engine_trace(
+                c, cfg, fails, f"hicache-sim {__version__} run --record-ops, scenario "
+                               f"{scenario.name}, instance {inst.instance}, ranks {c.label}")
             _write_trace(folder, sub, traces, inst, c, trace, len(c.ops))
     traces.sort(key=lambda x: (x["instance"], x["rank"]))
     fmt = ("hybrid op-trace (docs/HYBRID.md §6)" if cfg.hybrid is not None
@@ -201,7 +247,7 @@ def _write_trace(folder, sub, traces: list, inst, c, trace: list, n_ops: int) ->
 
 
 def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=None,
-         guard=None, steps_paths=None) -> RunResult:
+         guard=None, steps_paths=None, kv_events=None) -> RunResult:
     import os
 
     from sim.cluster import Cluster
@@ -214,7 +260,7 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
         progress = _interrupt_at_first_request(progress)
     trace_events = [] if (trace_out or scenario.output.trace_out) else None
     sim = Cluster(cfg, workload, cost, progress=progress, trace_events=trace_events)
-    fails = _watch_host_allocs(sim) if ops_folder is not None else {}
+    fails = _watch_host_allocs(sim) if (ops_folder is not None or kv_events) else {}
     recorder = None
     if steps_paths is not None:
         from sim.steprec import StepRecorder
@@ -284,6 +330,17 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
                 path, "".join(line + "\n" for line in recorder.lines(r))))
     if trace_out is not None:  # the command line's --trace-out: any file the user names
         write_user_file(trace_out, lambda p: write_trace(p, sim, trace_events))
+    if kv_events is not None:
+        payloads = kv_event_payloads(sim, fails, scenario)
+        if kv_events.get("file") is not None:
+            write_user_file(kv_events["file"], lambda p: write_kv_events(p, payloads))
+        if kv_events.get("zmq") is not None:
+            from sim.kvevents import publish_zmq
+
+            by_dp: dict = {}
+            for _ts, dp, p in payloads:
+                by_dp.setdefault(dp, []).append(p)
+            publish_zmq(kv_events["zmq"], by_dp or {0: []}, kv_events.get("wait_s", 10.0))
     return RunResult(folder.out if folder else None, summary, divergence, partial, sim)
 
 

@@ -378,6 +378,14 @@ class Host(_Model):
     # An SWA hybrid's host SWA pool in tokens (the SWA host pool's size, as given),
     # overriding what the sizing unit gives; required with ``tokens``.
     swa_tokens: _int(1, 10**12) | None = None
+    # MLA host dedup (mem_cache/mla_host_dedup.py): the host pool's payload lives on
+    # attn-TP rank 0 only (the peers' pools are allocator-only, MLAHostAllocation:
+    # no buffer), so a node holds one host copy per TP group; a load-back is the
+    # owner's H2D plus a layerwise NCCL broadcast to the peers. Off by default, as in
+    # SGLang: 0.5.23 ships the dedup code but no flag engages it on the HiCache path
+    # (maybe_create_mla_host_dedup_context has no caller; --enable-linker-mla-dedup
+    # is the Mooncake linker's, exclusive with --enable-hierarchical-cache).
+    mla_dedup: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -508,6 +516,8 @@ class Collective(_Model):
     """Which SGLang code issues the per-step cache sync (see the section text)."""
     timeout_s: _num(gt=0.0, hi=3600.0) = 10.0
     """Seconds a blocked torch collective waits before it is reported as a hang."""
+    rank_consensus: bool = False
+    """SGLang's rank consensus checker (utils/rank_consensus_checker.py, sglang #34406; off unless SGLANG_ENABLE_RANK_CONSENSUS_CHECKER is set): each rank logs its @rank_consensus calls (match_prefix, insert, evict_for_alloc, write_backup_storage, _can_terminate_prefetch, check_prefetch_progress) with the selected params and results; the first call that differs across ranks kills the server ("Found rank divergence"), where it was made (sim.consensus)."""
 
 
 class Router(_Model):
@@ -1182,6 +1192,11 @@ class Scenario(_Model):
             if len(set(ranks)) != len(ranks):  # a rank listed twice is a typo for another
                 dup = next(r for r in ranks if ranks.count(r) > 1)
                 raise _err(f"rank {dup} twice", "distinct ranks", path)
+        if self.model.hybrid_preset is not None and self.collective.rank_consensus:
+            raise _err("rank_consensus with model.hybrid_preset",
+                       "a FULL-attention model (the checker's payloads are the FULL tree's: "
+                       "a hybrid's match and insert results are not modelled for it)",
+                       "collective.rank_consensus")
         if self.model.hybrid_preset is not None:
             _hybrid_check(self)
         elif self.cache.release_prefill_swa:
@@ -1201,6 +1216,8 @@ class Scenario(_Model):
             raise _err("jitter.id_drift with cache.tree_core 'rust'",
                        "cache.tree_core: python (Rust core handles are per core)",
                        "jitter.id_drift")
+        if self.host.mla_dedup:
+            _mla_dedup_check(self, spec)
         try:
             dev, host = _capacities(self)
             _node_check(self, dev, host)
@@ -1215,6 +1232,36 @@ class Scenario(_Model):
 
 
 HYBRID_DEVICE_KEYS = ("swa_full_tokens_ratio", "mamba_full_memory_ratio", "max_mamba_cache_size")
+
+
+def _mla_dedup_check(s: "Scenario", spec) -> None:
+    """mla_host_dedup.py ``mla_host_dedup_eligible`` and ``maybe_create_..._context``:
+    an MLA pool, a compatible storage backend, more than one attn-TP rank; SGLang
+    quietly keeps the replicated pools otherwise, here the knob would change nothing,
+    so it is refused."""
+    from sim.constants import MLA_DEDUP_STORAGE_BACKENDS
+
+    if s.model.hybrid_preset is not None or not spec.kv_lora_rank:
+        raise _err("mla_dedup with a non-MLA model", "an MLA model (model.mla, or an MLA "
+                   "preset such as deepseek-v3): only an MLA pool is replicated whole",
+                   "host.mla_dedup")
+    if s.host.off:
+        raise _err("mla_dedup with host off", "a host tier", "host.mla_dedup")
+    if s.tp < 2:
+        raise _err(f"mla_dedup with tp {s.tp}", "tp of at least 2 (one rank has no peers)",
+                   "host.mla_dedup")
+    backend = None if s.storage is None else s.storage.backend
+    if backend not in MLA_DEDUP_STORAGE_BACKENDS:
+        raise _err(f"mla_dedup with storage backend {backend!r}",
+                   "no storage or the 'file' backend (storage_supports_host_dedup)",
+                   "host.mla_dedup")
+
+
+def host_copies_per_node(s: "Scenario") -> int:
+    """Host pools holding KV on one node: one per rank, or under MLA host dedup one per
+    TP group (its owner; at least the one of the node's first group)."""
+    ranks = _ranks_per_node(s)
+    return max(1, ranks // s.tp) if s.host.mla_dedup else ranks
 
 
 # Per hybrid kind: its host pool key (and what it holds), its device keys, and the
@@ -1626,7 +1673,10 @@ def _sizing(s: Scenario) -> dict:
             "host_ram_gb": s.node.host_ram_gb,
             "ranks_per_node": ranks,
             "host_budget_gb_per_rank": budget / sizing.GB,
-            "host_gb_per_node": need * ranks / sizing.GB,
+            # SGLang's budget check runs on each pool that allocates (base.py
+            # _allocate_host_buffer: the owner's under dedup) against the per-rank share.
+            "host_gb_per_node": need * host_copies_per_node(s) / sizing.GB,
+            "host_copies_per_node": host_copies_per_node(s),
             "exceeds": need > budget,
         }
         if need > budget:

@@ -9,8 +9,9 @@ never from the configuration:
 - ``agree``: no perturbation fired and nothing differed;
 - ``absorbed``: perturbations fired (named, with counts), yet the trees and every
   collective stayed consistent;
-- ``detected``: the digest assertion fired after a real divergence;
-- ``false_alarm``: the digest assertion fired while the trees were logically equal;
+- ``detected``: the digest assertion (or, with ``collective.rank_consensus``, SGLang's
+  rank consensus checker) fired after a real divergence;
+- ``false_alarm``: either fired while the trees were logically equal;
 - ``missed``: the trees diverged and nothing a real server checks noticed;
 - ``hang`` / ``size_mismatch``: a collective would block or get different sizes.
 
@@ -22,6 +23,7 @@ shared and eager runs report identically.
 from __future__ import annotations
 
 from sim.fmt import duration
+from sim.constants import RANK_DIVERGENCE_MESSAGE
 
 VERDICTS = ("agree", "absorbed", "detected", "false_alarm", "missed", "hang", "size_mismatch")
 
@@ -83,6 +85,7 @@ class Observations:
         self.collective: dict | None = None
         self.shape: dict | None = None
         self.untracked_at: dict | None = None
+        self.rank_consensus: dict | None = None  # the consensus checker's first divergence
 
     # ------------------------------------------------------------ ground truth
     def compare(self, now: float, step: int, cohorts, full: bool = False) -> None:
@@ -165,10 +168,23 @@ class Observations:
             if err.pending is not None:
                 self.collective["pending"] = {str(r): c for r, c in err.pending.items()}
 
+    def consensus_divergence(self, now, step, site: str, index: int, events: dict) -> None:
+        """The rank consensus checker found ranks whose ``index``-th event differs."""
+        if self.rank_consensus is None:
+            self.rank_consensus = {"t": now, "step": step, "site": site, "event": index,
+                                   "events": events, "message": RANK_DIVERGENCE_MESSAGE}
+
     # ------------------------------------------------------------ verdict
     def verdict(self) -> tuple[str, str]:
         true_div, mismatch = self.first_true_divergence, self.digest
         failures = []
+        rc = self.rank_consensus
+        if rc:
+            real = true_div is not None and (true_div["step"], true_div["t"]) <= (rc["step"], rc["t"])
+            failures.append((rc["t"], rc["step"], 1, "detected" if real else "false_alarm",
+                             f"the rank consensus checker caught ranks differing at {rc['site']}"
+                             + (f", {rc['t'] - true_div['t']:.6g} s after the trees diverged"
+                                if real else " while the trees were logically equal")))
         if self.collective:
             e = self.collective
             failures.append((e["t"], e["step"], 0, e["kind"],
@@ -199,7 +215,10 @@ class Observations:
         true_div, mismatch = self.first_true_divergence, self.digest
         delay = None
         if verdict == "detected":
-            delay = mismatch["t"] - true_div["t"]
+            # the check that caught it: the first of the digest and the consensus checker
+            caught = min((x for x in (mismatch, self.rank_consensus) if x is not None),
+                         key=lambda x: (x["t"], x["step"]))
+            delay = caught["t"] - true_div["t"]
         return {
             "verdict": verdict,
             "reason": reason,
@@ -211,6 +230,7 @@ class Observations:
             "collective_error": self.collective,
             "shape_divergence": self.shape,
             "untracked": self.untracked_at,
+            "rank_consensus": self.rank_consensus,
         }
 
 

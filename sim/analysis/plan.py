@@ -381,6 +381,8 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         else:
             planning[(wp, hp)] = m.copy()
 
+    from sim.scenario import host_copies_per_node
+
     ranks = _ranks_per_node(scenario)
     rows = []
     for wp, hp in policies:
@@ -449,6 +451,8 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         # The size the x-axis varies (host, or the device when the host is off).
         "scenario_size_gb_per_rank": own_size * bpt / 1e9,
         "ranks_per_node": ranks,
+        "host_copies_per_node": host_copies_per_node(scenario),
+        "mla_dedup": scenario.host.mla_dedup,
         "node": info["node"],
         "max_host_gb_per_rank": float(max_host_gb),
         "full_reuse_capacity_gb": full_units * ps * bpt / 1e9,
@@ -550,7 +554,9 @@ def plan_table(plan: Plan):
     else:
         df["device_tokens_per_rank"] = [int(g * 1e9 / bpt) // d["page_size"] * d["page_size"]
                                         for g in df["device_gb_per_rank"]]
-    df[f"{tier}_gb_per_node"] = df[f"{tier}_gb_per_rank"] * d["ranks_per_node"]
+    # Host copies per node: one per rank, or one per TP group under MLA host dedup.
+    copies = d.get("host_copies_per_node", d["ranks_per_node"]) if tier == "host" else d["ranks_per_node"]
+    df[f"{tier}_gb_per_node"] = df[f"{tier}_gb_per_rank"] * copies
     cols = ["series", "write_policy", "host_policy", f"{tier}_gb_per_rank", f"{tier}_tokens_per_rank",
             f"{tier}_gb_per_node", "hit_rate", "device_hit_rate", "host_hit_rate",
             *(["storage_hit_rate"] if d.get("storage") else []), "ttft_p50_s",

@@ -20,4 +20,5 @@ COMMANDS = (
     "plan",
     "schema",
     "traces",
+    "import_dump",  # the `import DUMP` command
 )

@@ -204,11 +204,14 @@ def _gb(v) -> str:
 
 def print_plan(plan) -> None:
     d = plan.doc
-    n = d["ranks_per_node"]
     tier = d["tier"]
+    # host copies per node: one per rank, one per TP group under MLA host dedup
+    n = d.get("host_copies_per_node", d["ranks_per_node"]) if tier == "host" else d["ranks_per_node"]
     print(f"{d['scenario']}: {d['requests']:,} requests ({d['warmup_requests']:,} warm-up), device "
           f"{d['device_gb_per_rank']:.1f} GB ({d['device_tokens_per_rank']:,} tokens) per rank, "
-          f"{d['bytes_per_token']:,} bytes/token, {n} ranks per node; {tier} range up to "
+          f"{d['bytes_per_token']:,} bytes/token, {d['ranks_per_node']} ranks per node"
+          + (f" (MLA host dedup: {n} host {'copy' if n == 1 else 'copies'} per node)" if d.get("mla_dedup") else "")
+          + f"; {tier} range up to "
           f"{d['max_host_gb_per_rank']:,.1f} GB per rank"
           + ("" if tier == "host" else " (host off: the plan varies the device)"))
     header = ["policy", "knee (per rank)", "hit at knee", f"hit at scenario {tier}",
@@ -278,8 +281,10 @@ def print_plan(plan) -> None:
                 fits = "" if not node else (
                     " (fits the node)" if v <= node["host_budget_gb_per_rank"] else
                     f" (more than the node allows: {node['host_budget_gb_per_rank']:,.1f} GB per rank)")
+                of = (f"{d['ranks_per_node']} ranks, {n} host {'copy' if n == 1 else 'copies'} (MLA host dedup)"
+                      if d.get("mla_dedup") else f"{n} ranks")
                 print(f"answer: {pol} needs {v:,.1f} GB of {tier} KV per rank, {v * n:,.1f} GB per "
-                      f"node of {n} ranks, for {what}{fits}")
+                      f"node of {of}, for {what}{fits}")
 
 
 def _beyond_optimum(d: dict) -> str:

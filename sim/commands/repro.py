@@ -19,7 +19,16 @@ HELP = ("Search seeds until a TP divergence failure appears, shrink it (Hypothes
 
 
 def add_arguments(p) -> None:
-    p.add_argument("scenario", help="scenario YAML with jitter (see scenarios/jitter_*.yaml)")
+    p.add_argument("scenario", nargs="?", help="scenario YAML with jitter (see scenarios/jitter_*.yaml)")
+    p.add_argument("--from-dump", metavar="DUMP",
+                   help="instead of a scenario: an SGLang crash dump (or dump_requests_folder), "
+                        "imported as `hicache-sim import` does, and its traffic searched over a "
+                        "space of per-rank perturbations for --assertion (docs/SERVER_ARTEFACTS.md)")
+    p.add_argument("--assertion", metavar="TEXT",
+                   help="with --from-dump: the line the server died with, matched as a substring "
+                        "of the run's failure line (default: SGLang's digest assertion)")
+    p.add_argument("--model", metavar="PRESET",
+                   help="with --from-dump: the model preset when the dump's ModelConfig is missing")
     p.add_argument("-o", "--out", required=True, metavar="BUNDLE_DIR",
                    help="bundle folder to write (replaced atomically if it holds a bundle)")
     p.add_argument("--tries", type=_positive, default=20,
@@ -70,8 +79,18 @@ def _seconds(text: str) -> float:
 
 def run(args) -> int:
     from sim import repro
+    from sim.errors import UserError
     from sim.scenario import load_scenario
 
+    if (args.scenario is None) == (args.from_dump is None):
+        raise UserError("found " + ("both a scenario and --from-dump" if args.scenario else
+                                    "neither a scenario nor --from-dump")
+                        + "; expected exactly one")
+    if args.from_dump is None and (args.assertion or args.model):
+        raise UserError("found --assertion or --model without --from-dump; expected them only "
+                        "with a dump")
+    if args.from_dump is not None:
+        return _from_dump(args)
     scenario = load_scenario(args.scenario, args.sets, trace_roots=args.trace_roots)
     if scenario.model.hybrid_preset is not None:
         from sim.errors import UserError
@@ -116,3 +135,63 @@ def run(args) -> int:
         print(f"first divergent event: {ev['kind']} at t={ev['t']:.6f}s (step {ev['step']}): "
               f"{ev['summary']} [{ev['sglang']}]")
     return 3
+
+
+def _from_dump(args) -> int:
+    """--from-dump: import into a scratch folder, search the perturbation space, bundle."""
+    import tempfile
+
+    from sim import repro
+    from sim.imports import build, crashdump
+    from sim.constants import DIGEST_MISMATCH_MESSAGE
+    from sim.repro.from_dump import search_dump
+    from sim.scenario import load_scenario
+
+    t0 = time.perf_counter()
+    dump = crashdump.read(args.from_dump)
+    with tempfile.TemporaryDirectory(prefix="hicache-sim-dump-") as tmp:
+        summary = build.write(dump, tmp, model=args.model)
+        scenario = load_scenario(f"{tmp}/scenario.yaml", args.sets, trace_roots=args.trace_roots)
+        base = scenario.seed if args.seed is None else args.seed
+        print(f"dump: {summary['requests']} requests at TP {scenario.tp} "
+              f"({len(summary['mapped'])} server args mapped); searching for: "
+              f"{args.assertion or DIGEST_MISMATCH_MESSAGE}", flush=True)
+
+        def on_try(name, seed, out, line):
+            print(f"{name} seed {seed}: {out.verdict}" + ("" if not out.failed else f" ({line})"),
+                  flush=True)
+
+        found = search_dump(scenario, tries=args.tries, base_seed=base,
+                            assertion=args.assertion, on_try=on_try, budget_s=args.budget)
+        for name, why in found.skipped:
+            print(f"skipped {name}: {why}")
+        if found.outcome is None:
+            others = (f"; {len(found.other_failures)} runs failed otherwise (first: "
+                      f"{found.other_failures[0][0]} seed {found.other_failures[0][1]}: "
+                      f"{found.other_failures[0][2]})") if found.other_failures else ""
+            stop = (f", stopped by the {args.budget:g} s budget" if found.stopped == "budget"
+                    else "")
+            print(f"not reproduced: no perturbation in the space gave {found.assertion!r} in "
+                  f"{found.runs} runs ({args.tries} seeds from {base} per perturbation{stop})"
+                  f"{others}; nothing written")
+            return 0
+        first = found.outcome
+        print(f"found: {found.candidate} on rank 1, seed {found.seed}: {failure(first)}")
+        before = repro.sizes(first)
+        final, info = (first, None)
+        if args.shrink_runs > 0:
+            final, info = repro.shrink(first, max_runs=args.shrink_runs)
+        out = repro.write_bundle(args.out, final, repro.BundleInfo(
+            source=args.from_dump, search=found.as_search(base), before=before, shrink=info,
+            extra={"overrides": list(args.sets), "from_dump": str(args.from_dump),
+                   "perturbation": found.candidate, "assertion": found.assertion}))
+    res = repro.verify_bundle(out, trace_roots=args.trace_roots)
+    print(f"bundle: {out} ({duration(time.perf_counter() - t0)}); replay: hicache-sim replay {out}")
+    print(f"failure: {res.line}")
+    return 3
+
+
+def failure(outcome) -> str:
+    from sim.repro.case import failure_line
+
+    return failure_line(outcome.divergence)

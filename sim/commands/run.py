@@ -27,6 +27,17 @@ def add_arguments(p) -> None:
                    help="also write every scheduler step and request in the SGLang server "
                         "harness's records (needs engine.clock steps; at tp > 1 one file "
                         "per rank, FILE.rank0.jsonl, ...)")
+    p.add_argument("--kv-events", metavar="FILE",
+                   help="also write SGLang's KV events (BlockStored / BlockRemoved, as its "
+                        "publisher sends them: one msgpack KVEventBatch per scheduler iteration, "
+                        "back to back) of each instance's rank 0 into FILE (docs/SERVER_ARTEFACTS.md)")
+    p.add_argument("--kv-events-config", metavar="JSON",
+                   help="also publish those events on a ZMQ socket, as SGLang's --kv-events-config "
+                        "configures it: '{\"publisher\": \"zmq\", \"endpoint\": "
+                        "\"tcp://127.0.0.1:5557\", \"bind\": true, \"topic\": \"kv\"}' "
+                        "(loopback only; needs pyzmq)")
+    p.add_argument("--kv-events-wait", type=float, default=10.0, metavar="SECONDS",
+                   help="how long the ZMQ publisher waits for a subscriber (default 10)")
     p.add_argument("--plots", action="store_true", help="also write the plots into the results folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_input_flags(p)
@@ -42,7 +53,7 @@ def add_input_flags(p) -> None:
 
 
 def run(args) -> int:
-    from sim.errors import DivergenceError
+    from sim.errors import DivergenceError, UserError
     from sim.runner import run_scenario
     from sim.verdict import EXIT_INTERRUPTED, EXIT_OK, exit_code
     from sim.scenario import load_scenario
@@ -52,6 +63,16 @@ def run(args) -> int:
     # Command-line values go through the schema like any scenario key.
     flags = [("--seed", "seed", args.seed), ("--collective", "collective.backend", args.collective)]
     scenario = load_scenario(args.scenario, args.sets, flags=flags, trace_roots=args.trace_roots)
+    kv = None
+    if args.kv_events or args.kv_events_config:
+        import math
+
+        from sim.kvevents import parse_zmq_config
+
+        if not (math.isfinite(args.kv_events_wait) and 0 < args.kv_events_wait <= 3600):
+            raise UserError(f"--kv-events-wait {args.kv_events_wait:g}; expected seconds in (0, 3600]")
+        kv = {"file": args.kv_events, "wait_s": args.kv_events_wait,
+              "zmq": parse_zmq_config(args.kv_events_config) if args.kv_events_config else None}
     est = resources.check(scenario, force=args.force)
     from sim.scenario import resolve_sizing
 
@@ -70,7 +91,7 @@ def run(args) -> int:
     try:
         res = run_scenario(scenario, out, progress=bar.update if bar else None,
                            trace_out=args.trace_out, record_ops_dir=args.record_ops,
-                           record_steps=args.record_steps)
+                           record_steps=args.record_steps, kv_events=kv)
         # the engine (sim.cluster.Cluster) counts done and rejected requests itself
         final = (res.sim, not res.partial and res.sim.stuck is None and not res.sim.halted)
     finally:
@@ -80,6 +101,10 @@ def run(args) -> int:
     _print_summary(res, out, wall)
     if args.record_ops:
         print(f"op-traces: {args.record_ops}")
+    if args.kv_events:
+        print(f"KV events: {args.kv_events}")
+    if args.kv_events_config:
+        print(f"KV events published: {kv['zmq']['endpoint']}")
     if args.plots and not res.partial and not res.interrupted:
         from reports.load import load_run
         from reports.plots import plot_runs
@@ -104,6 +129,13 @@ def run(args) -> int:
     return EXIT_OK
 
 
+def consensus_line(rc: dict) -> str:
+    """The rank consensus checker's CRITICAL line (rank_consensus_checker.py), short."""
+    ev = "; ".join(f"ranks {r}: {e}" for r, e in rc["events"].items())
+    return (f"{rc['message']} at t={rc['t']:.6f}s (step {rc['step']}, @rank_consensus "
+            f"{rc['site']}, event {rc['event']}): {ev}")
+
+
 def halt_message(div: dict, stuck: str | None = None) -> str:
     """One line saying where the run failed as the real server would have (the first
     failure, the verdict's), or what stopped the simulation."""
@@ -111,6 +143,10 @@ def halt_message(div: dict, stuck: str | None = None) -> str:
 
     verdict, m, e = div["verdict"], div.get("digest_mismatch"), div.get("collective_error")
     recorded = "" if div["halted"] else "; recorded, the run went on (on_divergence: record)"
+    rc = div.get("rank_consensus")
+    if verdict in ("detected", "false_alarm") and rc and (
+            not m or (rc["step"], rc["t"]) <= (m["step"], m["t"])):
+        return consensus_line(rc) + recorded  # the checker fired first
     if verdict in ("detected", "false_alarm") and m:
         return (f"AssertionError at t={m['t']:.6f}s (step {m['step']}): "
                 f"{DIGEST_MISMATCH_MESSAGE}{recorded}")

@@ -53,8 +53,10 @@ def check(path: str, overrides=(), deep: bool = False, trace_roots=(), force: bo
     warn += "".join(f" (warning: {w})" for w in info["warnings"])
     node = info["node"]
     if node is not None:
+        dedup = (f" ({node['host_copies_per_node']} holding KV: MLA host dedup)"
+                 if s.host.mla_dedup else "")
         warn += (f", node: {node['host_gb_per_node']:,.1f} GB of host pools on {node['ranks_per_node']} "
-                 f"ranks, budget {node['host_budget_gb_per_rank']:,.1f} GB per rank")
+                 f"ranks{dedup}, budget {node['host_budget_gb_per_rank']:,.1f} GB per rank")
     host_text = fmt_capacity(host, bpt) if host else "off (no host tier)"
     hyb = info.get("hybrid")
     if hyb is not None:  # the component's own pools (docs/HYBRID.md §10.1)

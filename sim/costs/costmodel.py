@@ -173,8 +173,44 @@ class CostModel:
         return float(t)
 
     def h2d_time(self, tokens, concurrent: bool = False) -> float:
-        """Seconds to load ``tokens`` tokens of KV host->device on one rank (all layers)."""
-        return self._transfer_time(self._h2d[1 if concurrent else 0], tokens)
+        """Seconds to load ``tokens`` tokens of KV host->device on one rank (all layers).
+        Under MLA host dedup: the owner's H2D, layer by layer, each layer then broadcast
+        to the peers (``mla_dedup_load_time``)."""
+        t = self._transfer_time(self._h2d[1 if concurrent else 0], tokens)
+        if self._bcast is not None and tokens > 0:
+            return self.mla_dedup_load_time(t, tokens)
+        return t
+
+    _bcast = None  # (seconds per broadcast call, seconds per byte), or None: no dedup
+
+    def enable_mla_dedup(self, chunk_tokens: int) -> None:
+        """MLA host dedup (mem_cache/mla_host_dedup.py): only the owner (attn-TP rank
+        0) holds host KV; a load-back is its H2D, then ``MLAHostDedupBroadcaster``
+        broadcasts each loaded layer to the peers over NCCL."""
+        if self.profile.nvlink_gbps is None:
+            raise UserError(f"found no nvlink_gbps in cost profile {self.profile.name!r}; "
+                            "expected the GPU-to-GPU bandwidth the dedup broadcast runs on",
+                            where="host.mla_dedup")
+        self._bcast = (self.profile.allreduce_nccl_us * 1e-6, 1.0 / (self.profile.nvlink_gbps * 1e9))
+        self._bcast_chunk = chunk_tokens
+
+    def mla_dedup_load_time(self, h2d_s: float, tokens: int) -> float:
+        """A dedup load-back: the owner's H2D and the broadcast, pipelined by layer.
+
+        The layer-done counter fires the broadcast of each layer once it is loaded
+        (linker_mla_dedup.py ``broadcast_loaded_layer`` on ``LayerWiseLoadCounter``), so
+        layer i's broadcast overlaps layer i+1's load: a two-stage pipeline over L
+        layers ends at L x (the slower stage) + one layer of the faster. One layer's
+        broadcast is ceil(tokens / (L x chunk)) NCCL calls (``_bcast_layer``:
+        staging holds layer_num x SGLANG_MLA_DEDUP_CHUNK_TOKENS rows) of the layer's
+        rows (kv_cache_dim x dtype bytes per token)."""
+        per_call, per_byte = self._bcast
+        L = self.layers
+        calls = -(-tokens // (L * self._bcast_chunk))
+        bcast_layer = calls * per_call + tokens * (self.bytes_per_token / L) * per_byte
+        h2d_layer = h2d_s / L
+        slow, fast = max(h2d_layer, bcast_layer), min(h2d_layer, bcast_layer)
+        return L * slow + fast
 
     def d2h_time(self, tokens, concurrent: bool = False) -> float:
         """Seconds to back up ``tokens`` tokens device->host on one rank: one all-layer copy."""

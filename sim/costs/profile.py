@@ -80,6 +80,10 @@ class Profile(BaseModel):
     allreduce_nccl_us: float = Field(ge=0, description="NCCL all_reduce of a few int64 at"
                                      " world 8 incl. launch and .item() sync, us.")
 
+    # GPU to GPU, for MLA host dedup's load-back broadcast (mem_cache/mla_host_dedup.py).
+    nvlink_gbps: float | None = Field(None, gt=0, description="GPU-to-GPU (NVLink) bandwidth"
+                                      " per direction per GPU, GB/s; None: no peer link.")
+
     # Scheduler CPU work.
     reclaim_scan_us_per_entry: float = Field(
         RECLAIM_SCAN_SECONDS_PER_ENTRY * 1e6, ge=0,

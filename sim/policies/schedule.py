@@ -157,9 +157,10 @@ class WaitingTrie:
             node = node.setdefault(u, {})
 
 
-def prefix_matches(reqs: list, keys: list, tree, ps: int, on_match=None):
+def prefix_matches(reqs: list, keys: list, tree, ps: int, on_match=None, matched=None):
     """`_compute_prefix_matches`: each request matched on ``tree`` (``on_match(key)``
-    first, to record the op), in queue order; returns ([(matched tokens, last device
+    first, to record the op; ``matched(key, match)`` after, for the rank consensus
+    checker's `match_prefix`), in queue order; returns ([(matched tokens, last device
     node)], the deprioritized indices). Matched tokens are `num_matched_prefix_tokens`:
     device plus host, at most the input less one token (`_compute_max_prefix_len`)."""
     trie = WaitingTrie()
@@ -168,6 +169,8 @@ def prefix_matches(reqs: list, keys: list, tree, ps: int, on_match=None):
         if on_match is not None:
             on_match(key)
         m = tree.match_prefix(key)
+        if matched is not None:
+            matched(key, m)
         matches.append((min(m.device_len + m.host_len, max(rq.fill_len - 1, 0)), m.last_device))
         if m.device_len <= C.IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
             if trie.match(key) * ps >= C.IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
@@ -195,7 +198,9 @@ def calc_priority(sim, c) -> None:
     if policy.cache_aware:
         keys = [sim._seq_key(rq, rq.fill_len) for rq in reqs]
         matches, low = prefix_matches(reqs, keys, tree, tree.page_size,
-                                      lambda key: sim._op(c, {"op": "match", "key": key}))
+                                      lambda key: sim._op(c, {"op": "match", "key": key}),
+                                      (lambda key, m: sim._consensus_match(c, key, m))
+                                      if sim._rc else None)
     rng = None
     if isinstance(policy, Random):
         # one shuffle per pass for the group: the ranks draw alike
@@ -230,4 +235,6 @@ def touch_waiting_prefixes(sim, c, st, tree) -> None:
     for rq in reversed(head):
         key = sim._seq_key(rq, rq.fill_len)
         sim._op(c, {"op": "match", "key": key})
-        tree.match_prefix(key)
+        m = tree.match_prefix(key)
+        if sim._rc:  # `touch_prefix` is a `match_prefix` for the consensus checker
+            sim._consensus_match(c, key, m)

@@ -218,7 +218,8 @@ def first_failure(div: dict) -> tuple[str, dict] | None:
     collective comes before its digest check, as ``Observations.verdict`` orders them."""
     found = []
     for prio, (kind, key) in enumerate((("collective", "collective_error"),
-                                        ("digest", "digest_mismatch"))):
+                                        ("digest", "digest_mismatch"),
+                                        ("consensus", "rank_consensus"))):
         rec = div.get(key)
         if rec:
             found.append((rec["t"], rec["step"], prio, kind, rec))
@@ -284,6 +285,10 @@ def failure_line(div: dict) -> str:
                     f"{d['step']}: {d['what']}) and no check noticed")
         return f"no failure ({v})"
     kind, rec = first
+    if kind == "consensus":
+        from sim.commands.run import consensus_line
+
+        return consensus_line(rec)
     if kind == "collective":
         return (f"collective {rec['kind']} at t={rec['t']:.6f}s (step {rec['step']}, "
                 f"{rec['site']}): {rec['message']}")

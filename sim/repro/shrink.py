@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from sim.errors import UserError
 from sim.repro.case import Outcome, failure_time, run_case
@@ -76,6 +77,9 @@ class CaseSpace:
     knobs: list
     tps: list             # the valid TP sizes, ascending (the tp knob indexes them)
     rank_lists: dict      # jitter section -> original ranks it names
+    # The scenario's folder: its trace paths resolve there (an imported dump's scratch
+    # folder, a scenario beside its trace outside the repository).
+    base_dir: str = "."
 
     def original(self) -> dict:
         return {k.name: k.original for k in self.knobs}
@@ -172,7 +176,7 @@ class CaseSpace:
                     ro["window"] = case["order_window"]
             else:
                 j["request_order"] = {"swap_probability": 0.0, "window": 2}
-        return scenario_from_dict(d, where="<shrunk case>")
+        return scenario_from_dict(d, base_dir=self.base_dir, where="<shrunk case>")
 
 
 def case_space(scenario, requests: int | None) -> CaseSpace:
@@ -190,6 +194,8 @@ def case_space(scenario, requests: int | None) -> CaseSpace:
     dev, host = resolve_capacities(scenario)
     d["device"] = {"tokens": dev}
     d["host"] = {"tokens": host}
+    if scenario.host.mla_dedup:
+        d["host"]["mla_dedup"] = True
     d["jitter"]["seed"] = scenario.seed if scenario.jitter.seed is None else scenario.jitter.seed
     d.setdefault("limits", {})
     knobs = []
@@ -249,7 +255,9 @@ def case_space(scenario, requests: int | None) -> CaseSpace:
             knobs.append(Knob("request_order_p", 100, 0, 100))
         if j.request_order.window > 2:
             knobs.append(Knob("order_window", j.request_order.window, 2, j.request_order.window))
-    return CaseSpace(d, knobs, tps, lists)
+    src = scenario.source
+    base_dir = str(Path(src).parent) if src and not src.startswith("<") else "."
+    return CaseSpace(d, knobs, tps, lists, base_dir)
 
 
 @dataclass

@@ -96,6 +96,11 @@ class WorkloadStream:
     def skipped(self) -> int:
         return getattr(self._source, "skipped", 0) if self._source is not None else 0
 
+    @property
+    def line(self) -> int | None:
+        """The trace line of the request just yielded (line-oriented traces), or None."""
+        return getattr(self._source, "line", None) if self._source is not None else None
+
     def __iter__(self) -> Iterator[Request]:
         src = WORKLOADS[self.cfg.kind](self.cfg, self.seed, IdSpace())
         if self.clock == "steps":
