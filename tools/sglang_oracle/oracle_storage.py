@@ -124,10 +124,14 @@ class StorageOracle(v2.V2Oracle):
             self._ack(ack_id)
 
     def op_write_ack(self, ack_id):
+        """The ack's storage writes are its own fields: the shared
+        ``ExtOracle.apply_ext`` answers ``write_ack`` itself, never through ``apply``,
+        so ``apply``'s splice would not see them."""
         if self.write_acks != "op" or ack_id not in self.writes:
             raise OpError("unknown_write_id")
         self._ack(ack_id)
-        return {}
+        written, self._auto_out = self._auto_out, []
+        return {"storage_writes": written} if written else {}
 
     # -- helpers
     def _staged_total(self) -> int:
@@ -295,12 +299,15 @@ class StorageOracle(v2.V2Oracle):
 
     # -- driver
     def apply(self, op: dict) -> dict:
+        """The op, with the storage writes its acks issued listed before its events
+        (an explicit ``write_ack`` lists its own in ``op_write_ack``)."""
         self._auto_out = []
         out = self._apply(op)
-        if self._auto_out and "error" not in out:
+        written, self._auto_out = self._auto_out, []
+        if written and "error" not in out:
             keys = list(out)
             at = keys.index("events")
-            out = {**{k: out[k] for k in keys[:at]}, "storage_writes": self._auto_out,
+            out = {**{k: out[k] for k in keys[:at]}, "storage_writes": written,
                    **{k: out[k] for k in keys[at:]}}
         return out
 
