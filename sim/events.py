@@ -1046,6 +1046,7 @@ class Simulation:
         now = env.now
         c0, p0 = plans[0]
         cid0 = id(c0)
+        continuing = self.chunked  # left the queue at its first chunk
         self.chunked = None
         admitted: set[int] = set()
         if p0.stall_first and p0.reqs:
@@ -1082,6 +1083,8 @@ class Simulation:
         if shrink:
             for c in self.group.cohorts:
                 c.sched.batch_is_full = False
+        if continuing is not None:
+            admitted.discard(continuing.r.rid)  # not queued: nothing to filter for it
         if admitted:
             # Admitted requests are at the head of the queue (FCFS); request-order
             # jitter can admit a later one, hence the general filter behind.
