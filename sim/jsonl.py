@@ -1,0 +1,58 @@
+"""JSON Lines at msgspec's speed, with the standard library's exact results.
+
+Op-traces and their replay outputs are millions of small JSON lines; the standard
+library spends most of a replay parsing and writing them. msgspec does both several
+times faster (measured against orjson too: benchmarks/bench_replay.py). What it
+writes and reads differs from ``json`` only at edges, and those edges go through
+``json`` itself, so every result is what ``json`` gives:
+
+* :func:`dumps` is ``json.dumps(obj, separators=(",", ":"))`` byte for byte for what
+  op-trace lines and replay outputs hold: ints, bools, None, strings, lists and
+  str-keyed dicts. msgspec writes those the same, except non-ASCII and DEL, which it
+  writes raw where ``json`` escapes them: a line holding a byte from 0x7f up is
+  written by ``json``. Floats are not among them (every number of a trace is checked
+  to be an int, every count of the tree is one); msgspec would write some of them
+  otherwise (``1e16`` for ``1e+16``, NaN as ``null``).
+* :func:`loads` is ``json.loads`` where it succeeds, or None: the caller then takes
+  its plain ``json`` path, errors and all. msgspec refuses what ``json`` accepts
+  beyond the JSON standard (NaN, Infinity, lone surrogates, floats out of range, ints
+  over 4300 digits) and accepts nothing ``json`` refuses, except nesting 5 levels
+  deeper than ``json``'s recursion limit: a line with many brackets goes to ``json``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+_ENC = msgspec.json.Encoder()
+_DEC = msgspec.json.Decoder()
+# Far below either library's recursion limit (about 990 levels), far above any op.
+_MAX_BRACKETS = 128
+
+
+def plain_dumps(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def dumps(obj) -> str:
+    """``plain_dumps(obj)``, exactly."""
+    try:
+        b = _ENC.encode(obj)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        return plain_dumps(obj)
+    if b.isascii() and b"\x7f" not in b:
+        return b.decode("ascii")
+    return plain_dumps(obj)
+
+
+def loads(raw: bytes):
+    """``json.loads(raw.decode("utf-8"))`` when msgspec parses ``raw``; None otherwise
+    (invalid JSON, or JSON only ``json`` reads), for the caller's plain path."""
+    if raw.count(b"[") + raw.count(b"{") > _MAX_BRACKETS:
+        return None
+    try:
+        return _DEC.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
