@@ -47,12 +47,15 @@ def dumps(obj) -> str:
     return plain_dumps(obj)
 
 
-def loads(raw: bytes):
-    """``json.loads(raw.decode("utf-8"))`` when msgspec parses ``raw``; None otherwise
-    (invalid JSON, or JSON only ``json`` reads), for the caller's plain path."""
-    if raw.count(b"[") + raw.count(b"{") > _MAX_BRACKETS:
+def loads(raw: bytes | str):
+    """``json.loads(raw)`` (of its UTF-8 text) when msgspec parses ``raw``; None
+    otherwise (invalid JSON, or JSON only ``json`` reads), for the caller's plain path."""
+    if isinstance(raw, str):
+        if raw.count("[") + raw.count("{") > _MAX_BRACKETS:
+            return None
+    elif raw.count(b"[") + raw.count(b"{") > _MAX_BRACKETS:
         return None
     try:
         return _DEC.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, ValueError, RecursionError):  # ValueError: a str with lone surrogates
         return None

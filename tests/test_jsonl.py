@@ -62,6 +62,11 @@ def test_loads_reads_what_json_reads_or_leaves_it_to_json(raw):
     assert list(got) == list(json.loads(raw.decode("utf-8")))
 
 
+@pytest.mark.parametrize("text", ['{"a":"\udc80"}', '{"a":1}\udcff', '{"a":"\ud800x"}'])
+def test_loads_leaves_lone_surrogates_to_json(text):
+    assert jsonl.loads(text) is None
+
+
 def _read(path, plain: bool, monkeypatch):
     with monkeypatch.context() as m:
         if plain:

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 import cli
+from conftest import ROOT
 from sim.analysis import curves
 from sim.analysis.optimum import _next_uses, interval_upper_bound
 from sim.analysis.plan import check_sizes, knee, smallest_meeting
@@ -234,3 +235,29 @@ def test_plan_with_storage_reports_each_tier_from_the_engine(tmp_path, capsys):
     small = {round(p["host_gb_per_rank"], 6): p["storage"] for p in docs[0.3]["policies"][0]["engine_tiers"]}
     big = {round(p["host_gb_per_rank"], 6): p["storage"] for p in pts}
     assert sum(small.values()) < sum(big.values())
+
+
+def test_the_figure_drawn_in_its_own_process_is_the_inline_figure(tmp_path):
+    """plan's FigureWorkers write the bytes the inline drawing writes, and a drawing
+    that fails is raised in the parent."""
+    from sim.analysis.plan import make_plan
+    from sim.commands.plan import FigureWorkers, write_plan
+    from sim.scenario import load_scenario
+
+    scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.num_requests=200"])
+    plan = make_plan(scn, check_points=0, opt_points=2, grid_points=8)
+    write_plan(plan, tmp_path / "inline")
+    workers = FigureWorkers.start("reports.plan", "draw_plan", "save_plan_figure")
+    assert workers is not None
+    try:
+        write_plan(plan, tmp_path / "forked", workers)
+    finally:
+        workers.close()
+    for name in ("plan.png", "plan.svg", "plan.parquet", "plan.json"):
+        assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes()
+    broken = FigureWorkers.start("reports.plan", "draw_plan", "no_such_saver")
+    try:
+        with pytest.raises(RuntimeError, match="no_such_saver"):
+            write_plan(plan, tmp_path / "broken", broken)
+    finally:
+        broken.close()

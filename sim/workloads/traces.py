@@ -49,7 +49,7 @@ from typing import Iterator
 
 import numpy as np
 
-from sim import safeio
+from sim import jsonl, safeio
 from sim.errors import InputFormatError, UserError
 from sim.workloads.base import IdSpace, Request
 
@@ -187,14 +187,20 @@ def _empty(path, skipped: int, what: str = "request records") -> InputFormatErro
 
 
 def _json_obj(text: str) -> dict:
-    try:
-        rec = json.loads(text)
-    except (ValueError, RecursionError) as err:
-        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise _Bad(f"invalid JSON ({_short(msg, 80)})", "one JSON object per line") from None
+    rec = jsonl.loads(text)  # msgspec, or None: then json's own result or error
+    if rec is None:
+        rec = _json_loads(text)
     if not isinstance(rec, dict):
         raise _Bad(f"a JSON {type(rec).__name__}", "one JSON object per line")
     return rec
+
+
+def _json_loads(text: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as err:
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise _Bad(f"invalid JSON ({_short(msg, 80)})", "one JSON object per line") from None
 
 
 class _LineReader:
