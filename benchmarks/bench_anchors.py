@@ -8,10 +8,10 @@ Usage: python benchmarks/bench_anchors.py [--repeats 5] [--only replay,plan,engi
   fresh process, timed after its imports, outputs checked byte for byte); the ratio
   is SGLang's seconds over ours (above 1: faster than SGLang).
 * plan: ``hicache-sim plan`` on 30 points of the Mooncake conversation trace (one
-  cache, model curve only) against kvcache-simulator's C++ core (PyPI
-  ``kvcache-simulator``, the ``bench`` extra; ``$KVCACHE_SIMULATOR`` or the one on
-  PATH) on the same trace at the same 30 sizes, LRU; both whole processes, wall
-  clock; the ratio is theirs over ours.
+  cache, model curve only, figure and files included) against kvcache-simulator's
+  C++ core (PyPI ``kvcache-simulator``, the ``bench`` extra; ``$KVCACHE_SIMULATOR``
+  or the one on PATH) on the same trace at the grid's sizes above 0, LRU; both whole
+  processes, wall clock; the ratio is theirs over ours.
 * engine: the quickstart scenario at TP 2 (``--requests``) against a bare SimPy
   loop that processes the same number of events (one process yielding timeouts),
   each timed in a fresh process after its imports; the ratio is ours over the loop's
@@ -90,8 +90,9 @@ def spread(xs) -> str:
 
 
 def plan_sizes_gib() -> list[float]:
-    """The 30 host sizes the model curve of ``plan --grid-points 30`` evaluates, in GiB
-    (what kvcache-simulator's --budgets-gib takes), from plan.json's range."""
+    """The host sizes the model curve of ``plan --grid-points 30`` evaluates, in GiB
+    of the whole instance (what kvcache-simulator's --budgets-gib takes), from
+    plan.parquet: the grid's 29 sizes above 0."""
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, str(ROOT / "cli.py"), "plan", str(PLAN_SCENARIO), "-o", tmp,
                         *PLAN_ARGS], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)

@@ -237,27 +237,29 @@ def test_plan_with_storage_reports_each_tier_from_the_engine(tmp_path, capsys):
     assert sum(small.values()) < sum(big.values())
 
 
-def test_the_figure_drawn_in_its_own_process_is_the_inline_figure(tmp_path):
-    """plan's FigureWorkers write the bytes the inline drawing writes, and a drawing
-    that fails is raised in the parent."""
+def test_the_outputs_written_in_their_own_process_are_the_inline_ones(tmp_path):
+    """plan's PlanWriter writes the bytes the inline write_plan writes (figure
+    included), and an error in it is raised in the parent."""
     from sim.analysis.plan import make_plan
-    from sim.commands.plan import FigureWorkers, write_plan
+    from sim.commands import plan as plan_cmd
     from sim.scenario import load_scenario
 
     scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.num_requests=200"])
     plan = make_plan(scn, check_points=0, opt_points=2, grid_points=8)
-    write_plan(plan, tmp_path / "inline")
-    workers = FigureWorkers.start("reports.plan", "draw_plan", "save_plan_figure")
-    assert workers is not None
+    plan_cmd.write_plan(plan, tmp_path / "inline")
+    writer = plan_cmd.PlanWriter.start()
+    assert writer is not None
     try:
-        write_plan(plan, tmp_path / "forked", workers)
+        paths = writer.write(plan, tmp_path / "forked")
     finally:
-        workers.close()
-    for name in ("plan.png", "plan.svg", "plan.parquet", "plan.json"):
-        assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes()
-    broken = FigureWorkers.start("reports.plan", "draw_plan", "no_such_saver")
+        writer.close()
+    assert [p.name for p in paths] == ["plan.png", "plan.svg", "plan.parquet", "plan.json"]
+    for p in paths:
+        assert p.read_bytes() == (tmp_path / "inline" / p.name).read_bytes(), p.name
+    writer = plan_cmd.PlanWriter.start()
+    (tmp_path / "file").write_text("")
     try:
-        with pytest.raises(RuntimeError, match="no_such_saver"):
-            write_plan(plan, tmp_path / "broken", broken)
+        with pytest.raises(RuntimeError, match="writing the plan failed"):
+            writer.write(plan, tmp_path / "file" / "under")  # not a folder
     finally:
-        broken.close()
+        writer.close()

@@ -155,15 +155,15 @@ def run(args) -> int:
         if not args.quiet:
             print(f"engine check {done}/{total}", file=sys.stderr, flush=True)
 
-    figures = FigureWorkers.start("reports.plan", "draw_plan", "save_plan_figure")
+    writer = PlanWriter.start()
     try:
         plan = make_plan(scenario, warmup=warmup, max_host_gb=max_gb, check_points=checks,
                          opt_points=opts, grid_points=grid, policies=policies, jobs=jobs,
                          target_hit_rate=target, target_ttft_p99_s=ttft, progress=progress)
-        written = write_plan(plan, out, figures)
+        written = writer.write(plan, out) if writer is not None else write_plan(plan, out)
     finally:
-        if figures is not None:
-            figures.close()
+        if writer is not None:
+            writer.close()
     print_plan(plan)
     print(f"written: {', '.join(str(p) for p in written)}")
     return 0
@@ -172,120 +172,107 @@ def run(args) -> int:
 FIGURE_FORMATS = ("png", "svg")
 
 
-def _figure_worker(conn, module: str, draw: str, save: str) -> None:
-    """The figure's files, in a forked process: matplotlib's import while the parent
-    computes the plan, then ``save(fig, path, fmt)`` of ``draw(plan)`` for each format
-    in turn once the plan arrives (one figure, saved in the inline order: the SVG's
-    layout follows the PNG's draw, so the bytes are the inline ones)."""
-    import importlib
+def _preload() -> None:
+    """What writing a plan imports: matplotlib (reports.plan), pandas and pyarrow."""
+    import pyarrow.parquet  # noqa: F401
+
+    import reports.plan  # noqa: F401
+    import sim.analysis.plan  # noqa: F401
+
+
+def _writer_process(conn) -> None:
+    """``write_plan`` in a forked process: its imports while the parent computes the
+    plan, then the outputs once the plan arrives; the paths written, or the error."""
     import traceback
 
     try:
-        mod = importlib.import_module(module)
+        _preload()
         job = conn.recv()
         if job is not None:
-            plan, paths = job
-            fig = getattr(mod, draw)(plan)
-            for fmt, path in zip(FIGURE_FORMATS, paths):
-                getattr(mod, save)(fig, path, fmt)
-        conn.send(None)
+            plan, out = job
+            conn.send([str(p) for p in write_plan(plan, out)])
+        else:
+            conn.send(None)
     except BaseException:  # noqa: BLE001 - handed to the parent, which raises it
         conn.send(traceback.format_exc())
 
 
-class FigureWorkers:
-    """The plan's figure off the critical path: a forked process imports the
-    plotting code while the plan is computed, then draws and writes the figure's
-    files (atomically, as ever) while the parent writes the table and the JSON. The
-    figure is the same code's, drawn in the same order, so the same bytes. Where fork
-    is not the platform's way, ``start`` returns None and the figure is drawn inline."""
+class PlanWriter:
+    """The plan's outputs off the critical path: a forked process imports what writing
+    them takes (matplotlib, pandas, pyarrow: over a second) while the parent computes
+    the plan, then runs ``write_plan`` on it. The same function writes the same bytes
+    (figure included); the parent waits for it, so the files are there when ``plan``
+    returns. Where fork is not the platform's way, ``start`` returns None and the
+    parent writes them itself."""
 
-    def __init__(self, ctx, module: str, draw: str, save: str):
-        here, there = ctx.Pipe()
-        proc = ctx.Process(target=_figure_worker, args=(there, module, draw, save), daemon=True)
-        proc.start()
+    def __init__(self, ctx):
+        self.conn, there = ctx.Pipe()
+        self.proc = ctx.Process(target=_writer_process, args=(there,), daemon=True)
+        self.proc.start()
         there.close()
-        self.conns, self.procs = [here], [proc]
         self.sent = False
 
     @classmethod
-    def start(cls, module: str, draw: str, save: str) -> "FigureWorkers | None":
+    def start(cls) -> "PlanWriter | None":
         import multiprocessing
 
         if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
             return None
-        return cls(multiprocessing.get_context("fork"), module, draw, save)
+        return cls(multiprocessing.get_context("fork"))
 
-    def render(self, plan, out) -> list:
-        """Hand ``plan`` to every worker; the paths they write."""
-        paths = [out / f"plan.{fmt}" for fmt in FIGURE_FORMATS]
-        for conn in self.conns:
-            conn.send((plan, [str(p) for p in paths]))
+    def write(self, plan, out) -> list:
+        """``write_plan(plan, out)`` in the process: the paths written."""
+        from pathlib import Path
+
+        self.conn.send((plan, out))
         self.sent = True
-        return paths
-
-    def wait(self) -> None:
-        """Every figure written, or the first worker's error raised here."""
-        errors = []
-        for conn, proc in zip(self.conns, self.procs):
-            try:
-                err = conn.recv()
-            except EOFError:
-                err = f"the figure process ended with exit code {proc.exitcode}"
-            proc.join()
-            if err is not None:
-                errors.append(err)
-        if errors:
-            raise RuntimeError(f"drawing the plan's figure failed:\n{errors[0]}")
+        try:
+            got = self.conn.recv()
+        except EOFError:
+            got = f"the writing process ended with exit code {self.proc.exitcode}"
+        if isinstance(got, str):
+            raise RuntimeError(f"writing the plan failed:\n{got}")
+        return [Path(p) for p in got]
 
     def close(self) -> None:
-        """Release the workers whatever happened (no plan: they are told to stop)."""
-        for conn, proc in zip(self.conns, self.procs):
-            if not self.sent and proc.is_alive():
-                try:
-                    conn.send(None)
-                except OSError:
-                    pass
-            conn.close()
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
+        """Release the process whatever happened (no plan: it is told to stop)."""
+        if not self.sent and self.proc.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+        self.conn.close()
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join()
 
 
-def write_outputs(plan, out, draw, save_figure, table, figures: FigureWorkers | None = None) -> list:
-    """``plan.png``, ``plan.svg`` (``save_figure(draw(plan), path, fmt)``, or by
-    ``figures``' processes), ``plan.parquet`` (``table(plan)``) and ``plan.json``
-    (``plan.doc``) into ``out``, each written atomically; the paths written."""
+def write_outputs(plan, out, draw, save_figure, table) -> list:
+    """``plan.png``, ``plan.svg`` (``save_figure(draw(plan), path, fmt)``),
+    ``plan.parquet`` (``table(plan)``) and ``plan.json`` (``plan.doc``) into ``out``,
+    each written atomically; the paths written."""
     from pathlib import Path
 
     from sim.atomic import write_json, write_parquet
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if figures is not None:
-        paths = figures.render(plan, out)
-    else:
-        fig = draw(plan)
-        paths = []
-        for fmt in FIGURE_FORMATS:
-            p = out / f"plan.{fmt}"
-            save_figure(fig, p, fmt)
-            paths.append(p)
+    fig = draw(plan)
+    paths = []
+    for fmt in FIGURE_FORMATS:
+        p = out / f"plan.{fmt}"
+        save_figure(fig, p, fmt)
+        paths.append(p)
     write_parquet(out / "plan.parquet", table(plan))
     write_json(out / "plan.json", plan.doc)
-    if figures is not None:
-        figures.wait()
     return paths + [out / "plan.parquet", out / "plan.json"]
 
 
-def write_plan(plan, out, figures: FigureWorkers | None = None) -> list:
+def write_plan(plan, out) -> list:
     """The FULL-only plan's outputs (``sim.analysis.plan``)."""
-    from sim.analysis.plan import plan_table
-
-    if figures is not None:
-        return write_outputs(plan, out, None, None, plan_table, figures)
     from reports.plan import draw_plan, save_plan_figure
+    from sim.analysis.plan import plan_table
 
     return write_outputs(plan, out, draw_plan, save_plan_figure, plan_table)
 
