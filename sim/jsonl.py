@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import json
 
-import msgspec
+try:
+    import msgspec
+except ImportError:  # a venv built before msgspec was a dependency: json alone, slower
+    msgspec = None
 
-_ENC = msgspec.json.Encoder()
-_DEC = msgspec.json.Decoder()
+_ENC = None if msgspec is None else msgspec.json.Encoder()
+_DEC = None if msgspec is None else msgspec.json.Decoder()
 # Far below either library's recursion limit (about 990 levels), far above any op.
 _MAX_BRACKETS = 128
 
@@ -38,6 +41,8 @@ def plain_dumps(obj) -> str:
 
 def dumps(obj) -> str:
     """``plain_dumps(obj)``, exactly."""
+    if _ENC is None:
+        return plain_dumps(obj)
     try:
         b = _ENC.encode(obj)
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
@@ -50,6 +55,8 @@ def dumps(obj) -> str:
 def loads(raw: bytes | str):
     """``json.loads(raw)`` (of its UTF-8 text) when msgspec parses ``raw``; None
     otherwise (invalid JSON, or JSON only ``json`` reads), for the caller's plain path."""
+    if _DEC is None:
+        return None
     if isinstance(raw, str):
         if raw.count("[") + raw.count("{") > _MAX_BRACKETS:
             return None

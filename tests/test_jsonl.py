@@ -15,6 +15,11 @@ from sim.optrace import Replayer, read_trace, replay
 ALL_CASES = sorted(p for p in CONFORMANCE.rglob("*.jsonl.gz") if not p.name.endswith(".out.jsonl.gz"))
 
 
+def test_msgspec_is_installed():
+    """A dependency (pyproject.toml): without it sim.jsonl falls back to json, slower."""
+    assert jsonl.msgspec is not None
+
+
 def test_every_vendored_line_reads_and_writes_as_json_does():
     n = 0
     for case in ALL_CASES:
