@@ -72,13 +72,18 @@ Record = tuple
 
 
 def _remap(hs, remap: dict, ids) -> list[int]:
-    """The trace's prefix ids as ids of this stream's id space (new ones on first sight)."""
-    out = []
-    for h in hs:
-        v = remap.get(h)
-        if v is None:
-            v = remap[h] = ids.new()
-        out.append(v)
+    """The trace's prefix ids as ids of this stream's id space (new ones on first sight,
+    in the order they first appear)."""
+    get = remap.get
+    out = [get(h) for h in hs]  # one pass in C for the ids already seen
+    if None in out:
+        for i, v in enumerate(out):
+            if v is None:
+                h = hs[i]
+                v = get(h)  # an earlier position of this record may have just named it
+                if v is None:
+                    v = remap[h] = ids.new()
+                out[i] = v
     return out
 
 class _Bad(Exception):
