@@ -24,13 +24,22 @@ from __future__ import annotations
 
 import json
 
-try:
-    import msgspec
-except ImportError:  # a venv built before msgspec was a dependency: json alone, slower
-    msgspec = None
+msgspec = None
+_ENC = _DEC = None
+_READY = False
 
-_ENC = None if msgspec is None else msgspec.json.Encoder()
-_DEC = None if msgspec is None else msgspec.json.Decoder()
+
+def _load() -> None:
+    """msgspec on first use (its import costs a run that reads no JSON Lines ~35 ms);
+    without it (a venv from before the dependency) json alone, slower."""
+    global msgspec, _ENC, _DEC, _READY
+    try:
+        import msgspec as m
+    except ImportError:
+        m = None
+    if m is not None:
+        msgspec, _ENC, _DEC = m, m.json.Encoder(), m.json.Decoder()
+    _READY = True
 # Far below either library's recursion limit (about 990 levels), far above any op.
 _MAX_BRACKETS = 128
 
@@ -41,6 +50,8 @@ def plain_dumps(obj) -> str:
 
 def dumps(obj) -> str:
     """``plain_dumps(obj)``, exactly."""
+    if not _READY:
+        _load()
     if _ENC is None:
         return plain_dumps(obj)
     try:
@@ -55,6 +66,8 @@ def dumps(obj) -> str:
 def loads(raw: bytes | str):
     """``json.loads(raw)`` (of its UTF-8 text) when msgspec parses ``raw``; None
     otherwise (invalid JSON, or JSON only ``json`` reads), for the caller's plain path."""
+    if not _READY:
+        _load()
     if _DEC is None:
         return None
     if isinstance(raw, str):

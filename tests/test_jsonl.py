@@ -17,6 +17,7 @@ ALL_CASES = sorted(p for p in CONFORMANCE.rglob("*.jsonl.gz") if not p.name.ends
 
 def test_msgspec_is_installed():
     """A dependency (pyproject.toml): without it sim.jsonl falls back to json, slower."""
+    jsonl.loads(b"{}")
     assert jsonl.msgspec is not None
 
 
