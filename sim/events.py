@@ -1263,6 +1263,7 @@ class Simulation:
         now = env.now
         c0, p0 = plans[0]
         cid0 = id(c0)
+        continuing = self.chunked  # left the queue at its first chunk
         self.chunked = None
         admitted: set[int] = set()
         if p0.stall_first and p0.reqs:
@@ -1310,6 +1311,8 @@ class Simulation:
                 self._pending.append((self._unfull, None))
         if shrink or (shrink_if_joined and self.running):
             self._unfull()
+        if continuing is not None:
+            admitted.discard(continuing.r.rid)  # not queued: nothing to filter for it
         if admitted:
             # Admitted requests are at the head of the queue (FCFS); request-order
             # jitter can admit a later one, hence the general filter behind.

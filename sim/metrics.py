@@ -1,7 +1,8 @@
 """Per-request rows and time series of one run, and the run's headline numbers.
 
-Rows are appended as plain tuples (cheap on the hot path) and turned into pandas
-frames once, at the end. Each data-parallel instance keeps its own ``Metrics``; the
+Rows are appended as plain tuples (cheap on the hot path) and every few thousand
+of them become typed columns (``_Rows``): a long run holds 8 bytes per value, not a
+tuple of boxed numbers. Each data-parallel instance keeps its own ``Metrics``; the
 time series has one row per rank and sample, so every replica's occupancy is there
 (``instance``, ``rank`` columns); headline numbers take each instance's rank 0.
 """
@@ -42,6 +43,66 @@ TIMESERIES_UNITS = {
 }
 
 
+# Rows a ``_Rows`` holds as tuples before it turns them into typed columns.
+ROW_CHUNK = 4096
+
+
+class _Rows:
+    """Rows of one table, kept compact: the newest as tuples, the rest as pandas
+    frames of up to ROW_CHUNK rows each, built by the same constructor the whole
+    table used to be built by. Each column's type is pandas' inference over its
+    values; a chunk's equals the whole table's whenever every chunk infers one type
+    (concat keeps it), and where chunks differ (ints in one, floats in another)
+    concat promotes them as the inference over all the values would (int and float to
+    float64)."""
+
+    __slots__ = ("columns", "pending", "chunks", "n")
+
+    def __init__(self, columns: list[str]):
+        self.columns = columns
+        self.pending: list[tuple] = []
+        self.chunks: list[pd.DataFrame] = []
+        self.n = 0
+
+    def append(self, row: tuple) -> None:
+        pending = self.pending
+        pending.append(row)
+        self.n += 1
+        if len(pending) >= ROW_CHUNK:
+            self.chunks.append(pd.DataFrame(pending, columns=self.columns))
+            self.pending = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def last(self) -> tuple:
+        if self.pending:
+            return self.pending[-1]
+        return tuple(self.chunks[-1].iloc[-1].tolist())
+
+    def frames(self) -> list[pd.DataFrame]:
+        out = list(self.chunks)
+        if self.pending:
+            out.append(pd.DataFrame(self.pending, columns=self.columns))
+        return out
+
+    def tuples(self) -> list[tuple]:
+        """Every row as a tuple of Python values, in order."""
+        out = []
+        for df in self.chunks:
+            out.extend(zip(*(df[c].tolist() for c in self.columns)))
+        return out + self.pending
+
+
+def _frame(tables: list[_Rows], columns: list[str]) -> pd.DataFrame:
+    parts = [df for t in tables for df in t.frames()]
+    if not parts:
+        return pd.DataFrame([], columns=columns)
+    if len(parts) == 1:
+        return parts[0]
+    return pd.concat(parts, ignore_index=True)
+
+
 class Metrics:
     """One TP group's (data-parallel instance's) rows and counters."""
 
@@ -49,8 +110,8 @@ class Metrics:
         self.cfg = cfg
         self.bytes_per_token = bytes_per_token
         self.instance = instance
-        self.rows: list[tuple] = []
-        self.ts: list[tuple] = []
+        self._rows = _Rows(REQUEST_COLUMNS)
+        self._ts = _Rows(TIMESERIES_COLUMNS)
         self.done = 0
         self.rejected = 0  # requests that can never fit the device pool
         self.retracted = 0  # decode retractions (`retract_decode`)
@@ -67,6 +128,16 @@ class Metrics:
         # rid -> the tokens of its host hit that came from storage (storage on only;
         # not a requests.parquet column: ``sim.analysis.plan`` reads it after warm-up).
         self.l3_by_rid: dict = {}
+
+    @property
+    def rows(self) -> list[tuple]:
+        """The per-request rows so far (REQUEST_COLUMNS), as tuples."""
+        return self._rows.tuples()
+
+    @property
+    def ts(self) -> list[tuple]:
+        """The time-series rows so far (TIMESERIES_COLUMNS), as tuples."""
+        return self._ts.tuples()
 
     @property
     def hit_rate(self) -> float:
@@ -86,7 +157,7 @@ class Metrics:
             self.storage["tier_storage_tokens"] += n
             if n:
                 self.l3_by_rid[r.rid] = n
-        self.rows.append((
+        self._rows.append((
             r.rid, r.session, r.arrival, rq.start, rq.first_token, rq.finish, r.input_len,
             rq.device_hit, rq.loaded, r.input_len - hit, rq.loaded,
             rq.loaded * self.bytes_per_token, rq.load_s, rq.stall_s, rq.prefill_s,
@@ -95,12 +166,12 @@ class Metrics:
 
     def sample(self, t: float, trees: list, final: bool = False) -> None:
         """One row per rank (``trees[r]`` is rank r's replica) at time ``t``."""
-        if final and self.ts and self.ts[-1][0] == t:
+        if final and len(self._ts) and self._ts.last()[0] == t:
             return
         inst, done, hit = self.instance, self.done, self.hit_rate
         for rank, tree in enumerate(trees):
             s = tree.stats
-            self.ts.append((
+            self._ts.append((
                 t, inst, rank, tree.dev_used, tree.reserved, tree.host_used, tree.dup_tokens,
                 tree.dev_used + tree.host_used - tree.dup_tokens, tree.device_capacity,
                 tree.host_capacity, s.demote_tokens + s.drop_tokens + s.delete_tokens,
@@ -119,14 +190,12 @@ class Metrics:
 
 
 def requests_frame(metrics: list[Metrics]) -> pd.DataFrame:
-    rows = [row for m in metrics for row in m.rows]
-    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    df = _frame([m._rows for m in metrics], REQUEST_COLUMNS)
     return df.sort_values("rid", kind="stable").reset_index(drop=True)
 
 
 def timeseries_frame(metrics: list[Metrics]) -> pd.DataFrame:
-    rows = [row for m in metrics for row in m.ts]
-    df = pd.DataFrame(rows, columns=TIMESERIES_COLUMNS)
+    df = _frame([m._ts for m in metrics], TIMESERIES_COLUMNS)
     return df.sort_values(["t", "instance", "rank"], kind="stable").reset_index(drop=True)
 
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from sim import optrace_check, safeio
+from sim import jsonl, optrace_check, safeio
 from sim.errors import InputFormatError
 from sim.hybrid import replay as hybrid_replay
 from sim.storage.prefetch import PrefetchBook, PrefetchError
@@ -65,10 +65,12 @@ WRITE_ACKS = ("end_of_op", "op")
 HEADER_INTS = ("device_capacity", "host_capacity", "page_size", "load_back_threshold",
                "prefetch_threshold")
 WRITE_POLICIES = ("write_back", "write_through")
+# Nodes whose paths a replayer keeps (Replayer.path): far more than a tree's live nodes.
+PATH_CACHE = 1 << 16
 
 
-def _dumps(obj) -> str:
-    return json.dumps(obj, separators=(",", ":"))
+# One compact JSON line (json.dumps with no spaces), at msgspec's speed (sim.jsonl).
+_dumps = jsonl.dumps
 
 
 class Replayer:
@@ -115,6 +117,7 @@ class Replayer:
         # write_through triggers back nothing up (the engine's write FIFO does).
         self.tree.buffer_only = header.get("host_memory_mode") == "buffer_only"
         self.pins: dict = {}
+        self._paths: dict = {}  # node id -> (node, its tokens from the root)
 
     def _auto_write(self, node) -> None:
         if node is self.tree.root or not node.host:
@@ -140,10 +143,31 @@ class Replayer:
         return [tuple(tokens[i:i + ps]) for i in range(0, n, ps)]
 
     def path(self, node) -> list:
-        units = self.tree.path_units(node)
-        if self.page_size == 1:
-            return units
-        return [tok for unit in units for tok in unit]
+        """The node's tokens from the root. A node's path never changes (a split keeps
+        the lower fragment's), so it is kept by node id, checked by identity (a
+        rebuilt tree may reuse an id), and built on its nearest kept ancestor's; the
+        outputs share the lists and never change them."""
+        paths = self._paths
+        hit = paths.get(node.id)
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        if len(paths) >= PATH_CACHE:
+            paths.clear()  # bounded: a long replay's dead nodes are let go
+        chain = []
+        tokens: list = []
+        x = node
+        while x.parent is not None:
+            hit = paths.get(x.id)
+            if hit is not None and hit[0] is x:
+                tokens = hit[1]
+                break
+            chain.append(x)
+            x = x.parent
+        flat = self.page_size != 1
+        for y in reversed(chain):
+            tokens = tokens + ([t for u in y.key for t in u] if flat else y.key)
+            paths[y.id] = (y, tokens)
+        return tokens
 
     def key_tokens(self, node) -> list:
         return list(node.key) if self.page_size == 1 else [t for u in node.key for t in u]
@@ -355,8 +379,12 @@ class Replayer:
 
 
 # ----------------------------------------------------------------- parsing
+_INT = {int}
+
+
 def _check_tokens(path, line, key, value):
-    if not isinstance(value, list) or not all(type(t) is int for t in value):
+    # the set of the element types, built in C: a token list is long
+    if not isinstance(value, list) or (value and set(map(type, value)) != _INT):
         raise InputFormatError(path, line, f"{key}={_short(value)}", f"'{key}' as a list of ints")
 
 
@@ -368,7 +396,11 @@ def _short(value) -> str:
 def parse_line(path, line_no: int, text: str, first: bool, header: dict | None = None) -> dict:
     """Parse and validate one op-trace line; any problem is a one-line error.
     ``header``: the trace's parsed header, for the ops a version allows."""
-    obj = optrace_check.load_line(path, line_no, text)
+    return check_line(path, line_no, optrace_check.load_line(path, line_no, text), first, header)
+
+
+def check_line(path, line_no: int, obj, first: bool, header: dict | None = None) -> dict:
+    """Validate one parsed op-trace line (``parse_line`` after the JSON)."""
     if not isinstance(obj, dict):
         raise InputFormatError(path, line_no, type(obj).__name__, "a JSON object")
     op = obj.get("op")
@@ -420,10 +452,14 @@ def read_trace(path) -> Iterator[tuple[int, int, dict]]:
     header = None
     try:
         for line_no, raw in lines:
-            text = raw.decode("utf-8")
-            if not text.strip():
-                continue
-            obj = parse_line(path, line_no, text, idx == 0, header)
+            obj = jsonl.loads(raw)
+            if obj is None:  # not JSON msgspec reads (a blank line too): the plain path
+                text = raw.decode("utf-8")
+                if not text.strip():
+                    continue
+                obj = parse_line(path, line_no, text, idx == 0, header)
+            else:
+                obj = check_line(path, line_no, obj, idx == 0, header)
             if idx == 0:
                 header = obj
             yield idx, line_no, obj

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 import cli
+from conftest import ROOT
 from sim.analysis import curves
 from sim.analysis.optimum import _next_uses, interval_upper_bound
 from sim.analysis.plan import check_sizes, knee, smallest_meeting
@@ -234,3 +235,31 @@ def test_plan_with_storage_reports_each_tier_from_the_engine(tmp_path, capsys):
     small = {round(p["host_gb_per_rank"], 6): p["storage"] for p in docs[0.3]["policies"][0]["engine_tiers"]}
     big = {round(p["host_gb_per_rank"], 6): p["storage"] for p in pts}
     assert sum(small.values()) < sum(big.values())
+
+
+def test_the_outputs_written_in_their_own_process_are_the_inline_ones(tmp_path):
+    """plan's PlanWriter writes the bytes the inline write_plan writes (figure
+    included), and an error in it is raised in the parent."""
+    from sim.analysis.plan import make_plan
+    from sim.commands import plan as plan_cmd
+    from sim.scenario import load_scenario
+
+    scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.num_requests=200"])
+    plan = make_plan(scn, check_points=0, opt_points=2, grid_points=8)
+    plan_cmd.write_plan(plan, tmp_path / "inline")
+    writer = plan_cmd.PlanWriter.start()
+    assert writer is not None
+    try:
+        paths = writer.write(plan, tmp_path / "forked")
+    finally:
+        writer.close()
+    assert [p.name for p in paths] == ["plan.png", "plan.svg", "plan.parquet", "plan.json"]
+    for p in paths:
+        assert p.read_bytes() == (tmp_path / "inline" / p.name).read_bytes(), p.name
+    writer = plan_cmd.PlanWriter.start()
+    (tmp_path / "file").write_text("")
+    try:
+        with pytest.raises(RuntimeError, match="writing the plan failed"):
+            writer.write(plan, tmp_path / "file" / "under")  # not a folder
+    finally:
+        writer.close()

@@ -152,13 +152,97 @@ def run(args) -> int:
     from sim.analysis.plan import make_plan
 
     progress = Progress("engine run", args.quiet)
-    plan = make_plan(scenario, warmup=warmup, max_host_gb=max_gb, check_points=checks,
-                     opt_points=opts, grid_points=grid, policies=policies, jobs=jobs,
-                     target_hit_rate=target, target_ttft_p99_s=ttft, progress=progress)
-    written = write_plan(plan, out)
+    writer = PlanWriter.start()
+    try:
+        plan = make_plan(scenario, warmup=warmup, max_host_gb=max_gb, check_points=checks,
+                         opt_points=opts, grid_points=grid, policies=policies, jobs=jobs,
+                         target_hit_rate=target, target_ttft_p99_s=ttft, progress=progress)
+        written = writer.write(plan, out) if writer is not None else write_plan(plan, out)
+    finally:
+        if writer is not None:
+            writer.close()
     print_plan(plan)
     print(f"written: {', '.join(str(p) for p in written)}")
     return 0
+
+
+FIGURE_FORMATS = ("png", "svg")
+
+
+def _preload() -> None:
+    """What writing a plan imports: matplotlib (reports.plan), pandas and pyarrow."""
+    import pyarrow.parquet  # noqa: F401
+
+    import reports.plan  # noqa: F401
+    import sim.analysis.plan  # noqa: F401
+
+
+def _writer_process(conn) -> None:
+    """``write_plan`` in a forked process: its imports while the parent computes the
+    plan, then the outputs once the plan arrives; the paths written, or the error."""
+    import traceback
+
+    try:
+        _preload()
+        job = conn.recv()
+        if job is not None:
+            plan, out = job
+            conn.send([str(p) for p in write_plan(plan, out)])
+        else:
+            conn.send(None)
+    except BaseException:  # noqa: BLE001 - handed to the parent, which raises it
+        conn.send(traceback.format_exc())
+
+
+class PlanWriter:
+    """The plan's outputs off the critical path: a forked process imports what writing
+    them takes (matplotlib, pandas, pyarrow: over a second) while the parent computes
+    the plan, then runs ``write_plan`` on it. The same function writes the same bytes
+    (figure included); the parent waits for it, so the files are there when ``plan``
+    returns. Where fork is not the platform's way, ``start`` returns None and the
+    parent writes them itself."""
+
+    def __init__(self, ctx):
+        self.conn, there = ctx.Pipe()
+        self.proc = ctx.Process(target=_writer_process, args=(there,), daemon=True)
+        self.proc.start()
+        there.close()
+        self.sent = False
+
+    @classmethod
+    def start(cls) -> "PlanWriter | None":
+        import multiprocessing
+
+        if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+            return None
+        return cls(multiprocessing.get_context("fork"))
+
+    def write(self, plan, out) -> list:
+        """``write_plan(plan, out)`` in the process: the paths written."""
+        from pathlib import Path
+
+        self.conn.send((plan, out))
+        self.sent = True
+        try:
+            got = self.conn.recv()
+        except EOFError:
+            got = f"the writing process ended with exit code {self.proc.exitcode}"
+        if isinstance(got, str):
+            raise RuntimeError(f"writing the plan failed:\n{got}")
+        return [Path(p) for p in got]
+
+    def close(self) -> None:
+        """Release the process whatever happened (no plan: it is told to stop)."""
+        if not self.sent and self.proc.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+        self.conn.close()
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join()
 
 
 def write_outputs(plan, out, draw, save_figure, table) -> list:
@@ -173,7 +257,7 @@ def write_outputs(plan, out, draw, save_figure, table) -> list:
     out.mkdir(parents=True, exist_ok=True)
     fig = draw(plan)
     paths = []
-    for fmt in ("png", "svg"):
+    for fmt in FIGURE_FORMATS:
         p = out / f"plan.{fmt}"
         save_figure(fig, p, fmt)
         paths.append(p)

@@ -49,7 +49,7 @@ from typing import Iterator
 
 import numpy as np
 
-from sim import safeio
+from sim import jsonl, safeio
 from sim.errors import InputFormatError, UserError
 from sim.workloads.base import IdSpace, Request
 
@@ -72,13 +72,18 @@ Record = tuple
 
 
 def _remap(hs, remap: dict, ids) -> list[int]:
-    """The trace's prefix ids as ids of this stream's id space (new ones on first sight)."""
-    out = []
-    for h in hs:
-        v = remap.get(h)
-        if v is None:
-            v = remap[h] = ids.new()
-        out.append(v)
+    """The trace's prefix ids as ids of this stream's id space (new ones on first sight,
+    in the order they first appear)."""
+    get = remap.get
+    out = [get(h) for h in hs]  # one pass in C for the ids already seen
+    if None in out:
+        for i, v in enumerate(out):
+            if v is None:
+                h = hs[i]
+                v = get(h)  # an earlier position of this record may have just named it
+                if v is None:
+                    v = remap[h] = ids.new()
+                out[i] = v
     return out
 
 class _Bad(Exception):
@@ -187,14 +192,20 @@ def _empty(path, skipped: int, what: str = "request records") -> InputFormatErro
 
 
 def _json_obj(text: str) -> dict:
-    try:
-        rec = json.loads(text)
-    except (ValueError, RecursionError) as err:
-        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise _Bad(f"invalid JSON ({_short(msg, 80)})", "one JSON object per line") from None
+    rec = jsonl.loads(text)  # msgspec, or None: then json's own result or error
+    if rec is None:
+        rec = _json_loads(text)
     if not isinstance(rec, dict):
         raise _Bad(f"a JSON {type(rec).__name__}", "one JSON object per line")
     return rec
+
+
+def _json_loads(text: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as err:
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise _Bad(f"invalid JSON ({_short(msg, 80)})", "one JSON object per line") from None
 
 
 class _LineReader:
