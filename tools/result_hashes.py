@@ -45,8 +45,15 @@ def scenario_paths() -> list[Path]:
         sorted((ROOT / "scenarios" / "regressions").glob("*.yaml"))
 
 
+# Folders of data/conformance/ that hold no op-traces: the server harness's step logs
+# and request traces (server/, server_engine/, tp2/) and the schedule-order fixtures.
+NOT_OP_TRACES = {"server", "server_engine", "tp2", "schedule"}
+
+
 def case_paths() -> list[Path]:
-    return sorted(p for p in CONFORMANCE.rglob("*.jsonl.gz") if not p.name.endswith(".out.jsonl.gz"))
+    return sorted(p for p in CONFORMANCE.rglob("*.jsonl.gz")
+                  if not p.name.endswith(".out.jsonl.gz")
+                  and p.relative_to(CONFORMANCE).parts[0] not in NOT_OP_TRACES)
 
 
 def scenario_key(path: Path) -> str:
