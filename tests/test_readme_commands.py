@@ -113,6 +113,10 @@ CUT: dict[str, tuple[list[str] | str, int]] = {
     "hicache-sim plan SCENARIO": (HELP, 0),
     "python benchmarks/divergence_table.py --write": (
         ["python", "benchmarks/divergence_table.py", "--help"], 0),
+    "python tools/result_hashes.py --write": (["python", "tools/result_hashes.py", "--help"], 0),
+    "hicache-sim run scenarios/quickstart.yaml --set workload.num_requests=100000": (
+        ["hicache-sim", "run", "scenarios/quickstart.yaml", "-o", "{tmp}/q1e5", "--quiet",
+         "--set", "workload.num_requests=40"], 0),
     "python benchmarks/three_tier_capacity.py": (
         ["python", "benchmarks/three_tier_capacity.py", "--help"], 0),
 }
