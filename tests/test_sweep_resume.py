@@ -58,6 +58,14 @@ def _start_and_stop(sweep: Path, out: Path, sig: int) -> int:
         if proc.poll() is None:
             os.killpg(proc.pid, sig)
         _, err = proc.communicate()
+        # The sweep's workers die with it, but one may still be finishing a rename in
+        # the kernel: read the folder only once the whole process group is gone.
+        for _ in range(2000):
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.005)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
