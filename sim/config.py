@@ -173,6 +173,8 @@ class SimConfig:
     # step, copies are acked ``ack_delay_steps`` (d2h, h2d) polls after their issue.
     clock: str = "time"
     ack_delay_steps: tuple[int, int] = (1, 1)
+    # Scripted faults (sim.faults): (rank, kind, step, extra_steps) each.
+    faults: tuple[tuple[int, str, int, int | None], ...] = ()
 
 
 def from_scenario(scn) -> tuple[SimConfig, object]:
@@ -241,6 +243,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,
         clock=scn.engine.clock,
     )
+    cfg.faults = tuple((f.rank, f.kind, f.step, f.extra_steps) for f in scn.faults)
     if scn.engine.ack_delay_steps is not None:
         cfg.ack_delay_steps = (scn.engine.ack_delay_steps.d2h, scn.engine.ack_delay_steps.h2d)
     if scn.storage is not None:

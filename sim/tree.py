@@ -518,7 +518,10 @@ class Tree:
             for _ in range(C.SENTINEL_IDS_PER_COMPONENT):
                 self._new_node([], None)
         self.digest = 0
+        # XORed into the digest a rank reports (a scripted digest-only fault, sim.faults)
+        self.digest_xor = 0
         rust = ids in RUST_ID_SCHEMES
+        self.rust_core = rust
         self._digest_stride = C.RUST_COMPONENT_TYPES if rust else 1
         self._digest_offset = C.RUST_FULL_COMPONENT_INDEX if rust else 0
 
