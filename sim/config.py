@@ -151,6 +151,8 @@ class SimConfig:
     collective: str = "simulated"
     collective_device: str = "cpu"
     collective_timeout_s: float = 10.0  # torch backend: how long a blocked call waits
+    # collective.forward: False is a stub forward with no collective (the server harness's)
+    forward_collective: bool = True
     discipline: str = "synced"
     on_divergence: str = "record"   # or "halt"
     seed: int = 0
@@ -235,6 +237,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         overlap=scn.scheduler.overlap,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
+        forward_collective=scn.collective.forward == "all_reduce",
         rank_consensus=scn.collective.rank_consensus,
         replicas=scn.engine.replicas,
         dp=scn.dp, router=scn.router.policy, router_params=scn.router.params(),

@@ -1240,7 +1240,7 @@ class Simulation:
 
     def _forward(self, numels: dict[int, int] | int) -> None:
         """The forward's TP all_reduce: per-rank token counts, or one count for all."""
-        if self._solo and self.collective.name == "simulated":
+        if (self._solo and self.collective.name == "simulated") or not self.cfg.forward_collective:
             return
         try:
             if isinstance(numels, int):

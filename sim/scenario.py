@@ -516,6 +516,8 @@ class Collective(_Model):
     """Which SGLang code issues the per-step cache sync (see the section text)."""
     timeout_s: _num(gt=0.0, hi=3600.0) = 10.0
     """Seconds a blocked torch collective waits before it is reported as a hang."""
+    forward: Literal["all_reduce", "none"] = "all_reduce"
+    """The forward's TP collective: `all_reduce` (a model's, on the device group: ranks with different token counts meet there); `none`: a stub forward with no collective, as the SGLang server harness's fake worker runs (server_oracle.py `install_forward`), for comparison with it."""
     rank_consensus: bool = False
     """SGLang's rank consensus checker (utils/rank_consensus_checker.py, sglang #34406; off unless SGLANG_ENABLE_RANK_CONSENSUS_CHECKER is set): each rank logs its @rank_consensus calls (match_prefix, insert, evict_for_alloc, write_backup_storage, _can_terminate_prefetch, check_prefetch_progress) with the selected params and results; the first call that differs across ranks kills the server ("Found rank divergence"), where it was made (sim.consensus)."""
 

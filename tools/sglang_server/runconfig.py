@@ -168,6 +168,9 @@ def engine_scenario(cfg: dict, trace_name: str) -> dict:
         "scheduler": sched,
         **({"faults": [engine_fault(cfg["fault"], int(cfg.get("fault_rank", 1)))]}
            if cfg.get("fault") else {}),
+        # the harness's forward is a stub with no collective (server_oracle.py
+        # install_forward): ranks whose batches differ do not meet in it
+        **({"collective": {"forward": "none"}} if int(cfg.get("tp", 1)) > 1 else {}),
     }
 
 
