@@ -258,9 +258,10 @@ def _tree_of(cohorts, rank: int):
 # (``hang``) or got different sizes (``size_mismatch``), a prefill ran out of memory
 # (``out_of_memory``), the ranks' free space differed with no error
 # (``silent_divergence``), their trees differed yet free space never did
-# (``tree_divergence``), or nothing differed (``agree``).
+# (``tree_divergence``), or nothing differed (``agree``); ``untracked``: the ranks
+# went on to run different batches, past which the engine cannot follow them.
 OUTCOMES = ("agree", "assertion", "hang", "size_mismatch", "out_of_memory",
-            "silent_divergence", "tree_divergence")
+            "silent_divergence", "tree_divergence", "untracked")
 
 
 def outcome(rep: dict, tp: int, free_diff: dict | None, halted: str | None) -> dict:
@@ -293,6 +294,12 @@ def outcome(rep: dict, tp: int, free_diff: dict | None, halted: str | None) -> d
         return {"class": "assertion", "step": at(ev),
                 "ranks": {str(r): ({"step": at(ev), "exc": "AssertionError", "msg": msg}
                                    if r in raising else None) for r in range(tp)}, **base}
+    if halted == "untracked":
+        # the ranks went on to run different batches, which the engine cannot follow
+        # (its ranks share one request state): what SGLang does next is not known
+        u = rep.get("untracked") or {}
+        return {"class": "untracked", "step": u.get("clock_step", u.get("step")),
+                "message": u.get("why"), **base}
     if halted == "out_of_memory":
         u = rep.get("untracked") or {}
         return {"class": "out_of_memory", "step": u.get("clock_step", u.get("step")),
