@@ -48,7 +48,8 @@ def test_every_regression_scenario_is_listed_and_named_after_its_file():
     paths = sorted(REG.glob("*.yaml"))
     assert {p.stem for p in paths} == {"sglang_40193", "sglang_39444", "sglang_34519", "sglang_40512",
                                         "sglang_37149", "sglang_29049", "sglang_39436",
-                                        "sglang_33713"}
+                                        "sglang_33713", "sglang_28429", "sglang_26921",
+                                        "sglang_33442", "lmcache_1467"}
     readme = (REG / "README.md").read_text()
     for p in paths:
         assert load_scenario(p, STAND_IN.get(p.stem, [])).name == p.stem
@@ -475,3 +476,66 @@ def test_the_hybrid_regressions_decode_fast_path_is_exact(tmp_path):
         assert names == sorted(p.name for p in plain.iterdir() if p.is_file())
         _, mismatch, errors = filecmp.cmpfiles(fast, plain, names, shallow=False)
         assert not mismatch and not errors, name
+
+
+# ------------------------------------------------------------ TP classes (docs/TP.md)
+def outcome(name, *sets, steps=None):
+    res = run_scenario(load_scenario(REG / f"{name}.yaml", list(sets)), None,
+                       record_steps=None if steps is None else str(steps))
+    return res.divergence
+
+
+def test_28429_a_subset_alloc_failure_never_hangs_0523s_cache_sync():
+    """The report: write_backup returns 0 on a subset, ongoing_write_through diverges,
+    writing_check hangs. Under 0.5.23's MIN-synced checks the fault fires on rank 1
+    alone and the ranks' host pools drift apart, yet no rank ever waits in a cache
+    sync: whatever blocks later is not the sync."""
+    d = outcome("sglang_28429")
+    f, = d["faults"]
+    assert f["rank"] == 1 and f["fired"] == 1
+    o = d["outcome"]
+    assert o["first_free_difference"]["differs"].get("host_free")
+    assert o["first_free_difference"]["step"] >= f["fired_at"]
+    sync_sites = {"sync", "write_check", "load_check"}
+    if o["class"] == "hang":
+        assert o["site"] not in sync_sites
+        assert all(r["pending"]["site"] not in sync_sites for r in o["ranks"].values())
+
+
+def test_26921_the_early_return_hangs_the_cache_sync():
+    """Under the pre-fix code (a named older version) the same fault leaves rank 1 with
+    no write in flight: it returns early from writing_check while rank 0 waits in the
+    all_reduce alone, the report's hang; 0.5.23's discipline takes it away."""
+    d = outcome("sglang_26921")
+    o = d["outcome"]
+    assert o["class"] == "hang" and o["site"] == "write_check"
+    assert o["ranks"]["0"]["pending"]["site"] == "write_check"
+    assert o["ranks"]["1"]["pending"]["site"] != "write_check"   # it returned early
+    fixed = outcome("sglang_26921", "collective.discipline=synced")["outcome"]
+    assert not (fixed["class"] == "hang" and fixed["site"] == "write_check")
+
+
+def test_1467_unagreed_pools_make_hits_differ_after_an_eviction_difference():
+    d = outcome("lmcache_1467")
+    assert d["perturbations"]["device_capacity_skew"] > 0
+    first, shape = d["first_true_divergence"], d["shape_divergence"]
+    assert first["what"] == "tree contents differ"      # an eviction went otherwise
+    # then a request served on a cached-prefix hit on rank 0 is not matched alike on 1
+    assert shape is not None and shape["step"] > first["step"]
+    req = shape["first_request"]
+    assert req["rank0_prefix_extend"][0] > 0 and req["prefix_extend"] != req["rank0_prefix_extend"]
+    agreed = outcome("lmcache_1467", "jitter.device_capacity_skew={}")
+    assert agreed["verdict"] == "agree" and agreed["first_true_divergence"] is None
+
+
+def test_33442_a_late_free_changes_an_eviction_before_any_load_back():
+    for k in (1, 2):
+        d = outcome("sglang_33442", f"seed={k}")
+        assert d["perturbations"]["device_free_delay"] > 0
+        first = d["first_true_divergence"]
+        assert first["what"] == "tree contents differ"
+        shape = d["shape_divergence"]
+        assert shape is None or shape["step"] >= first["step"]
+        assert d["verdict"] != "size_mismatch" or d["collective_error"]["step"] > first["step"]
+    on_time = outcome("sglang_33442", "seed=1", "jitter.device_free_delay.ranks=[]")
+    assert on_time["verdict"] == "agree"
