@@ -1191,6 +1191,9 @@ class Scenario(_Model):
                            "engine.clock")
             if self.dp != 1:
                 raise _err(f"clock 'steps' with dp {self.dp}", "dp 1", "engine.clock")
+        if self.faults and self.model.hybrid() is not None:
+            raise _err("faults on a hybrid model", "a FULL-attention model (the harness's "
+                       "hooks act on the FULL tree)", "faults")
         if self.faults and self.engine.clock != "steps":
             raise _err(f"faults with clock {self.engine.clock!r}",
                        "engine.clock 'steps' (a fault acts at a scheduler step)", "faults")

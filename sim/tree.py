@@ -1437,6 +1437,9 @@ class Tree:
         new.rec = None if self.rec is None else []
         new.host_alloc_fail = None
         new.host_skew_fired = None
+        # a scripted fault's hooks belong to its rank's own tree (sim.faults)
+        new.__dict__.pop("_evict_host", None)
+        new.__dict__.pop("release_duplicate", None)
         # The storage hook belongs to the original's book; a fork re-attaches its own
         # (and its own PrefetchBook: staged slots are copied in host_reserved).
         new.on_host_backup = None

@@ -5,7 +5,9 @@ what the report describes, what hicache-sim gives, and where they differ.
 These files are not in tests/test_scenarios_run.py's glob (scenarios/*.yaml). They are
 checked here instead: each validates, runs whole and keeps its trees consistent. The
 storage ones pin one seed's figures (a few requests, about a second); the host-tier
-ones (#34519, #40512) pin a count over seeds 1..20 (well under a second a seed)."""
+ones (#34519, #40512) check the report's symptom over seeds, each with a negative control
+(the guard removed); the TP classes (#28429, #26921, #33442, LMCache #1467) assert the
+report's symptom, or, where a scenario cannot show it, the order of what it does show."""
 
 from __future__ import annotations
 
