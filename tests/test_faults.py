@@ -216,3 +216,22 @@ def test_engine_outcome_matches_the_real_tp2_group(run, tmp_path):
             assert eng["class"] == "untracked"
     else:
         assert not diff, diff
+
+
+def test_faults_are_refused_on_a_hybrid_model(tmp_path):
+    p = _scenario(tmp_path, faults=[{"rank": 1, "kind": "host_alloc_fail", "step": 40}],
+                  model={"hybrid_preset": "gpt-oss-20b"})
+    assert "hybrid" in _cli_error(tmp_path, p)
+
+
+def test_the_forward_collective_knob_changes_the_run(tmp_path):
+    """A model's forward all_reduce fails where the ranks' batches differ; the
+    harness's stub forward (`none`) lets them go on, here until the engine cannot
+    follow them."""
+    f = [{"rank": 1, "kind": "host_alloc_fail", "step": 40}]
+    stub = _run(tmp_path, run="t02_hostpress_ps16.clean", faults=f)
+    model = _run(tmp_path, run="t02_hostpress_ps16.clean", faults=f,
+                 collective={"forward": "all_reduce"})
+    assert stub["outcome"]["class"] == "untracked" and stub["collective_error"] is None
+    assert model["outcome"]["class"] == "size_mismatch"
+    assert model["outcome"]["site"] == "forward"
