@@ -80,6 +80,9 @@ CUT: dict[str, tuple[list[str] | str, int]] = {
     "make conformance-hybrid-sglang": (["make", "conformance-hybrid-sglang"], 2),
     "make conformance-hybrid-engine-sglang": (["make", "conformance-hybrid-engine-sglang"], 2),
     "make conformance-server": (["make", "conformance-server"], 2),
+    # no SGLang needed: the real side is vendored; one group stands for the 70
+    "make conformance-tp2": (["python", "tools/conformance_tp2.py", "--only",
+                              "t01_hostpress_ps1.reclaim_skip_at40"], 0),
     "make conformance-*": ("make-conformance-all", 2),
     ". .venv/bin/activate": ("venv-path", 0),
     "hicache-sim --help": (["hicache-sim", "--help"], 0),
