@@ -248,7 +248,7 @@ def test_a_readme_command_on_a_fresh_clone(clone, cmd):
             ours = [ln for ln in p.stderr.splitlines()
                     if not re.match(r"make(\[\d+\])?: \*\*\* ", ln)]  # make's own line
             assert len(ours) == 1, p.stderr
-        if cmd.startswith("make conformance"):
+        if cmd.startswith("make conformance") and rc == 2:
             assert "../shared/oracle" in p.stderr and "SGLANG_ORACLE=DIR" in p.stderr, p.stderr
     if cmd == "make bench":
         assert "sglang column skipped: no SGLang oracle" in runs[0].stdout, runs[0].stdout
