@@ -125,8 +125,11 @@ def main(argv=None) -> int:
                 break
     workloads = len({g["workload"] for g in groups})
     faults = len({(g["fault"] or "clean") for g in groups})
-    print(f"conformance-tp2: {workloads} workloads x {faults} fault settings, {len(groups)} groups; "
-          f"{same} identical, {len(failed)} different ({time.monotonic() - t0:.1f} s)")
+    done = same + len(failed)
+    stopped = "" if done == len(groups) else f", stopped at the first difference after {done}"
+    print(f"conformance-tp2: {workloads} workloads x {faults} fault settings, {len(groups)} groups"
+          f"{stopped}; {same} identical, {len(failed)} different "
+          f"({time.monotonic() - t0:.1f} s)")
     return 1 if failed else 0
 
 
