@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test bench clean venv browser figures need-oracle conformance-sglang conformance-hybrid-sglang \
 	conformance-storage-sglang conformance-hybrid-engine-sglang conformance-buffer-sglang \
-	conformance-server conformance-server-refresh \
+	conformance-server conformance-server-refresh conformance-tp2 \
 	conformance-rust-sglang conformance-schedule-sglang
 
 $(STAMP): pyproject.toml
@@ -101,6 +101,12 @@ conformance-buffer-sglang: need-oracle $(STAMP)
 conformance-server: need-oracle $(STAMP)
 	bash $(SGLANG_ORACLE)/server/setup.sh
 	HICACHE_SGLANG_SERVER=$(abspath $(SGLANG_ORACLE))/server $(BIN)/python tools/conformance_server.py
+
+# The engine's TP-2 outcomes under the harness's fault hooks against the vendored real
+# TP-2 groups (data/conformance/tp2/, tools/sglang_server/tp2.py): outcome class,
+# assertion step and text, a silent divergence's first differing step. No SGLang needed.
+conformance-tp2: $(STAMP)
+	$(BIN)/python tools/conformance_tp2.py
 
 # Rewrite data/conformance/server/ (the vendored harness outputs tests/test_server_refs.py
 # reads) from the server harness.

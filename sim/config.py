@@ -151,6 +151,8 @@ class SimConfig:
     collective: str = "simulated"
     collective_device: str = "cpu"
     collective_timeout_s: float = 10.0  # torch backend: how long a blocked call waits
+    # collective.forward: False is a stub forward with no collective (the server harness's)
+    forward_collective: bool = True
     discipline: str = "synced"
     on_divergence: str = "record"   # or "halt"
     seed: int = 0
@@ -173,6 +175,8 @@ class SimConfig:
     # step, copies are acked ``ack_delay_steps`` (d2h, h2d) polls after their issue.
     clock: str = "time"
     ack_delay_steps: tuple[int, int] = (1, 1)
+    # Scripted faults (sim.faults): (rank, kind, step, extra_steps) each.
+    faults: tuple[tuple[int, str, int, int | None], ...] = ()
 
 
 def from_scenario(scn) -> tuple[SimConfig, object]:
@@ -233,6 +237,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         overlap=scn.scheduler.overlap,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
+        forward_collective=scn.collective.forward == "all_reduce",
         rank_consensus=scn.collective.rank_consensus,
         replicas=scn.engine.replicas,
         dp=scn.dp, router=scn.router.policy, router_params=scn.router.params(),
@@ -241,6 +246,7 @@ def from_scenario(scn) -> tuple[SimConfig, object]:
         timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,
         clock=scn.engine.clock,
     )
+    cfg.faults = tuple((f.rank, f.kind, f.step, f.extra_steps) for f in scn.faults)
     if scn.engine.ack_delay_steps is not None:
         cfg.ack_delay_steps = (scn.engine.ack_delay_steps.d2h, scn.engine.ack_delay_steps.h2d)
     if scn.storage is not None:

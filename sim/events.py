@@ -59,6 +59,7 @@ from sim.collectives import REQUEST_BROADCAST, Call, CollectiveError, make_colle
 from sim.config import SimConfig
 from sim.constants import DIGEST_MISMATCH_MESSAGE
 from sim.errors import UserError
+from sim.faults import ScriptedFaults
 from sim.jitter import Jitter
 from sim.metrics import Metrics
 from sim.ranks import Ack, Cohort, RankGroup
@@ -66,7 +67,7 @@ from sim.policies.schedule import calc_priority
 from sim.scheduler import (CONTINUE, NO_TOKEN, OTHER, Adder, Budget, available,
                            page_ceil, ratio_after_retract, retraction_order,
                            running_offset, steps_without_event)
-from sim.verdict import Observations
+from sim.verdict import Observations, outcome
 from sim.workloads.keys import output_key, page_key
 
 
@@ -316,10 +317,13 @@ class Simulation:
         self.instance = instance
         self.jitter = Jitter(cfg.jitter, cfg.tp, cfg.seed, rank_base=instance * cfg.tp)
         self.group = RankGroup(cfg, self.env, self.jitter)
+        self.faults = ScriptedFaults(cfg.faults, lambda: self._iter_step)
+        for c in self.group.cohorts:
+            self.faults.install(c)
         self.collective = make_collective(cfg.collective, cfg.tp, cfg.collective_device,
                                           timeout_s=cfg.collective_timeout_s)
         self.metrics = Metrics(cfg, self.cost.bytes_per_token, instance)
-        self.obs = Observations(cfg.tp, self.jitter.perturbations)
+        self.obs = Observations(cfg.tp, self.jitter.perturbations, self.faults)
         self.progress = progress
         self.trace = trace_events
         # (time, rank 0's op count) where a scheduler iteration ends: SGLang publishes
@@ -356,6 +360,8 @@ class Simulation:
         self._solo = cfg.tp == 1
         self._retracted_now = False  # this decode step retracted: no ratio decay
         self._sync_mismatch = False  # the iteration's digest check failed
+        # the ranks' first free-space difference (``_log_free``), at tp > 1
+        self._free_log: dict | None = {} if cfg.tp > 1 and self._steps else None
         self._run = None             # [end, cut] of the decode run in flight
         self._proc = None            # the loop's process (a cut interrupts it)
         # Hybrid models' admission and allocation rules (sim.hybrid.replica); None
@@ -523,6 +529,8 @@ class Simulation:
         while True:
             yield from self._settle()
             sr = self.steprec
+            if self._free_log is not None and self.step_no:
+                self._log_free()
             if sr is not None:
                 sr.end(self.group.cohorts)
             if self._drained():
@@ -530,7 +538,7 @@ class Simulation:
                 self.finished = True
                 return
             if self._steps:
-                self._iter_step = int(self.env.now)
+                self._iter_step = self.obs.clock_step = int(self.env.now)
             if sr is not None:
                 sr.begin(int(self.env.now), self.group.cohorts)
             self.step_no += 1
@@ -576,6 +584,8 @@ class Simulation:
             self._inflight = []
             self._compare()
             if self._drained():
+                if self._free_log is not None:
+                    self._log_free()
                 if sr is not None:
                     sr.end(self.group.cohorts)
                 self.finished = True
@@ -590,6 +600,31 @@ class Simulation:
                 self.env.timeout(self._wake_at - self.env.now).callbacks.append(self._kick)
             yield self._wake
             self._idle = False
+
+    def _log_free(self) -> None:
+        """The ranks' device and host free space at the end of the step just run (the
+        harness's ``dev_free`` / ``host_free``); the first step where they differ is
+        a silent divergence's step. Compared only while the ranks have replicas of
+        their own."""
+        cohorts = self.group.cohorts
+        if len(cohorts) < 2:
+            return
+        vals = [(available(c.tree), c.tree.host_capacity - c.tree.host_used - c.tree.host_reserved)
+                for c in cohorts]
+        log = self._free_log
+        if all(v == vals[0] for v in vals[1:]):
+            return
+        log["steps_differing"] = log.get("steps_differing", 0) + 1
+        if "step" in log:
+            return
+        r0, r1 = vals[0], next(v for v in vals[1:] if v != vals[0])
+        by_rank = {}
+        for c, v in zip(cohorts, vals):
+            for r in c.ranks:
+                by_rank[r] = v
+        log["step"] = self._iter_step
+        log["differs"] = {f: [by_rank[r][i] for r in range(self.cfg.tp)]
+                          for i, f in enumerate(("dev_free", "host_free")) if r0[i] != r1[i]}
 
     def _hold_gpu(self):
         """The loop's forwards hold the GPU back to back while it is busy; it lets go
@@ -674,7 +709,7 @@ class Simulation:
                     and all(a.delays is None for a in c.load_q)):
                 # Every rank shares one replica and sees the same acks: one vector.
                 w, l_ = c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now)
-                d = c.tree.digest
+                d = c.tree.digest ^ c.tree.digest_xor
                 red = self.collective.all_reduce_uniform(self.step_no, "sync", [w, l_, d, -d])
                 self._pop(c, red[0], red[1])
                 return
@@ -688,7 +723,7 @@ class Simulation:
                 if base is None or not (w_uniform and l_uniform):
                     base = (c.ready_count(c.write_q, r, now), c.ready_count(c.load_q, r, now))
                 counts[r] = base
-                digest[r] = c.tree.digest
+                digest[r] = c.tree.digest ^ c.tree.digest_xor
         if disc == "pre_26921":
             self._sync_pre_26921(counts, digest)
             return
@@ -819,7 +854,8 @@ class Simulation:
             started.succeed()
         d2h, h2d = self.cfg.ack_delay_steps
         t0 = self.env.now
-        dur = max(0, self._iter_step + (h2d if ack.kind == "load" else d2h) - t0)
+        dur = max(0, self._iter_step + (h2d if ack.kind == "load" else d2h)
+                  + self.faults.ack_extra(c, self._iter_step) - t0)
         self._mark(t0 + dur)
         if dur:
             yield self.env.timeout(dur)
@@ -1204,7 +1240,7 @@ class Simulation:
 
     def _forward(self, numels: dict[int, int] | int) -> None:
         """The forward's TP all_reduce: per-rank token counts, or one count for all."""
-        if self._solo and self.collective.name == "simulated":
+        if (self._solo and self.collective.name == "simulated") or not self.cfg.forward_collective:
             return
         try:
             if isinstance(numels, int):
@@ -2476,4 +2512,7 @@ class Simulation:
             "digests": {str(r): self.group.cohort_of(r).tree.digest for r in range(self.cfg.tp)},
             "steps": self.step_no,
         })
+        if self._steps:
+            # the harness's outcome classes (tools/sglang_server/tp2.py), in its steps
+            rep["outcome"] = outcome(rep, self.cfg.tp, self._free_log or None, self.halted)
         return rep

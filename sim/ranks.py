@@ -109,7 +109,8 @@ class RankGroup:
         if cfg.rank_consensus:
             self.cohorts[0].consensus = []
         own = (range(1, cfg.tp) if cfg.replicas == "eager"
-               else cfg.jitter.physical_ranks(cfg.tp))
+               else sorted(set(cfg.jitter.physical_ranks(cfg.tp))
+                           | {f[0] for f in cfg.faults if f[0] < cfg.tp}))
         for r in own:
             if r < cfg.tp and cfg.tp > 1:
                 self.fork(r, "replica", 0.0)

@@ -516,6 +516,8 @@ class Collective(_Model):
     """Which SGLang code issues the per-step cache sync (see the section text)."""
     timeout_s: _num(gt=0.0, hi=3600.0) = 10.0
     """Seconds a blocked torch collective waits before it is reported as a hang."""
+    forward: Literal["all_reduce", "none"] = "all_reduce"
+    """The forward's TP collective: `all_reduce` (a model's, on the device group: ranks with different token counts meet there); `none`: a stub forward with no collective, as the SGLang server harness's fake worker runs (server_oracle.py `install_forward`), for comparison with it."""
     rank_consensus: bool = False
     """SGLang's rank consensus checker (utils/rank_consensus_checker.py, sglang #34406; off unless SGLANG_ENABLE_RANK_CONSENSUS_CHECKER is set): each rank logs its @rank_consensus calls (match_prefix, insert, evict_for_alloc, write_backup_storage, _can_terminate_prefetch, check_prefetch_progress) with the selected params and results; the first call that differs across ranks kills the server ("Found rank divergence"), where it was made (sim.consensus)."""
 
@@ -587,6 +589,31 @@ class Engine(_Model):
             raise _err("ack_delay_steps with clock 'time'",
                        "clock 'steps' (under the time clock copies take what the cost model says)",
                        "ack_delay_steps")
+        return self
+
+
+class Fault(_Model):
+    """One scripted fault on one rank, as the SGLang TP-2 harness's ``--fault`` hooks
+    act (../shared/oracle/server/instrument.py ``Instrument._install_fault``), under
+    ``engine.clock: steps``."""
+
+    rank: _int(0, 63)
+    """The rank the fault acts on."""
+    kind: Literal["host_alloc_fail", "ack_delay", "reclaim_skip"]
+    """`host_alloc_fail`: the host pool's alloc returns None once, at the first backup at or after `step`. `ack_delay`: copies recorded in steps `step`..`step`+20 complete `extra_steps` steps later. `reclaim_skip`: Python core: every duplicate reclaim of the first reclaiming step >= `step` is skipped (the host copy stays); Rust core: this rank's digest is perturbed after its first reclaiming host eviction >= `step`."""
+    step: _int(0, 10**9)
+    """The first step at which the fault may act."""
+    extra_steps: _int(1, 10**6) | None = None
+    """`ack_delay` only (required there): the steps each delayed copy completes late."""
+
+    @model_validator(mode="after")
+    def _extra(self):
+        if self.kind == "ack_delay" and self.extra_steps is None:
+            raise _err("ack_delay without extra_steps", "extra_steps (the steps a copy is late)",
+                       "extra_steps")
+        if self.kind != "ack_delay" and self.extra_steps is not None:
+            raise _err(f"extra_steps with kind {self.kind!r}", "extra_steps on ack_delay only",
+                       "extra_steps")
         return self
 
 
@@ -1112,6 +1139,8 @@ class Scenario(_Model):
     """The L3 storage tier below the host (absent: no L3)."""
     jitter: Jitter = Field(default_factory=Jitter)
     """Rank-level perturbations and faults, all off by default."""
+    faults: list[Fault] = Field(default_factory=list)
+    """Scripted faults, each on one rank at a step (the SGLang TP-2 harness's hooks; `engine.clock: steps` only)."""
     workload: Workload
     """The requests: a generator (`kind`) or a trace."""
     scheduler: Scheduler = Field(default_factory=Scheduler)
@@ -1162,6 +1191,16 @@ class Scenario(_Model):
                            "engine.clock")
             if self.dp != 1:
                 raise _err(f"clock 'steps' with dp {self.dp}", "dp 1", "engine.clock")
+        if self.faults and self.model.hybrid() is not None:
+            raise _err("faults on a hybrid model", "a FULL-attention model (the harness's "
+                       "hooks act on the FULL tree)", "faults")
+        if self.faults and self.engine.clock != "steps":
+            raise _err(f"faults with clock {self.engine.clock!r}",
+                       "engine.clock 'steps' (a fault acts at a scheduler step)", "faults")
+        for i, f in enumerate(self.faults):
+            if f.rank >= self.tp:
+                raise _err(f"rank {f.rank} with tp {self.tp}", f"a rank below {self.tp}",
+                           f"faults.{i}.rank")
         if self.storage is not None and self.collective.discipline != "synced":
             raise _err(f"storage with discipline {self.collective.discipline!r}",
                        "discipline 'synced' (the storage queues ride on 0.5.23's sync)",

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 
+from sim.scheduler import available
+
 # schedule_policy.py AddReqResult's names, as the harness prints them
 RESULT_NAMES = {"continue": "CONTINUE", "no_token": "NO_TOKEN", "other": "OTHER"}
 
@@ -120,7 +122,10 @@ class StepRecorder:
                     if done:
                         h["write_ack"] = h.get("write_ack", []) + done
                 tree.rec.clear()
-            rec.setdefault("hc", {})["digest"] = tree.digest
+            rec.setdefault("hc", {})["digest"] = tree.digest ^ tree.digest_xor
+            # the harness's `sizes()`: the allocator's and the host pool's available_size
+            rec["dev_free"] = available(tree)
+            rec["host_free"] = tree.host_capacity - tree.host_used - tree.host_reserved
             self._close(c, rec)
         self.step = None
 

@@ -518,7 +518,10 @@ class Tree:
             for _ in range(C.SENTINEL_IDS_PER_COMPONENT):
                 self._new_node([], None)
         self.digest = 0
+        # XORed into the digest a rank reports (a scripted digest-only fault, sim.faults)
+        self.digest_xor = 0
         rust = ids in RUST_ID_SCHEMES
+        self.rust_core = rust
         self._digest_stride = C.RUST_COMPONENT_TYPES if rust else 1
         self._digest_offset = C.RUST_FULL_COMPONENT_INDEX if rust else 0
 
@@ -1434,6 +1437,9 @@ class Tree:
         new.rec = None if self.rec is None else []
         new.host_alloc_fail = None
         new.host_skew_fired = None
+        # a scripted fault's hooks belong to its rank's own tree (sim.faults)
+        new.__dict__.pop("_evict_host", None)
+        new.__dict__.pop("release_duplicate", None)
         # The storage hook belongs to the original's book; a fork re-attaches its own
         # (and its own PrefetchBook: staged slots are copied in host_reserved).
         new.on_host_backup = None

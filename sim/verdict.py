@@ -76,9 +76,13 @@ def groups_by(cohorts, key) -> list[tuple[list[int], object]]:
 class Observations:
     """The run's observations, filled in by the engine as they happen."""
 
-    def __init__(self, tp: int, perturbations):
+    def __init__(self, tp: int, perturbations, faults=None):
         self.tp = tp
         self.perturbations = perturbations
+        self.faults = faults  # sim.faults.ScriptedFaults, or None
+        # the step clock's current step (engine.clock: steps), stamped on the failures
+        # SGLang's checks see; None under the time clock
+        self.clock_step: int | None = None
         self.first_true_divergence: dict | None = None
         self.digest: dict | None = None
         self.mismatch_steps = 0
@@ -107,7 +111,7 @@ class Observations:
             return
         groups = groups_by(cohorts, key)
         self.first_true_divergence = {
-            "t": now, "step": step, "what": what, "ranks": [g for g, _ in groups],
+            "t": now, "step": step, **self._clock(), "what": what, "ranks": [g for g, _ in groups],
             "state": {f"ranks {','.join(map(str, g))}": list(state(_tree_of(cohorts, g[0])))[:9]
                       for g, _ in groups}}
 
@@ -144,7 +148,7 @@ class Observations:
                                           "ranks": [g for g, _ in groups], "state": {}}
 
     def untracked(self, now: float, step: int, why: str) -> None:
-        self.untracked_at = {"t": now, "step": step, "why": why}
+        self.untracked_at = {"t": now, "step": step, **self._clock(), "why": why}
         if self.first_true_divergence is None:
             self.first_true_divergence = {"t": now, "step": step, "what": why,
                                           "ranks": [], "state": {}}
@@ -155,18 +159,22 @@ class Observations:
         self.mismatch_steps += 1
         if self.digest is not None:
             return False
-        self.digest = {"t": now, "step": step, "min": lo, "max": hi,
+        self.digest = {"t": now, "step": step, **self._clock(), "min": lo, "max": hi,
                        "digests": {str(r): d for r, d in sorted(digests.items())},
                        "message": message}
         return True
 
     def collective_error(self, now, step, err) -> None:
         if self.collective is None:
-            self.collective = {"t": now, "step": step, "kind": err.kind, "site": err.site,
+            self.collective = {"t": now, "step": step, **self._clock(), "kind": err.kind,
+                               "site": err.site,
                                "ranks_in": list(err.ranks_in), "ranks_out": list(err.ranks_out),
                                "detail": err.detail, "message": err.line}
             if err.pending is not None:
                 self.collective["pending"] = {str(r): c for r, c in err.pending.items()}
+
+    def _clock(self) -> dict:
+        return {} if self.clock_step is None else {"clock_step": self.clock_step}
 
     def consensus_divergence(self, now, step, site: str, index: int, events: dict) -> None:
         """The rank consensus checker found ranks whose ``index``-th event differs."""
@@ -203,6 +211,8 @@ class Observations:
             return "missed", (f"the trees diverged at t={duration(true_div['t'])} "
                               f"({true_div['what']}) and no check noticed")
         fired = {k: v for k, v in self.perturbations.fired.items() if v}
+        if self.faults is not None:
+            fired.update(self.faults.fired())
         if fired:
             what = ", ".join(f"{k} fired {v} time{'s' if v != 1 else ''}" for k, v in fired.items())
             return "absorbed", f"{what}; the trees and every collective stayed consistent"
@@ -231,6 +241,8 @@ class Observations:
             "shape_divergence": self.shape,
             "untracked": self.untracked_at,
             "rank_consensus": self.rank_consensus,
+            **({"faults": self.faults.report()} if self.faults is not None and self.faults.faults
+               else {}),
         }
 
 
@@ -239,3 +251,63 @@ def _tree_of(cohorts, rank: int):
         if rank in c.ranks:
             return c.tree
     raise KeyError(rank)
+
+
+# The outcome classes of divergence.json's ``outcome``, as tools/sglang_server/tp2.py
+# classes a real TP group's run: SGLang raised (``assertion``), a collective blocked
+# (``hang``) or got different sizes (``size_mismatch``), a prefill ran out of memory
+# (``out_of_memory``), the ranks' free space differed with no error
+# (``silent_divergence``), their trees differed yet free space never did
+# (``tree_divergence``), or nothing differed (``agree``); ``untracked``: the ranks
+# went on to run different batches, past which the engine cannot follow them.
+OUTCOMES = ("agree", "assertion", "hang", "size_mismatch", "out_of_memory",
+            "silent_divergence", "tree_divergence", "untracked")
+
+
+def outcome(rep: dict, tp: int, free_diff: dict | None, halted: str | None) -> dict:
+    """The outcome class of a run from its observations (``rep``: Observations.report),
+    the first step where the ranks' free space differed and why the run halted. Each
+    rank gets its message (an assertion) or its pending call (a collective)."""
+    def at(ev):
+        return ev.get("clock_step", ev["step"])
+
+    fails = []
+    d = rep.get("digest_mismatch")
+    if d:
+        fails.append((d["t"], d["step"], 1, "digest"))
+    rc = rep.get("rank_consensus")
+    if rc:
+        fails.append((rc["t"], rc["step"], 1, "consensus"))
+    ce = rep.get("collective_error")
+    if ce:
+        fails.append((ce["t"], ce["step"], 0, "collective"))
+    base = {"first_free_difference": free_diff}
+    if fails:
+        kind = min(fails)[3]
+        if kind == "collective":
+            pend = ce.get("pending") or {}
+            return {"class": ce["kind"], "step": at(ce), "site": ce["site"],
+                    "message": ce["message"],
+                    "ranks": {str(r): {"pending": pend.get(str(r))} for r in range(tp)}, **base}
+        ev, msg = (d, d["message"]) if kind == "digest" else (rc, rc["message"])
+        raising = sorted(int(r) for r in d["digests"]) if kind == "digest" else list(range(tp))
+        return {"class": "assertion", "step": at(ev),
+                "ranks": {str(r): ({"step": at(ev), "exc": "AssertionError", "msg": msg}
+                                   if r in raising else None) for r in range(tp)}, **base}
+    if halted == "untracked":
+        # the ranks went on to run different batches, which the engine cannot follow
+        # (its ranks share one request state): what SGLang does next is not known
+        u = rep.get("untracked") or {}
+        return {"class": "untracked", "step": u.get("clock_step", u.get("step")),
+                "message": u.get("why"), **base}
+    if halted == "out_of_memory":
+        u = rep.get("untracked") or {}
+        return {"class": "out_of_memory", "step": u.get("clock_step", u.get("step")),
+                "message": u.get("why"), **base}
+    if free_diff is not None:
+        return {"class": "silent_divergence", "step": free_diff["step"], **base}
+    if rep.get("first_true_divergence") is not None:
+        t = rep["first_true_divergence"]
+        return {"class": "tree_divergence", "step": t.get("clock_step", t["step"]), **base}
+    return {"class": "agree", **base}
+

@@ -373,6 +373,9 @@ class HybridReplica:
     (an insert's ``device_full``, a load-back's FULL room) see what SGLang's
     allocator sees."""
 
+    # never perturbed: scripted faults are refused on hybrid models (sim.scenario)
+    digest_xor = 0
+
     def __init__(self, h, cfg, tree=None):
         self.h = h
         self.kind = h.kind

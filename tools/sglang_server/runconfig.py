@@ -13,7 +13,8 @@ manifest), ``seed``, ``block_size``, ``write_policy``, ``overlap``, ``page_size`
 chunking, as SGLang spells it), ``max_prefill_tokens``, ``schedule_policy``,
 ``schedule_conservativeness`` (null: SGLang's default), ``clip_max_new_tokens``
 (null: SGLang's default, the env var unset), ``d2h_delay_steps``,
-``h2d_delay_steps``, ``tree_core``.
+``h2d_delay_steps``, ``tree_core``; a TP-2 run (tools/sglang_server/tp2.py) adds
+``tp``, ``fault`` (the harness's ``--fault`` spec, or null) and ``fault_rank``.
 
 Where the server harness is: ``$HICACHE_SGLANG_SERVER``, else
 ``$HICACHE_SGLANG_ORACLE/server`` (the Makefile's ``SGLANG_ORACLE``), else
@@ -152,7 +153,7 @@ def engine_scenario(cfg: dict, trace_name: str) -> dict:
         "description": f"SGLang server harness run {cfg['run']} (tools/sglang_server)",
         "seed": int(cfg["seed"]),
         "model": {"preset": "llama-3.1-8b"},
-        "tp": 1,
+        "tp": int(cfg.get("tp", 1)),
         "page_size": int(cfg["page_size"]),
         "device": {"tokens": int(cfg["device_tokens"])},
         "host": {"ratio": float(cfg["host_ratio"])},
@@ -165,7 +166,23 @@ def engine_scenario(cfg: dict, trace_name: str) -> dict:
         "workload": {"kind": "trace", "format": "generic", "path": trace_name,
                      "block_size": int(cfg["block_size"])},
         "scheduler": sched,
+        **({"faults": [engine_fault(cfg["fault"], int(cfg.get("fault_rank", 1)))]}
+           if cfg.get("fault") else {}),
+        # the harness's forward is a stub with no collective (server_oracle.py
+        # install_forward): ranks whose batches differ do not meet in it
+        **({"collective": {"forward": "none"}} if int(cfg.get("tp", 1)) > 1 else {}),
     }
+
+
+def engine_fault(spec: str, rank: int) -> dict:
+    """A harness ``--fault`` spec (``host_alloc_fail@K``, ``ack_delay@K:E``,
+    ``reclaim_skip@K``; instrument.py ``_install_fault``) as the scenario's fault."""
+    kind, _, rest = spec.partition("@")
+    step, _, extra = rest.partition(":")
+    f = {"rank": rank, "kind": kind, "step": int(step)}
+    if extra:
+        f["extra_steps"] = int(extra)
+    return f
 
 
 def run_key(cfg: dict, trace_bytes: bytes, harness_files: dict[str, bytes]) -> str:
