@@ -652,6 +652,12 @@ def _is_timeout(msg: str) -> bool:
     return "Timed out" in msg or "Watchdog caught" in msg
 
 
+def _is_peer_loss(msg: str) -> bool:
+    """gloo's errors for a connection the peer closed (after its own timeout)."""
+    return any(s in msg for s in ("Connection reset by peer", "Connection closed by peer",
+                                  "Broken pipe"))
+
+
 class TorchCollective(Collective):
     """Real torch.distributed: one spawned process per rank, driven over pipes.
 
@@ -870,8 +876,14 @@ class TorchCollective(Collective):
         line = self._line({r: o for r, o in outcomes.items() if o[0] != "ok"}, call,
                           calls[r0].numel, r0)
         failed = [o for o in outcomes.values() if o[0] != "ok"]
-        blocked = all(o[0] == "stuck" or (o[0] == "error" and _is_timeout(o[1]))
-                      or (o[0] == "died" and o[1] and _is_timeout(o[1])) for o in failed)
+        timed_out = [o for o in failed if o[0] == "stuck" or (o[0] in ("error", "died")
+                                                              and o[1] and _is_timeout(o[1]))]
+        # Calls of different ops or sites block each other (measured: both ranks time
+        # out). On a loaded machine the first rank to time out closes its connections,
+        # and a peer still waiting then fails on the lost connection instead: the same
+        # hang, seen second-hand.
+        blocked = bool(timed_out) and all(
+            o in timed_out or (o[1] and _is_peer_loss(o[1])) for o in failed)
         raise CollectiveError("hang" if blocked else "size_mismatch", step, site, ranks_in,
                               ranks_out, detail, line, call, pending)
 
