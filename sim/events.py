@@ -2491,6 +2491,11 @@ class Simulation:
 
     def _live(self):
         yield from self.running
+        # the overlap loop's finishers: out of the batch, their results (the final
+        # insert and the free) still to come, so they hold their slots until then
+        for rq in self._finishing:
+            if rq not in self.running:
+                yield rq
         if self.chunked is not None:
             yield self.chunked
         for rq in self.waiting:

@@ -6,6 +6,7 @@ bundle that replays is written (exit 3) or the search says it found none (exit 0
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,19 +17,26 @@ DUMP = ROOT / "data" / "dumps" / "crash_dump_tp8.pkl"
 DIGEST = "write_back duplicate-reclaim victims diverged across PP/TP ranks"
 
 
-def cli(*args):
-    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, cwd=ROOT)
+def cli(*args, env=None):
+    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, cwd=ROOT,
+                          env=env)
 
 
 def test_the_dump_at_its_own_sizes_does_not_reproduce_and_says_so(tmp_path):
     out = tmp_path / "b"
-    p = cli("repro", "--from-dump", DUMP, "-o", out, "--tries", 2)
+    tmp = tmp_path / "system-tmp"
+    tmp.mkdir()
+    p = cli("repro", "--from-dump", DUMP, "-o", out, "--tries", 2,
+            env={**os.environ, "TMPDIR": str(tmp)})
     assert p.returncode == 0, p.stderr
     assert "dump: 6 requests at TP 8" in p.stdout
     last = p.stdout.strip().splitlines()[-1]
     assert last.startswith("not reproduced: no perturbation in the space gave") and DIGEST in last
     assert "14 runs" in last  # 7 perturbations x 2 seeds
     assert not out.exists()
+    # the import's scratch folder sat beside the bundle and is gone; nothing went to TMPDIR
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["system-tmp"]
+    assert not any(tmp.iterdir())
 
 
 def test_a_smaller_device_reproduces_the_digest_assertion_and_bundles_it(tmp_path):
@@ -76,3 +84,22 @@ def test_a_budget_stops_the_search_between_runs(tmp_path):
 def test_a_name_must_be_a_slug(tmp_path):
     p = cli("import", DUMP, "-o", tmp_path / "o", "--name", "a b/c")
     assert p.returncode == 2 and "--name" in p.stderr
+
+
+def test_the_import_scratch_stays_beside_the_bundle(tmp_path, monkeypatch, capsys):
+    """Nothing is written outside the output's folder: the imported scenario and trace
+    are staged beside the bundle (as the bundle itself is), never in the system temp."""
+    import tempfile
+
+    import cli as cli_main
+
+    def refuse(*a, **k):
+        raise AssertionError("repro --from-dump wrote into the system temp folder")
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", refuse)
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    rc = cli_main.main(["repro", "--from-dump", str(DUMP), "-o", str(tmp_path / "b"),
+                        "--tries", "1"])
+    assert rc == 0
+    assert "not reproduced" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []  # no bundle, and the scratch folder is gone

@@ -138,8 +138,12 @@ def run(args) -> int:
 
 
 def _from_dump(args) -> int:
-    """--from-dump: import into a scratch folder, search the perturbation space, bundle."""
-    import tempfile
+    """--from-dump: import into a scratch folder, search the perturbation space, bundle.
+    The scratch folder sits beside the bundle, as the bundle's own staging folder does
+    (sim.repro.bundle.write_bundle), and is removed when the command ends."""
+    import os
+    import shutil
+    from pathlib import Path
 
     from sim import repro
     from sim.imports import build, crashdump
@@ -149,7 +153,12 @@ def _from_dump(args) -> int:
 
     t0 = time.perf_counter()
     dump = crashdump.read(args.from_dump)
-    with tempfile.TemporaryDirectory(prefix="hicache-sim-dump-") as tmp:
+    dest = Path(args.out)
+    scratch = dest.parent / f".{dest.name}.import-{os.getpid()}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        tmp = str(scratch)
         summary = build.write(dump, tmp, model=args.model)
         scenario = load_scenario(f"{tmp}/scenario.yaml", args.sets, trace_roots=args.trace_roots)
         base = scenario.seed if args.seed is None else args.seed
@@ -185,6 +194,8 @@ def _from_dump(args) -> int:
             source=args.from_dump, search=found.as_search(base), before=before, shrink=info,
             extra={"overrides": list(args.sets), "from_dump": str(args.from_dump),
                    "perturbation": found.candidate, "assertion": found.assertion}))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     res = repro.verify_bundle(out, trace_roots=args.trace_roots)
     print(f"bundle: {out} ({duration(time.perf_counter() - t0)}); replay: hicache-sim replay {out}")
     print(f"failure: {res.line}")
