@@ -44,6 +44,10 @@ def row(path: Path, seeds: int, jobs: int, out_root: Path) -> dict:
     name = path.stem.removeprefix("jitter_")
     table = census(str(path), seeds, jobs=jobs, out=out_root / path.stem, plots=False,
                    warn=lambda m: None)
+    if len(table) < seeds:
+        # a seed whose run raised is not a verdict: no table with a hole in it
+        sys.exit(f"{path.name}: {seeds - len(table)} of {seeds} seeds failed to run "
+                 f"(see {out_root / path.stem / 'failures.json'}); the table is not written")
     agg = table.attrs["aggregate"]
     counts = table["verdict"].value_counts().to_dict()
     dist = " / ".join(f"{v} {counts[v]}" for v in VERDICTS if counts.get(v))
