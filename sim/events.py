@@ -1531,7 +1531,7 @@ class Simulation:
             order = list(range(len(batch)))
             abort_by[id(c)] = None
             if not self._decode_fits(c, batch, order, plan):
-                order = retraction_order(batch)
+                order = retraction_order(batch, self._inflight_rids())
                 first = True
                 while first or not self._decode_fits(c, batch, order, plan):
                     if len(order) == 1:
@@ -1558,15 +1558,21 @@ class Simulation:
             self._retracted_now = True
             kept = [batch[i] for i in ref]
             stay = set(ref)
-            out = [i for i in retraction_order(batch)[::-1] if i not in stay]
+            lag = self._inflight_rids()
+            out = [i for i in retraction_order(batch, lag)[::-1] if i not in stay]
             if self.steprec is not None:
                 for c in self.group.cohorts:
                     self.steprec.retracted(c, [batch[i].r.rid for i in out])
             for i in out:
+                if batch[i].r.rid in lag:
+                    # under overlap the in-flight token of a retracted request is
+                    # dropped when its result comes (batch_result_processor.py
+                    # `process_batch_result_decode`: `req.is_retracted` -> continue)
+                    batch[i].generated -= 1
                 self._requeue(batch[i], aborted=i == aborted)
             self.running = kept
             for c in self.group.cohorts:
-                c.sched.ratio = ratio_after_retract(kept)
+                c.sched.ratio = ratio_after_retract(kept, lag)
                 c.sched.batch_is_full = False
         for c, plan in plans:
             self._evict_for(c, len(self.running) * ps, plan)

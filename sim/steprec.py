@@ -11,7 +11,8 @@ harness's (its ``--quiet-steps`` form of ``adds``: ``[rid, result, rem_total]``)
   ``load_ack`` (a count), ``init_load_back [rid, host_hit, loaded]``, ``digest``),
   empty ``hc`` lists left out as the harness does; a step with no batch has no
   ``mode``. Steps in which the engine's loop does not iterate (it sleeps until the
-  next relevant time) are not written: they are the harness's empty idle steps.
+  next relevant time) are the harness's empty idle steps: written as such when the
+  loop next iterates (nothing changed meanwhile, so the digest is the tree's).
 * ``req``: ``rid`` ("r" + trace line index), ``first_sched_step``, ``finish_step``,
   ``cached_tokens``, ``cached_tokens_device``, ``cached_tokens_host``.
 
@@ -34,9 +35,18 @@ class StepRecorder:
         self.cur: dict[int, dict] = {}   # id(cohort) -> the open step's record
         self._ranks: dict[int, list[int]] = {}
         self.step = None
+        self._last = -1  # the last step written
 
     # ------------------------------------------------------------ steps
     def begin(self, step: int, cohorts) -> None:
+        if step > self._last + 1:
+            # the steps the loop slept through: `event_loop_*` iterates on them idle
+            for c in cohorts:
+                self._ranks[id(c)] = list(c.ranks)
+                d = c.tree.digest
+                for s in range(self._last + 1, step):
+                    self._close(c, {"type": "step", "step": s, "adds": [], "retracted": [],
+                                    "hc": {"digest": d}})
         self.step = step
         self.cur = {}
         self._ranks = {}
@@ -127,6 +137,8 @@ class StepRecorder:
     def _close(self, c, rec: dict) -> None:
         for r in self._ranks.get(id(c), c.ranks):
             self.steps[r].append(rec)
+        if rec["step"] > self._last:
+            self._last = rec["step"]
 
     # ------------------------------------------------------------ requests
     def first_sched(self, rid: int, step: int) -> None:
