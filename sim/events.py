@@ -192,7 +192,7 @@ class StepCosts:
 class _Slot:
     """A request's state on one replica: its lock and its KV."""
 
-    __slots__ = ("lock", "lock_id", "done", "in_tree", "device_hit", "loaded")
+    __slots__ = ("lock", "lock_id", "done", "in_tree", "device_hit", "loaded", "inserted")
 
     def __init__(self):
         self.lock = None       # the locked node
@@ -201,6 +201,9 @@ class _Slot:
         self.in_tree = 0       # leading tokens whose pages the tree owns (page-aligned)
         self.device_hit = 0
         self.loaded = 0
+        # `req.kv.cache_inserted_len`: tokens this request inserted (0 again after a
+        # retraction, `reset_for_retract`, as the slot is new then)
+        self.inserted = 0
 
     def copy(self) -> "_Slot":
         s = _Slot()
@@ -307,6 +310,7 @@ class Simulation:
         # scheduler.overlap (`event_loop_overlap`): the last launched batch's results,
         # processed in the next iteration once it has scheduled its own batch
         self._overlap = cfg.overlap
+        self._batch_ran = False  # the loop's last iteration ran a batch
         self._pending: list = []          # deferred result work, in order
         self._finishing: list[Req] = []   # last tokens launched, results pending
         self._inflight: list[Req] = []    # the last launched batch (overlap)
@@ -534,9 +538,15 @@ class Simulation:
             if sr is not None:
                 sr.end(self.group.cohorts)
             if self._drained():
+                if sr is not None and self._batch_ran and not self._overlap:
+                    # `event_loop_normal` iterates once more after its last batch
+                    # (`last_batch` is still set): an idle step with nothing in it
+                    sr.begin(int(self.env.now), self.group.cohorts)
+                    sr.end(self.group.cohorts)
                 self._release_gpu()
                 self.finished = True
                 return
+            self._batch_ran = False
             if self._steps:
                 self._iter_step = self.obs.clock_step = int(self.env.now)
             if sr is not None:
@@ -564,11 +574,13 @@ class Simulation:
                     # `process_batch_result` ends with `flush_pending_backups`: the
                     # step's backups leave with its results
                     self._flush_writes()
+                    self._batch_ran = True
                     continue
             if self.running and self.cfg.decode:
                 ran = yield from self._decode()
                 self._flush_writes()
                 if ran is not False:
+                    self._batch_ran = True
                     continue
             if self._pending:
                 # no batch this step: the last batch's results are processed, and the
@@ -1106,12 +1118,15 @@ class Simulation:
 
     def _alloc_extend(self, c: Cohort, plan: _Plan) -> None:
         """`alloc_for_extend`: one eviction sized for the whole batch (its extend tokens
-        plus a page per request, `alloc_paged_token_slots_extend`), then each request's
-        new pages (`get_num_new_pages`)."""
+        plus a page per request, `alloc_paged_token_slots_extend`; at page size 1 the
+        extend tokens alone, `alloc_token_slots`), then each request's new pages
+        (`get_num_new_pages`)."""
         tree, ps = c.tree, self._ps
         if self._hyb is not None:
             self._hyb.alloc_extend(c, plan)
-        demand = sum(e for _, _, e in plan.shape) + len(plan.reqs) * ps
+        demand = sum(e for _, _, e in plan.shape)
+        if ps > 1:
+            demand += len(plan.reqs) * ps
         self._evict_for(c, demand, plan)
         need = 0
         for rq, (_, done, extend) in zip(plan.reqs, plan.shape):
@@ -1552,7 +1567,7 @@ class Simulation:
             order = list(range(len(batch)))
             abort_by[id(c)] = None
             if not self._decode_fits(c, batch, order, plan):
-                order = retraction_order(batch)
+                order = retraction_order(batch, self._inflight_rids())
                 first = True
                 while first or not self._decode_fits(c, batch, order, plan):
                     if len(order) == 1:
@@ -1579,15 +1594,21 @@ class Simulation:
             self._retracted_now = True
             kept = [batch[i] for i in ref]
             stay = set(ref)
-            out = [i for i in retraction_order(batch)[::-1] if i not in stay]
+            lag = self._inflight_rids()
+            out = [i for i in retraction_order(batch, lag)[::-1] if i not in stay]
             if self.steprec is not None:
                 for c in self.group.cohorts:
                     self.steprec.retracted(c, [batch[i].r.rid for i in out])
             for i in out:
+                if batch[i].r.rid in lag:
+                    # under overlap the in-flight token of a retracted request is
+                    # dropped when its result comes (batch_result_processor.py
+                    # `process_batch_result_decode`: `req.is_retracted` -> continue)
+                    batch[i].generated -= 1
                 self._requeue(batch[i], aborted=i == aborted)
             self.running = kept
             for c in self.group.cohorts:
-                c.sched.ratio = ratio_after_retract(kept)
+                c.sched.ratio = ratio_after_retract(kept, lag)
                 c.sched.batch_is_full = False
         for c, plan in plans:
             self._evict_for(c, len(self.running) * ps, plan)
@@ -1664,13 +1685,29 @@ class Simulation:
                 # the request's own pages pass to the tree (duplicates are freed)
                 tree.reserved -= tokens - slot.in_tree
                 slot.in_tree = tokens
-            self._op(c, {"op": "insert", "key": key})
-            ins = self._insert(c, key, 0)
+            if self._hyb is not None:
+                self._op(c, {"op": "insert", "key": key})
+                ins = self._insert(c, key, 0)
+            else:
+                # `InsertParams.inserted_len` (unified_radix_cache.py
+                # checkpoint_into_tree); only write_through's hit counts read it
+                done = slot.inserted
+                op = {"op": "insert", "key": key}
+                if done and tree.write.hit_threshold is not None:
+                    op["inserted"] = done
+                self._op(c, op)
+                ins = self._insert(c, key, 0, inserted=done)
+                slot.inserted = max(done, tokens)
             if 0 < len(pk) < len(key) and self._hyb is None:
                 # (a hybrid tree skips it: unified_radix_cache.py checkpoint_into_tree
-                # splits at the prompt only for a FULL-only tree)
-                self._op(c, {"op": "insert", "key": pk, "priority": 1})
-                self._insert(c, pk, 1, resident=True)  # a prefix of the key just inserted
+                # splits at the prompt only for a FULL-only tree); the prompt re-insert
+                # passes `inserted_len=len(prompt_key)`: it counts no hits
+                op = {"op": "insert", "key": pk, "priority": 1}
+                if tree.write.hit_threshold is not None:
+                    op["inserted"] = len(pk) * ps
+                self._op(c, op)
+                # a prefix of the key just inserted
+                self._insert(c, pk, 1, resident=True, inserted=len(pk) * ps)
             if final:
                 self._op(c, {"op": "unlock", "id": slot.lock_id})
                 tree.dec_lock(slot.lock)
@@ -1684,14 +1721,18 @@ class Simulation:
                 tree.dec_lock(slot.lock)
                 slot.lock, slot.lock_id = ins.node, lid
 
-    def _insert(self, c: Cohort, key: list, priority: int, resident: bool = False):
+    def _insert(self, c: Cohort, key: list, priority: int, resident: bool = False,
+                inserted: int = 0):
         if self._buf:
             # `begin_insert_walk`: each node is admitted once per insert walk
             c.st.book.walk = c.tree.buffer_walk = set()
             try:
-                ins = c.tree.insert(key, priority, resident)
+                ins = (c.tree.insert(key, priority, resident, inserted) if inserted
+                       else c.tree.insert(key, priority, resident))
             finally:
                 c.st.book.walk = c.tree.buffer_walk = None
+        elif inserted:
+            ins = c.tree.insert(key, priority, resident, inserted)
         else:
             ins = c.tree.insert(key, priority, resident)
         if self._rc:

@@ -216,8 +216,10 @@ class Replayer:
                 "nodes": t.n_nodes}
 
     def _op_insert(self, op):
-        # v2: `priority` (docs/OPTRACE.md), checkpoint_into_tree's prompt re-insert.
-        res = self.tree.insert(self.units(op["tokens"]), op.get("priority", 0))
+        # v2: `priority` (docs/OPTRACE.md), checkpoint_into_tree's prompt re-insert;
+        # `inserted`, the request's `cache_inserted_len` (write_through hit counts).
+        res = self.tree.insert(self.units(op["tokens"]), op.get("priority", 0),
+                               inserted=op.get("inserted", 0))
         return {"prefix_len": res.prefix_tokens, "new": res.new_device_tokens}
 
     def _op_match(self, op):

@@ -183,17 +183,25 @@ def running_offset(running, ratio: float, ignore_eos: bool = False, lag=(),
     return sum(x * ratio for x in rem)
 
 
-def retraction_order(batch) -> list[int]:
+def retraction_order(batch, lag=()) -> list[int]:
     """`_get_decode_retraction_order` ("length"): most-preferred to keep first; the
-    retract loop pops from the end (fewest outputs, then longest input)."""
+    retract loop pops from the end (fewest outputs, then longest input). ``lag``: the
+    overlap loop's in-flight rids, whose last token is not in `output_ids` yet."""
     idx = list(range(len(batch)))
-    idx.sort(key=lambda i: (batch[i].generated, -batch[i].r.input_len), reverse=True)
+    if lag:
+        idx.sort(key=lambda i: (batch[i].generated - (batch[i].r.rid in lag),
+                                -batch[i].r.input_len), reverse=True)
+    else:
+        idx.sort(key=lambda i: (batch[i].generated, -batch[i].r.input_len), reverse=True)
     return idx
 
 
-def ratio_after_retract(kept) -> float:
-    """`estimate_new_token_ratio_after_retract` over the requests left."""
+def ratio_after_retract(kept, lag=()) -> float:
+    """`estimate_new_token_ratio_after_retract` over the requests left (``lag`` as for
+    `retraction_order`)."""
     decoded = sum(rq.generated for rq in kept)
+    if lag:
+        decoded -= sum(rq.r.rid in lag for rq in kept)
     max_new = sum(rq.r.output_len for rq in kept)
     return min(1.0, (decoded + C.RETRACT_DECODE_STEPS * len(kept)) / (max_new + 1))
 

@@ -11,7 +11,8 @@ harness's (its ``--quiet-steps`` form of ``adds``: ``[rid, result, rem_total]``)
   ``load_ack`` (a count), ``init_load_back [rid, host_hit, loaded]``, ``digest``),
   empty ``hc`` lists left out as the harness does; a step with no batch has no
   ``mode``. Steps in which the engine's loop does not iterate (it sleeps until the
-  next relevant time) are not written: they are the harness's empty idle steps.
+  next relevant time) are the harness's empty idle steps: written as such when the
+  loop next iterates (nothing changed meanwhile, so the digest is the tree's).
 * ``req``: ``rid`` ("r" + trace line index), ``first_sched_step``, ``finish_step``,
   ``cached_tokens``, ``cached_tokens_device``, ``cached_tokens_host``.
 
@@ -36,9 +37,18 @@ class StepRecorder:
         self.cur: dict[int, dict] = {}   # id(cohort) -> the open step's record
         self._ranks: dict[int, list[int]] = {}
         self.step = None
+        self._last = -1  # the last step written
 
     # ------------------------------------------------------------ steps
     def begin(self, step: int, cohorts) -> None:
+        if step > self._last + 1:
+            # the steps the loop slept through: `event_loop_*` iterates on them idle
+            for c in cohorts:
+                self._ranks[id(c)] = list(c.ranks)
+                d = c.tree.digest
+                for s in range(self._last + 1, step):
+                    self._close(c, {"type": "step", "step": s, "adds": [], "retracted": [],
+                                    "hc": {"digest": d}})
         self.step = step
         self.cur = {}
         self._ranks = {}
@@ -132,6 +142,8 @@ class StepRecorder:
     def _close(self, c, rec: dict) -> None:
         for r in self._ranks.get(id(c), c.ranks):
             self.steps[r].append(rec)
+        if rec["step"] > self._last:
+            self._last = rec["step"]
 
     # ------------------------------------------------------------ requests
     def first_sched(self, rid: int, step: int) -> None:
@@ -164,8 +176,7 @@ def rank_paths(path: str, tp: int) -> list[str]:
 
 
 # ------------------------------------------------------------ comparison
-# The fields compared with a harness output: per step (a step missing on one side is
-# an idle step with nothing in it, the digest carried over) and per request.
+# The fields compared with a harness output: per step and per request.
 STEP_FIELDS = ("mode", "rids", "extend", "prefix", "chunked", "adds", "retracted")
 HC_FIELDS = ("write", "write_ack", "load", "init_load_back", "digest")
 REQ_FIELDS = ("first_sched_step", "finish_step", "cached_tokens", "cached_tokens_device",
@@ -221,7 +232,9 @@ def _view(d: dict | None, hc_on: bool) -> dict:
     return out
 
 
-def _same(k, a, b, ids: _Relabel, dig: _Relabel) -> bool:
+def _same(k, a, b, ids: _Relabel | None, dig: _Relabel | None) -> bool:
+    if ids is None:
+        return a == b
     if k in ("hc.write", "hc.load"):
         return (a is not None and b is not None and len(a) == len(b)
                 and all(x[1:] == y[1:] and ids.same(x[0], y[0]) for x, y in zip(a, b)))
@@ -233,18 +246,29 @@ def _same(k, a, b, ids: _Relabel, dig: _Relabel) -> bool:
     return a == b
 
 
-def compare(harness, engine) -> dict:
+def compare(harness, engine, relabel: bool = False) -> dict:
     """Step-for-step comparison of a harness output with a ``--record-steps`` file:
-    counts, and the first differing step with both sides of each differing field."""
+    counts, and the first differing step with both sides of each differing field.
+    Every field is compared as is, node ids and digests included, and a step on one
+    side only differs (field ``step``). ``relabel``: ids and digests need only match
+    up to a consistent renumbering (a run whose `cache.ids` or tree core is not the
+    server's)."""
     hs, hr = read_records(harness)
     es, er = read_records(engine)
     hc_on = any("hc" in d for d in hs.values())
     last = max(max(hs, default=0), max(es, default=0))
-    ids, dig = _Relabel(), _Relabel()
-    dig.same(0, 0)
+    ids = dig = None
+    if relabel:
+        ids, dig = _Relabel(), _Relabel()
+        dig.same(0, 0)
     differ, first = 0, None
     dh = de = 0
     for s in range(last + 1):
+        if (s in hs) != (s in es):
+            differ += 1
+            if first is None:
+                first = {"step": s, "fields": {"step": {"harness": s in hs, "engine": s in es}}}
+            continue
         a, b = _view(hs.get(s), hc_on), _view(es.get(s), hc_on)
         if hc_on:
             dh = a.get("hc.digest", 0) if s in hs else dh

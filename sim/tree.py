@@ -804,14 +804,19 @@ class Tree:
         ps = self.page_size
         return Match(dev_pos * ps, (pos - dev_pos) * ps, last_dev, node, split)
 
-    def insert(self, key: list, priority: int = 0, resident: bool = False) -> Insert:
+    def insert(self, key: list, priority: int = 0, resident: bool = False,
+               inserted: int = 0) -> Insert:
         """`insert` (sem §3.1). Raises TreeError("device_full") without changing
         anything when the new device tokens do not fit: inserts never evict.
         ``priority``: every node the walk enters or creates keeps the larger of its own
         and this (`_insert_helper`: ``node.priority = max(node.priority, priority)``),
         which only the ``priority`` eviction policy reads. ``resident``: the caller
         knows the whole key is on device (a prefix of what it just inserted), so the
-        room check's walk is skipped: nothing new is needed."""
+        room check's walk is skipped: nothing new is needed. ``inserted``: the tokens
+        the inserting request already inserted (`InsertParams.inserted_len`, its
+        `req.kv.cache_inserted_len`): a node ending at or below it was counted when the
+        request inserted it, so it counts no write_through hit now
+        (unified_tree_core.py `_finish_insert_walk_node`, `_should_backup_after_insert`)."""
         ps = self.page_size
         new = 0 if resident else (len(key) - self.device_prefix_len(key)) * ps
         if new > self.device_capacity - self.dev_used - self.reserved:
@@ -849,12 +854,12 @@ class Tree:
                 self.stats.unevict_tokens += len(child.key) * ps
                 if self.rec is not None:
                     self._ev("unevict", child, n=len(child.key) * ps)
-            if wt is not None:
+            node = child
+            pos += p
+            if wt is not None and pos * ps > inserted:
                 child.hit_count += 1
                 if not child.host and child.hit_count >= wt:
                     self._write_through_chain(child, res)
-            node = child
-            pos += p
         res.prefix_tokens = pos * ps
         res.new_device_tokens = new
         if pos < n:
@@ -868,7 +873,7 @@ class Tree:
             node = leaf
             if self.rec is not None:
                 self._ev("new", leaf, n=len(leaf.key) * ps)
-            if wt is not None:
+            if wt is not None and n * ps > inserted:
                 leaf.hit_count = 1
                 if leaf.hit_count >= wt:
                     self._write_through_chain(leaf, res)

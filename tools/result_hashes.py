@@ -74,7 +74,9 @@ def _folder_hashes(folder: Path, prefix: str) -> dict[str, str]:
         rel = p.relative_to(folder).as_posix()
         if rel == ".lock":
             continue
-        data = p.read_bytes()
+        # the repository's own path (a trace's, echoed in scenario.yaml) is the
+        # checkout's, not the result's
+        data = p.read_bytes().replace(str(ROOT).encode(), b"<repo>")
         if rel == "meta.json":
             meta = json.loads(data)
             meta.pop("git_revision", None)

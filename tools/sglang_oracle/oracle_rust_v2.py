@@ -16,7 +16,7 @@ recordings need on top of it (docs/OPTRACE.md):
   never re-minted (``RustUnifiedTreeCore.reset``), so the root is 1 and the first
   node 2. The digest is the core's own, un-normalised.
 * ``reserved`` (device slots held outside the tree), ``write_ack {id}`` under
-  ``write_acks: "op"``, ``priority`` on insert, ``host_alloc_failures`` and
+  ``write_acks: "op"``, ``priority`` and ``inserted`` on insert, ``host_alloc_failures`` and
   ``host_policy: lru`` (SGLANG_HICACHE_SKIP_HOST_DUPLICATE_RECLAIM), as
   ``oracle_ext.py`` / ``oracle_v2.py`` add them for the Python core.
 * ``skip_ids`` is refused: Rust handles are per core, so another node object in the
@@ -88,7 +88,7 @@ class RustV2Oracle(R.RustOracle):
         self.reserved_mode = reserved_mode
         self._reserved: list = []
         self.reserved = 0
-        self._priority = 0
+        self._priority = self._inserted = 0
         self._fails = {(int(i), int(a)) for i, a in header.get("host_alloc_failures", ())}
         self._op_index = self._attempt = 0
         if self._fails:
@@ -177,13 +177,14 @@ class RustV2Oracle(R.RustOracle):
         return {}
 
     def op_insert(self, tokens):
-        """The shared Rust insert, with v2's ``priority`` as InsertParams.priority."""
-        if not self._priority:
+        """The shared Rust insert, with v2's ``priority`` as InsertParams.priority and
+        ``inserted`` as InsertParams.inserted_len (the request's cache_inserted_len)."""
+        if not self._priority and not self._inserted:
             return super().op_insert(tokens)
         real = R.InsertParams
 
         def with_priority(**kw):
-            return real(**kw, priority=self._priority)
+            return real(**kw, priority=self._priority, inserted_len=self._inserted)
         R.InsertParams = with_priority
         try:
             return super().op_insert(tokens)
@@ -208,6 +209,7 @@ class RustV2Oracle(R.RustOracle):
     def _apply_ext(self, i: int, op: dict) -> dict:
         self._op_index, self._attempt = i, 0
         self._priority = int(op.get("priority", 0))
+        self._inserted = int(op.get("inserted", 0))
         name = op["op"]
         try:
             self._set_reserved(int(op.get("reserved", 0)))

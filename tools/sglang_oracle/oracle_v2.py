@@ -113,7 +113,9 @@ class V2Oracle(ExtOracle):
 
     def op_insert(self, tokens):
         """The shared oracle's insert, with the v2 ``priority`` field passed to SGLang
-        as `InsertParams.priority` (checkpoint_into_tree's prompt re-insert)."""
+        as `InsertParams.priority` (checkpoint_into_tree's prompt re-insert), and
+        ``inserted`` as `InsertParams.inserted_len` (the request's cache_inserted_len:
+        nodes ending at or below it count no write_through hit)."""
         key = self.key(tokens)
         prefix = self._device_prefix(key)
         need = len(key) - len(prefix)
@@ -121,7 +123,8 @@ class V2Oracle(ExtOracle):
             raise OpError("device_full")
         fresh = self.dev.alloc(need)
         params = InsertParams(key=key, value=torch.cat([prefix, fresh]),
-                              prev_prefix_len=len(prefix), priority=self._priority)
+                              prev_prefix_len=len(prefix), priority=self._priority,
+                              inserted_len=self._inserted)
         step = self.core.begin_insert(params)
         while True:
             self._apply_actions(step.actions)
@@ -134,6 +137,7 @@ class V2Oracle(ExtOracle):
 
     def apply(self, op: dict) -> dict:
         self._priority = int(op.get("priority", 0))
+        self._inserted = int(op.get("inserted", 0))
         if op["op"] != "write_ack":
             return super().apply(op)
         return self.run_op("write_ack", lambda: self.op_write_ack(op["id"]))

@@ -142,6 +142,8 @@ def engine_scenario(cfg: dict, trace_name: str) -> dict:
         "chunked_prefill_tokens": None if chunk is None or chunk <= 0 else int(chunk),
         "max_prefill_tokens": int(cfg["max_prefill_tokens"]),
         "decode": True,
+        # every harness request is sent with ignore_eos (its stub forward never emits EOS)
+        "ignore_eos": True,
         "overlap": bool(cfg["overlap"]),
         "schedule_policy": cfg["schedule_policy"],
         "clip_max_new_tokens": int(cfg["clip_max_new_tokens"] or SGLANG_DEFAULT_CLIP),
