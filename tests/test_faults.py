@@ -175,21 +175,6 @@ KNOWN_DIFFERENT = {
     "t02_hostpress_ps16.host_alloc_fail_at90": "untracked",
     "t03_hostpress_ps4.host_alloc_fail_at40": "untracked",
     "t10_hostpress_ps32.host_alloc_fail_at40": "untracked",
-    # the engine's steps already differ from the harness's before the fault acts
-    # (rank 0, compare_steps.py: t04, t05 from steps 2 and 1, an admission budget a
-    # page apart; t09 from step 48; t08 from step 39), so it fires at another step
-    "t04_hostpress_ps8_overlap.host_alloc_fail_at40": "steps",
-    "t04_hostpress_ps8_overlap.reclaim_skip_at40": "steps",
-    "t04_hostpress_ps8_overlap.host_alloc_fail_at90": "steps",
-    "t04_hostpress_ps8_overlap.reclaim_skip_at90": "steps",
-    "t05_hostpress_ps2.host_alloc_fail_at40": "steps",
-    "t05_hostpress_ps2.reclaim_skip_at40": "steps",
-    "t05_hostpress_ps2.host_alloc_fail_at90": "steps",
-    "t05_hostpress_ps2.reclaim_skip_at90": "steps",
-    "t08_multiturn_ps4.host_alloc_fail_at40": "steps",
-    "t09_multiturn_ps16_overlap.reclaim_skip_at40": "steps",
-    "t09_multiturn_ps16_overlap.host_alloc_fail_at90": "steps",
-    "t09_multiturn_ps16_overlap.reclaim_skip_at90": "steps",
     # LayerDoneCounter's 3 producer slots (cache_controller.py update_producer): a
     # 4th load-back while the 1st is 6 steps late asserts on rank 1; not modelled
     "t09_multiturn_ps16_overlap.ack_delay_at40_5": "producer_slots",
