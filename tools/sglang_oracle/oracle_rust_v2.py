@@ -231,25 +231,10 @@ class RustV2Oracle(R.RustOracle):
 
 
 def replay(lines, out) -> int:
-    oracle, errors, idx = None, 0, 0
-    for line in lines:
-        line = line.strip()
-        if not line:
-            continue
-        op = json.loads(line)
-        if oracle is None:
-            if op.get("op") != "header":
-                raise SystemExit("trace must start with a header line")
-            oracle = RustV2Oracle(op)
-            rec = {"op": "header", "events": [], **oracle.summary()}
-        elif getattr(oracle, "dead", False):
-            rec = {"op": op["op"], "error": "skipped_after_panic", "events": []}
-        else:
-            rec = oracle.apply_ext(idx, op)
-            errors += "error" in rec
-        out.write(json.dumps({"i": idx, **rec}, separators=(",", ":")) + "\n")
-        idx += 1
-    return errors
+    """oracle_v2's replay loop on the Rust core (a panic skips the rest of the trace)."""
+    import oracle_v2
+
+    return oracle_v2.replay(lines, out, oracle_cls=RustV2Oracle)
 
 
 def main() -> None:

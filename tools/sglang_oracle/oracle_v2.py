@@ -191,6 +191,9 @@ def replay(lines, out, check=False, reserved_mode="tokens", oracle_cls=None) -> 
                 raise SystemExit("trace must start with a header line")
             oracle = (oracle_cls or V2Oracle)(op, reserved_mode)
             rec = {"op": "header", "events": [], **oracle.summary()}
+        elif getattr(oracle, "dead", False):
+            # the Rust core panicked on an earlier op (oracle_rust_v2): nothing after it
+            rec = {"op": op["op"], "error": "skipped_after_panic", "events": []}
         else:
             rec = oracle.apply_ext(idx, op)
             errors += "error" in rec
