@@ -63,7 +63,7 @@ from sim.faults import ScriptedFaults
 from sim.jitter import Jitter
 from sim.metrics import Metrics
 from sim.ranks import Ack, Cohort, RankGroup
-from sim.policies.schedule import calc_priority
+from sim.policies.schedule import GroupShuffle, calc_priority
 from sim.scheduler import (CONTINUE, NO_TOKEN, OTHER, Adder, Budget, available,
                            page_ceil, ratio_after_retract, retraction_order,
                            running_offset, steps_without_event)
@@ -347,6 +347,7 @@ class Simulation:
         self.stuck: str | None = None
         self.step_no = 0
         self.batch_no = 0
+        self.shuffle = GroupShuffle(cfg.seed)  # schedule_policy random (sim.policies.schedule)
         self._user_error = None
         self._next_sample = 0.0
         self._wake = self.env.event()

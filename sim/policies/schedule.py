@@ -180,6 +180,25 @@ def prefix_matches(reqs: list, keys: list, tree, ps: int, on_match=None, matched
     return matches, low
 
 
+class GroupShuffle:
+    """`random`'s draws for one TP group: SGLang's ranks each seed `random` with the
+    same `random_seed` (`set_random_seed`) and shuffle the same queue, so the group
+    shuffles once per admission pass, from the scenario seed."""
+
+    __slots__ = ("rng", "pass_no")
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.pass_no = None
+
+    def take(self, pass_no: int):
+        """The generator for pass ``pass_no``'s shuffle, or None once it has shuffled."""
+        if pass_no == self.pass_no:
+            return None
+        self.pass_no = pass_no
+        return self.rng
+
+
 def calc_priority(sim, c) -> None:
     """`SchedulePolicy.calc_priority` on replica ``c`` of engine ``sim``: reorder the
     waiting queue in place, then `_touch_waiting_prefixes` for cache-agnostic policies."""
@@ -203,14 +222,9 @@ def calc_priority(sim, c) -> None:
                                       if sim._rc else None)
     rng = None
     if isinstance(policy, Random):
-        # one shuffle per pass for the group: the ranks draw alike
-        if sim.batch_no == getattr(sim, "_shuffled_pass", None):
-            policy = None
-        else:
-            sim._shuffled_pass = sim.batch_no
-            if getattr(sim, "_schedule_rng", None) is None:
-                sim._schedule_rng = random.Random(sim.cfg.seed)
-            rng = sim._schedule_rng
+        rng = sim.shuffle.take(sim.batch_no)
+        if rng is None:
+            policy = None  # this pass's queue is already shuffled (by another replica)
     new = policy.order(reqs, matches, low, tree, rng) if policy is not None else None
     if new is not None:
         waiting.clear()
