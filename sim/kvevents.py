@@ -170,9 +170,6 @@ class Recorder:
         if hs:
             self.enqueue({"type": "BlockRemoved", "block_hashes": hs, "medium": medium})
 
-    def all_cleared(self) -> None:
-        self.enqueue({"type": "AllBlocksCleared"})
-
     def take(self) -> list:
         q, self.queue = self.queue, []
         return q

@@ -108,10 +108,6 @@ def _if_storage(v, a):
     return v if a.get("hicache_storage_backend") in _STORAGE and v is not None else _SKIP
 
 
-def _dedup(v, a):
-    return bool(v) if a.get("enable_hierarchical_cache") and v is not None else _SKIP
-
-
 MAPPINGS: tuple[Mapping, ...] = (
     Mapping("tp_size", "tp", "--tp-size: the ranks that each hold a replica of the tree", _same),
     Mapping("dp_size", "dp", "--dp-size: data-parallel instances behind the router", _same),
