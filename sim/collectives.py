@@ -825,15 +825,19 @@ class TorchCollective(Collective):
 
     def _line(self, outcomes: dict[int, tuple], call: int, numel: int, rank: int) -> str:
         """The one line to report: a dead rank's own last words first (that process is
-        what took the server down), else the lowest rank's exception, else the line the
+        what took the server down), else the lowest rank's timeout (a peer that then
+        fails on the closed connection only echoes it; which rank times out first is
+        the machine's timing), else the lowest rank's exception, else the line the
         library would print had it raised."""
         for kind, val in outcomes.values():
             if kind == "died" and val:
                 return val
-        for r in sorted(outcomes):
-            kind, val = outcomes[r]
-            if kind == "error":
+        errors = [outcomes[r][1] for r in sorted(outcomes) if outcomes[r][0] == "error"]
+        for val in errors:
+            if _is_timeout(val):
                 return val
+        if errors:
+            return errors[0]
         ms = int(round(self.timeout_s * 1000))
         if self.transport == "nccl":
             return LINES["nccl_timeout"].format(rank=rank, seq=call, numel=numel, ms=ms,
