@@ -434,7 +434,7 @@ def _group_stats(table, label: str, total: int) -> dict:
 
 def aggregate(table, plan: CensusPlan, failed: Sequence[int] = ()) -> dict:
     """census.json: per verdict (ordered) and over all seeds."""
-    from sim.config import from_scenario
+    from sim.resolve import from_scenario
 
     total = len(table)
     order = verdict_order(table["verdict"].tolist())

@@ -105,7 +105,7 @@ def _jittered(s) -> bool:
     """Whether ranks may come to hold trees of their own: a configured perturbation
     (the engine's own list, ``sim.jitter.Jitter``) or a sync discipline other than
     SGLang's."""
-    from sim.config import from_scenario
+    from sim.resolve import from_scenario
     from sim.jitter import Jitter
 
     cfg, _ = from_scenario(s)

@@ -46,7 +46,7 @@ def git_revision() -> str | None:
 
 def prepare(scenario, seed: int | None = None, collective: str | None = None):
     """(scenario, SimConfig, CostModel, workload) with CLI overrides applied."""
-    from sim.config import from_scenario
+    from sim.resolve import from_scenario
     from sim.workloads import build_workload
 
     updates = {}

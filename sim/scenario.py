@@ -1394,7 +1394,7 @@ def _hybrid_check(s: "Scenario") -> None:
                    "jitter.host_alloc_failure")
 
 
-def _hybrid_pools(s: "Scenario") -> dict:
+def hybrid_pools(s: "Scenario") -> dict:
     """A hybrid model's pools per rank (sim/hybrid/pools.py): FULL tokens and the
     component's device pool (SWA tokens, or Mamba state slots), the FULL host tokens
     and the host state slots."""
@@ -1487,34 +1487,6 @@ def _hybrid_pools(s: "Scenario") -> dict:
         raise _CapacityError(f"device.{mode}", f"{full} FULL tokens", "at least one page")
     return {"full": full, "aux": aux, "host_full": host_full, "host_aux": host_aux,
             "full_bytes_per_token": full_b, "aux_bytes": aux_b}
-
-
-def resolve_hybrid(s: "Scenario", max_running: int):
-    """The engine's ``HybridConfig`` and the running-request cap (a Mamba hybrid's
-    is capped by its state pool: ``resolve_max_num_reqs``)."""
-    from sim.config import HybridConfig
-    from sim.constants import SENTINEL_IDS_PER_COMPONENT
-    from sim.hybrid import pools
-
-    h = s.model.hybrid()
-    p = _hybrid_pools(s)
-    # A bare core's two components draw their LRU sentinels' ids first (ids 1-8,
-    # docs/HYBRID.md §1); op-trace numbering moves them out (first node 1).
-    offset = 0 if s.cache.ids == "optrace" else 2 * SENTINEL_IDS_PER_COMPONENT
-    if h.kind == "swa":
-        return HybridConfig(kind="swa", aux_capacity=p["aux"], window=h.sliding_window,
-                            id_offset=offset, aux_host=p["host_aux"], host_tokens=p["host_full"],
-                            swa_bytes=p["aux_bytes"] if p["host_full"] else 0,
-                            full_bytes=p["full_bytes_per_token"] if p["host_full"] else 0,
-                            release_prefill_swa=bool(s.cache.release_prefill_swa)), max_running
-    state_b = p["aux_bytes"]
-    hc = HybridConfig(kind="mamba", aux_capacity=p["aux"], aux_host=p["host_aux"],
-                      host_tokens=p["host_full"], mamba_chunk=1,
-                      state_tokens=-(-state_b // p["full_bytes_per_token"]),
-                      state_bytes=state_b, id_offset=offset)
-    requested = s.scheduler.max_running_requests
-    cap = pools.mamba_max_running(p["aux"], p["full"], requested)
-    return hc, min(max_running, cap)
 
 
 def _block_sizes(w, where="workload"):
@@ -1701,7 +1673,7 @@ def _sizing(s: Scenario) -> dict:
         "warnings": [],
     }
     if s.model.hybrid_preset is not None:
-        p = _hybrid_pools(s)
+        p = hybrid_pools(s)
         out.update(device_tokens=p["full"], host_tokens=p["host_full"],
                    device_gb=sizing.gb(p["full"], bpt), host_gb=sizing.gb(p["host_full"], bpt),
                    hybrid={"aux_device": p["aux"], "aux_host": p["host_aux"],
@@ -1748,7 +1720,7 @@ def _node_check(s: Scenario, dev: int, host: int) -> None:
 
 def _capacities(s: Scenario) -> tuple[int, int]:
     if s.model.hybrid_preset is not None:
-        p = _hybrid_pools(s)
+        p = hybrid_pools(s)
         return p["full"], p["host_full"]
     info = _sizing(s)
     return info["device_tokens"], info["host_tokens"]

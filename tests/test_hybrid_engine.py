@@ -101,7 +101,7 @@ def test_the_swa_host_pools_default_to_sglangs_sizing():
     """build_hybrid_swa_group: each host pool from its own device pool by the ratio
     (one extra page); host.tokens with host.swa_tokens naming the same pools is the
     same run."""
-    from sim.config import from_scenario
+    from sim.resolve import from_scenario
 
     c, _ = from_scenario(scn(SWAH))
     assert (c.hybrid.host_tokens, c.hybrid.aux_host) == (48016, 9616)

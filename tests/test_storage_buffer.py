@@ -11,7 +11,7 @@ from unittest.mock import patch
 import pytest
 
 from conftest import ROOT
-from sim.config import from_scenario
+from sim.resolve import from_scenario
 from sim.errors import UserError
 from sim.events import Simulation
 from sim.runner import run_scenario
