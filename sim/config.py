@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim import constants as C
+from sim.collectives import DEFAULT_TIMEOUT_S
 from sim.constants import LOAD_BACK_THRESHOLD, MAX_PREFILL_TOKENS_DEFAULT
 from sim.constants import CLIP_MAX_NEW_TOKENS, SCHEDULE_POLICY_DEFAULT
 
@@ -82,10 +84,10 @@ class StorageConfig:
     SGLang's prefetch knobs."""
 
     backend: object = None  # sim.storage.backends.StorageBackend
-    prefetch_policy: str = "timeout"
-    prefetch_threshold: int = 256
-    prefetch_timeout_base: float = 1.0
-    prefetch_timeout_per_ki_token: float = 0.25
+    prefetch_policy: str = C.PREFETCH_POLICY_DEFAULT
+    prefetch_threshold: int = C.PREFETCH_THRESHOLD_DEFAULT
+    prefetch_timeout_base: float = C.PREFETCH_TIMEOUT_BASE_S
+    prefetch_timeout_per_ki_token: float = C.PREFETCH_TIMEOUT_PER_KI_TOKEN_S
     # Ranks whose storage shard nobody writes (attention CP with MLA KV):
     # sim.storage.collectives.unwritten_ranks.
     unwritten_ranks: frozenset = frozenset()
@@ -150,7 +152,7 @@ class SimConfig:
     overlap: bool = False
     collective: str = "simulated"
     collective_device: str = "cpu"
-    collective_timeout_s: float = 10.0  # torch backend: how long a blocked call waits
+    collective_timeout_s: float = DEFAULT_TIMEOUT_S  # torch backend: how long a blocked call waits
     # collective.forward: False is a stub forward with no collective (the server harness's)
     forward_collective: bool = True
     discipline: str = "synced"

@@ -45,13 +45,21 @@ from sim.constants import MAMBA_FULL_MEMORY_RATIO_DEFAULT as C_MAMBA_RATIO
 from sim.constants import SWA_FULL_TOKENS_RATIO_DEFAULT as C_SWA_RATIO
 from sim.constants import CLIP_MAX_NEW_TOKENS, DEFAULT_TREE_CORE, SCHEDULE_POLICY_DEFAULT
 from sim.constants import (
+    CHUNKED_PREFILL_DEFAULT,
     HICACHE_HOST_MEMORY_FRACTION_DEFAULT,
     HICACHE_RATIO_BUFFER_ONLY,
     HICACHE_RATIO_DEFAULT,
     HICACHE_SIZE_BYTES_PER_GB,
     HOST_POOL_EXTRA_PAGES,
     LOAD_BACK_THRESHOLD,
+    MAX_PREFILL_TOKENS_DEFAULT,
+    PREFETCH_POLICIES,
+    PREFETCH_POLICY_DEFAULT,
+    PREFETCH_THRESHOLD_DEFAULT,
+    PREFETCH_TIMEOUT_BASE_S,
+    PREFETCH_TIMEOUT_PER_KI_TOKEN_S,
 )
+from sim.collectives import DEFAULT_TIMEOUT_S
 from sim.errors import UserError, suggest
 from sim.optrace_check import MAX_PAGE_SIZE
 from sim.workloads.dists import DISTRIBUTIONS
@@ -514,7 +522,7 @@ class Collective(_Model):
     """The torch backend's device: `cpu` (gloo) or `cuda` (NCCL)."""
     discipline: Literal["synced", "pre_26921", "local"] = "synced"
     """Which SGLang code issues the per-step cache sync (see the section text)."""
-    timeout_s: _num(gt=0.0, hi=3600.0) = 10.0
+    timeout_s: _num(gt=0.0, hi=3600.0) = DEFAULT_TIMEOUT_S
     """Seconds a blocked torch collective waits before it is reported as a hang."""
     forward: Literal["all_reduce", "none"] = "all_reduce"
     """The forward's TP collective: `all_reduce` (a model's, on the device group: ranks with different token counts meet there); `none`: a stub forward with no collective, as the SGLang server harness's fake worker runs (server_oracle.py `install_forward`), for comparison with it."""
@@ -650,13 +658,13 @@ class Storage(_Model):
     """Latency of each storage op, microseconds (null: the backend's)."""
     capacity_gb: _num(0.0, 1e9) | None = None
     """Each rank's storage size, GB (1e9 bytes) of its KV shard; null: unbounded. Overflow evicts the least recently used pages."""
-    prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = "timeout"
+    prefetch_policy: Literal[PREFETCH_POLICIES] = PREFETCH_POLICY_DEFAULT  # type: ignore[valid-type]
     """SGLang --hicache-storage-prefetch-policy: when a prefetch is cut off."""
-    prefetch_threshold: _int(0, 10**12) = 256
+    prefetch_threshold: _int(0, 10**12) = PREFETCH_THRESHOLD_DEFAULT
     """Tokens a storage hit must reach to be prefetched (SGLang's prefetch_threshold)."""
-    prefetch_timeout_base: Seconds = 1.0
+    prefetch_timeout_base: Seconds = PREFETCH_TIMEOUT_BASE_S
     """`timeout` policy: seconds every prefetch may take."""
-    prefetch_timeout_per_ki_token: Seconds = 0.25
+    prefetch_timeout_per_ki_token: Seconds = PREFETCH_TIMEOUT_PER_KI_TOKEN_S
     """`timeout` policy: extra seconds per 1024 prefetched tokens."""
     attn_cp_size: _int(1, 4096) = 1
     """SGLang --attn-cp-size (dividing tp): which ranks write each page to storage."""
@@ -1041,9 +1049,10 @@ class Scheduler(_Model):
     mode: Literal["serve", "cache_replay"] = "serve"
     """`serve` runs SGLang's scheduler; `cache_replay`: one request at a time, no decode."""
     max_running_requests: _int(1, 10**6) | None = None  # None: bounded by device memory
-    chunked_prefill_tokens: _int(1, 10**9) | None = 8192  # None: no chunking
+    # SGLang --chunked-prefill-size (default: its value on a 35-160 GiB GPU); None: no chunking.
+    chunked_prefill_tokens: _int(1, 10**9) | None = CHUNKED_PREFILL_DEFAULT
     # SGLang --max-prefill-tokens: extend tokens one prefill batch may add.
-    max_prefill_tokens: _int(1, 10**9) = 16384
+    max_prefill_tokens: _int(1, 10**9) = MAX_PREFILL_TOKENS_DEFAULT
     # SGLang --schedule-conservativeness: scales the new-token ratio that admission
     # charges running requests' remaining decode with (larger: fewer retractions).
     schedule_conservativeness: _num(gt=0.0, hi=100.0) = 1.0
