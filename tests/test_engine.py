@@ -10,6 +10,7 @@ from hypothesis import Phase, given, settings
 
 from conftest import ROOT
 from sim.config import JitterConfig, SimConfig
+from sim.costs import CostModel
 from sim.events import Simulation
 from sim.jitter import Jitter
 from sim.runner import run_scenario
@@ -271,16 +272,23 @@ def test_chunked_prefill_changes_the_run():
 
 
 def test_decode_steps_share_the_gpu():
-    """A request decodes slower when more requests share its decode steps."""
-    def last_finish(n):
+    """A request decodes slower when more requests share its decode steps: with the
+    roofline cost model every step reads each sequence's KV, so the same 100 decode
+    tokens take strictly longer in a batch of 2, 4, 8 (FixedCosts' flat step is the
+    control: batching changes nothing there)."""
+    def decode_span(n, cost):
         cfg = SimConfig(tp=1, page_size=16, device_tokens=16 * 4000, host_tokens=0)
         reqs = [Request(i, 0.0, tuple(range(10 * i, 10 * i + 4)), 16, 60, 100, i) for i in range(n)]
-        sim = Simulation(cfg, reqs)
+        sim = Simulation(cfg, reqs, cost)
         sim.run()
+        assert sim.metrics.done == n
         return max(r[5] - r[4] for r in sim.metrics.rows)  # finish - first token
-    assert last_finish(1) == pytest.approx(99 * 10e-3)
-    assert last_finish(8) == pytest.approx(99 * 10e-3)  # FixedCosts: flat per step
-    assert last_finish(8) > 0
+    roofline = CostModel("h200-sxm", "llama-3.1-8b", tp=1, page_size=16)
+    spans = [decode_span(n, roofline) for n in (1, 2, 4, 8)]
+    assert spans == sorted(spans) and len(set(spans)) == 4, spans
+    # 99 steps after the first token, each at least one batch-of-one step
+    assert spans[0] >= 99 * roofline.decode_step_time(1, 64)
+    assert decode_span(1, None) == pytest.approx(decode_span(8, None)) == pytest.approx(99 * 10e-3)
 
 
 def test_load_backs_queue_on_the_copy_engine():
