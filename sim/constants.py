@@ -66,7 +66,8 @@ MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER = 1
 MAMBA_POOL_PADDING_SLOTS = 1
 
 # Default `load_back_threshold` of the HiCache controller: minimum FULL tokens for
-# a load-back (sem §3.6, §7).
+# a load-back (unified_radix_cache.py UnifiedRadixCache.init_hicache:
+# `self.load_back_threshold = 10`; sem §3.6, §7).
 LOAD_BACK_THRESHOLD = 10
 
 # Write-through hit thresholds: 1 for write_through, 2 otherwise (sem §7).
