@@ -16,7 +16,7 @@ from unittest.mock import patch
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, step_by_step
 from test_optrace_v2 import main
 
 from sim.errors import UserError
@@ -498,15 +498,12 @@ def test_the_hybrid_regressions_decode_fast_path_is_exact(tmp_path):
     """The decode fast path against one step per iteration on the hybrid regression
     scenarios (tests/test_scheduler.py's property, on these traces)."""
     import filecmp
-    from unittest.mock import patch
-
-    from sim.events import Simulation
 
     for name in ("sglang_39436", "sglang_33713"):
         scn = load_scenario(REG / f"{name}.yaml")
         fast, plain = tmp_path / f"{name}_fast", tmp_path / f"{name}_plain"
         run_scenario(scn, fast)
-        with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+        with step_by_step():
             run_scenario(scn, plain)
         names = sorted(p.name for p in fast.iterdir() if p.is_file())
         assert names == sorted(p.name for p in plain.iterdir() if p.is_file())
