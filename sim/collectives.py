@@ -30,6 +30,7 @@ import weakref
 from datetime import timedelta
 
 from sim.errors import UserError
+from sim.policies import resolve
 
 # ----------------------------------------------------------------------------------
 # The lines a real server dies with
@@ -515,6 +516,7 @@ def _watch_parent(tmpdir: str) -> None:
     collective, and remove the group's files the parent can no longer remove. (Not
     prctl(PR_SET_PDEATHSIG): that fires when the *thread* that spawned the worker exits,
     which kills a healthy group created from a short-lived thread.)"""
+    # (the lines below run in a spawned rank process, the torch backend's only)
     import multiprocessing
     import threading
     from multiprocessing.connection import wait
@@ -550,7 +552,7 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
     _watch_parent(tmpdir)
     os.environ.update(_worker_env(device, iface))
 
-    import torch
+    import torch  # after the environment above: torch reads it at import
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -706,7 +708,7 @@ class TorchCollective(Collective):
             raise
 
     def _start(self) -> None:
-        import torch.multiprocessing as mp
+        import torch.multiprocessing as mp  # torch is optional: the torch backend only
         from multiprocessing.connection import wait
 
         ctx = mp.get_context("spawn")
@@ -972,7 +974,5 @@ def make_collective(backend: str, world: int, device: str = "cpu",
     how long a blocked call waits before it is reported (default 10 s); for
     "simulated", the timeout printed in the lines it reports (default: a real server's,
     ``SERVER_TIMEOUT_S``)."""
-    from sim.policies import resolve
-
     cls = resolve(COLLECTIVES, backend, "collective backend", where="collective.backend")
     return cls(world, device, timeout_s)

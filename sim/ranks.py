@@ -22,6 +22,7 @@ from collections import deque
 import simpy
 
 from sim.config import SimConfig
+from sim.hybrid.replica import HybridReplica
 from sim.jitter import Jitter
 from sim.scheduler import SchedState
 from sim.tree import Tree
@@ -121,7 +122,6 @@ class RankGroup:
     def _make_tree(self) -> Tree:
         cfg = self.cfg
         if cfg.hybrid is not None:
-            from sim.hybrid.replica import HybridReplica
             return HybridReplica(cfg.hybrid, cfg)
         return Tree(device_capacity=cfg.device_tokens, host_capacity=cfg.host_tokens,
                     page_size=cfg.page_size, write_policy=cfg.write_policy,

@@ -40,12 +40,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from sim import __version__
+from sim import __version__, safeio, sizing, yamlio
+from sim.collectives import DEFAULT_TIMEOUT_S
 from sim.constants import MAMBA_FULL_MEMORY_RATIO_DEFAULT as C_MAMBA_RATIO
 from sim.constants import SWA_FULL_TOKENS_RATIO_DEFAULT as C_SWA_RATIO
-from sim.constants import CLIP_MAX_NEW_TOKENS, DEFAULT_TREE_CORE, SCHEDULE_POLICY_DEFAULT
 from sim.constants import (
     CHUNKED_PREFILL_DEFAULT,
+    CLIP_MAX_NEW_TOKENS,
+    DEFAULT_TREE_CORE,
     HICACHE_HOST_MEMORY_FRACTION_DEFAULT,
     HICACHE_RATIO_BUFFER_ONLY,
     HICACHE_RATIO_DEFAULT,
@@ -53,16 +55,42 @@ from sim.constants import (
     HOST_POOL_EXTRA_PAGES,
     LOAD_BACK_THRESHOLD,
     MAX_PREFILL_TOKENS_DEFAULT,
+    MLA_DEDUP_STORAGE_BACKENDS,
     PREFETCH_POLICIES,
     PREFETCH_POLICY_DEFAULT,
     PREFETCH_THRESHOLD_DEFAULT,
     PREFETCH_TIMEOUT_BASE_S,
     PREFETCH_TIMEOUT_PER_KI_TOKEN_S,
+    SCHEDULE_POLICY_DEFAULT,
 )
-from sim.collectives import DEFAULT_TIMEOUT_S
+from sim.costs import (
+    DEFAULT_PROFILE,
+    IO_BACKENDS,
+    MEM_LAYOUTS,
+    MODEL_PRESETS,
+    ModelSpec,
+    PROFILES,
+    load_profile,
+)
+from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
 from sim.errors import UserError, suggest
+from sim.hybrid import pools
 from sim.optrace_check import MAX_PAGE_SIZE
+from sim.paths import (
+    PathRejected,
+    SLUG_RULE,
+    check_relative,
+    input_roots,
+    is_slug,
+    resolve_input,
+)
+from sim.policies.eviction import EVICTION_POLICIES
+from sim.policies.host import HOST_POLICIES
+from sim.policies.schedule import SCHEDULE_POLICIES
+from sim.policies.write import WRITE_POLICIES
+from sim.sizing import fmt_capacity
 from sim.workloads.dists import DISTRIBUTIONS
+from sim.workloads.traces import AGENTIC_BLOCK_SIZE, MOONCAKE_BLOCK_SIZE
 
 GIB = 1 << 30
 
@@ -124,8 +152,6 @@ class _Model(BaseModel):
 
 def _resolve_path(value: str, info: ValidationInfo, what: str, file: bool = False) -> str:
     """An existing input path inside the documented roots (``sim.paths``); absolute."""
-    from sim.paths import PathRejected, input_roots, resolve_input
-
     ctx = info.context or {}
     roots = ctx.get("roots") or input_roots(ctx.get("base_dir") or ".", ctx.get("extra_roots", ()))
     try:
@@ -241,9 +267,6 @@ class ModelConfig(_Model):
 
     @model_validator(mode="after")
     def _known(self):
-        from sim.costs import MODEL_PRESETS
-        from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
-
         if self.hybrid_preset is not None:
             if self.hybrid_preset not in HYBRID_MODEL_PRESETS:
                 close = suggest(self.hybrid_preset, HYBRID_MODEL_PRESETS)
@@ -278,15 +301,11 @@ class ModelConfig(_Model):
         """The ``HybridModelSpec`` of ``hybrid_preset``, or None."""
         if self.hybrid_preset is None:
             return None
-        from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
-
         return HYBRID_MODEL_PRESETS[self.hybrid_preset]
 
     def spec(self):
         """The ``sim.costs.ModelSpec`` this section describes (a hybrid: its
         full-attention layers, what the FULL pool and the cost model see)."""
-        from sim.costs import MODEL_PRESETS, ModelSpec
-
         if self.hybrid_preset is not None:
             return self.hybrid().full_spec()
         fields: dict = {}
@@ -438,10 +457,6 @@ class Node(_Model):
 # ----------------------------------------------------------------------------------
 
 def _policy_names():
-    from sim.policies.eviction import EVICTION_POLICIES
-    from sim.policies.host import HOST_POLICIES
-    from sim.policies.write import WRITE_POLICIES
-
     return tuple(WRITE_POLICIES), tuple(HOST_POLICIES), tuple(EVICTION_POLICIES)
 
 
@@ -472,8 +487,6 @@ class Cache(_Model):
 
 
 def _cost_names():
-    from sim.costs import DEFAULT_PROFILE, IO_BACKENDS, MEM_LAYOUTS
-
     return DEFAULT_PROFILE, tuple(IO_BACKENDS), tuple(MEM_LAYOUTS)
 
 
@@ -491,8 +504,6 @@ class Cost(_Model):
     @field_validator("profile")
     @classmethod
     def _profile(cls, v: str, info: ValidationInfo) -> str:
-        from sim.costs import PROFILES, load_profile
-
         if v in PROFILES:
             return v
         if not (v.endswith((".yaml", ".yml")) or "/" in v):
@@ -993,8 +1004,6 @@ class Trace(_Model):
 
     def trace_block_size(self) -> int | None:
         """The block size the trace will use, when it is known without reading it."""
-        from sim.workloads.traces import AGENTIC_BLOCK_SIZE, MOONCAKE_BLOCK_SIZE
-
         if self.format == "mooncake":
             return self.block_size or MOONCAKE_BLOCK_SIZE
         if self.format == "agentic":
@@ -1029,8 +1038,6 @@ Workload = Annotated[
 
 
 def _schedule_names():
-    from sim.policies.schedule import SCHEDULE_POLICIES
-
     return tuple(SCHEDULE_POLICIES), {k: p.cache_aware for k, p in SCHEDULE_POLICIES.items()}
 
 
@@ -1102,8 +1109,6 @@ class Output(_Model):
     def _relative(cls, v):
         # A scenario writes only inside its results folder (sim.paths); the command
         # line's --trace-out may name any file.
-        from sim.paths import PathRejected, check_relative
-
         if v is not None:
             try:
                 check_relative(v, "a trace file inside the results folder")
@@ -1166,20 +1171,16 @@ class Scenario(_Model):
     @field_validator("name")
     @classmethod
     def _slug(cls, v):
-        from sim.paths import SLUG_RULE, is_slug
-
         if not is_slug(v):
             raise _err(_show(v), SLUG_RULE)
         return v
 
     @model_validator(mode="after")
     def _consistent(self):
-        from sim.errors import UserError as _UE
-
         spec = self.model.spec()
         try:
             spec.check_tp(self.tp)
-        except _UE:
+        except UserError:
             raise _err(f"tp {self.tp} with {spec.kv_heads} KV heads",
                        f"tp dividing {spec.kv_heads} or a multiple of it", "tp") from None
         for path, bs in _block_sizes(self.workload):
@@ -1287,8 +1288,6 @@ def _mla_dedup_check(s: "Scenario", spec) -> None:
     an MLA pool, a compatible storage backend, more than one attn-TP rank; SGLang
     quietly keeps the replicated pools otherwise, here the knob would change nothing,
     so it is refused."""
-    from sim.constants import MLA_DEDUP_STORAGE_BACKENDS
-
     if s.model.hybrid_preset is not None or not spec.kv_lora_rank:
         raise _err("mla_dedup with a non-MLA model", "an MLA model (model.mla, or an MLA "
                    "preset such as deepseek-v3): only an MLA pool is replicated whole",
@@ -1407,9 +1406,6 @@ def hybrid_pools(s: "Scenario") -> dict:
     """A hybrid model's pools per rank (sim/hybrid/pools.py): FULL tokens and the
     component's device pool (SWA tokens, or Mamba state slots), the FULL host tokens
     and the host state slots."""
-    from sim import sizing
-    from sim.hybrid import pools
-
     h = s.model.hybrid()
     page, tp, d = s.page_size, s.tp, s.device
     full_b = h.full_bytes_per_token(tp)
@@ -1558,8 +1554,6 @@ def _check_gib_fits(s: Scenario, value: float, weights: int) -> None:
 
 
 def _profile_gib(s: Scenario) -> float:
-    from sim.costs import load_profile
-
     return _cached_profile(s.cost.profile, load_profile).hbm_gib
 
 
@@ -1574,8 +1568,6 @@ def _cached_profile(name, load):
 
 
 def _device_sizing(s: Scenario, page: int, bpt: int) -> tuple[int, dict]:
-    from sim import sizing
-
     mode, value = s.device.mode()
     info: dict = {"unit": mode}
     if mode == "tokens":
@@ -1614,8 +1606,6 @@ def _device_sizing(s: Scenario, page: int, bpt: int) -> tuple[int, dict]:
 
 def _sizing(s: Scenario) -> dict:
     """Both tiers' sizes per rank, how they were derived, and the node's host budget."""
-    from sim import sizing
-
     page = s.page_size
     bpt = s.model.spec().bytes_per_token(s.tp)
     dev, dev_info = _device_sizing(s, page, bpt)
@@ -1705,8 +1695,6 @@ def _sizing(s: Scenario) -> dict:
 
 
 def _node_message(s, host, bpt, budget, ranks) -> str:
-    from sim import sizing
-
     return (f"host pools of {sizing.fmt_gb_value(host * bpt / sizing.GB)} GB per rank x {ranks} "
             f"ranks = {sizing.fmt_gb_value(host * bpt * ranks / sizing.GB)} GB exceed node.host_ram_gb "
             f"{s.node.host_ram_gb:g} GB less SGLang's 10 GiB reserve "
@@ -1779,8 +1767,6 @@ def load_scenario(path, overrides=(), *, flags=(), trace_roots=(), roots=None) -
     by the schema like any key. ``trace_roots``: extra input roots (``--trace-root``);
     ``roots``: exactly these roots instead of the documented ones (bundles).
     """
-    from sim import safeio
-
     for root in trace_roots:  # a typo in a root would only show as "not found" later
         if not os.path.isdir(root):
             found = "a file" if os.path.exists(root) else "no such folder"
@@ -1839,9 +1825,7 @@ def _validate(data, where, lines, overridden, base_dir, labels=None, roots=None,
 
 
 def _parse_yaml(text: str, where: str):
-    from sim.yamlio import load
-
-    return load(text, where, "a YAML mapping")
+    return yamlio.load(text, where, "a YAML mapping")
 
 
 def _flat(s: str) -> str:
@@ -1963,9 +1947,8 @@ def _apply_override(data: dict, item: str, where: str) -> tuple:
     if not _KEY_RE.match(key):
         raise UserError(f"found key {_show(key)}; expected a dotted key path like "
                         "workload.rate_scale", where="--set")
-    from sim.yamlio import load
 
-    value = load(text, f"--set {key}", "a YAML value")
+    value = yamlio.load(text, f"--set {key}", "a YAML value")
     _switch_unit(data, parts)
     ann: Any = Scenario
     cur: Any = data
@@ -2184,8 +2167,6 @@ def dump_resolved(scenario: Scenario) -> str:
     resolved capacities head the file as comments. ``engine`` is left out: it is
     bookkeeping that by construction does not change results, and leaving it out
     keeps a shared and an eager run's folders byte-identical."""
-    from sim.sizing import fmt_capacity
-
     info = resolve_sizing(scenario)
     dev, host, bpt = info["device_tokens"], info["host_tokens"], info["bytes_per_token"]
     data = _tags_first(scenario.model_dump(mode="python", exclude_none=True, exclude={"engine"}))
