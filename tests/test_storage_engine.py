@@ -14,6 +14,7 @@ from conftest import ROOT
 from sim.errors import UserError
 from sim.events import Simulation
 from sim.runner import run_scenario
+from sim.storage.engine import StorageEngine
 from sim.scenario import load_scenario
 from test_optrace_v2 import check_replays, main
 
@@ -273,8 +274,8 @@ def test_without_the_reductions_a_slow_rank_splits_the_ranks():
         return None if op is None else op.completed
 
     verdicts = set()
-    with patch.object(Simulation, "_st_completed", own), \
-            patch.object(Simulation, "_st_vote", lambda self, c, pid: None):
+    with patch.object(StorageEngine, "completed", own), \
+            patch.object(StorageEngine, "vote", lambda self, c, pid: None):
         for seed in range(3):
             res = run(*SLOW_RANK, f"seed={seed}", requests=120)
             verdicts.add(res.summary["verdict"])
@@ -290,7 +291,7 @@ def test_prefetch_queries_and_transfers_complete_in_the_same_order_on_every_rank
     and transfers end in the same order (a transfer stopped by a termination ends
     at its next batch, as `_page_transfer`'s does)."""
     order = {"query": {}, "read": {}}
-    q0, r0 = Simulation._st_query, Simulation._st_read
+    q0, r0 = StorageEngine.query, StorageEngine.read
 
     def rec(kind, orig):
         def wrapper(self, c, op):
@@ -298,8 +299,8 @@ def test_prefetch_queries_and_transfers_complete_in_the_same_order_on_every_rank
             order[kind].setdefault(tuple(c.ranks), []).append(op.id)
         return wrapper
 
-    with patch.object(Simulation, "_st_query", rec("query", q0)), \
-            patch.object(Simulation, "_st_read", rec("read", r0)):
+    with patch.object(StorageEngine, "query", rec("query", q0)), \
+            patch.object(StorageEngine, "read", rec("read", r0)):
         res = run(*SLOW_RANK, "seed=3", requests=120)
     assert res.summary["verdict"] == "absorbed"
     for kind in ("query", "read"):
@@ -346,12 +347,12 @@ def test_timeout_votes_are_one_max_collective_per_poll():
                                   ("seed=5",) + SLOW_RANK])
 def test_storage_keys_from_the_chain_cache_are_the_whole_path_chain(sets):
     """Writes and queries take their page keys from each replica's per-node chain
-    cache (`_st_node_keys`, `_st_chain_key`); every one must equal `page_keys` of the
+    cache (`StorageEngine.node_keys`, `chain_key`); every one must equal `page_keys` of the
     whole path (a write) or of the whole request key (a query)."""
     from sim.storage.view import page_keys
 
     seen = {"write": 0, "query": 0}
-    node_keys, query = Simulation._st_node_keys, Simulation._st_query
+    node_keys, query = StorageEngine.node_keys, StorageEngine.query
 
     def check_node(self, c, node):
         keys = node_keys(self, c, node)
@@ -360,14 +361,14 @@ def test_storage_keys_from_the_chain_cache_are_the_whole_path_chain(sets):
         return keys
 
     def check_query(self, c, op):
-        rq = self._st_reqs[op.id]
-        full = page_keys(self._seq_key(rq, rq.fill_len - 1))
+        rq = self.reqs[op.id]
+        full = page_keys(self.sim._seq_key(rq, rq.fill_len - 1))
         assert op.keys == full[len(full) - len(op.keys):]
         seen["query"] += 1
         return query(self, c, op)
 
-    with patch.object(Simulation, "_st_node_keys", check_node), \
-            patch.object(Simulation, "_st_query", check_query):
+    with patch.object(StorageEngine, "node_keys", check_node), \
+            patch.object(StorageEngine, "query", check_query):
         run(*sets, requests=80)
     assert seen["write"] > 50 and seen["query"] > 10
 
@@ -377,17 +378,17 @@ def test_timeout_votes_of_another_admission_order_pair_other_requests():
     can be for another request than rank 0's n-th. Where every paired MAX still gives
     each rank the verdict it used, the run goes on (and is absorbed); under a short
     timeout some pairings give other verdicts, which the engine reports as untracked."""
-    check = Simulation._st_check_votes
+    check = StorageEngine.check_votes
     differed = []
 
     def spy(self):
-        seqs = {tuple(self._st_polled.get(id(c), ())) for c in self.group.cohorts}
+        seqs = {tuple(self.polled.get(id(c), ())) for c in self.group.cohorts}
         differed.append(len(seqs) > 1)
         return check(self)
 
     order = ("jitter.request_order.swap_probability=0.2", "jitter.request_order.ranks=[1]")
     out = {}
-    with patch.object(Simulation, "_st_check_votes", spy):
+    with patch.object(StorageEngine, "check_votes", spy):
         for sets, seeds in ((("storage.read_gbps=0.5",), (0, 2, 3)),
                             (("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01"),
                              (1, 2))):
