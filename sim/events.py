@@ -55,7 +55,7 @@ import simpy
 
 from sim import consensus
 from sim import constants as C
-from sim.collectives import REQUEST_BROADCAST, Call, CollectiveError, make_collective
+from sim.collectives import REQUEST_BROADCAST, CollectiveError, make_collective
 from sim.config import SimConfig
 from sim.constants import DIGEST_MISMATCH_MESSAGE
 from sim.errors import UserError
@@ -63,7 +63,9 @@ from sim.faults import ScriptedFaults
 from sim.jitter import Jitter
 from sim.metrics import Metrics
 from sim.ranks import Ack, Cohort, RankGroup
+from sim.policies import resolve
 from sim.policies.schedule import GroupShuffle, calc_priority
+from sim.policies.sync import SYNC_DISCIPLINES
 from sim.scheduler import (CONTINUE, NO_TOKEN, OTHER, Adder, Budget, available,
                            page_ceil, ratio_after_retract, retraction_order,
                            running_offset, steps_without_event)
@@ -357,6 +359,8 @@ class Simulation:
         self._marked: set[float] = set()  # ... and the same times, for de-duplication
         self._ps = cfg.page_size
         self._sync_s = self.cost.sync_time(cfg.tp, self.collective.transport)
+        # the per-step cache sync's discipline (sim.policies.sync)
+        self._discipline = resolve(SYNC_DISCIPLINES, cfg.discipline, "sync discipline")
         self._pending_writes: dict[int, list] = {}  # id(cohort) -> write acks to flush
         # Reclaim entries scanned by inserts' write-through backups, per replica: CPU
         # the scheduler thread spends while processing results.
@@ -695,12 +699,12 @@ class Simulation:
         if self._st is not None:
             self._st.sync()
             return
-        group, now, disc = self.group, self.env.now, self.cfg.discipline
-        if self._solo and disc != "local":
+        group, now, disc = self.group, self.env.now, self._discipline
+        if self._solo and disc.solo_pops:
             c = group.cohorts[0]
             self._pop(c, c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now))
             return
-        if len(group.cohorts) == 1 and disc != "pre_26921":
+        if len(group.cohorts) == 1 and disc.one_vector:
             c = group.cohorts[0]
             if (all(a.delays is None for a in c.write_q)
                     and all(a.delays is None for a in c.load_q)):
@@ -721,63 +725,15 @@ class Simulation:
                     base = (c.ready_count(c.write_q, r, now), c.ready_count(c.load_q, r, now))
                 counts[r] = base
                 digest[r] = c.tree.digest ^ c.tree.digest_xor
-        if disc == "pre_26921":
-            self._sync_pre_26921(counts, digest)
-            return
-        red = self._all_reduce("sync", {r: [counts[r][0], counts[r][1], digest[r], -digest[r]]
-                                        for r in range(self.cfg.tp)})
-        self._check_digest(digest, red[-2], -red[-1])
-        if disc == "synced":
-            for c in group.cohorts:
-                self._pop(c, red[0], red[1])
-            return
-        # local: each rank drains its own ready acks; ranks of a replica that
-        # disagree fork first.
-        for c in list(group.cohorts):
-            by_count: dict = {}
-            for r in c.ranks:
-                by_count.setdefault(counts[r], []).append(r)
-            for key in list(by_count)[1:]:
-                for r in by_count[key]:
-                    self._fork(r, "ack_local_drain", f"rank {r} drains {key} acks")
-        for c in group.cohorts:
-            self._pop(c, *counts[c.ranks[0]])
+        disc.reduce(self, counts, digest)
 
     def _sync_call_count(self) -> int:
         """The collectives ``_sync`` issues in the current state, acks popped: what
         each iteration of a decode run would issue (its queues cannot change)."""
-        disc = self.cfg.discipline
-        if self._solo and disc != "local":
+        disc = self._discipline
+        if self._solo and disc.solo_pops:
             return 0
-        if disc == "pre_26921":
-            cohorts = self.group.cohorts
-            return any(c.write_q for c in cohorts) + any(c.load_q for c in cohorts)
-        return 1
-
-    def _sync_pre_26921(self, counts, digest) -> None:
-        """Before sglang #26921 / #27489: `writing_check` returns early on a rank with
-        no write in flight and `loading_check` on a rank with no load in flight, each
-        before its own all_reduce. The digest rides on the load check, as in 0.5.23's
-        standalone `loading_check`."""
-        group = self.group
-        # A rank that returns early issues its next call on the cpu group instead: the
-        # load check when it has a load in flight, else the next iteration's request
-        # broadcast (the forward runs on the device group). That call meets the others'.
-        load_check = Call("cpu", "load_check", "all_reduce", 3, "int64")
-        nxt = {r: load_check if c.load_q else REQUEST_BROADCAST
-               for c in group.cohorts if not c.write_q for r in c.ranks}
-        inputs = {r: [counts[r][0]] for c in group.cohorts if c.write_q for r in c.ranks}
-        n_write = self._all_reduce("write_check", inputs, nxt)[0] if inputs else 0
-        inputs = {r: [counts[r][1], digest[r], -digest[r]]
-                  for c in group.cohorts if c.load_q for r in c.ranks}
-        nxt = {r: REQUEST_BROADCAST for c in group.cohorts if not c.load_q for r in c.ranks}
-        n_load = 0
-        if inputs:
-            red = self._all_reduce("load_check", inputs, nxt)
-            self._check_digest({r: digest[r] for r in inputs}, red[1], -red[2])
-            n_load = red[0]
-        for c in group.cohorts:
-            self._pop(c, n_write, n_load)
+        return disc.call_count(self)
 
     def _check_digest(self, digest: dict[int, int], lo: int, hi: int) -> None:
         """Each rank asserts its digest equals the reduced min and max."""
@@ -1449,8 +1405,7 @@ class Simulation:
             # them, and their digest checks (the digests cannot change in a run)
             fw = 0 if self._solo and self.collective.name == "simulated" else 1
             self.collective.repeat((k - 1) * (self._sync_call_count() + fw))
-            if self._sync_mismatch and (self.cfg.discipline != "pre_26921"
-                                        or any(c.load_q for c in self.group.cohorts)):
+            if self._sync_mismatch and self._discipline.mismatch_recurs(self):
                 self.obs.mismatch_steps += k - 1
         ps = self._ps
         done = []

@@ -182,6 +182,38 @@ def test_pre_26921_does_not_hang_while_every_rank_has_acks_in_flight():
     assert rep["verdict"] == "absorbed" and rep["collective_error"] is None
 
 
+def test_sync_disciplines_resolve_by_name_through_their_registry(monkeypatch):
+    """The engine runs whichever discipline the registry holds under the configured
+    name (the schema offers exactly the registry's names); an unknown name is a
+    one-line error listing them."""
+    import typing
+
+    from sim.errors import UserError
+    from sim.policies import sync
+    from sim.scenario import Collective
+
+    names = typing.get_args(Collective.model_fields["discipline"].annotation)
+    assert names == tuple(sync.SYNC_DISCIPLINES) == ("synced", "pre_26921", "local")
+    reduced = []
+
+    class Spy(sync.Synced):
+        __slots__ = ()
+
+        def reduce(self, sim, counts, digest):
+            reduced.append(dict(counts))
+            super().reduce(sim, counts, digest)
+
+    monkeypatch.setitem(sync.SYNC_DISCIPLINES, "spy", Spy())
+    base = dict(tp=2, page_size=16, device_tokens=16 * 60, host_tokens=16 * 200,
+                load_back_threshold=1, replicas="eager")
+    spy = simulate(SimConfig(discipline="spy", **base))
+    ref = simulate(SimConfig(discipline="synced", **base))
+    assert reduced and spy.metrics.rows == ref.metrics.rows
+    with pytest.raises(UserError, match="unknown sync discipline 'nope'; expected one of: "
+                                        "local, pre_26921, spy, synced"):
+        Simulation(SimConfig(discipline="nope", **base), [])
+
+
 @pytest.mark.parametrize("name", ["jitter_device_free_delay", "jitter_device_capacity_skew",
                                   "jitter_write_through_alloc_failure"])
 def test_rank_local_device_state_fails_where_sglang_would(name):

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING
 from sim import consensus
 from sim.collectives import CollectiveError
 from sim.events import _Halt
+from sim.policies import resolve
 from sim.ranks import Cohort
 from sim.scheduler import available
+from sim.storage.policy import PREFETCH_POLICIES
 
 if TYPE_CHECKING:
     from sim.events import Req, Simulation
@@ -47,6 +49,8 @@ class StorageEngine:
         self.jitter, self.collective, self.cost = sim.jitter, sim.collective, sim.cost
         self.ps, self.solo, self.rc = sim._ps, sim._solo, sim._rc
         self.op = sim._op
+        # the prefetch stop policy (sim.storage.policy.PREFETCH_POLICIES)
+        self.policy = resolve(PREFETCH_POLICIES, self.config.prefetch_policy, "prefetch policy")
         self.hits: dict = {}  # prefetch id -> {id(replica): its storage hit}
         self.reqs: dict = {}  # prefetch id -> its Req
         # The timeout votes of this iteration's admission polls (`vote`):
@@ -667,9 +671,9 @@ class StorageEngine:
         completed = self.completed(pid)
         landed = p.staged is not None and completed is not None and completed >= p.staged
         verdict = None
-        if cfg.prefetch_policy == "timeout" and not self.solo:
+        if self.policy.timed and not self.solo:
             verdict = self.vote(c, pid)
-        done, wait = policy.poll(cfg.prefetch_policy, terminated=False, kv_landed=landed,
+        done, wait = policy.poll(self.policy, terminated=False, kv_landed=landed,
                                  wait=st.waits.get(pid), now=now, requested_tokens=p.requested,
                                  page_size=self.ps, base_s=cfg.prefetch_timeout_base,
                                  per_ki_token_s=cfg.prefetch_timeout_per_ki_token,
@@ -777,8 +781,8 @@ class StorageEngine:
             if p2 is None:
                 continue  # `check_prefetch_progress` returns before the vote there
             landed = p2.staged is not None and completed is not None and completed >= p2.staged
-            v = int(policy.can_terminate("timeout", kv_landed=landed,
-                                         wait=c2.st.waits.get(pid), now=self.env.now))
+            v = int(self.policy.can_terminate(kv_landed=landed, wait=c2.st.waits.get(pid),
+                                              now=self.env.now))
             for r in c2.ranks:
                 votes[r] = v
         if len(votes) == self.sim.cfg.tp and len(set(votes.values())) == 1:
