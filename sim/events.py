@@ -89,17 +89,23 @@ class _Late(simpy.Event):
         env.schedule(self, priority=simpy.events.NORMAL + 1)
 
 
-class _At(simpy.Event):
-    """Fires exactly at time ``t``. A ``Timeout`` lands at ``now + (t - now)``, which
-    rounding can move by an ulp; a run of decode steps and the same steps one by one
-    must share every boundary bit for bit. SimPy's ``schedule`` only takes a delay, so
-    this pushes onto the queue as ``schedule`` does (simpy/core.py), at ``t`` itself."""
-
-    def __init__(self, env: simpy.Environment, t: float):
-        super().__init__(env)
-        self._ok = True
-        self._value = None
-        heapq.heappush(env._queue, (t, simpy.events.NORMAL, next(env._eid), self))
+def until(env: simpy.Environment, t: float):
+    """Wait until exactly time ``t`` (``t >= now``), on SimPy timeouts. A delay of
+    ``t - now`` lands at ``now + (t - now)``, which rounding can move by an ulp; a run
+    of decode steps and the same steps one by one must share every boundary bit for
+    bit. So the delay is the float whose sum with ``now`` is ``t``. Where none is
+    (``now``'s bits below ``t``'s last place are exactly half of it, and rounding to
+    even skips ``t``), the wait lands on the last time before ``t`` it can reach and
+    covers the rest from there, where ``t - now`` is exact."""
+    now = env.now
+    d = t - now
+    while now + d < t:
+        d = math.nextafter(d, math.inf)
+    while now + d > t:
+        d = math.nextafter(d, -math.inf)
+    yield env.timeout(d)
+    if env.now != t:
+        yield env.timeout(t - env.now)
 
 
 class _Halt(Exception):
@@ -1382,7 +1388,7 @@ class Simulation:
         while True:
             self._run = run = [t, False]
             try:
-                yield _At(env, t)
+                yield from until(env, t)
             except simpy.Interrupt:
                 pass
             self._run = None
