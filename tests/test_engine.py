@@ -315,6 +315,29 @@ def test_decode_steps_share_the_gpu():
     assert last_finish(8) > 0
 
 
+@pytest.mark.parametrize("now,t", [(0.010114213761294236, 0.05929661156129424),
+                                   (0.07134028936993596, 0.24086585731993596),
+                                   (0.0, 0.3), (1.5, 1.5), (2.0 / 3.0, 7.1)])
+def test_a_wait_until_lands_on_its_time_bit_for_bit(now, t):
+    """A decode run's end is a step boundary computed in floats; its wait must end on
+    exactly that value, also where no delay added to ``now`` gives it (the first two:
+    rounding to even skips ``t``), as a step-by-step loop would reach it."""
+    import simpy
+
+    from sim.events import until
+
+    env = simpy.Environment(initial_time=now)
+    seen = []
+
+    def proc():
+        yield from until(env, t)
+        seen.append(env.now)
+
+    env.process(proc())
+    env.run()
+    assert seen == [t]
+
+
 def test_load_backs_queue_on_the_copy_engine():
     """Loads of consecutive batches share one H2D engine: FIFO, never overlapping."""
     cfg = SimConfig(tp=1, page_size=16, device_tokens=16 * 30, host_tokens=16 * 400,
