@@ -13,8 +13,6 @@ from sim.collectives import DEFAULT_TIMEOUT_S
 from sim.constants import LOAD_BACK_THRESHOLD, MAX_PREFILL_TOKENS_DEFAULT
 from sim.constants import CLIP_MAX_NEW_TOKENS, SCHEDULE_POLICY_DEFAULT
 
-# The per-step cache-sync disciplines (sim.events), each from one SGLang version.
-DISCIPLINES = ("synced", "pre_26921", "local")
 REPLICAS = ("shared", "eager")
 
 
@@ -155,7 +153,7 @@ class SimConfig:
     collective_timeout_s: float = DEFAULT_TIMEOUT_S  # torch backend: how long a blocked call waits
     # collective.forward: False is a stub forward with no collective (the server harness's)
     forward_collective: bool = True
-    discipline: str = "synced"
+    discipline: str = "synced"     # sim.policies.sync.SYNC_DISCIPLINES
     on_divergence: str = "record"   # or "halt"
     seed: int = 0
     max_requests: int | None = None

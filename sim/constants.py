@@ -179,7 +179,6 @@ PREFETCH_CAPACITY_FRACTION_CACHE = 0.5
 # arg_groups/fields/memory.py (ServerArgs defaults).
 HOST_MEMORY_MODE_DEFAULT = "cache"                 # --hicache-host-memory-mode {cache, buffer_only}
 PREFETCH_POLICY_DEFAULT = "timeout"                # --hicache-storage-prefetch-policy
-PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 HICACHE_WRITE_POLICY_DEFAULT = "write_through"     # --hicache-write-policy
 # arg_groups/hicache_hook.py handle_hicache_ratio_default: --hicache-ratio defaults to
 # 1.2 under buffer_only (2.0 in cache mode: HICACHE_RATIO_DEFAULT above).

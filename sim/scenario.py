@@ -56,7 +56,6 @@ from sim.constants import (
     LOAD_BACK_THRESHOLD,
     MAX_PREFILL_TOKENS_DEFAULT,
     MLA_DEDUP_STORAGE_BACKENDS,
-    PREFETCH_POLICIES,
     PREFETCH_POLICY_DEFAULT,
     PREFETCH_THRESHOLD_DEFAULT,
     PREFETCH_TIMEOUT_BASE_S,
@@ -463,6 +462,16 @@ def _policy_names():
 _WRITE, _HOSTP, _EVICT = _policy_names()
 
 
+def _registry_names():
+    from sim.policies.sync import SYNC_DISCIPLINES
+    from sim.storage.policy import PREFETCH_POLICIES
+
+    return tuple(SYNC_DISCIPLINES), tuple(PREFETCH_POLICIES)
+
+
+_DISCIPLINES, _PREFETCH = _registry_names()
+
+
 class Cache(_Model):
     """The HiCache tree's policies (names from the ``sim.policies`` registries)."""
 
@@ -531,7 +540,7 @@ class Collective(_Model):
     """`simulated` computes the reductions in process; `torch` runs them through torch.distributed, one process per rank."""
     device: Literal["cpu", "cuda"] = "cpu"
     """The torch backend's device: `cpu` (gloo) or `cuda` (NCCL)."""
-    discipline: Literal["synced", "pre_26921", "local"] = "synced"
+    discipline: Literal[_DISCIPLINES] = "synced"  # type: ignore[valid-type]
     """Which SGLang code issues the per-step cache sync (see the section text)."""
     timeout_s: _num(gt=0.0, hi=3600.0) = DEFAULT_TIMEOUT_S
     """Seconds a blocked torch collective waits before it is reported as a hang."""
@@ -669,7 +678,7 @@ class Storage(_Model):
     """Latency of each storage op, microseconds (null: the backend's)."""
     capacity_gb: _num(0.0, 1e9) | None = None
     """Each rank's storage size, GB (1e9 bytes) of its KV shard; null: unbounded. Overflow evicts the least recently used pages."""
-    prefetch_policy: Literal[PREFETCH_POLICIES] = PREFETCH_POLICY_DEFAULT  # type: ignore[valid-type]
+    prefetch_policy: Literal[_PREFETCH] = PREFETCH_POLICY_DEFAULT  # type: ignore[valid-type]
     """SGLang --hicache-storage-prefetch-policy: when a prefetch is cut off."""
     prefetch_threshold: _int(0, 10**12) = PREFETCH_THRESHOLD_DEFAULT
     """Tokens a storage hit must reach to be prefetched (SGLang's prefetch_threshold)."""

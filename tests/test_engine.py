@@ -183,6 +183,38 @@ def test_pre_26921_does_not_hang_while_every_rank_has_acks_in_flight():
     assert rep["verdict"] == "absorbed" and rep["collective_error"] is None
 
 
+def test_sync_disciplines_resolve_by_name_through_their_registry(monkeypatch):
+    """The engine runs whichever discipline the registry holds under the configured
+    name (the schema offers exactly the registry's names); an unknown name is a
+    one-line error listing them."""
+    import typing
+
+    from sim.errors import UserError
+    from sim.policies import sync
+    from sim.scenario import Collective
+
+    names = typing.get_args(Collective.model_fields["discipline"].annotation)
+    assert names == tuple(sync.SYNC_DISCIPLINES) == ("synced", "pre_26921", "local")
+    reduced = []
+
+    class Spy(sync.Synced):
+        __slots__ = ()
+
+        def reduce(self, sim, counts, digest):
+            reduced.append(dict(counts))
+            super().reduce(sim, counts, digest)
+
+    monkeypatch.setitem(sync.SYNC_DISCIPLINES, "spy", Spy())
+    base = dict(tp=2, page_size=16, device_tokens=16 * 60, host_tokens=16 * 200,
+                load_back_threshold=1, replicas="eager")
+    spy = simulate(SimConfig(discipline="spy", **base))
+    ref = simulate(SimConfig(discipline="synced", **base))
+    assert reduced and spy.metrics.rows == ref.metrics.rows
+    with pytest.raises(UserError, match="unknown sync discipline 'nope'; expected one of: "
+                                        "local, pre_26921, spy, synced"):
+        Simulation(SimConfig(discipline="nope", **base), [])
+
+
 @pytest.mark.parametrize("name,verdict", [
     # late device frees make rank 1 evict where rank 0 does not; the evictions reach
     # duplicate reclaim, and the digest fires first (the scenario's comment: 22.2 s)
@@ -298,6 +330,29 @@ def test_decode_steps_share_the_gpu():
     # 99 steps after the first token, each at least one batch-of-one step
     assert spans[0] >= 99 * roofline.decode_step_time(1, 64)
     assert decode_span(1, None) == pytest.approx(decode_span(8, None)) == pytest.approx(99 * 10e-3)
+
+
+@pytest.mark.parametrize("now,t", [(0.010114213761294236, 0.05929661156129424),
+                                   (0.07134028936993596, 0.24086585731993596),
+                                   (0.0, 0.3), (1.5, 1.5), (2.0 / 3.0, 7.1)])
+def test_a_wait_until_lands_on_its_time_bit_for_bit(now, t):
+    """A decode run's end is a step boundary computed in floats; its wait must end on
+    exactly that value, also where no delay added to ``now`` gives it (the first two:
+    rounding to even skips ``t``), as a step-by-step loop would reach it."""
+    import simpy
+
+    from sim.events import until
+
+    env = simpy.Environment(initial_time=now)
+    seen = []
+
+    def proc():
+        yield from until(env, t)
+        seen.append(env.now)
+
+    env.process(proc())
+    env.run()
+    assert seen == [t]
 
 
 def test_load_backs_queue_on_the_copy_engine():
