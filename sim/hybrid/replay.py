@@ -12,9 +12,9 @@ import json
 
 from sim.constants import HYBRID_WRITE_POLICIES
 from sim.errors import InputFormatError
-from sim.hybrid.core import HybridTreeError
-from sim.hybrid.mamba import MambaTree
-from sim.hybrid.swa import SWATree
+from sim.tree.hybrid import HybridTreeError
+from sim.tree.components.mamba import MambaTree
+from sim.tree.components.swa import SWATree
 
 COMPONENT_PAIRS = {("full", "swa"): "swa", ("full", "mamba"): "mamba"}
 

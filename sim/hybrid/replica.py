@@ -45,8 +45,8 @@ import copy
 
 from sim import constants as C
 from sim.errors import InvariantError
-from sim.hybrid.mamba import MambaTree
-from sim.hybrid.swa import SWATree
+from sim.tree.components.mamba import MambaTree
+from sim.tree.components.swa import SWATree
 from sim.scheduler import NO_TOKEN
 from sim.tree import Stats
 

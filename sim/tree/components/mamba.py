@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from sim import constants as C
-from sim.hybrid.core import HybridInvariantError, HybridTree, HybridTreeError
+from sim.tree.hybrid import HybridInvariantError, HybridTree, HybridTreeError
 
 
 class MambaTree(HybridTree):

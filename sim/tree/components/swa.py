@@ -29,7 +29,7 @@ LRU is evicted per slice (``drive_host_eviction``).
 from __future__ import annotations
 
 from sim import constants as C
-from sim.hybrid.core import HybridInvariantError, HybridTree, HybridTreeError, _LRU
+from sim.tree.hybrid import HybridInvariantError, HybridTree, HybridTreeError, _LRU
 
 _INF = float("inf")
 

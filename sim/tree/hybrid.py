@@ -35,6 +35,13 @@ from sim import constants as C
 # The trees' shared refusals and invariant failures (sim/errors.py), by this package's names.
 from sim.errors import InvariantError as HybridInvariantError  # noqa: F401
 from sim.errors import TreeError as HybridTreeError  # noqa: F401
+from sim.tree.results import (  # noqa: F401  (part of this module's API)
+    HostLockReceipt,
+    HybridEviction,
+    HybridInsert,
+    HybridMatch,
+    LockReceipt,
+)
 
 
 class HNode:
@@ -111,73 +118,6 @@ class HostHNode(HNode):
         self.wp = None
         # SWA: the host-lock window boundary (swa ``metadata["host_uuid"]``).
         self.huuid = None
-
-
-# ---------------------------------------------------------------- op results
-
-
-class HybridMatch:
-    """``match_prefix``'s result. ``device_len``: tokens up to ``best`` (the deepest
-    node every component's validator accepts); ``full_len``: tokens the FULL walk
-    matched (``full_kv_hit_length``); ``branch``: the component's branching seqlen
-    (``swa_branching_seqlen`` / ``mamba_branching_seqlen``) or None."""
-
-    __slots__ = ("device_len", "full_len", "best", "branch", "dnode", "host_len",
-                 "aux_host_len")
-
-    def __init__(self, device_len, full_len, best, branch, dnode=None, host_len=0,
-                 aux_host_len=0):
-        self.device_len = device_len
-        self.full_len = full_len
-        self.best = best
-        self.branch = branch
-        # Host tier: last_device_node (the lock anchor), host_hit_length (FULL host
-        # tokens from best up to it) and the component's host hit
-        # (mamba_host_hit_length). With HiCache off dnode is best.
-        self.dnode = best if dnode is None else dnode
-        self.host_len = host_len
-        self.aux_host_len = aux_host_len
-
-
-class HybridInsert:
-    """``insert``'s result: ``prefix_len`` tokens reused, ``new`` fresh FULL tokens
-    the request brought, ``aux_new`` fresh SWA tokens (SWA) or 1 (Mamba),
-    ``mamba_exist`` (Mamba: the tree already had a state at the target, so the
-    request's fork is freed), ``node`` the target node."""
-
-    __slots__ = ("prefix_len", "new", "aux_new", "mamba_exist", "node")
-
-    def __init__(self):
-        self.prefix_len = 0
-        self.new = 0
-        self.aux_new = 0
-        self.mamba_exist = False
-        self.node = None
-
-
-class HybridEviction:
-    """What ``evict`` freed, per component: FULL tokens, and SWA tokens or Mamba
-    states (``aux``); cascades count toward each component's own total."""
-
-    __slots__ = ("full", "aux")
-
-    def __init__(self):
-        self.full = 0
-        self.aux = 0
-
-
-class LockReceipt:
-    """``IncLockRefResult``: the anchor, the SWA boundary uuid (None: the segment
-    reached the root), whether the auxiliary lock was skipped
-    (``skipped_lock_components``) and whether the SWA part was released early."""
-
-    __slots__ = ("node", "uuid", "skip_aux", "swa_released")
-
-    def __init__(self, node: HNode, uuid, skip_aux: bool = False):
-        self.node = node
-        self.uuid = uuid
-        self.skip_aux = skip_aux
-        self.swa_released = False
 
 
 class _LRU:
@@ -285,22 +225,6 @@ class _HostLRU:
             out.append(x)
             x = x.hln
         return out
-
-
-class HostLockReceipt:
-    """``inc_host_lock_ref``'s receipt: the anchor, and ``top``, the node carrying
-    FULL's host-lock boundary (``metadata["host_uuid"]``; a split moves it up);
-    ``full``: whether FULL took a host lock at all (write_through skips an anchor
-    with no host copy: full.py ``acquire_component_lock``)."""
-
-    __slots__ = ("anchor", "full", "top", "aux_uuid")
-
-    def __init__(self, anchor: HNode, full: bool = True):
-        self.anchor = anchor
-        self.top = anchor
-        self.full = full
-        # SWA: the window host lock's boundary uuid (None: it reached the root).
-        self.aux_uuid = None
 
 
 class LoadBack:

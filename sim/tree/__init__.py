@@ -1,0 +1,34 @@
+"""SGLang 0.5.23's unified radix tree, one TP rank's replica (docs/ARCHITECTURE.md, "Tree").
+
+* ``core.py``: what every tree shares: node ids, the logical clock, the page-wise key
+  comparison, paths, the event record (``TreeCore``);
+* ``full.py``: ``Tree``, the tree with the FULL component only, on device and host:
+  the hot path of every FULL simulation (shared/reference/hicache-semantics.md);
+* ``hybrid.py``: ``HybridTree``, the core and FULL for a tree with one more
+  component (docs/HYBRID.md), whose hooks ``components/`` supply:
+  ``components/swa.py`` (``SWATree``) and ``components/mamba.py`` (``MambaTree``);
+* ``results.py``: the result object each public op returns.
+"""
+
+from sim.errors import InvariantError, TreeError  # noqa: F401
+from sim.tree.full import (  # noqa: F401
+    ID_SCHEMES,
+    RUST_ID_SCHEMES,
+    HostLock,
+    LoadBack,
+    Node,
+    PendingWrite,
+    Stats,
+    Tree,
+    id_scheme,
+)
+from sim.tree.results import (  # noqa: F401
+    NO_HOST_EVICTION,
+    Backup,
+    Eviction,
+    HostEviction,
+    HostInsert,
+    Insert,
+    LoadResult,
+    Match,
+)
