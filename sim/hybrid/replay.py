@@ -397,7 +397,7 @@ class HybridReplayer:
         return {}
 
     def _op_skip_ids(self, op):
-        self.tree._next_id += op["n"]
+        self.tree.skip_ids(op["n"])
         return {}
 
     def _op_unlock(self, op):

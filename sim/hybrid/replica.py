@@ -419,7 +419,7 @@ class HybridReplica:
                               load_back_threshold=cfg.load_back_threshold,
                               write_policy=cfg.write_policy if host else "write_back")
         t._init_counting(h.state_tokens, h.swa_bytes, h.full_bytes)
-        t._next_id += h.id_offset
+        t.skip_ids(h.id_offset)
         return t
 
     # ---------------------------------------------------------------- ledgers
@@ -500,7 +500,7 @@ class HybridReplica:
     def skip_ids(self, k: int) -> None:
         if self.ops is not None:
             self._rec({"op": "skip_ids", "n": k})
-        self.t._next_id += k
+        self.t.skip_ids(k)
 
     def clone(self, maps=None) -> "HybridReplica":
         self._flush()

@@ -39,6 +39,7 @@ from sim.policies import resolve
 from sim.policies.eviction import EVICTION_POLICIES
 from sim.policies.host import HOST_POLICIES
 from sim.policies.write import WRITE_POLICIES
+from sim.tree.core import TreeCore
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     _REJECTED,
     NO_HOST_EVICTION,
@@ -213,7 +214,7 @@ class _LeafHeap:
         heapq.heapify(self.heap)
 
 
-class Tree:
+class Tree(TreeCore):
     """A HiCache radix tree replica: device + host tiers of the FULL KV component.
 
     ``ids``: ``"optrace"`` numbers the root 0 and nodes 1, 2, ... (the op-trace
@@ -223,6 +224,8 @@ class Tree:
     Rust core's digest event (sem §4.6); ``"rust_server"`` is the Rust core of a started
     server (root 1, first node 2, the Rust digest).
     """
+
+    _node_cls = Node
 
     def __init__(
         self,
@@ -333,40 +336,6 @@ class Tree:
         self.loads: dict = {}  # in-flight load-backs by id
         self.stats = Stats()
         self.rec: list | None = [] if record else None
-
-    # ------------------------------------------------------------------ basics
-    def _tick(self) -> float:
-        t = self._clock
-        self._clock = t + 1.0
-        return t
-
-    def _new_node(self, key: list, parent: Node | None) -> Node:
-        nid = self._next_id
-        self._next_id = nid + 1
-        t_access = self._tick()
-        return Node(nid, key, parent, t_access, self._tick())
-
-    def skip_ids(self, k: int) -> None:
-        """Consume ``k`` node ids, as any other node object built in an SGLang
-        process does (the id drift of sem §5.4.d)."""
-        self._next_id += k
-
-    def tokens(self, node: Node) -> int:
-        return len(node.key) * self.page_size
-
-    def _ev(self, kind: str, node: Node, **extra) -> None:
-        self.rec.append((kind, node, extra))
-
-    def path_units(self, node: Node) -> list:
-        """The node's whole key from the root. A split never changes it."""
-        parts = []
-        while node is not None and node.parent is not None:
-            parts.append(node.key)
-            node = node.parent
-        out = []
-        for part in reversed(parts):
-            out.extend(part)
-        return out
 
     # ---------------------------------------------- the one place for each count
     def _set_dev(self, node: Node, on: bool) -> None:
@@ -484,16 +453,6 @@ class Tree:
             holder.top.host_tops = None
 
     # ------------------------------------------------------------------ walks
-    @staticmethod
-    def _common(key: list, pos: int, nkey: list) -> int:
-        n = len(nkey)
-        if key[pos:pos + n] == nkey:
-            return n
-        i, lim = 0, min(n, len(key) - pos)
-        while i < lim and key[pos + i] == nkey[i]:
-            i += 1
-        return i
-
     def _split(self, child: Node, p: int) -> Node:
         """`_split_node(child, p)`: a new upper fragment takes the new id and becomes
         the parent; the original keeps its id, its lower key and its map position."""

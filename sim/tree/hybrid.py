@@ -35,6 +35,7 @@ from sim import constants as C
 # The trees' shared refusals and invariant failures (sim/errors.py), by this package's names.
 from sim.errors import InvariantError as HybridInvariantError  # noqa: F401
 from sim.errors import TreeError as HybridTreeError  # noqa: F401
+from sim.tree.core import TreeCore
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     HostLockReceipt,
     HybridEviction,
@@ -273,7 +274,7 @@ class _HostState:
         self.aux_written = 0
 
 
-class HybridTree:
+class HybridTree(TreeCore):
     """The unified tree with components ``("full", AUX)``; see the module docstring.
 
     Subclasses set ``AUX`` and implement the ``_aux_*`` hooks. ``record=True`` keeps
@@ -354,34 +355,6 @@ class HybridTree:
             self._is_dleaf = self._is_dleaf_ht
 
     # ------------------------------------------------------------------ basics
-    def _tick(self) -> float:
-        t = self._clock
-        self._clock = t + 1.0
-        return t
-
-    def _new_node(self, key: list, parent) -> HNode:
-        # UnifiedTreeNode.__init__ draws last_access_time, then creation_time.
-        nid = self._next_id
-        self._next_id = nid + 1
-        t = self._tick()
-        return self._node_cls(nid, key, parent, t, self._tick())
-
-    def _ev(self, kind: str, node: HNode, **extra) -> None:
-        self.rec.append((kind, node, extra))
-
-    def tokens(self, node: HNode) -> int:
-        return len(node.key) * self.page_size
-
-    def path_units(self, node: HNode) -> list:
-        parts = []
-        while node is not None and node.parent is not None:
-            parts.append(node.key)
-            node = node.parent
-        out = []
-        for part in reversed(parts):
-            out.extend(part)
-        return out
-
     def aux_value_len(self, node: HNode) -> int:
         """``value_len`` of the auxiliary component (0 for a tombstone)."""
         raise NotImplementedError
@@ -470,16 +443,6 @@ class HybridTree:
         return n
 
     # ------------------------------------------------------------------ walks
-    @staticmethod
-    def _common(key: list, pos: int, nkey: list) -> int:
-        n = len(nkey)
-        if key[pos:pos + n] == nkey:
-            return n
-        i, lim = 0, min(n, len(key) - pos)
-        while i < lim and key[pos + i] == nkey[i]:
-            i += 1
-        return i
-
     def _split(self, child: HNode, p: int) -> HNode:
         """core ``_split_node(child, p units)``: the new upper fragment takes a new id
         and becomes the parent; the original keeps its id and its lower key."""

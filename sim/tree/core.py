@@ -1,0 +1,69 @@
+"""What every tree shares (SGLang 0.5.23 ``unified_cache/unified_tree_core.py``,
+``UnifiedTreeCore``): node ids and the logical clock, the page-wise key comparison,
+a node's path from the root, the per-op event record.
+
+``Tree`` (``full.py``, FULL only) and ``HybridTree`` (``hybrid.py``, FULL and one
+more component) are built on it; each sets ``_node_cls``, its node class.
+
+Keys are lists of *units*; a unit is one page of ``page_size`` tokens (the token
+itself at page size 1), so every walk is page-granular, as SGLang's is, and costs one
+comparison per page. Token counts are ``units * page_size``.
+"""
+
+from __future__ import annotations
+
+
+class TreeCore:
+    """The clock, the id counter and the walks' helpers of a radix tree. Subclasses
+    set ``_clock`` (``C.CLOCK_START``), ``_next_id`` (0), ``page_size`` and ``rec``
+    (a list while recording events, else None) before building their first node."""
+
+    _node_cls: type = object
+
+    def _tick(self) -> float:
+        """One draw of the logical clock (SGLang's ``time.monotonic()`` stand-in)."""
+        t = self._clock
+        self._clock = t + 1.0
+        return t
+
+    def _new_node(self, key: list, parent):
+        """``UnifiedTreeNode.__init__``: the next id, then two clock draws
+        (``last_access_time``, then ``creation_time``)."""
+        nid = self._next_id
+        self._next_id = nid + 1
+        t_access = self._tick()
+        return self._node_cls(nid, key, parent, t_access, self._tick())
+
+    def skip_ids(self, k: int) -> None:
+        """Consume ``k`` node ids, as any other node object built in an SGLang
+        process does (the id drift of sem §5.4.d)."""
+        self._next_id += k
+
+    def tokens(self, node) -> int:
+        return len(node.key) * self.page_size
+
+    def _ev(self, kind: str, node, **extra) -> None:
+        self.rec.append((kind, node, extra))
+
+    def path_units(self, node) -> list:
+        """The node's whole key from the root. A split never changes it."""
+        parts = []
+        while node is not None and node.parent is not None:
+            parts.append(node.key)
+            node = node.parent
+        out = []
+        for part in reversed(parts):
+            out.extend(part)
+        return out
+
+    @staticmethod
+    def _common(key: list, pos: int, nkey: list) -> int:
+        """The units ``key[pos:]`` shares with a node's key ``nkey`` (``_key_match``,
+        page-wise): a whole-slice compare first, as most walks match whole nodes."""
+        n = len(nkey)
+        if key[pos:pos + n] == nkey:
+            return n
+        i, lim = 0, min(n, len(key) - pos)
+        while i < lim and key[pos + i] == nkey[i]:
+            i += 1
+        return i
