@@ -223,7 +223,7 @@ def test_swa_window_backup_writes_the_unbacked_window_oldest_first():
     m = tree.match_prefix(list(range(1, 7)) + [20, 21, 22])
     assert (m.device_len, m.host_len, m.aux_host_len) == (0, 9, 9)
     out = tree.load_back(m, 1)
-    assert out == {"started": True, "loaded": 9}
+    assert out.as_dict() == {"started": True, "loaded": 9} and out.aux_loaded == 9
     assert tree.aux_used == 9
     tree.finish_load_back(1)
     tree.check()
@@ -243,11 +243,12 @@ def test_swa_internal_victim_is_backed_up_with_its_window_before_its_tombstone()
     tree.insert([1, 2, 3, 4, 30, 31, 32, 33])
     tree.match_prefix(list(range(1, 11)))
     res = tree.evict(0, 4)
-    assert (res.full, res.aux) == (0, 4)
+    assert (res.freed, res.aux) == (0, 4)
     assert (tree.host_used, tree.aux_host_used, tree.dev_used) == (4, 4, 14)
     m = tree.match_prefix([1, 2, 3, 4])
     assert (m.device_len, m.aux_host_len) == (0, 4) and m.best.dev
-    assert tree.load_back(m, 1) == {"started": True, "loaded": 0}
+    out = tree.load_back(m, 1)
+    assert out.as_dict() == {"started": True, "loaded": 0} and out.aux_loaded == 4
     assert m.best.aux
     tree.finish_load_back(1)
     tree.check()
@@ -298,7 +299,7 @@ def test_a_state_that_reached_the_device_after_its_backup_is_pruned_by_the_demot
     t.insert(a)                              # the state returns, to the device only
     assert node.aux and not node.aux_host and node.dev and node.host
     ev = t.evict(4, 0)                       # a backed-up D-leaf: demoted directly
-    assert (ev.full, ev.aux) == (4, 1)
+    assert (ev.freed, ev.aux) == (4, 1)
     assert not node.dev and node.host and not node.aux and not node.aux_host
     m = t.match_prefix(a)
     assert (m.best, m.host_len, m.full_len, m.branch) == (t.root, 0, 4, 4)

@@ -11,7 +11,6 @@ component beside FULL (docs/HYBRID.md). The trees themselves are in ``sim/tree/`
 """
 
 from sim.tree.hybrid import (  # noqa: F401
-    HybridEviction,
     HybridInsert,
     HybridInvariantError,
     HybridMatch,

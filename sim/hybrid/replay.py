@@ -416,7 +416,7 @@ class HybridReplayer:
 
     def _op_evict(self, op):
         r = self.tree.evict(op.get("full", 0), op.get(self.kind, 0))
-        return {"freed": {"full": r.full, self.kind: r.aux}}
+        return {"freed": {"full": r.freed, self.kind: r.aux}}
 
     # cache evict_for_alloc stops each walk where evict does here (docs/HYBRID.md §6)
     _op_evict_for_alloc = _op_evict
@@ -434,9 +434,9 @@ class HybridReplayer:
         if rid is not None and tree.load_back_would_fail(self.units(op["tokens"]), holds):
             raise HybridTreeError("mamba_full")
         m, out = self._match(op["tokens"])
-        req = None if rid is None else {"holds": holds}
-        out.update(tree.load_back(m, lid, req))
-        if req is not None and req.get("got"):
+        r = tree.load_back(m, lid, None if rid is None else holds)
+        out.update(r.as_dict())
+        if r.slot_granted:
             self.held.add(rid)
         return out
 

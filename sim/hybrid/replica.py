@@ -48,7 +48,7 @@ from sim.errors import InvariantError
 from sim.tree.components.mamba import MambaTree
 from sim.tree.components.swa import SWATree
 from sim.scheduler import NO_TOKEN
-from sim.tree import Stats
+from sim.tree import NO_HOST_EVICTION, Eviction, HostEviction, Stats
 
 
 class HybridStats:
@@ -89,7 +89,6 @@ class _Counting:
         self.scanned = 0
         self.host_freed = 0
         self.state_tokens = state_tokens
-        self.last_load = None
         self.wlog: list = []  # write_through: the op's insert-time backups (``_Write``)
 
     def clone(self):
@@ -123,11 +122,11 @@ class _Counting:
         return n
 
     def _drop(self, x, res) -> bool:
-        f0 = res.full
+        f0 = res.freed
         ok = super()._drop(x, res)
         if ok:
             self.stats.drops += 1
-            self.stats.drop_tokens += res.full - f0
+            self.stats.drop_tokens += res.freed - f0
         else:
             self.stats.drop_declined += 1
         return ok
@@ -234,29 +233,6 @@ class _Counting:
         self.hy.state_host_frees += 1
         return super()._aux_host_tomb(x)
 
-    def _load_transfers(self, anchor, lock, holder):
-        if self.AUX == "swa":
-            # the window's host-only slices this load restores (read before the load)
-            nodes = self._aux_load_nodes(anchor)
-            reason, n = super()._load_transfers(anchor, lock, holder)
-            if reason is None:
-                k = 0
-                for y in nodes:
-                    if y.aux:
-                        k += len(y.key) * self.page_size
-                self.stats.load_tokens += n
-                self.hy.swa_load_tokens += k
-                self.last_load = (n, k)
-            return reason, n
-        aux = self._aux_load_needed(anchor)
-        reason, n = super()._load_transfers(anchor, lock, holder)
-        if reason is None:
-            restored = bool(aux and anchor.aux)
-            self.stats.load_tokens += n
-            self.hy.state_loads += restored
-            self.last_load = (n, restored)
-        return reason, n
-
 
 class _Write:
     """One write_through backup the engine copies D->H (``sim.tree.PendingWrite``'s
@@ -302,29 +278,24 @@ class _Match:
         self.aux_host_len = m.aux_host_len
 
 
-class _HostEv:
-    __slots__ = ("freed", "scanned")
+def _eviction(log: list, scanned: int, host_freed: int, res: Eviction | None = None) -> Eviction:
+    """An op's ``Eviction`` with what its steps did besides the tree's per-component
+    frees: the blocking backups (``log``) and the host eviction they ran (tokens
+    freed, duplicate-map entries scanned), as the FULL tree reports them."""
+    if res is None:
+        res = Eviction()
+    res.backups = log
+    res.host = _host_eviction(host_freed, scanned)
+    return res
 
-    def __init__(self, freed=0, scanned=0):
-        self.freed = freed
-        self.scanned = scanned
 
-
-_NO_HOST = _HostEv()
-_NO_WRITES: dict = {}
-
-
-class _Eviction:
-    """``Eviction``'s fields the engine reads."""
-
-    __slots__ = ("freed", "aux", "backups", "reclaim_scanned", "host")
-
-    def __init__(self, freed, aux, backups, scanned, host_freed):
-        self.freed = freed
-        self.aux = aux
-        self.backups = backups
-        self.reclaim_scanned = scanned
-        self.host = _HostEv(host_freed, scanned) if (host_freed or scanned) else _NO_HOST
+def _host_eviction(freed: int, scanned: int) -> HostEviction:
+    if not (freed or scanned):
+        return NO_HOST_EVICTION
+    he = HostEviction()
+    he.freed = freed
+    he.scanned = scanned
+    return he
 
 
 class _Insert:
@@ -332,7 +303,7 @@ class _Insert:
 
     __slots__ = ("node", "host", "writes")
 
-    def __init__(self, node, host=_NO_HOST, key=None):
+    def __init__(self, node, host=NO_HOST_EVICTION, key=None):
         self.node = Handle(node, key)
         self.host = host
         self.writes = ()
@@ -654,7 +625,7 @@ class HybridReplica:
             self._rec({"op": "release", "id": rid})
         self.t.release()
 
-    def evict(self, full: int, aux: int) -> _Eviction:
+    def evict(self, full: int, aux: int) -> Eviction:
         """cache ``evict`` with per-component requests (FULL tokens, SWA tokens or
         Mamba states); the result carries the op's blocking backups."""
         if self.ops is not None and (full or aux):
@@ -666,9 +637,9 @@ class HybridReplica:
             self._rec(op)
         res = self.t.evict(full, aux)
         log, scanned, freed = self._drain()
-        return _Eviction(res.full, res.aux, log, scanned, freed)
+        return _eviction(log, scanned, freed, res)
 
-    def evict_device(self, n: int) -> _Eviction:
+    def evict_device(self, n: int) -> Eviction:
         return self.evict(n, 0)
 
     def insert(self, key: list, priority: int = 0, resident: bool = False) -> _Insert:
@@ -714,7 +685,7 @@ class HybridReplica:
             if st is not None and not final and t.hicache and t.ht.wt:
                 st.inserted = max(inserted, len(key) * self.page_size)
         log, scanned, freed = self._drain()
-        host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
+        host = _host_eviction(freed, scanned)
         ins = _Insert(res.node, host, key)
         if t.wlog:
             # write_through: the insert's backups, each a D->H write acked through
@@ -729,25 +700,26 @@ class HybridReplica:
         t = self.t
         rid = self._load_rid
         st = self.reqs.get(rid)
-        req = {"holds": bool(st and st.holds)} if self.kind == "mamba" else None
-        t.last_load = None
+        holds = bool(st and st.holds) if self.kind == "mamba" else None
         if self.ops is not None:
             op = {"op": "load_back", "tokens": self._units_tokens(match.key), "id": lid}
-            if req is not None:
+            if holds is not None:
                 op["req"] = rid
             self._rec(op)
-        r = t.load_back(match.m, lid, req)
+        r = t.load_back(match.m, lid, holds)
         log, scanned, freed = self._drain()
-        ev = _Eviction(0, 0, log, scanned, freed) if (log or scanned or freed) else None
-        if req is not None and req.get("got"):
+        ev = _eviction(log, scanned, freed) if (log or scanned or freed) else None
+        if r.slot_granted:
             self.reqs.setdefault(rid, ReqState()).holds = True
-        if not r["started"]:
-            return _Load(False, r["reason"], 0, None, ev)
+        if not r.started:
+            return _Load(False, r.reason, 0, None, ev)
         anchor = match.m.best
-        n, restored = t.last_load
+        n, restored = r.loaded, r.aux_loaded
+        t.stats.load_tokens += n
         gain = len(t.path_units(anchor)) * self.page_size - match.device_len
         if self.kind == "swa":
             # restored: the SWA tokens the window's restore carries
+            t.hy.swa_load_tokens += restored
             moved = n + t.swa_equiv(restored)
             t.hy.swa_host_hit_tokens += gain
             if restored:
@@ -756,13 +728,15 @@ class HybridReplica:
                 t.hy.host_hits_full_only_swa += 1
             return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain,
                          bool(restored))
+        t.hy.state_loads += restored
         moved = n + (t.state_tokens if restored else 0)
         t.hy.host_hit_tokens += gain
         if restored:
             t.hy.host_hits_with_state += 1
         else:
             t.hy.host_hits_full_only += 1
-        return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain, restored)
+        return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain,
+                     bool(restored))
 
     def finish_load_back(self, lid) -> None:
         if self.ops is not None:
@@ -840,7 +814,7 @@ class HybridHooks:
             copied = False
         log, scanned, freed = tree._drain()
         if log or scanned:
-            self.sim._charge_into(plan, _Eviction(0, 0, log, scanned, freed))
+            self.sim._charge_into(plan, _eviction(log, scanned, freed))
         if copied:
             t.hy.cows += 1
             if not holds:

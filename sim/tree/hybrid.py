@@ -23,7 +23,7 @@ never tombstoned), and every node's slot counts stand in for SGLang's tensors:
 * Mamba: one state slot when ``aux`` is set.
 
 Public operations return one result object each (``HybridMatch``, ``HybridInsert``,
-``HybridEviction``, ``LockReceipt``), as the FULL tree's do.
+``Eviction``, ``LockReceipt``), as the FULL tree's do.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from sim.errors import TreeError as HybridTreeError  # noqa: F401
 from sim.tree.core import TreeCore
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     HostLockReceipt,
-    HybridEviction,
+    Eviction,
     HybridInsert,
+    HybridLoad,
     HybridMatch,
     LockReceipt,
 )
@@ -829,24 +830,24 @@ class HybridTree(TreeCore):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ eviction
-    def evict(self, full: int = 0, aux: int = 0) -> HybridEviction:
+    def evict(self, full: int = 0, aux: int = 0) -> Eviction:
         """cache ``evict`` -> ``_evict_components`` (no availability targets): each
         component in tree order walks its own victims until its running total, which
         includes what earlier cascades freed, reaches its request."""
-        res = HybridEviction()
+        res = Eviction()
         if self.hicache:
-            if res.full < full:
+            if res.freed < full:
                 self._evict_full_ht(full, res)
             if res.aux < aux:
                 self._evict_aux_ht(aux, res)
             return res
-        if res.full < full:
+        if res.freed < full:
             self._evict_full(full, res)
         if res.aux < aux:
             self._evict_aux(aux, res)
         return res
 
-    def _evict_full(self, request: int, res: HybridEviction, victim=None) -> None:
+    def _evict_full(self, request: int, res: Eviction, victim=None) -> None:
         """full.py ``_evict_device_start`` / ``_evict_device_next_node``: a heap of the
         device leaves by ``last_access_time`` (the ``lru`` strategy); a deleted leaf's
         parent joins when it becomes a leaf. ``victim``: what happens to each leaf
@@ -862,7 +863,7 @@ class HybridTree(TreeCore):
                 heapq.heappush(heap, (p.last_access, p.id, p))
             last = None
             x = None
-            while res.full < request and heap:
+            while res.freed < request and heap:
                 _, _, cand = heapq.heappop(heap)
                 if cand in d_leaves:
                     x = cand
@@ -872,7 +873,7 @@ class HybridTree(TreeCore):
             last = x
             act(x, res)
 
-    def _evict_aux(self, request: int, res: HybridEviction) -> None:
+    def _evict_aux(self, request: int, res: Eviction) -> None:
         """swa.py / mamba.py ``_evict_device_next_node`` (no sessions, no HiCache):
         walk the component's LRU from the tail skipping locked entries; a device leaf
         is deleted whole (core ``evict_device_leaf``), any other node loses only this
@@ -894,13 +895,13 @@ class HybridTree(TreeCore):
                 res.aux += self._aux_tomb(x)
                 self._refresh(x)
 
-    def _delete_leaf(self, x: HNode, res: HybridEviction) -> None:
+    def _delete_leaf(self, x: HNode, res: Eviction) -> None:
         """core ``_delete_unbacked_device_leaf``: ``_release_all_component_layers``
         (FULL's and the auxiliary value freed, each counted toward its own total),
         unlink, refresh the parent; ``_iteratively_delete_tombstone_ancestors`` stops
         at once since the parent's FULL is on device."""
         t = len(x.key) * self.page_size
-        res.full += t
+        res.freed += t
         self.evictable -= t
         self.dev_used -= t
         if x.aux:
@@ -918,12 +919,12 @@ class HybridTree(TreeCore):
     # (§5.9; the write_through section above the locks). Citations: core =
     # unified_tree_core.py, cache = unified_radix_cache.py.
 
-    def _evict_full_ht(self, request: int, res: HybridEviction) -> None:
+    def _evict_full_ht(self, request: int, res: Eviction) -> None:
         """The FULL walk (``full._evict_device_next_node``) with each victim handed
         to ``_evict_dleaf`` (cache ``_evict_components``' write_back branch)."""
         self._evict_full(request, res, self._evict_dleaf)
 
-    def _evict_aux_ht(self, request: int, res: HybridEviction) -> None:
+    def _evict_aux_ht(self, request: int, res: Eviction) -> None:
         """The auxiliary walk with HiCache on (mamba ``_evict_device_next_node``): a
         device leaf goes to ``_evict_dleaf``; an internal state with no host copy on a
         node whose FULL has none either is first backed up (``InternalStateBackup``:
@@ -971,7 +972,7 @@ class HybridTree(TreeCore):
         p = x.parent
         return p is not None and p.children.get(x.key[0]) is x
 
-    def _evict_dleaf(self, x: HNode, res: HybridEviction) -> None:
+    def _evict_dleaf(self, x: HNode, res: Eviction) -> None:
         """core ``evict_device_leaf`` under write_back: a backed-up leaf is demoted; an
         unbacked one is backed up (FULL and the component's state, cache
         ``_execute_and_commit_kv_backup``) and demoted, or, when the host has no room,
@@ -987,7 +988,7 @@ class HybridTree(TreeCore):
             if self.rec is not None:
                 self._ev("drop_declined", x)
 
-    def _delete_unbacked(self, x: HNode, res: HybridEviction) -> None:
+    def _delete_unbacked(self, x: HNode, res: Eviction) -> None:
         """core ``_delete_unbacked_device_leaf`` (write_through's unbacked D-leaf):
         every layer freed, the node unlinked, then
         ``_iteratively_delete_tombstone_leaf`` from its parent."""
@@ -1078,14 +1079,14 @@ class HybridTree(TreeCore):
             self._track(x)
         return t
 
-    def _demote(self, x: HNode, res: HybridEviction) -> None:
+    def _demote(self, x: HNode, res: Eviction) -> None:
         """core ``_demote``: FULL's device value goes, the cascade takes the
         component's device value (a leaf: every priority is 0), a host copy joins
         the host LRU; the node stays, host-only."""
         t = len(x.key) * self.page_size
         if self.rec is not None:
             self._ev("demote", x, n=t)
-        res.full += t
+        res.freed += t
         self.evictable -= t
         self.dev_used -= t
         if x.aux:
@@ -1099,7 +1100,7 @@ class HybridTree(TreeCore):
     def _locked_any(self, x: HNode) -> bool:
         return bool(x.lock or x.aux_lock or x.host_lock or x.aux_host_lock)
 
-    def _drop(self, x: HNode, res: HybridEviction) -> bool:
+    def _drop(self, x: HNode, res: Eviction) -> bool:
         """core ``drop_subtree_no_host``: delete an unbackable D-leaf and its
         host-only subtree, unless anything there is locked or pinned."""
         if x.lb is not None or self._locked_any(x):
@@ -1122,13 +1123,13 @@ class HybridTree(TreeCore):
         self._sweep(parent, res)
         return True
 
-    def _release_layers(self, x: HNode, res: HybridEviction) -> int:
+    def _release_layers(self, x: HNode, res: Eviction) -> int:
         """core ``_release_all_component_layers``: every value on both tiers is
         freed; device frees count toward the op's totals. Returns the FULL host
         tokens freed."""
         t = len(x.key) * self.page_size
         if x.dev:
-            res.full += t
+            res.freed += t
             if x.lock:
                 self.protected -= t
             else:
@@ -1159,7 +1160,7 @@ class HybridTree(TreeCore):
         self.ht.dups.pop(x.id, None)
         self.n_nodes -= 1
 
-    def _sweep(self, cur: HNode, res: HybridEviction) -> None:
+    def _sweep(self, cur: HNode, res: Eviction) -> None:
         """core ``_iteratively_delete_tombstone_ancestors``: childless ancestors with
         no FULL on either tier go, a FULL copy on either tier stops the walk."""
         root = self.root
@@ -1240,7 +1241,7 @@ class HybridTree(TreeCore):
                     self._ev("dup_sweep", node)
         heap = [(x.last_access, x.id, x) for x in self.ht.h_leaves]
         heapq.heapify(heap)
-        res = HybridEviction()
+        res = Eviction()
         while freed < n and heap:
             _, _, x = heapq.heappop(heap)
             if x not in self.ht.h_leaves:
@@ -1251,7 +1252,7 @@ class HybridTree(TreeCore):
                 heapq.heappush(heap, (p.last_access, p.id, p))
         return freed
 
-    def _evict_hleaf(self, x: HNode, res: HybridEviction) -> tuple[int, int]:
+    def _evict_hleaf(self, x: HNode, res: Eviction) -> tuple[int, int]:
         """core ``_evict_host_leaf``: every component's values on the node go, and
         the node; returns (FULL host tokens, component host values) freed."""
         aux = self._aux_host_len(x) if x.aux_host else 0
@@ -1268,7 +1269,7 @@ class HybridTree(TreeCore):
         freed = 0
         hlru = self.ht.hlru
         x = hlru.lru_no_host_lock()
-        res = HybridEviction()
+        res = Eviction()
         while freed < n and x is not None and x.hlp is not None:
             nxt = hlru.prev_no_host_lock(x)
             if x in self.ht.h_leaves:
@@ -1342,31 +1343,32 @@ class HybridTree(TreeCore):
             holder.top.host_tops = None
         self._refresh(anchor)
 
-    def load_back(self, match: HybridMatch, lid, req=None) -> dict:
+    def load_back(self, match: HybridMatch, lid, holds: bool | None = None) -> HybridLoad:
         """cache ``init_load_back`` + ``load_back``: start the H->D load of the
         anchor's (``best_match_node``) FULL host tail and of the component's
-        host-only state at the anchor. ``req``: the component's request-side
-        hooks (Mamba: ``prepare_load_back``'s slot). Returns ``started``,
-        ``loaded`` and, when not started, ``reason``."""
+        host-only state at the anchor. ``holds``: the loading request holds a state
+        slot (Mamba's ``prepare_load_back``; None: no request). The result says what
+        the load moved and whether the request was given a slot."""
         anchor = match.best
         if anchor.dev and match.host_len == 0 and match.aux_host_len == 0:
-            return {"started": False, "loaded": 0, "reason": "no_host_tail"}
+            return HybridLoad("no_host_tail")
         holder = self.inc_host_lock(anchor)
         lock = self.inc_lock(anchor)
-        prep = self._aux_prepare_load_back(anchor, req)
-        reason, n = self._load_transfers(anchor, lock, holder)
+        slot = self._aux_prepare_load_back(anchor, holds)
+        reason, n, aux = self._load_transfers(anchor, lock, holder)
         if reason is not None:
-            self._aux_finalize_load_back(req, prep, False)
-            return {"started": False, "loaded": 0, "reason": reason}
+            self._aux_finalize_load_back(slot, False)
+            return HybridLoad(reason)
         self.ht.loads[lid] = LoadBack(anchor, self.inc_lock(anchor), holder, n)
-        self._aux_finalize_load_back(req, prep, True)
-        return {"started": True, "loaded": n}
+        self._aux_finalize_load_back(slot, True)
+        return HybridLoad(None, n, aux, bool(slot))
 
     def _load_transfers(self, anchor, lock, holder):
         """cache ``_load_back_transfers``: the spec (FULL's evicted nodes from the
         anchor up; the component's restore), the threshold, device room (FULL by
         ``evict_for_alloc``, the component's slot in the controller's load), then
-        ``commit_load_back``."""
+        ``commit_load_back``. Returns (the refusal or None, FULL tokens loaded, the
+        component's values restored)."""
         nodes = []
         x = anchor
         while not x.dev:
@@ -1385,21 +1387,21 @@ class HybridTree(TreeCore):
         if n < max(1, self.ht.load_back_threshold) and not aux:
             self.dec_lock(lock)
             self.dec_host_lock(holder)
-            return "below_threshold", 0
+            return "below_threshold", 0, 0
         avail = self.device_capacity - self.dev_used
         if avail < n:
             self.evict(n - avail, 0)
             if self.device_capacity - self.dev_used < n:
                 self.dec_lock(lock)
                 self.dec_host_lock(holder)
-                return "no_device_space", 0
+                return "no_device_space", 0, 0
         # HybridCacheController.load: FULL rows first (outside the tree until the
         # commit; nothing below reads FULL room), then the component's device slot.
         ok = self._aux_alloc_for_load(aux_nodes) if aux else True
         self.dec_lock(lock)
         if not ok:
             self.dec_host_lock(holder)
-            return f"no_{self.AUX}_space", 0
+            return f"no_{self.AUX}_space", 0, 0
         for y in nodes:
             if self.rec is not None:
                 self._ev("load", y, n=len(y.key) * ps)
@@ -1415,10 +1417,13 @@ class HybridTree(TreeCore):
             else:
                 self.evictable += t
             self._refresh(y)
+        restored = 0
         for y in aux_nodes:  # commit_hicache_transfer(LOAD_BACK), oldest first
-            self._aux_set(y, self.aux_value_len_of(y))
+            k = self.aux_value_len_of(y)
+            self._aux_set(y, k)
+            restored += k
         self._refresh(anchor)
-        return None, n
+        return None, n, restored
 
     def finish_load_back(self, lid) -> None:
         """cache ``loading_check`` for one load: both anchor locks released, then
@@ -1437,10 +1442,12 @@ class HybridTree(TreeCore):
                 self._track(x)
             x = x.parent
 
-    def _aux_prepare_load_back(self, anchor, req):
+    def _aux_prepare_load_back(self, anchor, holds):
+        """The component's ``prepare_load_back``: a truthy value when it gave the
+        request a slot (handed back to ``_aux_finalize_load_back``)."""
         return None
 
-    def _aux_finalize_load_back(self, req, prep, success: bool) -> None:
+    def _aux_finalize_load_back(self, slot, success: bool) -> None:
         pass
 
     def _aux_load_needed(self, anchor) -> bool:

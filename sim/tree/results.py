@@ -4,8 +4,9 @@ charges time from it and nothing else needs to be read off the tree afterwards.
 
 ``Match``, ``Insert``, ``Eviction``, ``HostEviction``, ``LoadResult``, ``Backup`` and
 ``HostInsert`` are the FULL tree's (``sim/tree/full.py``); ``HybridMatch``,
-``HybridInsert``, ``HybridEviction``, ``LockReceipt`` and ``HostLockReceipt`` the
-hybrid tree's (``sim/tree/hybrid.py``).
+``HybridInsert``, ``HybridLoad``, ``LockReceipt`` and ``HostLockReceipt`` the
+hybrid tree's (``sim/tree/hybrid.py``), whose ``evict`` returns an ``Eviction``
+with per-component fields.
 """
 
 from __future__ import annotations
@@ -118,13 +119,20 @@ class Eviction:
     write_back D->H backup, in issue order (the engine charges ``d2h_time`` for
     each); ``backups_failed``: backups refused for lack of host room (a count).
     ``host``: the host evictions those backups ran to make room, summed.
+
+    A hybrid tree's ``evict`` (``sim/tree/hybrid.py``) returns one too, per
+    component: ``freed`` the FULL device tokens and ``aux`` the other component's
+    device values (SWA tokens, Mamba states), each counting what cascades from the
+    other component's victims (0 in a FULL-only tree); its engine replica
+    (``sim/hybrid/replica.py``) adds the op's ``backups`` and ``host``.
     """
 
-    __slots__ = ("freed", "demoted", "deleted", "dropped", "dropped_host", "declined", "backups",
-                 "backups_failed", "host")
+    __slots__ = ("freed", "aux", "demoted", "deleted", "dropped", "dropped_host", "declined",
+                 "backups", "backups_failed", "host")
 
     def __init__(self):
         self.freed = 0
+        self.aux = 0
         self.demoted = 0
         self.deleted = 0
         self.dropped = 0
@@ -140,7 +148,8 @@ class Eviction:
         return self.host.scanned
 
     def __repr__(self) -> str:
-        return (f"Eviction(freed={self.freed}, demoted={self.demoted}, deleted={self.deleted}, "
+        return (f"Eviction(freed={self.freed}, aux={self.aux}, demoted={self.demoted}, "
+                f"deleted={self.deleted}, "
                 f"dropped={self.dropped}, declined={self.declined}, backups={self.backups}, "
                 f"host={self.host!r})")
 
@@ -278,15 +287,36 @@ class HybridInsert:
         self.node = None
 
 
-class HybridEviction:
-    """What ``evict`` freed, per component: FULL tokens, and SWA tokens or Mamba
-    states (``aux``); cascades count toward each component's own total."""
+class HybridLoad:
+    """``load_back``'s result (cache ``init_load_back`` + ``load_back``). ``started``:
+    the load began (its ack is ``finish_load_back``); ``loaded``: FULL tokens it moves
+    H->D; ``aux_loaded``: the component's host-only values it restores (SWA: tokens
+    of the window's slices; Mamba: states, 0 or 1); ``reason`` when not started
+    (``no_host_tail``, ``below_threshold``, ``no_device_space``, ``no_swa_space``,
+    ``no_mamba_space``); ``slot_granted``: Mamba, the loading request had no state
+    slot and got one for the copy (``prepare_load_back``), which it now holds."""
 
-    __slots__ = ("full", "aux")
+    __slots__ = ("started", "loaded", "aux_loaded", "reason", "slot_granted")
 
-    def __init__(self):
-        self.full = 0
-        self.aux = 0
+    def __init__(self, reason: str | None, loaded: int = 0, aux_loaded: int = 0,
+                 slot_granted: bool = False):
+        self.started = reason is None
+        self.loaded = loaded
+        self.aux_loaded = aux_loaded
+        self.reason = reason
+        self.slot_granted = slot_granted
+
+    def as_dict(self) -> dict:
+        """The op-trace output's fields (docs/HYBRID.md §6): ``started``, ``loaded``
+        and, when not started, ``reason``."""
+        if self.started:
+            return {"started": True, "loaded": self.loaded}
+        return {"started": False, "loaded": 0, "reason": self.reason}
+
+    def __repr__(self) -> str:
+        what = f"loaded={self.loaded}, aux_loaded={self.aux_loaded}" if self.started \
+            else f"reason={self.reason!r}"
+        return f"HybridLoad(started={self.started}, {what})"
 
 
 class LockReceipt:

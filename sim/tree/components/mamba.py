@@ -246,11 +246,12 @@ class MambaTree(HybridTree):
     def _free_slot(self) -> bool:
         return self.aux_used + self.held < self.aux_capacity
 
-    def _aux_prepare_load_back(self, anchor, req):
-        """mamba ``prepare_load_back``: a request (``req``: whether it holds a slot)
-        loading a host-only state gets a slot of its own for the copy, evicting one
-        state for it when the pool is full (``_alloc_request_state_slot``)."""
-        if req is None or req["holds"] or not self._aux_load_needed(anchor):
+    def _aux_prepare_load_back(self, anchor, holds):
+        """mamba ``prepare_load_back``: a request (``holds``: whether it holds a slot;
+        None: no request) loading a host-only state gets a slot of its own for the
+        copy, evicting one state for it when the pool is full
+        (``_alloc_request_state_slot``)."""
+        if holds is None or holds or not self._aux_load_needed(anchor):
             return None
         if not self._free_slot():
             self.evict(0, 1)
@@ -259,12 +260,11 @@ class MambaTree(HybridTree):
         self.held += 1
         return True
 
-    def _aux_finalize_load_back(self, req, prep, success: bool) -> None:
-        """mamba ``finalize_load_back``: a called-off load returns the slot."""
-        if prep and not success:
+    def _aux_finalize_load_back(self, slot, success: bool) -> None:
+        """mamba ``finalize_load_back``: a called-off load returns the slot (a load
+        that started keeps it: ``load_back``'s ``slot_granted``)."""
+        if slot and not success:
             self.held -= 1
-        if prep and success:
-            req["got"] = True
 
     def _aux_alloc_for_load(self, nodes) -> bool:
         """The restore's device slot (``_resolve_device_transfers``, evicting once
