@@ -321,6 +321,19 @@ class _Load:
         self.eviction, self.extra, self.state = eviction, extra, state
 
 
+class InsertFor:
+    """The request an insert is made for (``HybridHooks.before_insert`` prepares it,
+    ``HybridReplica.insert`` takes it): its id, the prefix it reused
+    (``cache_protected_len``, tokens) and whether it finished."""
+
+    __slots__ = ("rid", "prev", "final")
+
+    def __init__(self, rid, prev: int, final: bool):
+        self.rid = rid
+        self.prev = prev
+        self.final = final
+
+
 class ReqState:
     """One running request's hybrid state on one replica: whether it holds a Mamba
     state slot; SWA: its own SWA tokens and its out-of-window cursor
@@ -355,8 +368,6 @@ class HybridReplica:
         self._reserved = 0
         self.swa_reserved = 0
         self.reqs: dict[int, ReqState] = {}
-        self.cur = None  # (rid, prev, final) of the insert the engine is about to make
-        self._load_rid = None
         if tree is None:
             tree = self._build(h, cfg)
         self.t = tree
@@ -642,11 +653,12 @@ class HybridReplica:
     def evict_device(self, n: int) -> Eviction:
         return self.evict(n, 0)
 
-    def insert(self, key: list, priority: int = 0, resident: bool = False) -> _Insert:
-        """``checkpoint_into_tree``'s insert, with the request's reused prefix
-        (``cache_protected_len``) and whether it finished, from ``before_insert``."""
-        rid, prev, final = self.cur
-        self.cur = None
+    def insert(self, key: list, priority: int = 0, resident: bool = False,
+               req: "InsertFor | None" = None) -> _Insert:
+        """``checkpoint_into_tree``'s insert for request ``req`` (what
+        ``HybridHooks.before_insert`` returned: the request, its reused prefix
+        ``cache_protected_len`` and whether it finished)."""
+        rid, prev, final = req.rid, req.prev, req.final
         t = self.t
         if self.kind == "mamba":
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
@@ -693,12 +705,10 @@ class HybridReplica:
             ins.writes, t.wlog = t.wlog, []
         return ins
 
-    def load_back(self, match: _Match, lid) -> _Load:
-        """cache ``init_load_back`` + ``load_back`` for the request of the last
-        ``HybridHooks.matched`` (Mamba: a request without a slot gets one for a
-        host-only state, ``prepare_load_back``)."""
+    def load_back(self, match: _Match, lid, rid) -> _Load:
+        """cache ``init_load_back`` + ``load_back`` for request ``rid`` (Mamba: a
+        request without a slot gets one for a host-only state, ``prepare_load_back``)."""
         t = self.t
-        rid = self._load_rid
         st = self.reqs.get(rid)
         holds = bool(st and st.holds) if self.kind == "mamba" else None
         if self.ops is not None:
@@ -791,10 +801,8 @@ class HybridHooks:
         """``init_next_round_input`` -> ``match_kv_cache(cow_mamba=True)`` ->
         mamba ``finalize_match_result_in_cache``: a candidate matching a device
         state copies it into a slot of its own, allocated (evicting one state if
-        the pool is full) unless it holds one. Also remembers the candidate for a
-        load-back's ``prepare_load_back``."""
+        the pool is full) unless it holds one."""
         tree = c.tree
-        tree._load_rid = rq.r.rid
         if tree.kind != "mamba":
             self._swa_host_hit = m.aux_host_len
             return
@@ -955,15 +963,16 @@ class HybridHooks:
         tree.set_swa_reserved(tree.swa_reserved + new)
 
     # ------------------------------------------------------------ results
-    def before_insert(self, c, rq, prev: int, up_to: int, final: bool) -> None:
+    def before_insert(self, c, rq, prev: int, up_to: int, final: bool) -> "InsertFor":
         """``checkpoint_into_tree``'s component preparation: the insert reuses the
         request's ``cache_protected_len`` (``prev``); Mamba forks the request's state
         (unfinished) or donates it (finished, ``prepare_for_caching_req``); SWA:
         ``free_out_of_window_slots`` (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS,
         on by default) moves the cursor to a page-aligned window below the insert's
-        end, and the request's own SWA passes to the tree."""
+        end, and the request's own SWA passes to the tree. Returns what the replica's
+        ``insert`` takes for this request."""
         tree = c.tree
-        tree.cur = (rq.r.rid, prev, final)
+        req = InsertFor(rq.r.rid, prev, final)
         if tree.kind == "mamba":
             st = tree.reqs.get(rq.r.rid)
             t = tree.t
@@ -981,13 +990,14 @@ class HybridHooks:
                     self.sim._out_of_memory(c, f"Can not alloc mamba cache: {t.aux_capacity} "
                                                f"state slots, {t.held} held by requests, every "
                                                f"cached state locked")
-            return
+            return req
         st = tree.reqs.setdefault(rq.r.rid, ReqState())
         if not final:
             self._advance(tree, st, up_to)
         st.cursor = max(st.cursor, prev)
         tree.set_swa_reserved(tree.swa_reserved - st.swa_own)
         st.swa_own = 0
+        return req
 
     def _advance(self, tree, st, end: int) -> None:
         """``free_swa_out_of_window_slots``: the cursor moves to
