@@ -43,195 +43,11 @@ from __future__ import annotations
 
 import copy
 
-from sim import constants as C
 from sim.errors import InvariantError
 from sim.tree.components.mamba import MambaTree
 from sim.tree.components.swa import SWATree
 from sim.scheduler import NO_TOKEN
-from sim.tree import NO_HOST_EVICTION, Eviction, HostEviction, Stats
-
-
-class HybridStats:
-    """Hybrid counters since the tree was built (summary.json ``hybrid``)."""
-
-    MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
-             "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
-             "insert_state_evictions", "state_misses", "state_miss_tokens")
-    SWA = ("swa_evicted_tokens", "swa_early_releases")
-    # SWA with a host tier (reported only then)
-    SWA_HOST = ("swa_backup_tokens", "swa_load_tokens", "swa_host_free_tokens",
-                "host_hits_with_swa", "host_hits_full_only_swa", "swa_host_hit_tokens")
-    __slots__ = MAMBA + SWA + SWA_HOST
-
-    def __init__(self):
-        for k in self.__slots__:
-            setattr(self, k, 0)
-
-    def as_dict(self, kind: str, host: bool = False) -> dict:
-        keys = self.MAMBA if kind == "mamba" else self.SWA + (self.SWA_HOST if host else ())
-        return {k: getattr(self, k) for k in keys}
-
-
-class _Counting:
-    """Counts what the tree's private steps did (``sim.tree.Stats`` names), and the
-    backups of the op in flight (``log``, in state-equivalent tokens). Mixed into
-    the hybrid tree classes; every override calls the model's own step."""
-
-    def _init_counting(self, state_tokens: int, swa_bytes: int = 0,
-                       full_bytes: int = 0) -> None:
-        self.stats = Stats()
-        # SWA: the transfer size of k SWA tokens in FULL-token equivalents is
-        # ceil(k * swa_bytes / full_bytes)
-        self.swa_bytes = swa_bytes
-        self.full_bytes = full_bytes or 1
-        self.hy = HybridStats()
-        self.log: list = []
-        self.scanned = 0
-        self.host_freed = 0
-        self.state_tokens = state_tokens
-        self.wlog: list = []  # write_through: the op's insert-time backups (``_Write``)
-
-    def clone(self):
-        new = super().clone()
-        new.stats = copy.copy(self.stats)
-        new.hy = copy.copy(self.hy)
-        new.log = []
-        new.wlog = []
-        return new
-
-    def _demote(self, x, res):
-        self.stats.demote_tokens += len(x.key) * self.page_size
-        super()._demote(x, res)
-
-    def _delete_leaf(self, x, res):
-        self.stats.delete_tokens += len(x.key) * self.page_size
-        super()._delete_leaf(x, res)
-
-    def _delete_unbacked(self, x, res):
-        # write_through's unbacked D-leaf, every layer freed (``sim.tree.Tree`` counts
-        # its write_through deletes the same way)
-        self.stats.delete_tokens += len(x.key) * self.page_size
-        super()._delete_unbacked(x, res)
-
-    def _aux_tomb(self, node, event: bool = True) -> int:
-        n = super()._aux_tomb(node, event)
-        if self.AUX == "mamba":
-            self.hy.state_evictions += n
-        else:
-            self.hy.swa_evicted_tokens += n
-        return n
-
-    def _drop(self, x, res) -> bool:
-        f0 = res.freed
-        ok = super()._drop(x, res)
-        if ok:
-            self.stats.drops += 1
-            self.stats.drop_tokens += res.freed - f0
-        else:
-            self.stats.drop_declined += 1
-        return ok
-
-    def swa_equiv(self, k: int) -> int:
-        """k SWA tokens as FULL-pool tokens of the same bytes."""
-        return -(-k * self.swa_bytes // self.full_bytes) if k else 0
-
-    def _backup(self, x) -> int:
-        if self.AUX == "swa":
-            return self._backup_swa(x)
-        had_full, had_aux = x.host, x.aux_host
-        t = super()._backup(x)
-        full = len(x.key) * self.page_size if x.host and not had_full else 0
-        state = 1 if x.aux_host and not had_aux else 0
-        if full or state:
-            self.stats.backups += 1
-            self.stats.backup_tokens += full
-            self.hy.state_backups += state
-            self.log.append(full + state * self.state_tokens)
-        else:
-            self.stats.backup_failures += 1
-        return t
-
-    def _backup_swa(self, x) -> int:
-        """An SWA tree's write_back backup: FULL's tokens and the window's SWA slices
-        (``ht.aux_written`` tokens), logged as one D->H copy of their bytes."""
-        had_full = x.host
-        self.ht.aux_written = 0
-        t = super()._backup(x)
-        full = len(x.key) * self.page_size if x.host and not had_full else 0
-        swa = self.ht.aux_written
-        if full or swa:
-            self.stats.backups += 1
-            self.stats.backup_tokens += full
-            self.hy.swa_backup_tokens += swa
-            self.log.append(full + self.swa_equiv(swa))
-        else:
-            self.stats.backup_failures += 1
-        return t
-
-    def _try_backup(self, x):
-        """write_through: an insert-time backup (``_write_chain``), counted as
-        ``_backup`` counts a write_back one and logged as a D->H write with its ack
-        id (the node's id, ``mark_write_through_pending``) and its FULL tokens plus
-        the state in state-equivalent tokens. write_back: ``_backup`` counts it."""
-        if not self.ht.wt:
-            return super()._try_backup(x)
-        if self.AUX == "swa":
-            # the window's slices go with the node's FULL, in one D->H write
-            self.ht.aux_written = 0
-            t = super()._try_backup(x)
-            if t is None:
-                self.stats.backup_failures += 1
-                return t
-            swa = self.ht.aux_written
-            if t or swa:
-                self.stats.backups += 1
-                self.stats.backup_tokens += t
-                self.hy.swa_backup_tokens += swa
-                self.wlog.append(_Write(x.id, t + self.swa_equiv(swa)))
-            return t
-        had_aux = x.aux_host
-        t = super()._try_backup(x)
-        if t is None:
-            self.stats.backup_failures += 1
-            return t
-        state = 1 if x.aux_host and not had_aux else 0
-        if t or state:
-            self.stats.backups += 1
-            self.stats.backup_tokens += t
-            self.hy.state_backups += state
-            self.wlog.append(_Write(x.id, t + state * self.state_tokens))
-        return t
-
-    def _evict_host_full(self, n: int) -> int:
-        dups = self.ht.dups
-        cands = [x for x in dups.values() if x.dev and x.host] if dups else ()
-        if dups:
-            self.scanned += len(dups)
-        freed = super()._evict_host_full(n)
-        s, ps = self.stats, self.page_size
-        for x in cands:
-            if not x.host and x.dev:
-                t = len(x.key) * ps
-                if x in self.d_leaves:
-                    s.reclaim_pass2_tokens += t
-                else:
-                    s.reclaim_pass1_tokens += t
-                s.reclaims += 1
-        self.host_freed += freed
-        return freed
-
-    def _evict_hleaf(self, x, res):
-        host, aux = super()._evict_hleaf(x, res)
-        self.stats.host_evict_tokens += host
-        return host, aux
-
-    def _aux_host_tomb(self, x) -> int:
-        if self.AUX == "swa":
-            n = super()._aux_host_tomb(x)
-            self.hy.swa_host_free_tokens += n
-            return n
-        self.hy.state_host_frees += 1
-        return super()._aux_host_tomb(x)
+from sim.tree import NO_HOST_EVICTION, Eviction, HostEviction
 
 
 class _Write:
@@ -243,14 +59,6 @@ class _Write:
     def __init__(self, ack_id, tokens: int):
         self.ack_id = ack_id
         self.tokens = tokens
-
-
-class EngineMambaTree(_Counting, MambaTree):
-    """``MambaTree`` with the engine's counters."""
-
-
-class EngineSWATree(_Counting, SWATree):
-    """``SWATree`` with the engine's counters."""
 
 
 class Handle:
@@ -386,21 +194,20 @@ class HybridReplica:
         ps = cfg.page_size
         if h.kind == "mamba":
             host = h.host_tokens if h.host_tokens else None
-            t = EngineMambaTree(device_capacity=cfg.device_tokens, mamba_capacity=h.aux_capacity,
-                                mamba_chunk=h.mamba_chunk, page_size=ps,
-                                max_states=h.max_states, extra_buffer=ps != 1,
-                                record=True, host_capacity=host,
-                                mamba_host_capacity=h.aux_host if host else 0,
-                                load_back_threshold=cfg.load_back_threshold,
-                                write_policy=cfg.write_policy if host else "write_back")
+            t = MambaTree(device_capacity=cfg.device_tokens, mamba_capacity=h.aux_capacity,
+                          mamba_chunk=h.mamba_chunk, page_size=ps,
+                          max_states=h.max_states, extra_buffer=ps != 1,
+                          record=True, host_capacity=host,
+                          mamba_host_capacity=h.aux_host if host else 0,
+                          load_back_threshold=cfg.load_back_threshold,
+                          write_policy=cfg.write_policy if host else "write_back")
         else:
             host = h.host_tokens if h.host_tokens else None
-            t = EngineSWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
-                              sliding_window=h.window, page_size=ps, record=True,
-                              host_capacity=host, swa_host_capacity=h.aux_host if host else 0,
-                              load_back_threshold=cfg.load_back_threshold,
-                              write_policy=cfg.write_policy if host else "write_back")
-        t._init_counting(h.state_tokens, h.swa_bytes, h.full_bytes)
+            t = SWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
+                        sliding_window=h.window, page_size=ps, record=True,
+                        host_capacity=host, swa_host_capacity=h.aux_host if host else 0,
+                        load_back_threshold=cfg.load_back_threshold,
+                        write_policy=cfg.write_policy if host else "write_back")
         t.skip_ids(h.id_offset)
         return t
 
@@ -565,11 +372,25 @@ class HybridReplica:
 
     # ---------------------------------------------------------------- ops
     def _drain(self):
+        """The transfers the tree's ops moved since the last drain (``take_transfers``),
+        sized for the copy engines: each blocking backup in FULL-token equivalents,
+        the reclaim scans, the FULL host tokens freed, and write_through's backups
+        (ack id, FULL tokens, component units)."""
         t = self.t
         t.rec.clear()
-        log, scanned, freed = t.log, t.scanned, t.host_freed
-        t.log, t.scanned, t.host_freed = [], 0, 0
-        return log, scanned, freed
+        log, wlog, scanned, freed = t.take_transfers()
+        if log:
+            log = [full + self._equiv(aux) for full, aux in log]
+        return log, scanned, freed, wlog
+
+    def _equiv(self, aux: int) -> int:
+        """The component's ``aux`` host units as FULL-pool tokens of the same bytes:
+        Mamba ``aux`` states of ``state_tokens`` each; SWA ceil(aux x SWA bytes /
+        FULL bytes per token)."""
+        h = self.h
+        if self.kind == "mamba":
+            return aux * h.state_tokens
+        return -(-aux * h.swa_bytes // (h.full_bytes or 1)) if aux else 0
 
     def match_prefix(self, key: list) -> _Match:
         if self.ops is not None:
@@ -647,7 +468,7 @@ class HybridReplica:
                 op[self.kind] = aux
             self._rec(op)
         res = self.t.evict(full, aux)
-        log, scanned, freed = self._drain()
+        log, scanned, freed, wlog = self._drain()
         return _eviction(log, scanned, freed, res)
 
     def evict_device(self, n: int) -> Eviction:
@@ -696,13 +517,13 @@ class HybridReplica:
             res = t.insert(key, prev, swa_evicted=ev, inserted=inserted)
             if st is not None and not final and t.hicache and t.ht.wt:
                 st.inserted = max(inserted, len(key) * self.page_size)
-        log, scanned, freed = self._drain()
+        log, scanned, freed, wlog = self._drain()
         host = _host_eviction(freed, scanned)
         ins = _Insert(res.node, host, key)
-        if t.wlog:
+        if wlog:
             # write_through: the insert's backups, each a D->H write acked through
             # the engine's sync (``writing_check``)
-            ins.writes, t.wlog = t.wlog, []
+            ins.writes = [_Write(ack, full + self._equiv(aux)) for ack, full, aux in wlog]
         return ins
 
     def load_back(self, match: _Match, lid, rid) -> _Load:
@@ -717,7 +538,7 @@ class HybridReplica:
                 op["req"] = rid
             self._rec(op)
         r = t.load_back(match.m, lid, holds)
-        log, scanned, freed = self._drain()
+        log, scanned, freed, wlog = self._drain()
         ev = _eviction(log, scanned, freed) if (log or scanned or freed) else None
         if r.slot_granted:
             self.reqs.setdefault(rid, ReqState()).holds = True
@@ -730,7 +551,7 @@ class HybridReplica:
         if self.kind == "swa":
             # restored: the SWA tokens the window's restore carries
             t.hy.swa_load_tokens += restored
-            moved = n + t.swa_equiv(restored)
+            moved = n + self._equiv(restored)
             t.hy.swa_host_hit_tokens += gain
             if restored:
                 t.hy.host_hits_with_swa += 1
@@ -739,7 +560,7 @@ class HybridReplica:
             return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain,
                          bool(restored))
         t.hy.state_loads += restored
-        moved = n + (t.state_tokens if restored else 0)
+        moved = n + self._equiv(restored)
         t.hy.host_hit_tokens += gain
         if restored:
             t.hy.host_hits_with_state += 1
@@ -820,7 +641,7 @@ class HybridHooks:
             # SGLang asserts "Can not alloc mamba cache"; here the request gets its
             # slot at allocation instead (alloc_req_slots), or the batch stops there.
             copied = False
-        log, scanned, freed = tree._drain()
+        log, scanned, freed, _ = tree._drain()
         if log or scanned:
             self.sim._charge_into(plan, _eviction(log, scanned, freed))
         if copied:
@@ -1090,4 +911,4 @@ class HybridHooks:
         tree.set_swa_reserved(total)
 
 
-__all__ = ["EngineMambaTree", "EngineSWATree", "Handle", "HybridHooks", "HybridReplica"]
+__all__ = ["Handle", "HybridHooks", "HybridReplica", "InsertFor"]

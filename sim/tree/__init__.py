@@ -11,6 +11,7 @@
 """
 
 from sim.errors import InvariantError, TreeError  # noqa: F401
+from sim.tree.core import Stats  # noqa: F401
 from sim.tree.full import (  # noqa: F401
     ID_SCHEMES,
     RUST_ID_SCHEMES,
@@ -18,7 +19,6 @@ from sim.tree.full import (  # noqa: F401
     LoadBack,
     Node,
     PendingWrite,
-    Stats,
     Tree,
     id_scheme,
 )

@@ -67,3 +67,23 @@ class TreeCore:
         while i < lim and key[pos + i] == nkey[i]:
             i += 1
         return i
+
+
+class Stats:
+    """Monotone counters since the tree was built, for metrics and plots (both trees
+    keep one; a hybrid tree's FULL counts). What one op did is in its result object;
+    nothing needs deltas of these."""
+
+    __slots__ = (
+        "backups", "backup_tokens", "backup_failures", "demote_tokens",
+        "drops", "drop_tokens", "drop_host_tokens", "drop_declined", "delete_tokens",
+        "reclaim_pass1_tokens", "reclaim_pass2_tokens", "reclaims", "reclaim_scanned",
+        "swept", "host_evict_tokens", "unevict_tokens", "load_tokens", "splits",
+    )
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}

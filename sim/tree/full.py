@@ -39,7 +39,7 @@ from sim.policies import resolve
 from sim.policies.eviction import EVICTION_POLICIES
 from sim.policies.host import HOST_POLICIES
 from sim.policies.write import WRITE_POLICIES
-from sim.tree.core import TreeCore
+from sim.tree.core import Stats, TreeCore  # noqa: F401  (Stats: part of this module's API)
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     _REJECTED,
     NO_HOST_EVICTION,
@@ -153,25 +153,6 @@ class PendingWrite:
         self.nodes = [node]
         self.locked = node
         self.tokens = tokens
-
-
-class Stats:
-    """Monotone counters since the tree was built, for metrics and plots. What one op
-    did is in its result object; nothing needs deltas of these."""
-
-    __slots__ = (
-        "backups", "backup_tokens", "backup_failures", "demote_tokens",
-        "drops", "drop_tokens", "drop_host_tokens", "drop_declined", "delete_tokens",
-        "reclaim_pass1_tokens", "reclaim_pass2_tokens", "reclaims", "reclaim_scanned",
-        "swept", "host_evict_tokens", "unevict_tokens", "load_tokens", "splits",
-    )
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class _LeafHeap:

@@ -35,7 +35,7 @@ from sim import constants as C
 # The trees' shared refusals and invariant failures (sim/errors.py), by this package's names.
 from sim.errors import InvariantError as HybridInvariantError  # noqa: F401
 from sim.errors import TreeError as HybridTreeError  # noqa: F401
-from sim.tree.core import TreeCore
+from sim.tree.core import Stats, TreeCore
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     HostLockReceipt,
     Eviction,
@@ -248,7 +248,8 @@ class _HostState:
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads",
-                 "policy", "wt", "threshold", "writes", "aux_written")
+                 "policy", "wt", "threshold", "writes", "log", "wlog", "scanned",
+                 "host_freed")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
                  write_policy: str = "write_back"):
@@ -270,9 +271,36 @@ class _HostState:
         self.wt = write_policy != "write_back"
         self.threshold = C.WRITE_THROUGH_THRESHOLD.get(write_policy, 2)
         self.writes: dict = {}
-        # The component's host units the last backup wrote (Mamba: states; SWA:
-        # tokens of its window), for the engine's transfer sizes.
-        self.aux_written = 0
+        # What the backups and host evictions since the engine replica last took
+        # them moved (``take_transfers``): write_back's blocking backups as (FULL
+        # tokens, the component's host units: Mamba states, SWA tokens), write_through's
+        # as (ack id, FULL tokens, component units), the duplicate-map entries the
+        # FULL host evictions scanned and the FULL host tokens they freed.
+        self.log: list = []
+        self.wlog: list = []
+        self.scanned = 0
+        self.host_freed = 0
+
+
+class HybridStats:
+    """Hybrid counters since the tree was built (summary.json ``hybrid``)."""
+
+    MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
+             "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
+             "insert_state_evictions", "state_misses", "state_miss_tokens")
+    SWA = ("swa_evicted_tokens", "swa_early_releases")
+    # SWA with a host tier (reported only then)
+    SWA_HOST = ("swa_backup_tokens", "swa_load_tokens", "swa_host_free_tokens",
+                "host_hits_with_swa", "host_hits_full_only_swa", "swa_host_hit_tokens")
+    __slots__ = MAMBA + SWA + SWA_HOST
+
+    def __init__(self):
+        for k in self.__slots__:
+            setattr(self, k, 0)
+
+    def as_dict(self, kind: str, host: bool = False) -> dict:
+        keys = self.MAMBA if kind == "mamba" else self.SWA + (self.SWA_HOST if host else ())
+        return {k: getattr(self, k) for k in keys}
 
 
 class HybridTree(TreeCore):
@@ -344,6 +372,8 @@ class HybridTree(TreeCore):
         self.aux_protected = 0
         self.n_nodes = 0
         self.rec: list | None = [] if record else None
+        self.stats = Stats()
+        self.hy = HybridStats()
         # The host tier (HiCache on, under write_policy): host_capacity None keeps it off.
         # Its state lives in one object, so that a tree keeps few enough instance
         # attributes for CPython's fast attribute access (a dict past 30 shared keys
@@ -435,6 +465,10 @@ class HybridTree(TreeCore):
         node.aux = False
         self.aux_evictable -= n
         self.aux_used -= n
+        if self.AUX == "mamba":
+            self.hy.state_evictions += n
+        else:
+            self.hy.swa_evicted_tokens += n
         self.lru.remove(node)
         if node.aux_host and node.hlp is None:
             # evict_component: a device tombstone over a host copy joins the host LRU.
@@ -902,6 +936,7 @@ class HybridTree(TreeCore):
         at once since the parent's FULL is on device."""
         t = len(x.key) * self.page_size
         res.freed += t
+        self.stats.delete_tokens += t
         self.evictable -= t
         self.dev_used -= t
         if x.aux:
@@ -984,14 +1019,21 @@ class HybridTree(TreeCore):
             self._delete_unbacked(x, res)
         elif self._backup(x) > 0:
             self._demote(x, res)
-        elif not self._drop(x, res):
-            if self.rec is not None:
-                self._ev("drop_declined", x)
+        else:
+            f0 = res.freed
+            if self._drop(x, res):
+                self.stats.drops += 1
+                self.stats.drop_tokens += res.freed - f0
+            else:
+                self.stats.drop_declined += 1
+                if self.rec is not None:
+                    self._ev("drop_declined", x)
 
     def _delete_unbacked(self, x: HNode, res: Eviction) -> None:
         """core ``_delete_unbacked_device_leaf`` (write_through's unbacked D-leaf):
         every layer freed, the node unlinked, then
         ``_iteratively_delete_tombstone_leaf`` from its parent."""
+        self.stats.delete_tokens += len(x.key) * self.page_size
         self._release_layers(x, res)
         parent = x.parent
         self._unlink(x)
@@ -1017,11 +1059,38 @@ class HybridTree(TreeCore):
     _MAMBA_RECHECK = True
 
     def _backup(self, x: HNode) -> int:
-        """``_try_backup``; returns the FULL tokens written (0: failed or nothing to
-        write)."""
-        return self._try_backup(x) or 0
+        """write_back's blocking backup of ``x`` (``_write_backup``), counted and
+        recorded for the engine; one that wrote nothing counts as a failure. Returns
+        the FULL tokens written (0: failed or nothing to write)."""
+        w = self._write_backup(x)
+        if w is None or not (w[0] or w[1]):
+            self.stats.backup_failures += 1
+            return 0
+        self._count_backup(*w)
+        self.ht.log.append(w)
+        return w[0]
 
     def _try_backup(self, x: HNode):
+        """write_through's insert-time backup of ``x`` (``_write_chain``), counted and
+        recorded for the engine with its ack id (the node's id,
+        ``mark_write_through_pending``). Returns ``_write_backup``'s result."""
+        w = self._write_backup(x)
+        if w is None:
+            self.stats.backup_failures += 1
+        elif w[0] or w[1]:
+            self._count_backup(*w)
+            self.ht.wlog.append((x.id, w[0], w[1]))
+        return w
+
+    def _count_backup(self, full: int, aux: int) -> None:
+        self.stats.backups += 1
+        self.stats.backup_tokens += full
+        if self.AUX == "mamba":
+            self.hy.state_backups += aux
+        else:
+            self.hy.swa_backup_tokens += aux
+
+    def _write_backup(self, x: HNode):
         """One node's D->H backup (cache ``_execute_and_commit_kv_backup``): FULL's
         tokens unless already on host, and the component's state. Host room: FULL's
         shortfall is evicted from the FULL host (giving up if that frees less), then
@@ -1029,12 +1098,13 @@ class HybridTree(TreeCore):
         (``resolve_host_transfers``); all or nothing. write_back acks it at once
         (``writing_check(write_back=True)``); write_through locks the node on device
         (``inc_lock_ref``) and marks it pending (``_track_write_through_node``) until
-        its ``write_ack``. Returns the FULL tokens written, 0 when there was nothing
-        to write, None when the host had no room."""
+        its ``write_ack``. Returns (the FULL tokens written, the component's host
+        units written), (0, 0) when there was nothing to write, None when the host
+        had no room."""
         t = 0 if x.host else len(x.key) * self.page_size
         aux = self._aux_backup_nodes(x)
         if t == 0 and not aux:
-            return 0
+            return 0, 0
         avail = self.ht.host_capacity - self.ht.host_used
         if avail < t and self._evict_host_full(t - avail) < t - avail:
             return None
@@ -1050,12 +1120,12 @@ class HybridTree(TreeCore):
         if t:
             x.host = True
             self.ht.host_used += t
-        self.ht.aux_written = 0
+        written = 0
         for y in aux:
             y.aux_host = True
             k = self._aux_host_len(y)
             self.ht.aux_host_used += k
-            self.ht.aux_written += k
+            written += k
             if self.rec is not None:
                 self._ev("host_set", y, c=self.AUX, n=k)
         if self.rec is not None:
@@ -1077,7 +1147,7 @@ class HybridTree(TreeCore):
                 if y is not x:
                     self._track(y)
             self._track(x)
-        return t
+        return t, written
 
     def _demote(self, x: HNode, res: Eviction) -> None:
         """core ``_demote``: FULL's device value goes, the cascade takes the
@@ -1087,6 +1157,7 @@ class HybridTree(TreeCore):
         if self.rec is not None:
             self._ev("demote", x, n=t)
         res.freed += t
+        self.stats.demote_tokens += t
         self.evictable -= t
         self.dev_used -= t
         if x.aux:
@@ -1183,11 +1254,26 @@ class HybridTree(TreeCore):
             self._refresh(parent)
             cur = parent
 
+    def take_transfers(self) -> tuple:
+        """Hand over what the backups and FULL host evictions moved since the last
+        call, and clear it: (write_back's blocking backups as (FULL tokens, the
+        component's host units), write_through's as (ack id, FULL tokens, component
+        units), duplicate-map entries scanned, FULL host tokens freed)."""
+        ht = self.ht
+        out = ht.log, ht.wlog, ht.scanned, ht.host_freed
+        if ht.log or ht.wlog or ht.scanned or ht.host_freed:
+            ht.log, ht.wlog, ht.scanned, ht.host_freed = [], [], 0, 0
+        return out
+
     def _aux_host_tomb(self, x: HNode) -> int:
         """``evict_component(HOST)`` of the component: its host value only."""
         n = self._aux_host_len(x)
         x.aux_host = False
         self.ht.aux_host_used -= n
+        if self.AUX == "mamba":
+            self.hy.state_host_frees += 1
+        else:
+            self.hy.swa_host_free_tokens += n
         if x.hlp is not None:
             self.ht.hlru.remove(x)
         if self.rec is not None:
@@ -1208,6 +1294,8 @@ class HybridTree(TreeCore):
         ``full.drive_host_eviction`` over the host leaves by recency."""
         freed = 0
         dups = self.ht.dups
+        self.ht.scanned += len(dups)
+        stats = self.stats
         before = list(dups.values())
         swept, released = [], set()
         # drive_host_eviction: the duplicate reclaim runs under write_back only.
@@ -1225,6 +1313,11 @@ class HybridTree(TreeCore):
                 if node.lb is not None or node.host_lock:
                     continue
                 t = len(node.key) * self.page_size
+                stats.reclaims += 1
+                if node in self.d_leaves:
+                    stats.reclaim_pass2_tokens += t
+                else:
+                    stats.reclaim_pass1_tokens += t
                 if self.rec is not None:
                     self._ev("dup_reclaim", node, n=t, **{"pass": 2 if node in self.d_leaves else 1})
                 node.host = False
@@ -1250,6 +1343,7 @@ class HybridTree(TreeCore):
             p = x.parent
             if p is not None and p in self.ht.h_leaves:
                 heapq.heappush(heap, (p.last_access, p.id, p))
+        self.ht.host_freed += freed
         return freed
 
     def _evict_hleaf(self, x: HNode, res: Eviction) -> tuple[int, int]:
@@ -1257,6 +1351,7 @@ class HybridTree(TreeCore):
         the node; returns (FULL host tokens, component host values) freed."""
         aux = self._aux_host_len(x) if x.aux_host else 0
         host = self._release_layers(x, res)
+        self.stats.host_evict_tokens += host
         parent = x.parent
         self._unlink(x)
         self._sweep(parent, res)
@@ -1491,6 +1586,8 @@ class HybridTree(TreeCore):
             prev = nmap[id(x)]
         new.d_leaves = {nmap[id(x)] for x in self.d_leaves}
         new.rec = None if self.rec is None else []
+        new.stats = copy.copy(self.stats)
+        new.hy = copy.copy(self.hy)
         if self.hicache:
             self._clone_host(new, nmap)
         return new
@@ -1502,6 +1599,8 @@ class HybridTree(TreeCore):
         new._refresh = new._refresh_ht  # the instance's own bound methods, not ours
         new._is_dleaf = new._is_dleaf_ht
         new.ht = copy.copy(self.ht)
+        new.ht.log = []
+        new.ht.wlog = []
         for y in nmap.values():
             y.hlp = y.hln = None
             if y.lb is not None:
