@@ -219,12 +219,6 @@ EXISTENCE_CACHE_MAX_ENTRIES = 512 * 1024
 # backend call and one progressive PrefetchAck (completed tokens, MIN-reduced).
 STORAGE_BATCH_PAGES = 128
 
-# Hybrid trees' host-tier write policies (unified_cache/storage_attachment.py
-# _WRITE_POLICIES; --hicache-write-policy): write_back acks each backup before its
-# eviction goes on, the write_through ones back nodes up at insert time once their
-# hit count reaches WRITE_THROUGH_THRESHOLD (unified_radix_cache.py __init__).
-HYBRID_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
-
 # MLA host dedup (mem_cache/mla_host_dedup.py). The broadcast stages at most
 # SGLANG_MLA_DEDUP_CHUNK_TOKENS x layer_num token rows per NCCL broadcast call
 # (environ.py SGLANG_MLA_DEDUP_CHUNK_TOKENS = EnvInt(2048);

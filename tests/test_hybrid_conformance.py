@@ -10,7 +10,7 @@ import pytest
 
 from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases,
                       expected_lines, replay_checked, vendored_checksums_match)
-from sim.errors import InputFormatError
+from sim.errors import InputFormatError, UserError
 from sim.hybrid import HybridTreeError, MambaTree, SWATree
 from sim.hybrid.replay import HybridReplayer
 from sim.optrace import read_trace, replay_lines
@@ -654,7 +654,7 @@ def test_inserted_len_gates_write_through_hit_counts():
         first = t.insert(list(range(1, 9))).node
         t.insert(list(range(1, 13)), 8, inserted=inserted)
         t.check()
-        return first.hits, first.host
+        return first.hit_count, first.host
 
     assert run(0) == (2, True)      # counted again: its second hit backs it up
     assert run(8) == (1, False)     # the request's own prefix: not counted
@@ -683,3 +683,53 @@ def test_sglang_39436_at_the_reports_scale():
     assert replays(734) == [whole] * 8
     assert replays(600) == [whole] * 8
     assert replays(599) == [(8192, 1)] + [whole] * 7
+
+
+# ------------------------------------------------------------- policy registries
+def _survivors(policy: str) -> list:
+    """Two leaves, the first matched again last; one leaf's worth of FULL evicted."""
+    t = MambaTree(device_capacity=64, mamba_capacity=8, mamba_chunk=1, eviction_policy=policy)
+    t.insert([1, 2, 3])
+    t.insert([7, 8, 9])
+    t.match_prefix([1, 2, 3])
+    assert t.evict(3, 0).freed == 3
+    t.check()
+    return sorted(tuple(t.path_units(x)) for x in t.iter_nodes())
+
+
+def test_the_eviction_policy_registry_orders_fulls_leaf_heap_in_a_hybrid_tree():
+    """FULL's device leaves go by the eviction policy's priority
+    (``tree_core.eviction_strategy.get_priority``), as in the FULL-only tree: lru
+    evicts the leaf used least recently, mru and fifo the other one."""
+    assert _survivors("lru") == [(1, 2, 3)]
+    assert _survivors("mru") == [(7, 8, 9)]
+    assert _survivors("fifo") == [(7, 8, 9)]
+
+
+def _host_eviction(policy: str):
+    """A backed-up prefix loaded back (a settled duplicate), then a host eviction."""
+    t = SWATree(device_capacity=16, swa_capacity=16, sliding_window=2, host_capacity=6,
+                swa_host_capacity=16, host_policy=policy)
+    t.insert([1, 2, 3])
+    t.evict(3, 0)
+    assert t.load_back(t.match_prefix([1, 2, 3]), 1).started
+    t.finish_load_back(1)
+    freed = t.evict_host(3)
+    t.check()
+    return freed, t.stats.reclaims, t.digest, t.host_used
+
+
+def test_the_host_policy_registry_runs_the_hybrid_trees_duplicate_reclaim():
+    """duplicate_first releases the duplicate's host copy (folded into the digest);
+    lru (SGLANG_HICACHE_SKIP_HOST_DUPLICATE_RECLAIM) reclaims nothing, and with no
+    host-only leaf frees nothing."""
+    freed, reclaims, digest, host = _host_eviction("duplicate_first")
+    assert freed == 3 and reclaims > 0 and digest != 0 and host == 0
+    assert _host_eviction("lru") == (0, 0, 0, 3)
+
+
+def test_an_unknown_policy_name_is_refused_by_the_registry():
+    with pytest.raises(UserError):
+        MambaTree(device_capacity=8, mamba_capacity=2, mamba_chunk=1, eviction_policy="lrx")
+    with pytest.raises(UserError):
+        SWATree(device_capacity=8, swa_capacity=8, sliding_window=2, host_policy="nope")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from sim.constants import HYBRID_WRITE_POLICIES
+from sim.policies.write import WRITE_POLICIES
 from sim.errors import InputFormatError
 from sim.tree.hybrid import HybridTreeError
 from sim.tree.components.mamba import MambaTree
@@ -146,10 +146,10 @@ def check_header(path, line_no: int, obj: dict) -> dict:
         if key in obj and obj[key] % obj.get("page_size", 1):
             raise InputFormatError(path, line_no, f"{key}={obj[key]}",
                                    f"'{key}' a multiple of page_size")
-    if obj.get("write_policy", "write_back") not in HYBRID_WRITE_POLICIES:
+    if obj.get("write_policy", "write_back") not in WRITE_POLICIES:
         raise InputFormatError(path, line_no, f"write_policy={_short(obj['write_policy'])}",
                                "'write_policy' one of "
-                               + ", ".join(f'"{p}"' for p in HYBRID_WRITE_POLICIES))
+                               + ", ".join(f'"{p}"' for p in WRITE_POLICIES))
     return obj
 
 
@@ -472,7 +472,7 @@ class HybridReplayer:
                                **{a + "_host": node.aux_host, a + "_host_lock": node.aux_host_lock},
                                pinned_by=None if pend is None else anchors.get(pend.id, pend.id))
                     if wt:
-                        row.update(write_pending=node.wp, hits=node.hits)
+                        row.update(write_pending=node.wp, hits=node.hit_count)
                 rows.append(row)
                 start += len(node.key) * self.page_size
             kids = sorted(node.children.values(), key=self.key_tokens)

@@ -200,14 +200,16 @@ class HybridReplica:
                           record=True, host_capacity=host,
                           mamba_host_capacity=h.aux_host if host else 0,
                           load_back_threshold=cfg.load_back_threshold,
-                          write_policy=cfg.write_policy if host else "write_back")
+                          write_policy=cfg.write_policy if host else "write_back",
+                          host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy)
         else:
             host = h.host_tokens if h.host_tokens else None
             t = SWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
                         sliding_window=h.window, page_size=ps, record=True,
                         host_capacity=host, swa_host_capacity=h.aux_host if host else 0,
                         load_back_threshold=cfg.load_back_threshold,
-                        write_policy=cfg.write_policy if host else "write_back")
+                        write_policy=cfg.write_policy if host else "write_back",
+                        host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy)
         t.skip_ids(h.id_offset)
         return t
 

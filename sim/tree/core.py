@@ -12,6 +12,8 @@ comparison per page. Token counts are ``units * page_size``.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 
 class TreeCore:
     """The clock, the id counter and the walks' helpers of a radix tree. Subclasses
@@ -67,6 +69,55 @@ class TreeCore:
         while i < lim and key[pos + i] == nkey[i]:
             i += 1
         return i
+
+
+    # ------------------------------------------------ the host-policy API
+    # What a host policy (sim/policies/host.py) sees of a tree: the duplicate map
+    # (``dups``, insertion-ordered, "insert if absent", sem §2.4) and the primitives a
+    # reclaim is built from. A reclaim walks ``duplicates()``, releases what it picks
+    # with ``release_duplicate``, then, after the walk (the map must not change under
+    # it), ``forget_duplicate``s what it released and ``sweep_stale``s the stale
+    # entries it met. Each tree supplies ``reclaimable(node)`` and
+    # ``_release_host_copy(node)``.
+    def duplicates(self):
+        """The duplicate map's nodes in map (registration) order: a live view that
+        may hold stale entries (nodes no longer on both tiers, swept lazily)."""
+        return self.dups.values()
+
+    def is_evictable_dleaf(self, node) -> bool:
+        """``node`` is an unlocked device leaf: the next device eviction could demote
+        it without a backup (what pass 1 of the reclaim spares)."""
+        return node in self.d_leaves
+
+    def release_duplicate(self, node, pass_no: int) -> int:
+        """`_release_full_host_duplicate`: free only the host copy and fold the victim
+        into the digest (sem §4.4); returns the tokens freed. Leaf sets and the map do
+        not change (the caller forgets the entry after its walk)."""
+        k = self._release_host_copy(node)
+        self.stats.reclaims += 1
+        if pass_no == 1:
+            self.stats.reclaim_pass1_tokens += k
+        else:
+            self.stats.reclaim_pass2_tokens += k
+        if self.rec is not None:
+            self._ev("dup_reclaim", node, n=k, **{"pass": pass_no})
+        return k
+
+    def forget_duplicate(self, node) -> None:
+        """Drop ``node``'s map entry (after ``release_duplicate``); a no-op if absent."""
+        self.dups.pop(node.id, None)
+
+    def sweep_stale(self, nodes: Iterable) -> int:
+        """Drop the map entries of stale ``nodes``, in the order given (each is an
+        event); returns how many entries were removed."""
+        swept = 0
+        for node in nodes:
+            if self.dups.pop(node.id, None) is not None:
+                swept += 1
+                if self.rec is not None:
+                    self._ev("dup_sweep", node)
+        self.stats.swept += swept
+        return swept
 
 
 class Stats:

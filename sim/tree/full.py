@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import heapq
-from typing import Callable, Iterable
+from typing import Callable
 
 from sim import constants as C
 from sim.errors import InvariantError, TreeError  # noqa: F401  (part of this module's API)
@@ -885,21 +885,8 @@ class Tree(TreeCore):
             res.freed += freed
         return freed
 
-    # The host-policy API (sim/policies/host.py): the duplicate map and the
-    # primitives a reclaim is built from. A reclaim walks ``duplicates()``, releases
-    # what it picks with ``release_duplicate``, then, after the walk (the map must
-    # not change under it), ``forget_duplicate``s what it released and
-    # ``sweep_stale``s the stale entries it met.
-    def duplicates(self):
-        """The duplicate map's nodes in map (registration) order: a live view that
-        may hold stale entries (nodes no longer on both tiers, swept lazily)."""
-        return self.dups.values()
-
-    def is_evictable_dleaf(self, node: Node) -> bool:
-        """``node`` is an unlocked device leaf: the next device eviction could demote
-        it without a backup (what pass 1 of the reclaim spares)."""
-        return node in self.d_leaves
-
+    # The host-policy API (sim/policies/host.py) is TreeCore's; this tree supplies
+    # the live re-check and the release of one host copy.
     @staticmethod
     def reclaimable(node: Node) -> bool:
         """The live re-check at release time: ``node`` is on both tiers and neither
@@ -907,38 +894,13 @@ class Tree(TreeCore):
         return (node.dev and node.host and node.lb_pending is None and node.wt_pending is None
                 and not node.host_lock_ref)
 
-    def release_duplicate(self, node: Node, pass_no: int) -> int:
-        """`_release_full_host_duplicate`: free only the host copy and fold the victim
-        into the digest (sem §4.4); returns the tokens freed. Leaf sets and the map do
-        not change (the caller forgets the entry after its walk)."""
-        k = len(node.key) * self.page_size
+    def _release_host_copy(self, node: Node) -> int:
+        """Free ``node``'s host copy and fold it into the digest (sem §4.4; the Rust
+        core's event carries its component index, sem §4.6); returns its tokens."""
         self._set_host(node, False)
         event = (node.id + 1) * self._digest_stride + self._digest_offset
         self.digest = (self.digest * C.DIGEST_MULTIPLIER + event) & C.DIGEST_MASK
-        self.stats.reclaims += 1
-        if pass_no == 1:
-            self.stats.reclaim_pass1_tokens += k
-        else:
-            self.stats.reclaim_pass2_tokens += k
-        if self.rec is not None:
-            self._ev("dup_reclaim", node, n=k, **{"pass": pass_no})
-        return k
-
-    def forget_duplicate(self, node: Node) -> None:
-        """Drop ``node``'s map entry (after ``release_duplicate``); a no-op if absent."""
-        self.dups.pop(node.id, None)
-
-    def sweep_stale(self, nodes: Iterable[Node]) -> int:
-        """Drop the map entries of stale ``nodes``, in the order given (each is an
-        event); returns how many entries were removed."""
-        swept = 0
-        for node in nodes:
-            if self.dups.pop(node.id, None) is not None:
-                swept += 1
-                if self.rec is not None:
-                    self._ev("dup_sweep", node)
-        self.stats.swept += swept
-        return swept
+        return len(node.key) * self.page_size
 
     # -------------------------------------------------------------- load-back
     def load_back(self, match: Match, lid) -> LoadResult:

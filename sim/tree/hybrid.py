@@ -35,6 +35,10 @@ from sim import constants as C
 # The trees' shared refusals and invariant failures (sim/errors.py), by this package's names.
 from sim.errors import InvariantError as HybridInvariantError  # noqa: F401
 from sim.errors import TreeError as HybridTreeError  # noqa: F401
+from sim.policies import resolve
+from sim.policies.eviction import EVICTION_POLICIES
+from sim.policies.host import HOST_POLICIES
+from sim.policies.write import WRITE_POLICIES
 from sim.tree.core import Stats, TreeCore
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     HostLockReceipt,
@@ -59,7 +63,9 @@ class HNode:
     ``metadata["host_uuid"]``) sits here; ``aux_host``/``aux_host_lock``: the
     auxiliary host value / ``host_lock_ref``; ``hlp``/``hln``: links in its host LRU;
     ``lb``: the anchor of the load-back pinning this node (``load_back_pending_id``);
-    write_through: ``hits`` (``hit_count``) and ``wp`` (``write_through_pending_id``)."""
+    write_through: ``hit_count`` and ``wp`` (``write_through_pending_id``); ``priority``:
+    SGLang's insert priority, 0 on every node here (the engine inserts a hybrid
+    request at priority 0), read only by the ``priority`` eviction policy."""
 
     __slots__ = ("id", "parent", "children", "key", "lock", "aux", "aux_lock", "uuid",
                  "last_access", "creation", "lp", "ln")
@@ -75,7 +81,8 @@ class HNode:
     hlp = None
     hln = None
     lb = None
-    hits = 0
+    hit_count = 0
+    priority = 0
     wp = None
     huuid = None
 
@@ -101,7 +108,7 @@ class HostHNode(HNode):
     """A node of a tree with the host tier (HiCache on): the host fields per node."""
 
     __slots__ = ("dev", "host", "host_lock", "host_tops", "aux_host", "aux_host_lock",
-                 "hlp", "hln", "lb", "hits", "wp", "huuid")
+                 "hlp", "hln", "lb", "hit_count", "wp", "huuid")
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
         super().__init__(nid, key, parent, t_access, t_create)
@@ -116,7 +123,7 @@ class HostHNode(HNode):
         self.lb = None
         # write_through: core ``hit_count`` and ``write_through_pending_id`` (the ack
         # id, the backed-up node's id, of the write in flight covering this node).
-        self.hits = 0
+        self.hit_count = 0
         self.wp = None
         # SWA: the host-lock window boundary (swa ``metadata["host_uuid"]``).
         self.huuid = None
@@ -249,10 +256,10 @@ class _HostState:
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads",
                  "policy", "wt", "threshold", "writes", "log", "wlog", "scanned",
-                 "host_freed")
+                 "host_freed", "host_policy")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
-                 write_policy: str = "write_back"):
+                 write_policy: str = "write_back", host_policy: str = "duplicate_first"):
         self.host_capacity = host_capacity
         self.aux_host_capacity = aux_host_capacity
         self.load_back_threshold = load_back_threshold
@@ -267,9 +274,13 @@ class _HostState:
         # write_through and write_through_selective back nodes up at insert time and
         # ack them asynchronously; ``writes`` is ``ongoing_write_through``: ack id ->
         # [the backup's device lock receipt, the published nodes, ancestors first].
-        self.policy = write_policy
-        self.wt = write_policy != "write_back"
-        self.threshold = C.WRITE_THROUGH_THRESHOLD.get(write_policy, 2)
+        w = WRITE_POLICIES[write_policy]
+        self.policy = w.name
+        self.wt = not w.write_back
+        self.threshold = w.hit_threshold
+        # The host-pressure policy (sim/policies/host.py): its duplicate reclaim opens
+        # every FULL host eviction under write_back.
+        self.host_policy = resolve(HOST_POLICIES, host_policy, "host policy")()
         self.writes: dict = {}
         # What the backups and host evictions since the engine replica last took
         # them moved (``take_transfers``): write_back's blocking backups as (FULL
@@ -336,11 +347,16 @@ class HybridTree(TreeCore):
     def __init__(self, *, device_capacity: int, aux_capacity: int, page_size: int = 1,
                  record: bool = False, host_capacity: int | None = None,
                  aux_host_capacity: int = 0, load_back_threshold: int = 1,
-                 write_policy: str = "write_back"):
+                 write_policy: str = "write_back", host_policy: str = "duplicate_first",
+                 eviction_policy: str = "lru"):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
-        if write_policy not in C.HYBRID_WRITE_POLICIES:
-            raise ValueError(f"write_policy must be one of {', '.join(C.HYBRID_WRITE_POLICIES)}")
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}")
+        # The eviction priority of FULL's device and host leaf heaps
+        # (``tree_core.eviction_strategy.get_priority``, full.py
+        # ``_evict_device_start`` / ``drive_host_eviction``).
+        self._prio = resolve(EVICTION_POLICIES, eviction_policy, "eviction policy")
         # _cascade_evict from an internal auxiliary victim reaches only components of
         # lower or equal internal priority: none here, FULL's being higher. The walks
         # below rely on that (a three-component tree would need the cascade).
@@ -379,7 +395,7 @@ class HybridTree(TreeCore):
         # attributes for CPython's fast attribute access (a dict past 30 shared keys
         # is slower on every access of the hot path).
         self.ht = _HostState(host_capacity or 0, aux_host_capacity, load_back_threshold,
-                             write_policy)
+                             write_policy, host_policy)
         if host_capacity is not None:
             self.hicache = True
             self._refresh = self._refresh_ht
@@ -499,7 +515,7 @@ class HybridTree(TreeCore):
             # _split_node: the hit count and a pending write_through ack carry over;
             # UpdatePendingBackupOnNodeSplit puts both fragments in the write's
             # publish list (cache ``_replace_pending_write_through_node``).
-            up.hits = child.hits
+            up.hit_count = child.hit_count
             ack = child.wp
             if ack is not None:
                 up.wp = ack
@@ -737,8 +753,8 @@ class HybridTree(TreeCore):
         ``hit_count >= write_through_threshold``)."""
         if not node.dev:
             return False
-        node.hits += 1
-        return not node.host and node.hits >= self.ht.threshold
+        node.hit_count += 1
+        return not node.host and node.hit_count >= self.ht.threshold
 
     def _backup_after_insert(self, target: HNode, new_leaf) -> None:
         """core ``_insert_tail_step`` / ``_should_backup_after_insert``: a new leaf
@@ -887,14 +903,15 @@ class HybridTree(TreeCore):
         parent joins when it becomes a leaf. ``victim``: what happens to each leaf
         (``_delete_leaf`` with HiCache off; ``_evict_dleaf`` with it on)."""
         act = self._delete_leaf if victim is None else victim
-        heap = [(n.last_access, n.id, n) for n in self.d_leaves]
+        prio = self._prio
+        heap = [(prio(n), n.id, n) for n in self.d_leaves]
         heapq.heapify(heap)
         d_leaves = self.d_leaves
         last = None
         while True:
             if last is not None and last.parent is not None and last.parent in d_leaves:
                 p = last.parent
-                heapq.heappush(heap, (p.last_access, p.id, p))
+                heapq.heappush(heap, (prio(p), p.id, p))
             last = None
             x = None
             while res.freed < request and heap:
@@ -1289,50 +1306,20 @@ class HybridTree(TreeCore):
         return self._evict_host_aux(n)
 
     def _evict_host_full(self, n: int) -> int:
-        """``_reclaim_full_host_duplicates`` (two passes, pass 1 sparing evictable
-        D-leaves; only FULL's host copy goes, the component's stays) then
-        ``full.drive_host_eviction`` over the host leaves by recency."""
+        """core ``drive_host_eviction`` for FULL: the host policy's duplicate reclaim
+        first (``_reclaim_full_host_duplicates`` by default: two passes, pass 1
+        sparing evictable D-leaves; only FULL's host copy goes, the component's
+        stays), then ``full.drive_host_eviction`` over the host leaves by the
+        eviction policy's priority, sharing one counter. The engine charges a scan
+        of the whole map, as it stood, for each call."""
         freed = 0
-        dups = self.ht.dups
-        self.ht.scanned += len(dups)
-        stats = self.stats
-        before = list(dups.values())
-        swept, released = [], set()
+        self.ht.scanned += len(self.ht.dups)
         # drive_host_eviction: the duplicate reclaim runs under write_back only.
-        for spare in (() if self.ht.wt else (True, False)):
-            if freed >= n:
-                break
-            for node in dups.values():
-                if freed >= n:
-                    break
-                if not node.dev or not node.host:
-                    swept.append(node)
-                    continue
-                if spare and node in self.d_leaves:
-                    continue
-                if node.lb is not None or node.host_lock:
-                    continue
-                t = len(node.key) * self.page_size
-                stats.reclaims += 1
-                if node in self.d_leaves:
-                    stats.reclaim_pass2_tokens += t
-                else:
-                    stats.reclaim_pass1_tokens += t
-                if self.rec is not None:
-                    self._ev("dup_reclaim", node, n=t, **{"pass": 2 if node in self.d_leaves else 1})
-                node.host = False
-                self.ht.host_used -= t
-                freed += t
-                self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + node.id + 1) & C.DIGEST_MASK
-                released.add(node)
-                swept.append(node)
-        for node in swept:
-            dups.pop(node.id, None)
-        if self.rec is not None:
-            for node in before:
-                if node.id not in dups and node not in released:
-                    self._ev("dup_sweep", node)
-        heap = [(x.last_access, x.id, x) for x in self.ht.h_leaves]
+        policy = self.ht.host_policy
+        if not self.ht.wt and policy.reclaims:
+            freed = policy.reclaim(self, n).freed
+        prio = self._prio
+        heap = [(prio(x), x.id, x) for x in self.ht.h_leaves]
         heapq.heapify(heap)
         res = Eviction()
         while freed < n and heap:
@@ -1342,9 +1329,26 @@ class HybridTree(TreeCore):
             freed += self._evict_hleaf(x, res)[0]
             p = x.parent
             if p is not None and p in self.ht.h_leaves:
-                heapq.heappush(heap, (p.last_access, p.id, p))
+                heapq.heappush(heap, (prio(p), p.id, p))
         self.ht.host_freed += freed
         return freed
+
+    # The host-policy API (TreeCore's): the live re-check and one host copy's release.
+    @staticmethod
+    def reclaimable(node: HNode) -> bool:
+        """The live re-check at release time: ``node`` is on both tiers and neither
+        pinned by a load-back, awaiting a write_through ack nor host-locked."""
+        return (node.dev and node.host and node.lb is None and node.wp is None
+                and not node.host_lock)
+
+    def _release_host_copy(self, node: HNode) -> int:
+        """Free ``node``'s FULL host copy (the component's stays) and fold it into
+        ``write_back_duplicate_reclaim_digest``; returns its tokens."""
+        t = len(node.key) * self.page_size
+        node.host = False
+        self.ht.host_used -= t
+        self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + node.id + 1) & C.DIGEST_MASK
+        return t
 
     def _evict_hleaf(self, x: HNode, res: Eviction) -> tuple[int, int]:
         """core ``_evict_host_leaf``: every component's values on the node go, and
@@ -1601,6 +1605,7 @@ class HybridTree(TreeCore):
         new.ht = copy.copy(self.ht)
         new.ht.log = []
         new.ht.wlog = []
+        new.ht.host_policy = type(self.ht.host_policy)()
         for y in nmap.values():
             y.hlp = y.hln = None
             if y.lb is not None:
@@ -1652,7 +1657,7 @@ class HybridTree(TreeCore):
                     row += (x.dev, x.host, x.host_lock, x.aux_host, x.aux_host_lock,
                             x.lb is not None)
                     if self.ht.wt:
-                        row += (x.hits, x.wp is not None)
+                        row += (x.hit_count, x.wp is not None)
                 out.append(row)
             stack.extend(sorted(x.children.values(), key=lambda c: c.key[0], reverse=True))
         return (self.dev_used, self.aux_used, tuple(out))

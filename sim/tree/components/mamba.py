@@ -41,7 +41,8 @@ class MambaTree(HybridTree):
                  page_size: int = 1, max_states: int = -1, extra_buffer: bool = False,
                  record: bool = False, host_capacity: int | None = None,
                  mamba_host_capacity: int = 0, load_back_threshold: int = 1,
-                 write_policy: str = "write_back"):
+                 write_policy: str = "write_back", host_policy: str = "duplicate_first",
+                 eviction_policy: str = "lru"):
         # MambaComponent.__init__: without --enable-mamba-extra-buffer only the
         # sequence-end state exists, so a cached state needs page size 1.
         if page_size != 1 and not extra_buffer:
@@ -54,7 +55,8 @@ class MambaTree(HybridTree):
                          page_size=page_size, record=record, host_capacity=host_capacity,
                          aux_host_capacity=mamba_host_capacity,
                          load_back_threshold=load_back_threshold,
-                         write_policy=write_policy)
+                         write_policy=write_policy, host_policy=host_policy,
+                         eviction_policy=eviction_policy)
         # runtime_context.py mamba_checkpoint_grid: lcm(mamba_cache_chunk_size, page).
         self.grid = math.lcm(mamba_chunk, page_size)
         self.max_states = max_states
