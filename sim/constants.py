@@ -142,6 +142,13 @@ HICACHE_AUTO_SIZE_SLACK = 0.05
 # schedule_policy.py CLIP_MAX_NEW_TOKENS (env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION):
 # admission's estimate of a request's decode tokens is clipped to this.
 CLIP_MAX_NEW_TOKENS = 4096
+
+# kv_cache_configurator.py resolve_max_num_reqs: with no --max-running-requests, the
+# running-request cap is token_capacity / context_len * 512, clamped to
+# [2048, 4096] (and to token_capacity // 2).
+MAX_NUM_REQS_PER_CONTEXT = 512
+MAX_NUM_REQS_MIN = 2048
+MAX_NUM_REQS_MAX = 4096
 # schedule_policy.py IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD / _DEPRIORITIZE_THRESHOLD
 # (env vars of those names, default 32), read by `_compute_prefix_matches`: a request
 # whose device match is at most the first is matched against the waiting queue's own

@@ -71,6 +71,33 @@ class TreeCore:
         return i
 
 
+    # ------------------------------------------ FULL's host-lock boundary
+    # A host lock covers a segment from its anchor up to its ``top``, the node that
+    # carries the boundary mark (full.py ``metadata["host_uuid"]``, sem §1.5): one
+    # node until a split moves the mark to the new upper fragment. A node lists the
+    # holders whose mark it carries in ``host_tops`` (None: none).
+    @staticmethod
+    def _mark_host_top(node, holder) -> None:
+        if node.host_tops is None:
+            node.host_tops = [holder]
+        else:
+            node.host_tops.append(holder)
+
+    @staticmethod
+    def _unmark_host_top(holder) -> None:
+        top = holder.top
+        top.host_tops.remove(holder)
+        if not top.host_tops:
+            top.host_tops = None
+
+    @staticmethod
+    def _move_host_tops(child, up) -> None:
+        """A split: the marks on ``child`` move to its new upper fragment ``up``."""
+        if child.host_tops:
+            up.host_tops, child.host_tops = child.host_tops, None
+            for holder in up.host_tops:
+                holder.top = up
+
     # ------------------------------------------------ the host-policy API
     # What a host policy (sim/policies/host.py) sees of a tree: the duplicate map
     # (``dups``, insertion-ordered, "insert if absent", sem §2.4) and the primitives a

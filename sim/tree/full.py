@@ -413,10 +413,7 @@ class Tree(TreeCore):
     def host_lock(self, anchor: Node) -> HostLock:
         holder = HostLock(anchor)
         anchor.host_lock_ref += 1
-        if anchor.host_tops is None:
-            anchor.host_tops = [holder]
-        else:
-            anchor.host_tops.append(holder)
+        self._mark_host_top(anchor, holder)
         self._refresh(anchor)
         return holder
 
@@ -429,9 +426,7 @@ class Tree(TreeCore):
             if node is holder.top:
                 break
             node = node.parent
-        holder.top.host_tops.remove(holder)
-        if not holder.top.host_tops:
-            holder.top.host_tops = None
+        self._unmark_host_top(holder)
 
     # ------------------------------------------------------------------ walks
     def _split(self, child: Node, p: int) -> Node:
@@ -449,10 +444,7 @@ class Tree(TreeCore):
         up.host = child.host
         up.lock_ref = child.lock_ref
         up.host_lock_ref = child.host_lock_ref
-        if child.host_tops:
-            up.host_tops, child.host_tops = child.host_tops, None
-            for holder in up.host_tops:
-                holder.top = up
+        self._move_host_tops(child, up)
         parent.children[child.key[0]] = up
         child.key = child.key[p:]
         child.parent = up

@@ -1,29 +1,33 @@
 """The tree core and the FULL component of SGLang 0.5.23's unified radix tree, for
-trees with one auxiliary component (SWA or Mamba). Device tier only.
+trees with one auxiliary component (SWA or Mamba), on device and, with a host pool,
+on host (HiCache, under the write policies of ``sim/policies/write.py``).
 
-This is the component-generic half of ``docs/HYBRID.md``: node ids and the logical
-clock, splits, the device leaf set, the FULL path lock and FULL leaf eviction, the
-one auxiliary LRU list, the eviction driver and the leaf deletion that cascades to
-every component. ``sim/hybrid/swa.py`` and ``sim/hybrid/mamba.py`` add each
-component's hooks (``_aux_*`` methods below). Citations name SGLang files under
-``sglang/srt/mem_cache/``: ``core`` is ``unified_cache/unified_tree_core.py``,
-``full``/``swa``/``mamba``/``base`` are ``unified_cache/components/*.py``, and
-``cache`` is ``unified_radix_cache.py``.
+This is the component-generic half of ``docs/HYBRID.md``: splits, the device and
+host leaf sets, the FULL path and host locks, FULL leaf eviction on both tiers (by
+the eviction policy's priority), the auxiliary component's device and host LRU
+lists, the eviction driver, backups, demotes, drops, load-backs and the leaf
+deletion that cascades to every component. ``sim/tree/core.py`` (``TreeCore``, which
+the FULL-only tree ``sim/tree/full.py`` shares) holds the node ids and the clock,
+the key compare, paths, ``Stats`` and the host-policy API through which the host
+policy's duplicate reclaim runs. ``sim/tree/components/swa.py`` and
+``sim/tree/components/mamba.py`` add each component's hooks (``_aux_*`` methods
+below). Citations name SGLang files under ``sglang/srt/mem_cache/``: ``core`` is
+``unified_cache/unified_tree_core.py``, ``full``/``swa``/``mamba``/``base`` are
+``unified_cache/components/*.py``, and ``cache`` is ``unified_radix_cache.py``.
 
-The FULL-only tree (``sim/tree.py``) is separate and untouched: it is the hot path of
-every FULL simulation, and it models the host tier, which this tree does not yet.
+Keys are lists of units (one unit per page); token counts are ``units * page_size``.
+Every node's slot counts stand in for SGLang's tensors:
 
-Keys are lists of units (one unit per page, as in ``sim/tree.py``); token counts are
-``units * page_size``. Every FULL value is on device here (no host tier, so FULL is
-never tombstoned), and every node's slot counts stand in for SGLang's tensors:
-
-* FULL: ``len(key) * page_size`` device tokens on every node;
-* SWA: the same count when ``aux`` is set (the node's SWA value), none when it is a
+* FULL: ``len(key) * page_size`` tokens on each tier it is on (``dev``, ``host``);
+* SWA: the same count when ``aux`` (device) or ``aux_host`` is set, none for a
   tombstone;
-* Mamba: one state slot when ``aux`` is set.
+* Mamba: one state slot when ``aux`` (device) or ``aux_host`` is set.
 
 Public operations return one result object each (``HybridMatch``, ``HybridInsert``,
-``Eviction``, ``LockReceipt``), as the FULL tree's do.
+``Eviction`` with per-component fields, ``HybridLoad``, ``LockReceipt``;
+``sim/tree/results.py``). ``stats`` and ``hy`` count what the tree did since it was
+built; ``take_transfers()`` hands over the sizes of the backups made since its last
+call (the engine's replica prices them).
 """
 
 from __future__ import annotations
@@ -507,10 +511,7 @@ class HybridTree(TreeCore):
             up.dev = child.dev
             up.host = child.host
             up.host_lock = child.host_lock
-            if child.host_tops:
-                up.host_tops, child.host_tops = child.host_tops, None
-                for holder in up.host_tops:
-                    holder.top = up
+            self._move_host_tops(child, up)
             up.lb = child.lb
             # _split_node: the hit count and a pending write_through ack carry over;
             # UpdatePendingBackupOnNodeSplit puts both fragments in the write's
@@ -544,20 +545,6 @@ class HybridTree(TreeCore):
     def _aux_split(self, up: HNode, child: HNode) -> None:
         """The auxiliary component's ``redistribute_on_node_split``."""
         raise NotImplementedError
-
-    def device_prefix_len(self, key: list) -> int:
-        """Units of ``key`` in the tree (all on device); a read that changes nothing."""
-        node, pos, n = self.root, 0, len(key)
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            p = self._common(key, pos, child.key)
-            pos += p
-            if p < len(child.key):
-                break
-            node = child
-        return pos
 
     def _at_boundary(self, key: list, units: int) -> bool:
         """Whether the tree holds ``key[:units]`` as whole nodes on device (a reused
@@ -1390,10 +1377,7 @@ class HybridTree(TreeCore):
         holder = HostLockReceipt(anchor, full)
         if full:
             anchor.host_lock += 1
-            if anchor.host_tops is None:
-                anchor.host_tops = [holder]
-            else:
-                anchor.host_tops.append(holder)
+            self._mark_host_top(anchor, holder)
             self._refresh(anchor)
         holder.aux_uuid = self._aux_host_acquire(anchor)
         self._refresh(anchor)
@@ -1437,9 +1421,7 @@ class HybridTree(TreeCore):
             if node is holder.top:
                 break
             node = node.parent
-        holder.top.host_tops.remove(holder)
-        if not holder.top.host_tops:
-            holder.top.host_tops = None
+        self._unmark_host_top(holder)
         self._refresh(anchor)
 
     def load_back(self, match: HybridMatch, lid, holds: bool | None = None) -> HybridLoad:
