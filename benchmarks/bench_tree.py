@@ -136,7 +136,7 @@ def drive_hybrid(ops):
                 held.discard(donate)
         elif op_kind == "match":
             m = tree.match_prefix(key)
-            if "cow" in op and tree.cow(m, op["cow"] in held):
+            if "cow" in op and tree.cow(m, op["cow"] in held).copied:
                 held.add(op["cow"])
         elif op_kind == "release":
             held.discard(op["id"])

@@ -735,24 +735,22 @@ def test_an_unknown_policy_name_is_refused_by_the_registry():
         SWATree(device_capacity=8, swa_capacity=8, sliding_window=2, host_policy="nope")
 
 
-def test_a_hybrid_trees_backups_are_counted_by_the_tree_and_taken_once():
-    """write_back: an evicted leaf is backed up before its demote; the tree counts
-    the backup (``stats``, ``hy``) and records its size per component, which
-    ``take_transfers`` hands over once (FULL tokens, then the component's host
-    units: Mamba one state; SWA the window's slices, here two fragments)."""
+def test_a_hybrid_eviction_returns_its_backups_per_component_and_the_tree_counts_them():
+    """write_back: an evicted leaf is backed up before its demote; the eviction's
+    result holds each backup as (FULL tokens, the component's host units: Mamba one
+    state; SWA the window's slices, here two fragments), and the tree counts them
+    (``stats``, ``hy``)."""
     m = MambaTree(device_capacity=16, mamba_capacity=4, mamba_chunk=1, host_capacity=16,
                   mamba_host_capacity=4)
     m.insert([1, 2, 3])
     ev = m.evict(3, 0)
-    assert (ev.freed, ev.aux) == (3, 1)
-    assert m.take_transfers() == ([(3, 1)], [], 0, 0)
-    assert m.take_transfers() == ([], [], 0, 0)
+    assert (ev.freed, ev.aux, ev.backups) == (3, 1, [(3, 1)])
     assert (m.stats.backups, m.stats.backup_tokens, m.stats.demote_tokens) == (1, 3, 3)
     assert (m.hy.state_backups, m.hy.state_evictions) == (1, 1)
+    assert m.evict(3, 0).backups == []  # nothing left to evict
     s = SWATree(device_capacity=16, swa_capacity=16, sliding_window=2, host_capacity=16,
                 swa_host_capacity=16)
     s.insert([1, 2, 3])
-    s.evict(3, 0)
-    log = s.take_transfers()[0]
+    log = s.evict(3, 0).backups
     assert sum(f for f, _ in log) == 3 and sum(a for _, a in log) == s.hy.swa_backup_tokens == 3
     assert s.stats.backups == len(log)

@@ -189,7 +189,7 @@ class HybridMachine(RuleBasedStateMachine):
         if t.cow_would_fail(key, holds):
             return
         m = t.match_prefix(key)
-        if t.cow(m, holds) and not holds:
+        if t.cow(m, holds).copied and not holds:
             self.held += 1
         assert t.held == self.held
 

@@ -12,7 +12,7 @@ import json
 
 from sim.policies.write import WRITE_POLICIES
 from sim.errors import InputFormatError
-from sim.tree.hybrid import HybridTreeError
+from sim.tree.hybrid import HybridInvariantError, HybridTreeError
 from sim.tree.components.mamba import MambaTree
 from sim.tree.components.swa import SWATree
 
@@ -341,10 +341,18 @@ class HybridReplayer:
         if self.tree.cow_would_fail(self.units(op["tokens"]), holds):
             raise HybridTreeError("mamba_full")
         m, out = self._match(op["tokens"])
-        out["cow"] = self.tree.cow(m, holds)
+        out["cow"] = self._cow(m, holds)
         if out["cow"]:
             self.held.add(rid)
         return out
+
+    def _cow(self, m, holds: bool) -> bool:
+        """The copy on write of a match (``cow_would_fail`` refused the op first when
+        it could fail, as SGLang would assert)."""
+        r = self.tree.cow(m, holds)
+        if r.failed:
+            raise HybridInvariantError("Can not alloc mamba cache")
+        return r.copied
 
     def _op_release(self, op):
         if op["id"] not in self.held:
@@ -370,7 +378,7 @@ class HybridReplayer:
                 raise HybridTreeError("mamba_full")
         m, out = self._match(op["tokens"])
         if rid is not None:
-            out["cow"] = self.tree.cow(m, holds)
+            out["cow"] = self._cow(m, holds)
             if out["cow"]:
                 self.held.add(rid)
         self.locks[lid] = self.tree.inc_lock(m.dnode, skip_aux=bool(op.get("skip")))

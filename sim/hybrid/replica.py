@@ -48,6 +48,7 @@ from sim.tree.components.mamba import MambaTree
 from sim.tree.components.swa import SWATree
 from sim.scheduler import NO_TOKEN
 from sim.tree import NO_HOST_EVICTION, Eviction, HostEviction
+from sim.tree.results import HybridCow
 
 
 class _Write:
@@ -86,23 +87,15 @@ class _Match:
         self.aux_host_len = m.aux_host_len
 
 
-def _eviction(log: list, scanned: int, host_freed: int, res: Eviction | None = None) -> Eviction:
-    """An op's ``Eviction`` with what its steps did besides the tree's per-component
-    frees: the blocking backups (``log``) and the host eviction they ran (tokens
-    freed, duplicate-map entries scanned), as the FULL tree reports them."""
-    if res is None:
-        res = Eviction()
-    res.backups = log
-    res.host = _host_eviction(host_freed, scanned)
-    return res
-
-
-def _host_eviction(freed: int, scanned: int) -> HostEviction:
-    if not (freed or scanned):
-        return NO_HOST_EVICTION
+def _sum_host(a: HostEviction, b: HostEviction) -> HostEviction:
+    """Two ops' host evictions as one (the fields the engine reads: freed, scanned)."""
+    if b is NO_HOST_EVICTION:
+        return a
+    if a is NO_HOST_EVICTION:
+        return b
     he = HostEviction()
-    he.freed = freed
-    he.scanned = scanned
+    he.freed = a.freed + b.freed
+    he.scanned = a.scanned + b.scanned
     return he
 
 
@@ -132,14 +125,19 @@ class _Load:
 class InsertFor:
     """The request an insert is made for (``HybridHooks.before_insert`` prepares it,
     ``HybridReplica.insert`` takes it): its id, the prefix it reused
-    (``cache_protected_len``, tokens) and whether it finished."""
+    (``cache_protected_len``, tokens), whether it finished, and what preparing it
+    evicted from host."""
 
-    __slots__ = ("rid", "prev", "final")
+    __slots__ = ("rid", "prev", "final", "host")
 
     def __init__(self, rid, prev: int, final: bool):
         self.rid = rid
         self.prev = prev
         self.final = final
+        # Mamba: the host evictions of the eviction that made room for the fork's
+        # slot, which the insert's result carries (its reclaim scans are charged as
+        # result processing; a blocking backup it made is counted, not timed)
+        self.host = NO_HOST_EVICTION
 
 
 class ReqState:
@@ -373,17 +371,18 @@ class HybridReplica:
         return h
 
     # ---------------------------------------------------------------- ops
-    def _drain(self):
-        """The transfers the tree's ops moved since the last drain (``take_transfers``),
-        sized for the copy engines: each blocking backup in FULL-token equivalents,
-        the reclaim scans, the FULL host tokens freed, and write_through's backups
-        (ack id, FULL tokens, component units)."""
-        t = self.t
-        t.rec.clear()
-        log, wlog, scanned, freed = t.take_transfers()
-        if log:
-            log = [full + self._equiv(aux) for full, aux in log]
-        return log, scanned, freed, wlog
+    def _priced(self, ev: Eviction) -> Eviction:
+        """The tree's ``ev`` as the engine reads an eviction: each blocking backup's
+        (FULL tokens, component units) priced in FULL-token equivalents."""
+        out = Eviction()
+        out.freed, out.aux, out.host = ev.freed, ev.aux, ev.host
+        out.backups = [full + self._equiv(aux) for full, aux in ev.backups]
+        return out
+
+    @staticmethod
+    def _moved(ev: "Eviction | None") -> bool:
+        """Whether an eviction made a backup or evicted from host (what costs time)."""
+        return ev is not None and (bool(ev.backups) or ev.host is not NO_HOST_EVICTION)
 
     def _equiv(self, aux: int) -> int:
         """The component's ``aux`` host units as FULL-pool tokens of the same bytes:
@@ -434,18 +433,16 @@ class HybridReplica:
         self.t.hy.swa_early_releases += 1
         self.t.release_swa(handle.receipt)
 
-    def cow(self, match: _Match, rid, holds: bool) -> bool:
+    def cow(self, match: _Match, rid, holds: bool) -> HybridCow:
         """The copy on write of ``match`` for request ``rid`` (recorded with the
         match it belongs to)."""
         mine = self.ops is not None and self._pending is not None and self._pending[0] is match.key
         if mine:
             self._pending = (match.key, rid)
-        try:
-            return self.t.cow(match.m, holds)
-        except InvariantError:
-            if mine:
-                self._pending = (match.key, None)  # the trace's cow would refuse the op
-            raise
+        r = self.t.cow(match.m, holds)
+        if r.failed and mine:
+            self._pending = (match.key, None)  # the trace's cow would refuse the op
+        return r
 
     def alloc_slot(self, rid) -> None:
         """``alloc_req_slots``: request ``rid`` takes a fresh state slot."""
@@ -470,8 +467,8 @@ class HybridReplica:
                 op[self.kind] = aux
             self._rec(op)
         res = self.t.evict(full, aux)
-        log, scanned, freed, wlog = self._drain()
-        return _eviction(log, scanned, freed, res)
+        self.t.rec.clear()
+        return self._priced(res)
 
     def evict_device(self, n: int) -> Eviction:
         return self.evict(n, 0)
@@ -483,6 +480,7 @@ class HybridReplica:
         ``cache_protected_len`` and whether it finished)."""
         rid, prev, final = req.rid, req.prev, req.final
         t = self.t
+        host = req.host  # the scans and frees of the Mamba fork's eviction, if any
         if self.kind == "mamba":
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             donated = final and st is not None and st.holds
@@ -509,7 +507,7 @@ class HybridReplica:
                 # The insert publishes its in-window SWA (SWARebuild): room first.
                 if self.ops is not None:
                     self._rec({"op": "evict", "swa": short})
-                t.evict(0, short)
+                host = _sum_host(host, t.evict(0, short).host)
             if self.ops is not None:
                 op = {"op": "insert", "tokens": self._units_tokens(key), "prev": prev,
                       "swa_evicted": ev}
@@ -519,13 +517,12 @@ class HybridReplica:
             res = t.insert(key, prev, swa_evicted=ev, inserted=inserted)
             if st is not None and not final and t.hicache and t.ht.wt:
                 st.inserted = max(inserted, len(key) * self.page_size)
-        log, scanned, freed, wlog = self._drain()
-        host = _host_eviction(freed, scanned)
-        ins = _Insert(res.node, host, key)
-        if wlog:
+        t.rec.clear()
+        ins = _Insert(res.node, _sum_host(host, res.host), key)
+        if res.writes:
             # write_through: the insert's backups, each a D->H write acked through
             # the engine's sync (``writing_check``)
-            ins.writes = [_Write(ack, full + self._equiv(aux)) for ack, full, aux in wlog]
+            ins.writes = [_Write(ack, full + self._equiv(aux)) for ack, full, aux in res.writes]
         return ins
 
     def load_back(self, match: _Match, lid, rid) -> _Load:
@@ -540,8 +537,8 @@ class HybridReplica:
                 op["req"] = rid
             self._rec(op)
         r = t.load_back(match.m, lid, holds)
-        log, scanned, freed, wlog = self._drain()
-        ev = _eviction(log, scanned, freed) if (log or scanned or freed) else None
+        t.rec.clear()
+        ev = self._priced(r.eviction) if self._moved(r.eviction) else None
         if r.slot_granted:
             self.reqs.setdefault(rid, ReqState()).holds = True
         if not r.started:
@@ -637,15 +634,13 @@ class HybridHooks:
                                  len(t.path_units(m.m.best)) * self.ps)
         if gap > 0:
             (st if st is not None else tree.reqs.setdefault(rq.r.rid, ReqState())).gap = gap
-        try:
-            copied = tree.cow(m, rq.r.rid, holds)
-        except InvariantError:
-            # SGLang asserts "Can not alloc mamba cache"; here the request gets its
-            # slot at allocation instead (alloc_req_slots), or the batch stops there.
-            copied = False
-        log, scanned, freed, _ = tree._drain()
-        if log or scanned:
-            self.sim._charge_into(plan, _eviction(log, scanned, freed))
+        # r.failed: SGLang asserts "Can not alloc mamba cache"; here the request gets
+        # its slot at allocation instead (alloc_req_slots), or the batch stops there.
+        r = tree.cow(m, rq.r.rid, holds)
+        copied = r.copied
+        t.rec.clear()
+        if tree._moved(r.eviction):
+            self.sim._charge_into(plan, tree._priced(r.eviction))
         if copied:
             t.hy.cows += 1
             if not holds:
@@ -808,7 +803,7 @@ class HybridHooks:
                 t.hy.insert_state_evictions += 1
                 if tree.ops is not None:
                     tree._rec({"op": "evict", "mamba": 1})
-                t.evict(0, 1)
+                req.host = t.evict(0, 1).host
                 if not t._free_slot():
                     self.sim._out_of_memory(c, f"Can not alloc mamba cache: {t.aux_capacity} "
                                                f"state slots, {t.held} held by requests, every "

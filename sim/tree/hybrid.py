@@ -25,9 +25,9 @@ Every node's slot counts stand in for SGLang's tensors:
 
 Public operations return one result object each (``HybridMatch``, ``HybridInsert``,
 ``Eviction`` with per-component fields, ``HybridLoad``, ``LockReceipt``;
-``sim/tree/results.py``). ``stats`` and ``hy`` count what the tree did since it was
-built; ``take_transfers()`` hands over the sizes of the backups made since its last
-call (the engine's replica prices them).
+``sim/tree/results.py``), including what their backups and host evictions moved
+(``backups`` / ``writes`` per component, ``host``). ``stats`` and ``hy`` count what
+the tree did since it was built.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ from sim.policies.host import HOST_POLICIES
 from sim.policies.write import WRITE_POLICIES
 from sim.tree.core import Stats, TreeCore
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
+    NO_HOST_EVICTION,
+    HostEviction,
     HostLockReceipt,
+    HybridCow,
     Eviction,
     HybridInsert,
     HybridLoad,
@@ -259,8 +262,7 @@ class _HostState:
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads",
-                 "policy", "wt", "threshold", "writes", "log", "wlog", "scanned",
-                 "host_freed", "host_policy")
+                 "policy", "wt", "threshold", "writes", "host_policy")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
                  write_policy: str = "write_back", host_policy: str = "duplicate_first"):
@@ -286,15 +288,6 @@ class _HostState:
         # every FULL host eviction under write_back.
         self.host_policy = resolve(HOST_POLICIES, host_policy, "host policy")()
         self.writes: dict = {}
-        # What the backups and host evictions since the engine replica last took
-        # them moved (``take_transfers``): write_back's blocking backups as (FULL
-        # tokens, the component's host units: Mamba states, SWA tokens), write_through's
-        # as (ack id, FULL tokens, component units), the duplicate-map entries the
-        # FULL host evictions scanned and the FULL host tokens they freed.
-        self.log: list = []
-        self.wlog: list = []
-        self.scanned = 0
-        self.host_freed = 0
 
 
 class HybridStats:
@@ -707,7 +700,7 @@ class HybridTree(TreeCore):
             # _finish_insert_walk_node: a walked node whose hit count reaches the
             # threshold is backed up at once (BackupKV is a barrier).
             if wt and (pos + p) * ps > inserted and self._inc_hit(child):
-                self._write_chain(child)
+                self._write_chain(child, res)
             node = child
             pos += p
         res.prefix_len = pos * ps
@@ -730,7 +723,7 @@ class HybridTree(TreeCore):
         if res.node is not self.root:
             self._aux_insert_end(res.node)
         if wt:
-            self._backup_after_insert(res.node, (n_tok > inserted) if pos < n else None)
+            self._backup_after_insert(res.node, (n_tok > inserted) if pos < n else None, res)
         return res
 
     # ------------------------------------------------- write_through (host tier)
@@ -743,7 +736,7 @@ class HybridTree(TreeCore):
         node.hit_count += 1
         return not node.host and node.hit_count >= self.ht.threshold
 
-    def _backup_after_insert(self, target: HNode, new_leaf) -> None:
+    def _backup_after_insert(self, target: HNode, new_leaf, res: HybridInsert) -> None:
         """core ``_insert_tail_step`` / ``_should_backup_after_insert``: a new leaf
         (``new_leaf``: True to count it, False when it ends at or below the request's
         ``inserted_len``, None for an existing target) is counted and backed up with
@@ -753,11 +746,11 @@ class HybridTree(TreeCore):
         Mamba, a device state with no host copy)."""
         if new_leaf is not None:
             if new_leaf and self._inc_hit(target):
-                self._write_chain(target)
+                self._write_chain(target, res)
         elif target.host and target.wp is None and self._aux_backup_needed(target):
-            self._write_chain(target)
+            self._write_chain(target, res)
 
-    def _write_chain(self, node: HNode) -> None:
+    def _write_chain(self, node: HNode, res: HybridInsert) -> None:
         """core ``_build_backup_kv_action`` (write_through: the node and its unbacked
         ancestors, ancestors first) run by cache ``_execute_and_commit_kv_backup``:
         top-down, skipping a node with nothing to write, stopping at the first
@@ -768,7 +761,7 @@ class HybridTree(TreeCore):
             chain.append(a)
             a = a.parent
         for y in reversed(chain):
-            if self._try_backup(y) is None:
+            if self._try_backup(y, res) is None:
                 return
 
     def write_ack(self, ack_id) -> None:
@@ -994,7 +987,7 @@ class HybridTree(TreeCore):
                 if needed:
                     if self.ht.aux_host_capacity - self.ht.aux_host_used < needed:
                         self._evict_host_aux(needed)
-                    self._backup(x)
+                    self._backup(x, res)
                     # _finish_internal_component_eviction's re-checks (the
                     # load-back pin and FULL's device value: Mamba only).
                     mamba = self._MAMBA_RECHECK
@@ -1021,7 +1014,7 @@ class HybridTree(TreeCore):
             self._demote(x, res)
         elif self.ht.wt:
             self._delete_unbacked(x, res)
-        elif self._backup(x) > 0:
+        elif self._backup(x, res) > 0:
             self._demote(x, res)
         else:
             f0 = res.freed
@@ -1062,28 +1055,28 @@ class HybridTree(TreeCore):
     # re-checks are Mamba's (unified_tree_core.py); SWATree turns them off.
     _MAMBA_RECHECK = True
 
-    def _backup(self, x: HNode) -> int:
+    def _backup(self, x: HNode, res: Eviction) -> int:
         """write_back's blocking backup of ``x`` (``_write_backup``), counted and
-        recorded for the engine; one that wrote nothing counts as a failure. Returns
-        the FULL tokens written (0: failed or nothing to write)."""
-        w = self._write_backup(x)
+        recorded in the eviction's ``backups``; one that wrote nothing counts as a
+        failure. Returns the FULL tokens written (0: failed or nothing to write)."""
+        w = self._write_backup(x, res)
         if w is None or not (w[0] or w[1]):
             self.stats.backup_failures += 1
             return 0
         self._count_backup(*w)
-        self.ht.log.append(w)
+        res.backups.append(w)
         return w[0]
 
-    def _try_backup(self, x: HNode):
+    def _try_backup(self, x: HNode, res: HybridInsert):
         """write_through's insert-time backup of ``x`` (``_write_chain``), counted and
-        recorded for the engine with its ack id (the node's id,
+        recorded in the insert's ``writes`` with its ack id (the node's id,
         ``mark_write_through_pending``). Returns ``_write_backup``'s result."""
-        w = self._write_backup(x)
+        w = self._write_backup(x, res)
         if w is None:
             self.stats.backup_failures += 1
         elif w[0] or w[1]:
             self._count_backup(*w)
-            self.ht.wlog.append((x.id, w[0], w[1]))
+            res.writes.append((x.id, w[0], w[1]))
         return w
 
     def _count_backup(self, full: int, aux: int) -> None:
@@ -1094,7 +1087,7 @@ class HybridTree(TreeCore):
         else:
             self.hy.swa_backup_tokens += aux
 
-    def _write_backup(self, x: HNode):
+    def _write_backup(self, x: HNode, res):
         """One node's D->H backup (cache ``_execute_and_commit_kv_backup``): FULL's
         tokens unless already on host, and the component's state. Host room: FULL's
         shortfall is evicted from the FULL host (giving up if that frees less), then
@@ -1110,7 +1103,7 @@ class HybridTree(TreeCore):
         if t == 0 and not aux:
             return 0, 0
         avail = self.ht.host_capacity - self.ht.host_used
-        if avail < t and self._evict_host_full(t - avail) < t - avail:
+        if avail < t and self._evict_host_full(t - avail, res) < t - avail:
             return None
         if aux:
             k = 0
@@ -1258,16 +1251,26 @@ class HybridTree(TreeCore):
             self._refresh(parent)
             cur = parent
 
-    def take_transfers(self) -> tuple:
-        """Hand over what the backups and FULL host evictions moved since the last
-        call, and clear it: (write_back's blocking backups as (FULL tokens, the
-        component's host units), write_through's as (ack id, FULL tokens, component
-        units), duplicate-map entries scanned, FULL host tokens freed)."""
-        ht = self.ht
-        out = ht.log, ht.wlog, ht.scanned, ht.host_freed
-        if ht.log or ht.wlog or ht.scanned or ht.host_freed:
-            ht.log, ht.wlog, ht.scanned, ht.host_freed = [], [], 0, 0
-        return out
+    @staticmethod
+    def _host_of(res) -> HostEviction:
+        """``res.host`` (an op's result: the host evictions its backups ran), made
+        a fresh ``HostEviction`` the first time the op evicts from host."""
+        he = res.host
+        if he is NO_HOST_EVICTION:
+            he = res.host = HostEviction()
+        return he
+
+    @classmethod
+    def _merge(cls, into: Eviction, ev: Eviction) -> None:
+        """Add a nested eviction (one a load-back or a copy on write ran for room)
+        to the op's summed ``Eviction``."""
+        into.freed += ev.freed
+        into.aux += ev.aux
+        into.backups.extend(ev.backups)
+        if ev.host is not NO_HOST_EVICTION:
+            he = cls._host_of(into)
+            he.freed += ev.host.freed
+            he.scanned += ev.host.scanned
 
     def _aux_host_tomb(self, x: HNode) -> int:
         """``evict_component(HOST)`` of the component: its host value only."""
@@ -1289,18 +1292,20 @@ class HybridTree(TreeCore):
         reclaim first, then LRU host leaves) or the component (its host LRU).
         Returns what that component's tracker counted."""
         if component == "full":
-            return self._evict_host_full(n)
+            return self._evict_host_full(n, Eviction())
         return self._evict_host_aux(n)
 
-    def _evict_host_full(self, n: int) -> int:
+    def _evict_host_full(self, n: int, op) -> int:
         """core ``drive_host_eviction`` for FULL: the host policy's duplicate reclaim
         first (``_reclaim_full_host_duplicates`` by default: two passes, pass 1
         sparing evictable D-leaves; only FULL's host copy goes, the component's
         stays), then ``full.drive_host_eviction`` over the host leaves by the
-        eviction policy's priority, sharing one counter. The engine charges a scan
-        of the whole map, as it stood, for each call."""
+        eviction policy's priority, sharing one counter. ``op``: the result of the
+        op that needed the room, whose ``host`` it is added to; the engine charges a
+        scan of the whole map, as it stood, for each call."""
         freed = 0
-        self.ht.scanned += len(self.ht.dups)
+        if self.ht.dups:
+            self._host_of(op).scanned += len(self.ht.dups)
         # drive_host_eviction: the duplicate reclaim runs under write_back only.
         policy = self.ht.host_policy
         if not self.ht.wt and policy.reclaims:
@@ -1317,7 +1322,8 @@ class HybridTree(TreeCore):
             p = x.parent
             if p is not None and p in self.ht.h_leaves:
                 heapq.heappush(heap, (prio(p), p.id, p))
-        self.ht.host_freed += freed
+        if freed:
+            self._host_of(op).freed += freed
         return freed
 
     # The host-policy API (TreeCore's): the live re-check and one host copy's release.
@@ -1435,16 +1441,19 @@ class HybridTree(TreeCore):
             return HybridLoad("no_host_tail")
         holder = self.inc_host_lock(anchor)
         lock = self.inc_lock(anchor)
-        slot = self._aux_prepare_load_back(anchor, holds)
-        reason, n, aux = self._load_transfers(anchor, lock, holder)
+        ev = Eviction()  # the evictions run for room, summed
+        slot = self._aux_prepare_load_back(anchor, holds, ev)
+        reason, n, aux = self._load_transfers(anchor, lock, holder, ev)
+        if not (ev.freed or ev.aux or ev.backups or ev.host is not NO_HOST_EVICTION):
+            ev = None
         if reason is not None:
             self._aux_finalize_load_back(slot, False)
-            return HybridLoad(reason)
+            return HybridLoad(reason, eviction=ev)
         self.ht.loads[lid] = LoadBack(anchor, self.inc_lock(anchor), holder, n)
         self._aux_finalize_load_back(slot, True)
-        return HybridLoad(None, n, aux, bool(slot))
+        return HybridLoad(None, n, aux, bool(slot), ev)
 
-    def _load_transfers(self, anchor, lock, holder):
+    def _load_transfers(self, anchor, lock, holder, ev: Eviction):
         """cache ``_load_back_transfers``: the spec (FULL's evicted nodes from the
         anchor up; the component's restore), the threshold, device room (FULL by
         ``evict_for_alloc``, the component's slot in the controller's load), then
@@ -1471,14 +1480,14 @@ class HybridTree(TreeCore):
             return "below_threshold", 0, 0
         avail = self.device_capacity - self.dev_used
         if avail < n:
-            self.evict(n - avail, 0)
+            self._merge(ev, self.evict(n - avail, 0))
             if self.device_capacity - self.dev_used < n:
                 self.dec_lock(lock)
                 self.dec_host_lock(holder)
                 return "no_device_space", 0, 0
         # HybridCacheController.load: FULL rows first (outside the tree until the
         # commit; nothing below reads FULL room), then the component's device slot.
-        ok = self._aux_alloc_for_load(aux_nodes) if aux else True
+        ok = self._aux_alloc_for_load(aux_nodes, ev) if aux else True
         self.dec_lock(lock)
         if not ok:
             self.dec_host_lock(holder)
@@ -1523,9 +1532,10 @@ class HybridTree(TreeCore):
                 self._track(x)
             x = x.parent
 
-    def _aux_prepare_load_back(self, anchor, holds):
+    def _aux_prepare_load_back(self, anchor, holds, ev: Eviction):
         """The component's ``prepare_load_back``: a truthy value when it gave the
-        request a slot (handed back to ``_aux_finalize_load_back``)."""
+        request a slot (handed back to ``_aux_finalize_load_back``); an eviction it
+        runs for the slot is added to ``ev``."""
         return None
 
     def _aux_finalize_load_back(self, slot, success: bool) -> None:
@@ -1543,7 +1553,7 @@ class HybridTree(TreeCore):
         """The size a device value on ``node`` would have (Mamba 1, SWA tokens)."""
         return 1
 
-    def _aux_alloc_for_load(self, nodes) -> bool:
+    def _aux_alloc_for_load(self, nodes, ev: Eviction) -> bool:
         return True
 
     # ------------------------------------------------------------------ replicas
@@ -1585,8 +1595,6 @@ class HybridTree(TreeCore):
         new._refresh = new._refresh_ht  # the instance's own bound methods, not ours
         new._is_dleaf = new._is_dleaf_ht
         new.ht = copy.copy(self.ht)
-        new.ht.log = []
-        new.ht.wlog = []
         new.ht.host_policy = type(self.ht.host_policy)()
         for y in nmap.values():
             y.hlp = y.hln = None

@@ -123,8 +123,10 @@ class Eviction:
     A hybrid tree's ``evict`` (``sim/tree/hybrid.py``) returns one too, per
     component: ``freed`` the FULL device tokens and ``aux`` the other component's
     device values (SWA tokens, Mamba states), each counting what cascades from the
-    other component's victims (0 in a FULL-only tree); its engine replica
-    (``sim/hybrid/replica.py``) adds the op's ``backups`` and ``host``.
+    other component's victims (0 in a FULL-only tree); ``backups`` holds each
+    blocking backup as (FULL tokens, the component's host units), which the engine's
+    replica (``sim/hybrid/replica.py``) prices in FULL-token equivalents, and
+    ``host`` the host evictions they ran.
     """
 
     __slots__ = ("freed", "aux", "demoted", "deleted", "dropped", "dropped_host", "declined",
@@ -275,9 +277,11 @@ class HybridInsert:
     """``insert``'s result: ``prefix_len`` tokens reused, ``new`` fresh FULL tokens
     the request brought, ``aux_new`` fresh SWA tokens (SWA) or 1 (Mamba),
     ``mamba_exist`` (Mamba: the tree already had a state at the target, so the
-    request's fork is freed), ``node`` the target node."""
+    request's fork is freed), ``node`` the target node. write_through: ``writes``,
+    the backups the insert issued, each (ack id, FULL tokens, the component's host
+    units), and ``host``, the host evictions they ran to make room."""
 
-    __slots__ = ("prefix_len", "new", "aux_new", "mamba_exist", "node")
+    __slots__ = ("prefix_len", "new", "aux_new", "mamba_exist", "node", "writes", "host")
 
     def __init__(self):
         self.prefix_len = 0
@@ -285,6 +289,8 @@ class HybridInsert:
         self.aux_new = 0
         self.mamba_exist = False
         self.node = None
+        self.writes: list = []
+        self.host: HostEviction = NO_HOST_EVICTION
 
 
 class HybridLoad:
@@ -294,17 +300,21 @@ class HybridLoad:
     of the window's slices; Mamba: states, 0 or 1); ``reason`` when not started
     (``no_host_tail``, ``below_threshold``, ``no_device_space``, ``no_swa_space``,
     ``no_mamba_space``); ``slot_granted``: Mamba, the loading request had no state
-    slot and got one for the copy (``prepare_load_back``), which it now holds."""
+    slot and got one for the copy (``prepare_load_back``), which it now holds;
+    ``eviction``: the evictions the load ran for room (FULL's, a Mamba slot's), summed
+    with their backups and host evictions, or None when it ran none (set even when
+    the load was then refused: they happened)."""
 
-    __slots__ = ("started", "loaded", "aux_loaded", "reason", "slot_granted")
+    __slots__ = ("started", "loaded", "aux_loaded", "reason", "slot_granted", "eviction")
 
     def __init__(self, reason: str | None, loaded: int = 0, aux_loaded: int = 0,
-                 slot_granted: bool = False):
+                 slot_granted: bool = False, eviction: "Eviction | None" = None):
         self.started = reason is None
         self.loaded = loaded
         self.aux_loaded = aux_loaded
         self.reason = reason
         self.slot_granted = slot_granted
+        self.eviction = eviction
 
     def as_dict(self) -> dict:
         """The op-trace output's fields (docs/HYBRID.md §6): ``started``, ``loaded``
@@ -317,6 +327,20 @@ class HybridLoad:
         what = f"loaded={self.loaded}, aux_loaded={self.aux_loaded}" if self.started \
             else f"reason={self.reason!r}"
         return f"HybridLoad(started={self.started}, {what})"
+
+
+class HybridCow:
+    """Mamba ``cow``'s result (``finalize_match_result_in_cache``): ``copied``, a
+    state was copied into the request's slot; ``failed``, the pool was full and
+    evicting one state freed none (SGLang asserts "Can not alloc mamba cache");
+    ``eviction``: that eviction, with its backups and host evictions, or None."""
+
+    __slots__ = ("copied", "failed", "eviction")
+
+    def __init__(self, copied: bool, failed: bool = False, eviction: "Eviction | None" = None):
+        self.copied = copied
+        self.failed = failed
+        self.eviction = eviction
 
 
 class LockReceipt:

@@ -24,6 +24,9 @@ import math
 
 from sim import constants as C
 from sim.tree.hybrid import HybridInvariantError, HybridTree, HybridTreeError
+from sim.tree.results import HybridCow
+
+_NO_COW = HybridCow(False)  # nothing to copy: the match ends on no state
 
 
 class MambaTree(HybridTree):
@@ -140,24 +143,26 @@ class MambaTree(HybridTree):
         best = self.peek_best(key)
         return best.aux and self.aux_evictable - (best.aux_lock == 0) <= 0
 
-    def cow(self, match, holds: bool) -> bool:
+    def cow(self, match, holds: bool) -> HybridCow:
         """mamba ``finalize_match_result_in_cache`` (``cow_mamba``): a request matching
         a state copies it into its own slot, allocated unless it ``holds`` one; with
         the pool full, one state is evicted first while the match is locked
-        (``inc_lock_ref``, ``evict_for_alloc(mamba_num=1)``, ``dec_lock_ref``).
-        Returns whether a state was copied."""
+        (``inc_lock_ref``, ``evict_for_alloc(mamba_num=1)``, ``dec_lock_ref``). The
+        result says whether a state was copied, or whether that eviction freed none
+        (``failed``: SGLang asserts "Can not alloc mamba cache"), and carries it."""
         best = match.best
         if not best.aux:
-            return False
+            return _NO_COW
+        ev = None
         if not holds:
             if self.aux_used + self.held >= self.aux_capacity:
                 receipt = self.inc_lock(best)
-                freed = self.evict(0, 1).aux
+                ev = self.evict(0, 1)
                 self.dec_lock(receipt)
-                if not freed:
-                    raise HybridInvariantError("Can not alloc mamba cache")
+                if not ev.aux:
+                    return HybridCow(False, True, ev)
             self.held += 1
-        return True
+        return HybridCow(True, False, ev)
 
     def release(self) -> None:
         """A request leaving without caching frees its held slot."""
@@ -248,7 +253,7 @@ class MambaTree(HybridTree):
     def _free_slot(self) -> bool:
         return self.aux_used + self.held < self.aux_capacity
 
-    def _aux_prepare_load_back(self, anchor, holds):
+    def _aux_prepare_load_back(self, anchor, holds, ev):
         """mamba ``prepare_load_back``: a request (``holds``: whether it holds a slot;
         None: no request) loading a host-only state gets a slot of its own for the
         copy, evicting one state for it when the pool is full
@@ -256,7 +261,7 @@ class MambaTree(HybridTree):
         if holds is None or holds or not self._aux_load_needed(anchor):
             return None
         if not self._free_slot():
-            self.evict(0, 1)
+            self._merge(ev, self.evict(0, 1))
             if not self._free_slot():
                 raise HybridInvariantError("Cannot alloc mamba for load_back")
         self.held += 1
@@ -268,11 +273,11 @@ class MambaTree(HybridTree):
         if slot and not success:
             self.held -= 1
 
-    def _aux_alloc_for_load(self, nodes) -> bool:
+    def _aux_alloc_for_load(self, nodes, ev) -> bool:
         """The restore's device slot (``_resolve_device_transfers``, evicting once
         through ``_evict_mamba_for_device_alloc``)."""
         if not self._free_slot():
-            self.evict(0, 1)
+            self._merge(ev, self.evict(0, 1))
         return self._free_slot()
 
     def load_back_would_fail(self, key: list, holds: bool) -> bool:

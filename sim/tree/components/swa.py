@@ -372,7 +372,7 @@ class SWATree(HybridTree):
     def _aux_load_needed(self, anchor) -> bool:
         return bool(self._aux_load_nodes(anchor))
 
-    def _aux_alloc_for_load(self, nodes) -> bool:
+    def _aux_alloc_for_load(self, nodes, ev) -> bool:
         """The SWA device slots of a load (``_resolve_device_transfers``: alloc, else
         ``_evict_swa_for_device_alloc`` for the shortfall once, then retry)."""
         k = 0
@@ -380,7 +380,7 @@ class SWATree(HybridTree):
             k += len(y.key) * self.page_size
         free = self.aux_capacity - self.aux_used
         if free < k:
-            self.evict(0, k - free)
+            self._merge(ev, self.evict(0, k - free))
         return self.aux_capacity - self.aux_used >= k
 
     def _aux_host_acquire(self, anchor):
