@@ -22,13 +22,6 @@ from sim.tree.full import (  # noqa: F401
     Tree,
     id_scheme,
 )
-from sim.tree.results import (  # noqa: F401
-    NO_HOST_EVICTION,
-    Backup,
-    Eviction,
-    HostEviction,
-    HostInsert,
-    Insert,
-    LoadResult,
-    Match,
-)
+# every op's result type (the hybrid trees' too: sim.tree.results)
+from sim.tree.results import NO_HOST_EVICTION, Backup, Eviction, HostEviction  # noqa: F401
+from sim.tree.results import HostInsert, Insert, LoadResult, Match  # noqa: F401

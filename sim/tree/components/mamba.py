@@ -40,12 +40,11 @@ class MambaTree(HybridTree):
     AUX = "mamba"
     AUX_PRIORITY = C.EVICTION_PRIORITY_INTERNAL["mamba"]
 
-    def __init__(self, *, device_capacity: int, mamba_capacity: int, mamba_chunk: int,
-                 page_size: int = 1, max_states: int = -1, extra_buffer: bool = False,
-                 record: bool = False, host_capacity: int | None = None,
-                 mamba_host_capacity: int = 0, load_back_threshold: int = 1,
-                 write_policy: str = "write_back", host_policy: str = "duplicate_first",
-                 eviction_policy: str = "lru"):
+    def __init__(self, *, mamba_capacity: int, mamba_chunk: int, page_size: int = 1,
+                 max_states: int = -1, extra_buffer: bool = False,
+                 mamba_host_capacity: int = 0, **core):
+        """``core``: ``HybridTree``'s keywords (``device_capacity``, ``record``, the
+        host pool, the policies)."""
         # MambaComponent.__init__: without --enable-mamba-extra-buffer only the
         # sequence-end state exists, so a cached state needs page size 1.
         if page_size != 1 and not extra_buffer:
@@ -54,12 +53,8 @@ class MambaTree(HybridTree):
             raise ValueError("mamba_chunk must be >= 1")
         if max_states == 0 or max_states < -1:
             raise ValueError("max_states must be -1 or a positive integer")
-        super().__init__(device_capacity=device_capacity, aux_capacity=mamba_capacity,
-                         page_size=page_size, record=record, host_capacity=host_capacity,
-                         aux_host_capacity=mamba_host_capacity,
-                         load_back_threshold=load_back_threshold,
-                         write_policy=write_policy, host_policy=host_policy,
-                         eviction_policy=eviction_policy)
+        super().__init__(aux_capacity=mamba_capacity, aux_host_capacity=mamba_host_capacity,
+                         page_size=page_size, **core)
         # runtime_context.py mamba_checkpoint_grid: lcm(mamba_cache_chunk_size, page).
         self.grid = math.lcm(mamba_chunk, page_size)
         self.max_states = max_states

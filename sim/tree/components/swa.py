@@ -45,19 +45,14 @@ class SWATree(HybridTree):
     # _finish_internal_component_eviction's pin / FULL-evicted re-checks are Mamba's.
     _MAMBA_RECHECK = False
 
-    def __init__(self, *, device_capacity: int, swa_capacity: int, sliding_window: int,
-                 page_size: int = 1, record: bool = False, host_capacity: int | None = None,
-                 swa_host_capacity: int = 0, load_back_threshold: int = 1,
-                 write_policy: str = "write_back", host_policy: str = "duplicate_first",
-                 eviction_policy: str = "lru"):
+    def __init__(self, *, swa_capacity: int, sliding_window: int, page_size: int = 1,
+                 swa_host_capacity: int = 0, **core):
+        """``core``: ``HybridTree``'s keywords (``device_capacity``, ``record``, the
+        host pool, the policies)."""
         if sliding_window <= 0:
             raise ValueError("SWAComponent requires a positive sliding_window_size")
-        super().__init__(device_capacity=device_capacity, aux_capacity=swa_capacity,
-                         page_size=page_size, record=record, host_capacity=host_capacity,
-                         aux_host_capacity=swa_host_capacity,
-                         load_back_threshold=load_back_threshold,
-                         write_policy=write_policy, host_policy=host_policy,
-                         eviction_policy=eviction_policy)
+        super().__init__(aux_capacity=swa_capacity, aux_host_capacity=swa_host_capacity,
+                         page_size=page_size, **core)
         self.window = sliding_window
         ps = page_size
         # _maybe_split_leaf_for_swa_lock: smallest page-aligned size covering the window.
