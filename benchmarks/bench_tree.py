@@ -136,7 +136,7 @@ def drive_hybrid(ops):
                 held.discard(donate)
         elif op_kind == "match":
             m = tree.match_prefix(key)
-            if "cow" in op and tree.cow(m, op["cow"] in held):
+            if "cow" in op and tree.cow(m, op["cow"] in held).copied:
                 held.add(op["cow"])
         elif op_kind == "release":
             held.discard(op["id"])
@@ -151,9 +151,9 @@ def drive_hybrid(ops):
             tree.evict_host(op[comp], comp)
         elif op_kind == "load_back":
             rid = op.get("req")
-            req = None if rid is None else {"holds": rid in held}
-            tree.load_back(tree.match_prefix(key), op["id"], req)
-            if req is not None and req.get("got"):
+            r = tree.load_back(tree.match_prefix(key), op["id"],
+                               None if rid is None else rid in held)
+            if r.slot_granted:
                 held.add(rid)
         elif op_kind == "load_back_ack":
             tree.finish_load_back(op["id"])

@@ -138,6 +138,13 @@ HICACHE_AUTO_SIZE_SLACK = 0.05
 # schedule_policy.py CLIP_MAX_NEW_TOKENS (env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION):
 # admission's estimate of a request's decode tokens is clipped to this.
 CLIP_MAX_NEW_TOKENS = 4096
+
+# kv_cache_configurator.py resolve_max_num_reqs: with no --max-running-requests, the
+# running-request cap is token_capacity / context_len * 512, clamped to
+# [2048, 4096] (and to token_capacity // 2).
+MAX_NUM_REQS_PER_CONTEXT = 512
+MAX_NUM_REQS_MIN = 2048
+MAX_NUM_REQS_MAX = 4096
 # schedule_policy.py IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD / _DEPRIORITIZE_THRESHOLD
 # (env vars of those names, default 32), read by `_compute_prefix_matches`: a request
 # whose device match is at most the first is matched against the waiting queue's own
@@ -211,12 +218,6 @@ EXISTENCE_CACHE_MAX_ENTRIES = 512 * 1024
 # HiCacheController._page_transfer acks) its hit pages 128 at a time; each batch is one
 # backend call and one progressive PrefetchAck (completed tokens, MIN-reduced).
 STORAGE_BATCH_PAGES = 128
-
-# Hybrid trees' host-tier write policies (unified_cache/storage_attachment.py
-# _WRITE_POLICIES; --hicache-write-policy): write_back acks each backup before its
-# eviction goes on, the write_through ones back nodes up at insert time once their
-# hit count reaches WRITE_THROUGH_THRESHOLD (unified_radix_cache.py __init__).
-HYBRID_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 
 # MLA host dedup (mem_cache/mla_host_dedup.py). The broadcast stages at most
 # SGLANG_MLA_DEDUP_CHUNK_TOKENS x layer_num token rows per NCCL broadcast call

@@ -1014,7 +1014,7 @@ class Simulation:
             # `prepare_load_back` holds for a single-pool budget; `init_load_back`.
             rid = f"r{req.rid}{rq.try_suffix}"
             self._op(c, {"op": "load_back", "key": key, "id": rid})
-            res = tree.load_back(m, rid)
+            res = tree.load_back(m, rid) if hyb is None else tree.load_back(m, rid, req.rid)
             plan.stall_first += self._charge(plan, res.eviction)
             if self.steprec is not None:
                 self.steprec.hc(c, "init_load_back", [f"r{req.rid}", m.host_len, res.tokens])
@@ -1621,14 +1621,14 @@ class Simulation:
             key = self._seq_key(rq, slot.done if up_to is None else up_to)
             tokens = len(key) * ps
             if self._hyb is not None:
-                self._hyb.before_insert(c, rq, slot.in_tree, tokens, final)
+                hy_req = self._hyb.before_insert(c, rq, slot.in_tree, tokens, final)
             if tokens > slot.in_tree:
                 # the request's own pages pass to the tree (duplicates are freed)
                 tree.reserved -= tokens - slot.in_tree
                 slot.in_tree = tokens
             if self._hyb is not None:
                 self._op(c, {"op": "insert", "key": key})
-                ins = self._insert(c, key, 0)
+                ins = self._insert(c, key, 0, req=hy_req)
             else:
                 # `InsertParams.inserted_len` (unified_radix_cache.py
                 # checkpoint_into_tree); only write_through's hit counts read it
@@ -1663,8 +1663,11 @@ class Simulation:
                 slot.lock, slot.lock_id = ins.node, lid
 
     def _insert(self, c: Cohort, key: list, priority: int, resident: bool = False,
-                inserted: int = 0):
-        if self._buf:
+                inserted: int = 0, req=None):
+        if req is not None:
+            # a hybrid replica's insert, for the request ``before_insert`` prepared
+            ins = c.tree.insert(key, priority, resident, req=req)
+        elif self._buf:
             ins = self._st.buffer_insert(c, key, priority, resident, inserted)
         elif inserted:
             ins = c.tree.insert(key, priority, resident, inserted)

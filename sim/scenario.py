@@ -1383,12 +1383,6 @@ def _hybrid_check(s: "Scenario") -> None:
     if c.release_prefill_swa and h.kind != "swa":
         raise _err("cache.release_prefill_swa for a Mamba hybrid", "it only with an SWA hybrid",
                    "cache.release_prefill_swa")
-    if c.host_policy != "duplicate_first":
-        raise _err(f"cache.host_policy {c.host_policy!r} for a hybrid model",
-                   "duplicate_first (the unified tree's reclaim)", "cache.host_policy")
-    if c.eviction_policy != "lru":
-        raise _err(f"cache.eviction_policy {c.eviction_policy!r} for a hybrid model",
-                   "lru (the unified tree's component LRUs)", "cache.eviction_policy")
     sp = s.scheduler.schedule_policy
     if SCHEDULE_CACHE_AWARE.get(sp):
         raise _err(f"scheduler.schedule_policy {sp!r} for a hybrid model",

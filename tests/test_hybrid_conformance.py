@@ -10,7 +10,7 @@ import pytest
 
 from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases,
                       expected_lines, replay_checked, vendored_checksums_match)
-from sim.errors import InputFormatError
+from sim.errors import InputFormatError, UserError
 from sim.hybrid import HybridTreeError, MambaTree, SWATree
 from sim.hybrid.replay import HybridReplayer
 from sim.optrace import read_trace, replay_lines
@@ -223,7 +223,7 @@ def test_swa_window_backup_writes_the_unbacked_window_oldest_first():
     m = tree.match_prefix(list(range(1, 7)) + [20, 21, 22])
     assert (m.device_len, m.host_len, m.aux_host_len) == (0, 9, 9)
     out = tree.load_back(m, 1)
-    assert out == {"started": True, "loaded": 9}
+    assert out.as_dict() == {"started": True, "loaded": 9} and out.aux_loaded == 9
     assert tree.aux_used == 9
     tree.finish_load_back(1)
     tree.check()
@@ -243,11 +243,12 @@ def test_swa_internal_victim_is_backed_up_with_its_window_before_its_tombstone()
     tree.insert([1, 2, 3, 4, 30, 31, 32, 33])
     tree.match_prefix(list(range(1, 11)))
     res = tree.evict(0, 4)
-    assert (res.full, res.aux) == (0, 4)
+    assert (res.freed, res.aux) == (0, 4)
     assert (tree.host_used, tree.aux_host_used, tree.dev_used) == (4, 4, 14)
     m = tree.match_prefix([1, 2, 3, 4])
     assert (m.device_len, m.aux_host_len) == (0, 4) and m.best.dev
-    assert tree.load_back(m, 1) == {"started": True, "loaded": 0}
+    out = tree.load_back(m, 1)
+    assert out.as_dict() == {"started": True, "loaded": 0} and out.aux_loaded == 4
     assert m.best.aux
     tree.finish_load_back(1)
     tree.check()
@@ -298,7 +299,7 @@ def test_a_state_that_reached_the_device_after_its_backup_is_pruned_by_the_demot
     t.insert(a)                              # the state returns, to the device only
     assert node.aux and not node.aux_host and node.dev and node.host
     ev = t.evict(4, 0)                       # a backed-up D-leaf: demoted directly
-    assert (ev.full, ev.aux) == (4, 1)
+    assert (ev.freed, ev.aux) == (4, 1)
     assert not node.dev and node.host and not node.aux and not node.aux_host
     m = t.match_prefix(a)
     assert (m.best, m.host_len, m.full_len, m.branch) == (t.root, 0, 4, 4)
@@ -653,7 +654,7 @@ def test_inserted_len_gates_write_through_hit_counts():
         first = t.insert(list(range(1, 9))).node
         t.insert(list(range(1, 13)), 8, inserted=inserted)
         t.check()
-        return first.hits, first.host
+        return first.hit_count, first.host
 
     assert run(0) == (2, True)      # counted again: its second hit backs it up
     assert run(8) == (1, False)     # the request's own prefix: not counted
@@ -682,3 +683,74 @@ def test_sglang_39436_at_the_reports_scale():
     assert replays(734) == [whole] * 8
     assert replays(600) == [whole] * 8
     assert replays(599) == [(8192, 1)] + [whole] * 7
+
+
+# ------------------------------------------------------------- policy registries
+def _survivors(policy: str) -> list:
+    """Two leaves, the first matched again last; one leaf's worth of FULL evicted."""
+    t = MambaTree(device_capacity=64, mamba_capacity=8, mamba_chunk=1, eviction_policy=policy)
+    t.insert([1, 2, 3])
+    t.insert([7, 8, 9])
+    t.match_prefix([1, 2, 3])
+    assert t.evict(3, 0).freed == 3
+    t.check()
+    return sorted(tuple(t.path_units(x)) for x in t.iter_nodes())
+
+
+def test_the_eviction_policy_registry_orders_fulls_leaf_heap_in_a_hybrid_tree():
+    """FULL's device leaves go by the eviction policy's priority
+    (``tree_core.eviction_strategy.get_priority``), as in the FULL-only tree: lru
+    evicts the leaf used least recently, mru and fifo the other one."""
+    assert _survivors("lru") == [(1, 2, 3)]
+    assert _survivors("mru") == [(7, 8, 9)]
+    assert _survivors("fifo") == [(7, 8, 9)]
+
+
+def _host_eviction(policy: str):
+    """A backed-up prefix loaded back (a settled duplicate), then a host eviction."""
+    t = SWATree(device_capacity=16, swa_capacity=16, sliding_window=2, host_capacity=6,
+                swa_host_capacity=16, host_policy=policy)
+    t.insert([1, 2, 3])
+    t.evict(3, 0)
+    assert t.load_back(t.match_prefix([1, 2, 3]), 1).started
+    t.finish_load_back(1)
+    freed = t.evict_host(3)
+    t.check()
+    return freed, t.stats.reclaims, t.digest, t.host_used
+
+
+def test_the_host_policy_registry_runs_the_hybrid_trees_duplicate_reclaim():
+    """duplicate_first releases the duplicate's host copy (folded into the digest);
+    lru (SGLANG_HICACHE_SKIP_HOST_DUPLICATE_RECLAIM) reclaims nothing, and with no
+    host-only leaf frees nothing."""
+    freed, reclaims, digest, host = _host_eviction("duplicate_first")
+    assert freed == 3 and reclaims > 0 and digest != 0 and host == 0
+    assert _host_eviction("lru") == (0, 0, 0, 3)
+
+
+def test_an_unknown_policy_name_is_refused_by_the_registry():
+    with pytest.raises(UserError):
+        MambaTree(device_capacity=8, mamba_capacity=2, mamba_chunk=1, eviction_policy="lrx")
+    with pytest.raises(UserError):
+        SWATree(device_capacity=8, swa_capacity=8, sliding_window=2, host_policy="nope")
+
+
+def test_a_hybrid_eviction_returns_its_backups_per_component_and_the_tree_counts_them():
+    """write_back: an evicted leaf is backed up before its demote; the eviction's
+    result holds each backup as (FULL tokens, the component's host units: Mamba one
+    state; SWA the window's slices, here two fragments), and the tree counts them
+    (``stats``, ``hy``)."""
+    m = MambaTree(device_capacity=16, mamba_capacity=4, mamba_chunk=1, host_capacity=16,
+                  mamba_host_capacity=4)
+    m.insert([1, 2, 3])
+    ev = m.evict(3, 0)
+    assert (ev.freed, ev.aux, ev.backups) == (3, 1, [(3, 1)])
+    assert (m.stats.backups, m.stats.backup_tokens, m.stats.demote_tokens) == (1, 3, 3)
+    assert (m.hy.state_backups, m.hy.state_evictions) == (1, 1)
+    assert m.evict(3, 0).backups == []  # nothing left to evict
+    s = SWATree(device_capacity=16, swa_capacity=16, sliding_window=2, host_capacity=16,
+                swa_host_capacity=16)
+    s.insert([1, 2, 3])
+    log = s.evict(3, 0).backups
+    assert sum(f for f, _ in log) == 3 and sum(a for _, a in log) == s.hy.swa_backup_tokens == 3
+    assert s.stats.backups == len(log)

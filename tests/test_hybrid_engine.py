@@ -268,6 +268,9 @@ def test_every_mamba_knob_changes_the_run():
                  ["host.tokens=null", "host.mamba_states=null", "host.size_gb=0.8"],
                  ["device.tokens=null", "device.max_mamba_cache_size=null", "device.gib=2.0"],
                  ["cache.ids=optrace"],
+                 # the policy registries serve a hybrid's FULL as a FULL-only tree's
+                 ["cache.host_policy=lru"],
+                 ["cache.eviction_policy=mru"],
                  ["model.hybrid_preset=nemotron-h-8b"]):
         assert _key(_m(*sets)) != ref, sets
 
@@ -331,8 +334,6 @@ def test_an_swa_pool_too_tight_for_a_request_and_its_own_window_leaves_it_waitin
     (MAMBA, ["host.swa_tokens=1024"], "host.swa_tokens"),
     (SWAH, ["cache.load_back_threshold=256"], "cache.load_back_threshold"),
     (SWAH, ["host=null", "host.tokens=48016", "host.swa_tokens=1000"], "host.swa_tokens"),
-    (MAMBA, ["cache.host_policy=lru"], "cache.host_policy"),
-    (MAMBA, ["cache.eviction_policy=priority"], "cache.eviction_policy"),
     (MAMBA, ["page_size=16"], "page_size"),
     (MAMBA, ["host.mamba_states=null"], "host.mamba_states"),
     (MAMBA, ["device.mamba_full_memory_ratio=0.5"], "device.mamba_full_memory_ratio"),

@@ -189,7 +189,7 @@ class HybridMachine(RuleBasedStateMachine):
         if t.cow_would_fail(key, holds):
             return
         m = t.match_prefix(key)
-        if t.cow(m, holds) and not holds:
+        if t.cow(m, holds).copied and not holds:
             self.held += 1
         assert t.held == self.held
 
@@ -210,9 +210,9 @@ class HybridMachine(RuleBasedStateMachine):
         t = self.tree
         before = (t.dev_used, t.aux_used)
         res = t.evict(full, aux)
-        assert before[0] - t.dev_used == res.full and before[1] - t.aux_used == res.aux
+        assert before[0] - t.dev_used == res.freed and before[1] - t.aux_used == res.aux
         # a walk stops only when its request is met or nothing is left to take
-        if res.full < full:
+        if res.freed < full:
             assert not t.d_leaves
         if res.aux < aux:
             assert t.lru.lru_no_lock() is None
@@ -295,17 +295,16 @@ class MambaHostMachine(MambaMachine):
         t = self.tree
         key = self.units(pages)
         holds = holds and self.held > 0
-        req = {"holds": holds} if with_req else None
         if with_req and t.load_back_would_fail(key, holds):
             return
         m = t.match_prefix(key)
         lid = self.next_load
         self.next_load += 1
-        out = t.load_back(m, lid, req)
-        if req is not None and req.get("got"):
+        out = t.load_back(m, lid, holds if with_req else None)
+        if out.slot_granted:
             self.held += 1
         assert t.held == self.held
-        if out["started"]:
+        if out.started:
             self.loads.append(lid)
             x = m.best
             while x is not t.root:  # the anchor's whole path is on device, locked
@@ -313,7 +312,7 @@ class MambaHostMachine(MambaMachine):
                 x = x.parent
             assert not (m.best.aux_host and not m.best.aux)
         else:
-            assert out["reason"] in ("no_host_tail", "below_threshold", "no_device_space",
+            assert out.reason in ("no_host_tail", "below_threshold", "no_device_space",
                                      "no_mamba_space")
             assert lid not in t.loads
 
@@ -375,7 +374,7 @@ class MambaHostMachine(MambaMachine):
         t = self.tree
         before = (t.dev_used, t.aux_used)
         res = t.evict(full, aux)
-        assert before[0] - t.dev_used == res.full and before[1] - t.aux_used == res.aux
+        assert before[0] - t.dev_used == res.freed and before[1] - t.aux_used == res.aux
 
 
 class MambaHostMachinePage2(MambaHostMachine):
@@ -447,7 +446,7 @@ class SWAHostMachine(HybridMachine):
         lid = self.next_load
         self.next_load += 1
         out = t.load_back(m, lid)
-        if out["started"]:
+        if out.started:
             self.loads.append(lid)
             x = m.best
             while x is not t.root:  # the anchor's whole path is on device, locked
@@ -460,7 +459,7 @@ class SWAHostMachine(HybridMachine):
                 covered += len(x.key) * t.page_size
                 x = x.parent
         else:
-            assert out["reason"] in ("no_host_tail", "below_threshold", "no_device_space",
+            assert out.reason in ("no_host_tail", "below_threshold", "no_device_space",
                                      "no_swa_space")
             assert lid not in t.loads
 
@@ -489,7 +488,7 @@ class SWAHostMachine(HybridMachine):
         t = self.tree
         before = (t.dev_used, t.aux_used)
         res = t.evict(full, aux)
-        assert before[0] - t.dev_used == res.full
+        assert before[0] - t.dev_used == res.freed
 
 
 class SWAHostMachinePage2(SWAHostMachine):

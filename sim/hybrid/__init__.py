@@ -1,18 +1,16 @@
-"""Hybrid-model trees: SGLang 0.5.23's unified radix tree with an SWA or a Mamba
-component beside FULL (docs/HYBRID.md): the device tier of both, the host tier of
-(FULL, MAMBA) under write_back.
+"""Hybrid models around SGLang 0.5.23's unified radix tree with an SWA or a Mamba
+component beside FULL (docs/HYBRID.md). The trees themselves are in ``sim/tree/``
+(``hybrid.py``: the core and FULL; ``components/swa.py``: ``SWATree``;
+``components/mamba.py``: ``MambaTree``); this package re-exports their names.
 
-* ``core.py``: the tree core and the FULL component (ids, clock, splits, the device
-  leaf set, path locks, FULL leaf eviction, the eviction driver, leaf deletion);
-* ``swa.py``: ``SWATree``, components ``(FULL, SWA)``;
-* ``mamba.py``: ``MambaTree``, components ``(FULL, MAMBA)``;
+* ``gen.py``: generated hybrid op-traces;
+* ``pools.py``: per-component pool sizing;
 * ``replay.py``: hybrid op-traces (docs/HYBRID.md §6);
 * ``replica.py``: a hybrid tree as one TP rank's replica in the engine, and the
   engine's hybrid admission and allocation hooks (docs/HYBRID.md §10).
 """
 
-from sim.hybrid.core import (  # noqa: F401
-    HybridEviction,
+from sim.tree.hybrid import (  # noqa: F401
     HybridInsert,
     HybridInvariantError,
     HybridMatch,
@@ -20,5 +18,5 @@ from sim.hybrid.core import (  # noqa: F401
     HybridTreeError,
     LockReceipt,
 )
-from sim.hybrid.mamba import MambaTree  # noqa: F401
-from sim.hybrid.swa import SWATree  # noqa: F401
+from sim.tree.components.mamba import MambaTree  # noqa: F401
+from sim.tree.components.swa import SWATree  # noqa: F401

@@ -116,8 +116,10 @@ def mamba_max_running(states: int, token_capacity: int, requested: int | None = 
     if requested is not None:
         cap = min(max(1, requested), token_capacity // 2)
     else:
-        est = int(token_capacity / context_len * 512) if context_len else 4096
-        cap = min(max(min(est, 4096), 2048), token_capacity // 2)
+        # (no context length: the upper clamp)
+        est = (int(token_capacity / context_len * C.MAX_NUM_REQS_PER_CONTEXT) if context_len
+               else C.MAX_NUM_REQS_MAX)
+        cap = min(max(min(est, C.MAX_NUM_REQS_MAX), C.MAX_NUM_REQS_MIN), token_capacity // 2)
     cap = min(cap, states // ratio)
     if cap <= 0:
         raise UserError(f"the Mamba state cache ({states} slots, {ratio} per request)"

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
-from sim.constants import HYBRID_WRITE_POLICIES
+from sim.policies.write import WRITE_POLICIES
 from sim.errors import InputFormatError
-from sim.hybrid.core import HybridTreeError
-from sim.hybrid.mamba import MambaTree
-from sim.hybrid.swa import SWATree
+from sim.tree.hybrid import HybridInvariantError, HybridTreeError
+from sim.tree.components.mamba import MambaTree
+from sim.tree.components.swa import SWATree
 
 COMPONENT_PAIRS = {("full", "swa"): "swa", ("full", "mamba"): "mamba"}
 
@@ -146,10 +146,10 @@ def check_header(path, line_no: int, obj: dict) -> dict:
         if key in obj and obj[key] % obj.get("page_size", 1):
             raise InputFormatError(path, line_no, f"{key}={obj[key]}",
                                    f"'{key}' a multiple of page_size")
-    if obj.get("write_policy", "write_back") not in HYBRID_WRITE_POLICIES:
+    if obj.get("write_policy", "write_back") not in WRITE_POLICIES:
         raise InputFormatError(path, line_no, f"write_policy={_short(obj['write_policy'])}",
                                "'write_policy' one of "
-                               + ", ".join(f'"{p}"' for p in HYBRID_WRITE_POLICIES))
+                               + ", ".join(f'"{p}"' for p in WRITE_POLICIES))
     return obj
 
 
@@ -341,10 +341,18 @@ class HybridReplayer:
         if self.tree.cow_would_fail(self.units(op["tokens"]), holds):
             raise HybridTreeError("mamba_full")
         m, out = self._match(op["tokens"])
-        out["cow"] = self.tree.cow(m, holds)
+        out["cow"] = self._cow(m, holds)
         if out["cow"]:
             self.held.add(rid)
         return out
+
+    def _cow(self, m, holds: bool) -> bool:
+        """The copy on write of a match (``cow_would_fail`` refused the op first when
+        it could fail, as SGLang would assert)."""
+        r = self.tree.cow(m, holds)
+        if r.failed:
+            raise HybridInvariantError("Can not alloc mamba cache")
+        return r.copied
 
     def _op_release(self, op):
         if op["id"] not in self.held:
@@ -370,7 +378,7 @@ class HybridReplayer:
                 raise HybridTreeError("mamba_full")
         m, out = self._match(op["tokens"])
         if rid is not None:
-            out["cow"] = self.tree.cow(m, holds)
+            out["cow"] = self._cow(m, holds)
             if out["cow"]:
                 self.held.add(rid)
         self.locks[lid] = self.tree.inc_lock(m.dnode, skip_aux=bool(op.get("skip")))
@@ -397,7 +405,7 @@ class HybridReplayer:
         return {}
 
     def _op_skip_ids(self, op):
-        self.tree._next_id += op["n"]
+        self.tree.skip_ids(op["n"])
         return {}
 
     def _op_unlock(self, op):
@@ -416,7 +424,7 @@ class HybridReplayer:
 
     def _op_evict(self, op):
         r = self.tree.evict(op.get("full", 0), op.get(self.kind, 0))
-        return {"freed": {"full": r.full, self.kind: r.aux}}
+        return {"freed": {"full": r.freed, self.kind: r.aux}}
 
     # cache evict_for_alloc stops each walk where evict does here (docs/HYBRID.md §6)
     _op_evict_for_alloc = _op_evict
@@ -434,9 +442,9 @@ class HybridReplayer:
         if rid is not None and tree.load_back_would_fail(self.units(op["tokens"]), holds):
             raise HybridTreeError("mamba_full")
         m, out = self._match(op["tokens"])
-        req = None if rid is None else {"holds": holds}
-        out.update(tree.load_back(m, lid, req))
-        if req is not None and req.get("got"):
+        r = tree.load_back(m, lid, None if rid is None else holds)
+        out.update(r.as_dict())
+        if r.slot_granted:
             self.held.add(rid)
         return out
 
@@ -472,7 +480,7 @@ class HybridReplayer:
                                **{a + "_host": node.aux_host, a + "_host_lock": node.aux_host_lock},
                                pinned_by=None if pend is None else anchors.get(pend.id, pend.id))
                     if wt:
-                        row.update(write_pending=node.wp, hits=node.hits)
+                        row.update(write_pending=node.wp, hits=node.hit_count)
                 rows.append(row)
                 start += len(node.key) * self.page_size
             kids = sorted(node.children.values(), key=self.key_tokens)

@@ -43,219 +43,12 @@ from __future__ import annotations
 
 import copy
 
-from sim import constants as C
 from sim.errors import InvariantError
-from sim.hybrid.mamba import MambaTree
-from sim.hybrid.swa import SWATree
+from sim.tree.components.mamba import MambaTree
+from sim.tree.components.swa import SWATree
 from sim.scheduler import NO_TOKEN
-from sim.tree import Stats
-
-
-class HybridStats:
-    """Hybrid counters since the tree was built (summary.json ``hybrid``)."""
-
-    MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
-             "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
-             "insert_state_evictions", "state_misses", "state_miss_tokens")
-    SWA = ("swa_evicted_tokens", "swa_early_releases")
-    # SWA with a host tier (reported only then)
-    SWA_HOST = ("swa_backup_tokens", "swa_load_tokens", "swa_host_free_tokens",
-                "host_hits_with_swa", "host_hits_full_only_swa", "swa_host_hit_tokens")
-    __slots__ = MAMBA + SWA + SWA_HOST
-
-    def __init__(self):
-        for k in self.__slots__:
-            setattr(self, k, 0)
-
-    def as_dict(self, kind: str, host: bool = False) -> dict:
-        keys = self.MAMBA if kind == "mamba" else self.SWA + (self.SWA_HOST if host else ())
-        return {k: getattr(self, k) for k in keys}
-
-
-class _Counting:
-    """Counts what the tree's private steps did (``sim.tree.Stats`` names), and the
-    backups of the op in flight (``log``, in state-equivalent tokens). Mixed into
-    the hybrid tree classes; every override calls the model's own step."""
-
-    def _init_counting(self, state_tokens: int, swa_bytes: int = 0,
-                       full_bytes: int = 0) -> None:
-        self.stats = Stats()
-        # SWA: the transfer size of k SWA tokens in FULL-token equivalents is
-        # ceil(k * swa_bytes / full_bytes)
-        self.swa_bytes = swa_bytes
-        self.full_bytes = full_bytes or 1
-        self.hy = HybridStats()
-        self.log: list = []
-        self.scanned = 0
-        self.host_freed = 0
-        self.state_tokens = state_tokens
-        self.last_load = None
-        self.wlog: list = []  # write_through: the op's insert-time backups (``_Write``)
-
-    def clone(self):
-        new = super().clone()
-        new.stats = copy.copy(self.stats)
-        new.hy = copy.copy(self.hy)
-        new.log = []
-        new.wlog = []
-        return new
-
-    def _demote(self, x, res):
-        self.stats.demote_tokens += len(x.key) * self.page_size
-        super()._demote(x, res)
-
-    def _delete_leaf(self, x, res):
-        self.stats.delete_tokens += len(x.key) * self.page_size
-        super()._delete_leaf(x, res)
-
-    def _delete_unbacked(self, x, res):
-        # write_through's unbacked D-leaf, every layer freed (``sim.tree.Tree`` counts
-        # its write_through deletes the same way)
-        self.stats.delete_tokens += len(x.key) * self.page_size
-        super()._delete_unbacked(x, res)
-
-    def _aux_tomb(self, node, event: bool = True) -> int:
-        n = super()._aux_tomb(node, event)
-        if self.AUX == "mamba":
-            self.hy.state_evictions += n
-        else:
-            self.hy.swa_evicted_tokens += n
-        return n
-
-    def _drop(self, x, res) -> bool:
-        f0 = res.full
-        ok = super()._drop(x, res)
-        if ok:
-            self.stats.drops += 1
-            self.stats.drop_tokens += res.full - f0
-        else:
-            self.stats.drop_declined += 1
-        return ok
-
-    def swa_equiv(self, k: int) -> int:
-        """k SWA tokens as FULL-pool tokens of the same bytes."""
-        return -(-k * self.swa_bytes // self.full_bytes) if k else 0
-
-    def _backup(self, x) -> int:
-        if self.AUX == "swa":
-            return self._backup_swa(x)
-        had_full, had_aux = x.host, x.aux_host
-        t = super()._backup(x)
-        full = len(x.key) * self.page_size if x.host and not had_full else 0
-        state = 1 if x.aux_host and not had_aux else 0
-        if full or state:
-            self.stats.backups += 1
-            self.stats.backup_tokens += full
-            self.hy.state_backups += state
-            self.log.append(full + state * self.state_tokens)
-        else:
-            self.stats.backup_failures += 1
-        return t
-
-    def _backup_swa(self, x) -> int:
-        """An SWA tree's write_back backup: FULL's tokens and the window's SWA slices
-        (``ht.aux_written`` tokens), logged as one D->H copy of their bytes."""
-        had_full = x.host
-        self.ht.aux_written = 0
-        t = super()._backup(x)
-        full = len(x.key) * self.page_size if x.host and not had_full else 0
-        swa = self.ht.aux_written
-        if full or swa:
-            self.stats.backups += 1
-            self.stats.backup_tokens += full
-            self.hy.swa_backup_tokens += swa
-            self.log.append(full + self.swa_equiv(swa))
-        else:
-            self.stats.backup_failures += 1
-        return t
-
-    def _try_backup(self, x):
-        """write_through: an insert-time backup (``_write_chain``), counted as
-        ``_backup`` counts a write_back one and logged as a D->H write with its ack
-        id (the node's id, ``mark_write_through_pending``) and its FULL tokens plus
-        the state in state-equivalent tokens. write_back: ``_backup`` counts it."""
-        if not self.ht.wt:
-            return super()._try_backup(x)
-        if self.AUX == "swa":
-            # the window's slices go with the node's FULL, in one D->H write
-            self.ht.aux_written = 0
-            t = super()._try_backup(x)
-            if t is None:
-                self.stats.backup_failures += 1
-                return t
-            swa = self.ht.aux_written
-            if t or swa:
-                self.stats.backups += 1
-                self.stats.backup_tokens += t
-                self.hy.swa_backup_tokens += swa
-                self.wlog.append(_Write(x.id, t + self.swa_equiv(swa)))
-            return t
-        had_aux = x.aux_host
-        t = super()._try_backup(x)
-        if t is None:
-            self.stats.backup_failures += 1
-            return t
-        state = 1 if x.aux_host and not had_aux else 0
-        if t or state:
-            self.stats.backups += 1
-            self.stats.backup_tokens += t
-            self.hy.state_backups += state
-            self.wlog.append(_Write(x.id, t + state * self.state_tokens))
-        return t
-
-    def _evict_host_full(self, n: int) -> int:
-        dups = self.ht.dups
-        cands = [x for x in dups.values() if x.dev and x.host] if dups else ()
-        if dups:
-            self.scanned += len(dups)
-        freed = super()._evict_host_full(n)
-        s, ps = self.stats, self.page_size
-        for x in cands:
-            if not x.host and x.dev:
-                t = len(x.key) * ps
-                if x in self.d_leaves:
-                    s.reclaim_pass2_tokens += t
-                else:
-                    s.reclaim_pass1_tokens += t
-                s.reclaims += 1
-        self.host_freed += freed
-        return freed
-
-    def _evict_hleaf(self, x, res):
-        host, aux = super()._evict_hleaf(x, res)
-        self.stats.host_evict_tokens += host
-        return host, aux
-
-    def _aux_host_tomb(self, x) -> int:
-        if self.AUX == "swa":
-            n = super()._aux_host_tomb(x)
-            self.hy.swa_host_free_tokens += n
-            return n
-        self.hy.state_host_frees += 1
-        return super()._aux_host_tomb(x)
-
-    def _load_transfers(self, anchor, lock, holder):
-        if self.AUX == "swa":
-            # the window's host-only slices this load restores (read before the load)
-            nodes = self._aux_load_nodes(anchor)
-            reason, n = super()._load_transfers(anchor, lock, holder)
-            if reason is None:
-                k = 0
-                for y in nodes:
-                    if y.aux:
-                        k += len(y.key) * self.page_size
-                self.stats.load_tokens += n
-                self.hy.swa_load_tokens += k
-                self.last_load = (n, k)
-            return reason, n
-        aux = self._aux_load_needed(anchor)
-        reason, n = super()._load_transfers(anchor, lock, holder)
-        if reason is None:
-            restored = bool(aux and anchor.aux)
-            self.stats.load_tokens += n
-            self.hy.state_loads += restored
-            self.last_load = (n, restored)
-        return reason, n
+from sim.tree import NO_HOST_EVICTION, Eviction, HostEviction
+from sim.tree.results import HybridCow
 
 
 class _Write:
@@ -267,14 +60,6 @@ class _Write:
     def __init__(self, ack_id, tokens: int):
         self.ack_id = ack_id
         self.tokens = tokens
-
-
-class EngineMambaTree(_Counting, MambaTree):
-    """``MambaTree`` with the engine's counters."""
-
-
-class EngineSWATree(_Counting, SWATree):
-    """``SWATree`` with the engine's counters."""
 
 
 class Handle:
@@ -302,29 +87,16 @@ class _Match:
         self.aux_host_len = m.aux_host_len
 
 
-class _HostEv:
-    __slots__ = ("freed", "scanned")
-
-    def __init__(self, freed=0, scanned=0):
-        self.freed = freed
-        self.scanned = scanned
-
-
-_NO_HOST = _HostEv()
-_NO_WRITES: dict = {}
-
-
-class _Eviction:
-    """``Eviction``'s fields the engine reads."""
-
-    __slots__ = ("freed", "aux", "backups", "reclaim_scanned", "host")
-
-    def __init__(self, freed, aux, backups, scanned, host_freed):
-        self.freed = freed
-        self.aux = aux
-        self.backups = backups
-        self.reclaim_scanned = scanned
-        self.host = _HostEv(host_freed, scanned) if (host_freed or scanned) else _NO_HOST
+def _sum_host(a: HostEviction, b: HostEviction) -> HostEviction:
+    """Two ops' host evictions as one (the fields the engine reads: freed, scanned)."""
+    if b is NO_HOST_EVICTION:
+        return a
+    if a is NO_HOST_EVICTION:
+        return b
+    he = HostEviction()
+    he.freed = a.freed + b.freed
+    he.scanned = a.scanned + b.scanned
+    return he
 
 
 class _Insert:
@@ -332,7 +104,7 @@ class _Insert:
 
     __slots__ = ("node", "host", "writes")
 
-    def __init__(self, node, host=_NO_HOST, key=None):
+    def __init__(self, node, host=NO_HOST_EVICTION, key=None):
         self.node = Handle(node, key)
         self.host = host
         self.writes = ()
@@ -348,6 +120,24 @@ class _Load:
     def __init__(self, ok, reason, tokens, anchor, eviction, extra=0, state=False):
         self.ok, self.reason, self.tokens, self.anchor = ok, reason, tokens, anchor
         self.eviction, self.extra, self.state = eviction, extra, state
+
+
+class InsertFor:
+    """The request an insert is made for (``HybridHooks.before_insert`` prepares it,
+    ``HybridReplica.insert`` takes it): its id, the prefix it reused
+    (``cache_protected_len``, tokens), whether it finished, and what preparing it
+    evicted from host."""
+
+    __slots__ = ("rid", "prev", "final", "host")
+
+    def __init__(self, rid, prev: int, final: bool):
+        self.rid = rid
+        self.prev = prev
+        self.final = final
+        # Mamba: the host evictions of the eviction that made room for the fork's
+        # slot, which the insert's result carries (its reclaim scans are charged as
+        # result processing; a blocking backup it made is counted, not timed)
+        self.host = NO_HOST_EVICTION
 
 
 class ReqState:
@@ -384,8 +174,6 @@ class HybridReplica:
         self._reserved = 0
         self.swa_reserved = 0
         self.reqs: dict[int, ReqState] = {}
-        self.cur = None  # (rid, prev, final) of the insert the engine is about to make
-        self._load_rid = None
         if tree is None:
             tree = self._build(h, cfg)
         self.t = tree
@@ -404,22 +192,23 @@ class HybridReplica:
         ps = cfg.page_size
         if h.kind == "mamba":
             host = h.host_tokens if h.host_tokens else None
-            t = EngineMambaTree(device_capacity=cfg.device_tokens, mamba_capacity=h.aux_capacity,
-                                mamba_chunk=h.mamba_chunk, page_size=ps,
-                                max_states=h.max_states, extra_buffer=ps != 1,
-                                record=True, host_capacity=host,
-                                mamba_host_capacity=h.aux_host if host else 0,
-                                load_back_threshold=cfg.load_back_threshold,
-                                write_policy=cfg.write_policy if host else "write_back")
+            t = MambaTree(device_capacity=cfg.device_tokens, mamba_capacity=h.aux_capacity,
+                          mamba_chunk=h.mamba_chunk, page_size=ps,
+                          max_states=h.max_states, extra_buffer=ps != 1,
+                          record=True, host_capacity=host,
+                          mamba_host_capacity=h.aux_host if host else 0,
+                          load_back_threshold=cfg.load_back_threshold,
+                          write_policy=cfg.write_policy if host else "write_back",
+                          host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy)
         else:
             host = h.host_tokens if h.host_tokens else None
-            t = EngineSWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
-                              sliding_window=h.window, page_size=ps, record=True,
-                              host_capacity=host, swa_host_capacity=h.aux_host if host else 0,
-                              load_back_threshold=cfg.load_back_threshold,
-                              write_policy=cfg.write_policy if host else "write_back")
-        t._init_counting(h.state_tokens, h.swa_bytes, h.full_bytes)
-        t._next_id += h.id_offset
+            t = SWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
+                        sliding_window=h.window, page_size=ps, record=True,
+                        host_capacity=host, swa_host_capacity=h.aux_host if host else 0,
+                        load_back_threshold=cfg.load_back_threshold,
+                        write_policy=cfg.write_policy if host else "write_back",
+                        host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy)
+        t.skip_ids(h.id_offset)
         return t
 
     # ---------------------------------------------------------------- ledgers
@@ -500,7 +289,7 @@ class HybridReplica:
     def skip_ids(self, k: int) -> None:
         if self.ops is not None:
             self._rec({"op": "skip_ids", "n": k})
-        self.t._next_id += k
+        self.t.skip_ids(k)
 
     def clone(self, maps=None) -> "HybridReplica":
         self._flush()
@@ -582,12 +371,27 @@ class HybridReplica:
         return h
 
     # ---------------------------------------------------------------- ops
-    def _drain(self):
-        t = self.t
-        t.rec.clear()
-        log, scanned, freed = t.log, t.scanned, t.host_freed
-        t.log, t.scanned, t.host_freed = [], 0, 0
-        return log, scanned, freed
+    def _priced(self, ev: Eviction) -> Eviction:
+        """The tree's ``ev`` as the engine reads an eviction: each blocking backup's
+        (FULL tokens, component units) priced in FULL-token equivalents."""
+        out = Eviction()
+        out.freed, out.aux, out.host = ev.freed, ev.aux, ev.host
+        out.backups = [full + self._equiv(aux) for full, aux in ev.backups]
+        return out
+
+    @staticmethod
+    def _moved(ev: "Eviction | None") -> bool:
+        """Whether an eviction made a backup or evicted from host (what costs time)."""
+        return ev is not None and (bool(ev.backups) or ev.host is not NO_HOST_EVICTION)
+
+    def _equiv(self, aux: int) -> int:
+        """The component's ``aux`` host units as FULL-pool tokens of the same bytes:
+        Mamba ``aux`` states of ``state_tokens`` each; SWA ceil(aux x SWA bytes /
+        FULL bytes per token)."""
+        h = self.h
+        if self.kind == "mamba":
+            return aux * h.state_tokens
+        return -(-aux * h.swa_bytes // (h.full_bytes or 1)) if aux else 0
 
     def match_prefix(self, key: list) -> _Match:
         if self.ops is not None:
@@ -629,18 +433,16 @@ class HybridReplica:
         self.t.hy.swa_early_releases += 1
         self.t.release_swa(handle.receipt)
 
-    def cow(self, match: _Match, rid, holds: bool) -> bool:
+    def cow(self, match: _Match, rid, holds: bool) -> HybridCow:
         """The copy on write of ``match`` for request ``rid`` (recorded with the
         match it belongs to)."""
         mine = self.ops is not None and self._pending is not None and self._pending[0] is match.key
         if mine:
             self._pending = (match.key, rid)
-        try:
-            return self.t.cow(match.m, holds)
-        except InvariantError:
-            if mine:
-                self._pending = (match.key, None)  # the trace's cow would refuse the op
-            raise
+        r = self.t.cow(match.m, holds)
+        if r.failed and mine:
+            self._pending = (match.key, None)  # the trace's cow would refuse the op
+        return r
 
     def alloc_slot(self, rid) -> None:
         """``alloc_req_slots``: request ``rid`` takes a fresh state slot."""
@@ -654,7 +456,7 @@ class HybridReplica:
             self._rec({"op": "release", "id": rid})
         self.t.release()
 
-    def evict(self, full: int, aux: int) -> _Eviction:
+    def evict(self, full: int, aux: int) -> Eviction:
         """cache ``evict`` with per-component requests (FULL tokens, SWA tokens or
         Mamba states); the result carries the op's blocking backups."""
         if self.ops is not None and (full or aux):
@@ -665,18 +467,20 @@ class HybridReplica:
                 op[self.kind] = aux
             self._rec(op)
         res = self.t.evict(full, aux)
-        log, scanned, freed = self._drain()
-        return _Eviction(res.full, res.aux, log, scanned, freed)
+        self.t.rec.clear()
+        return self._priced(res)
 
-    def evict_device(self, n: int) -> _Eviction:
+    def evict_device(self, n: int) -> Eviction:
         return self.evict(n, 0)
 
-    def insert(self, key: list, priority: int = 0, resident: bool = False) -> _Insert:
-        """``checkpoint_into_tree``'s insert, with the request's reused prefix
-        (``cache_protected_len``) and whether it finished, from ``before_insert``."""
-        rid, prev, final = self.cur
-        self.cur = None
+    def insert(self, key: list, priority: int = 0, resident: bool = False,
+               req: "InsertFor | None" = None) -> _Insert:
+        """``checkpoint_into_tree``'s insert for request ``req`` (what
+        ``HybridHooks.before_insert`` returned: the request, its reused prefix
+        ``cache_protected_len`` and whether it finished)."""
+        rid, prev, final = req.rid, req.prev, req.final
         t = self.t
+        host = req.host  # the scans and frees of the Mamba fork's eviction, if any
         if self.kind == "mamba":
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             donated = final and st is not None and st.holds
@@ -703,7 +507,7 @@ class HybridReplica:
                 # The insert publishes its in-window SWA (SWARebuild): room first.
                 if self.ops is not None:
                     self._rec({"op": "evict", "swa": short})
-                t.evict(0, short)
+                host = _sum_host(host, t.evict(0, short).host)
             if self.ops is not None:
                 op = {"op": "insert", "tokens": self._units_tokens(key), "prev": prev,
                       "swa_evicted": ev}
@@ -713,42 +517,40 @@ class HybridReplica:
             res = t.insert(key, prev, swa_evicted=ev, inserted=inserted)
             if st is not None and not final and t.hicache and t.ht.wt:
                 st.inserted = max(inserted, len(key) * self.page_size)
-        log, scanned, freed = self._drain()
-        host = _HostEv(freed, scanned) if (freed or scanned) else _NO_HOST
-        ins = _Insert(res.node, host, key)
-        if t.wlog:
+        t.rec.clear()
+        ins = _Insert(res.node, _sum_host(host, res.host), key)
+        if res.writes:
             # write_through: the insert's backups, each a D->H write acked through
             # the engine's sync (``writing_check``)
-            ins.writes, t.wlog = t.wlog, []
+            ins.writes = [_Write(ack, full + self._equiv(aux)) for ack, full, aux in res.writes]
         return ins
 
-    def load_back(self, match: _Match, lid) -> _Load:
-        """cache ``init_load_back`` + ``load_back`` for the request of the last
-        ``HybridHooks.matched`` (Mamba: a request without a slot gets one for a
-        host-only state, ``prepare_load_back``)."""
+    def load_back(self, match: _Match, lid, rid) -> _Load:
+        """cache ``init_load_back`` + ``load_back`` for request ``rid`` (Mamba: a
+        request without a slot gets one for a host-only state, ``prepare_load_back``)."""
         t = self.t
-        rid = self._load_rid
         st = self.reqs.get(rid)
-        req = {"holds": bool(st and st.holds)} if self.kind == "mamba" else None
-        t.last_load = None
+        holds = bool(st and st.holds) if self.kind == "mamba" else None
         if self.ops is not None:
             op = {"op": "load_back", "tokens": self._units_tokens(match.key), "id": lid}
-            if req is not None:
+            if holds is not None:
                 op["req"] = rid
             self._rec(op)
-        r = t.load_back(match.m, lid, req)
-        log, scanned, freed = self._drain()
-        ev = _Eviction(0, 0, log, scanned, freed) if (log or scanned or freed) else None
-        if req is not None and req.get("got"):
+        r = t.load_back(match.m, lid, holds)
+        t.rec.clear()
+        ev = self._priced(r.eviction) if self._moved(r.eviction) else None
+        if r.slot_granted:
             self.reqs.setdefault(rid, ReqState()).holds = True
-        if not r["started"]:
-            return _Load(False, r["reason"], 0, None, ev)
+        if not r.started:
+            return _Load(False, r.reason, 0, None, ev)
         anchor = match.m.best
-        n, restored = t.last_load
+        n, restored = r.loaded, r.aux_loaded
+        t.stats.load_tokens += n
         gain = len(t.path_units(anchor)) * self.page_size - match.device_len
         if self.kind == "swa":
             # restored: the SWA tokens the window's restore carries
-            moved = n + t.swa_equiv(restored)
+            t.hy.swa_load_tokens += restored
+            moved = n + self._equiv(restored)
             t.hy.swa_host_hit_tokens += gain
             if restored:
                 t.hy.host_hits_with_swa += 1
@@ -756,13 +558,15 @@ class HybridReplica:
                 t.hy.host_hits_full_only_swa += 1
             return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain,
                          bool(restored))
-        moved = n + (t.state_tokens if restored else 0)
+        t.hy.state_loads += restored
+        moved = n + self._equiv(restored)
         t.hy.host_hit_tokens += gain
         if restored:
             t.hy.host_hits_with_state += 1
         else:
             t.hy.host_hits_full_only += 1
-        return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain, restored)
+        return _Load(True, None, gain, Handle(anchor, match.key), ev, moved - gain,
+                     bool(restored))
 
     def finish_load_back(self, lid) -> None:
         if self.ops is not None:
@@ -817,10 +621,8 @@ class HybridHooks:
         """``init_next_round_input`` -> ``match_kv_cache(cow_mamba=True)`` ->
         mamba ``finalize_match_result_in_cache``: a candidate matching a device
         state copies it into a slot of its own, allocated (evicting one state if
-        the pool is full) unless it holds one. Also remembers the candidate for a
-        load-back's ``prepare_load_back``."""
+        the pool is full) unless it holds one."""
         tree = c.tree
-        tree._load_rid = rq.r.rid
         if tree.kind != "mamba":
             self._swa_host_hit = m.aux_host_len
             return
@@ -832,15 +634,13 @@ class HybridHooks:
                                  len(t.path_units(m.m.best)) * self.ps)
         if gap > 0:
             (st if st is not None else tree.reqs.setdefault(rq.r.rid, ReqState())).gap = gap
-        try:
-            copied = tree.cow(m, rq.r.rid, holds)
-        except InvariantError:
-            # SGLang asserts "Can not alloc mamba cache"; here the request gets its
-            # slot at allocation instead (alloc_req_slots), or the batch stops there.
-            copied = False
-        log, scanned, freed = tree._drain()
-        if log or scanned:
-            self.sim._charge_into(plan, _Eviction(0, 0, log, scanned, freed))
+        # r.failed: SGLang asserts "Can not alloc mamba cache"; here the request gets
+        # its slot at allocation instead (alloc_req_slots), or the batch stops there.
+        r = tree.cow(m, rq.r.rid, holds)
+        copied = r.copied
+        t.rec.clear()
+        if tree._moved(r.eviction):
+            self.sim._charge_into(plan, tree._priced(r.eviction))
         if copied:
             t.hy.cows += 1
             if not holds:
@@ -981,15 +781,16 @@ class HybridHooks:
         tree.set_swa_reserved(tree.swa_reserved + new)
 
     # ------------------------------------------------------------ results
-    def before_insert(self, c, rq, prev: int, up_to: int, final: bool) -> None:
+    def before_insert(self, c, rq, prev: int, up_to: int, final: bool) -> "InsertFor":
         """``checkpoint_into_tree``'s component preparation: the insert reuses the
         request's ``cache_protected_len`` (``prev``); Mamba forks the request's state
         (unfinished) or donates it (finished, ``prepare_for_caching_req``); SWA:
         ``free_out_of_window_slots`` (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS,
         on by default) moves the cursor to a page-aligned window below the insert's
-        end, and the request's own SWA passes to the tree."""
+        end, and the request's own SWA passes to the tree. Returns what the replica's
+        ``insert`` takes for this request."""
         tree = c.tree
-        tree.cur = (rq.r.rid, prev, final)
+        req = InsertFor(rq.r.rid, prev, final)
         if tree.kind == "mamba":
             st = tree.reqs.get(rq.r.rid)
             t = tree.t
@@ -1002,18 +803,19 @@ class HybridHooks:
                 t.hy.insert_state_evictions += 1
                 if tree.ops is not None:
                     tree._rec({"op": "evict", "mamba": 1})
-                t.evict(0, 1)
+                req.host = t.evict(0, 1).host
                 if not t._free_slot():
                     self.sim._out_of_memory(c, f"Can not alloc mamba cache: {t.aux_capacity} "
                                                f"state slots, {t.held} held by requests, every "
                                                f"cached state locked")
-            return
+            return req
         st = tree.reqs.setdefault(rq.r.rid, ReqState())
         if not final:
             self._advance(tree, st, up_to)
         st.cursor = max(st.cursor, prev)
         tree.set_swa_reserved(tree.swa_reserved - st.swa_own)
         st.swa_own = 0
+        return req
 
     def _advance(self, tree, st, end: int) -> None:
         """``free_swa_out_of_window_slots``: the cursor moves to
@@ -1106,4 +908,4 @@ class HybridHooks:
         tree.set_swa_reserved(total)
 
 
-__all__ = ["EngineMambaTree", "EngineSWATree", "Handle", "HybridHooks", "HybridReplica"]
+__all__ = ["Handle", "HybridHooks", "HybridReplica", "InsertFor"]

@@ -6,17 +6,13 @@ is address-dependent (sem §5.4.g); the tree breaks any remaining tie by node id
 runs are deterministic.
 """
 
+from operator import attrgetter
 
-def _lru(node):
-    return node.last_access
-
-
-def _lfu(node):
-    return (node.hit_count, node.last_access)
-
-
-def _fifo(node):
-    return node.creation
+# attrgetter: the priority of a heap push (every recency stamp of a leaf) read in C,
+# not through a Python call; (a, b) getters return the tuple (node.a, node.b).
+_lru = attrgetter("last_access")
+_lfu = attrgetter("hit_count", "last_access")
+_fifo = attrgetter("creation")
 
 
 def _mru(node):
@@ -27,9 +23,7 @@ def _filo(node):
     return -node.creation
 
 
-def _priority(node):
-    return (node.priority, node.last_access)
-
+_priority = attrgetter("priority", "last_access")
 
 EVICTION_POLICIES = {
     "lru": _lru,

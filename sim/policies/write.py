@@ -1,4 +1,9 @@
-"""Write policies: when KV gets a host copy (sem §3.3, §3.5, §7)."""
+"""Write policies: when KV gets a host copy (sem §3.3, §3.5, §7), for every tree
+(FULL-only and hybrid): SGLang's --hicache-write-policy
+(unified_cache/storage_attachment.py ``_WRITE_POLICIES``). write_back acks each
+backup before its eviction goes on; the write_through ones back nodes up at insert
+time once their hit count reaches WRITE_THROUGH_THRESHOLD (unified_radix_cache.py
+``__init__``)."""
 
 from __future__ import annotations
 

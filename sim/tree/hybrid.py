@@ -1,29 +1,33 @@
 """The tree core and the FULL component of SGLang 0.5.23's unified radix tree, for
-trees with one auxiliary component (SWA or Mamba). Device tier only.
+trees with one auxiliary component (SWA or Mamba), on device and, with a host pool,
+on host (HiCache, under the write policies of ``sim/policies/write.py``).
 
-This is the component-generic half of ``docs/HYBRID.md``: node ids and the logical
-clock, splits, the device leaf set, the FULL path lock and FULL leaf eviction, the
-one auxiliary LRU list, the eviction driver and the leaf deletion that cascades to
-every component. ``sim/hybrid/swa.py`` and ``sim/hybrid/mamba.py`` add each
-component's hooks (``_aux_*`` methods below). Citations name SGLang files under
-``sglang/srt/mem_cache/``: ``core`` is ``unified_cache/unified_tree_core.py``,
-``full``/``swa``/``mamba``/``base`` are ``unified_cache/components/*.py``, and
-``cache`` is ``unified_radix_cache.py``.
+This is the component-generic half of ``docs/HYBRID.md``: splits, the device and
+host leaf sets, the FULL path and host locks, FULL leaf eviction on both tiers (by
+the eviction policy's priority), the auxiliary component's device and host LRU
+lists, the eviction driver, backups, demotes, drops, load-backs and the leaf
+deletion that cascades to every component. ``sim/tree/core.py`` (``TreeCore``, which
+the FULL-only tree ``sim/tree/full.py`` shares) holds the node ids and the clock,
+the key compare, paths, ``Stats`` and the host-policy API through which the host
+policy's duplicate reclaim runs. ``sim/tree/components/swa.py`` and
+``sim/tree/components/mamba.py`` add each component's hooks (``_aux_*`` methods
+below). Citations name SGLang files under ``sglang/srt/mem_cache/``: ``core`` is
+``unified_cache/unified_tree_core.py``, ``full``/``swa``/``mamba``/``base`` are
+``unified_cache/components/*.py``, and ``cache`` is ``unified_radix_cache.py``.
 
-The FULL-only tree (``sim/tree.py``) is separate and untouched: it is the hot path of
-every FULL simulation, and it models the host tier, which this tree does not yet.
+Keys are lists of units (one unit per page); token counts are ``units * page_size``.
+Every node's slot counts stand in for SGLang's tensors:
 
-Keys are lists of units (one unit per page, as in ``sim/tree.py``); token counts are
-``units * page_size``. Every FULL value is on device here (no host tier, so FULL is
-never tombstoned), and every node's slot counts stand in for SGLang's tensors:
-
-* FULL: ``len(key) * page_size`` device tokens on every node;
-* SWA: the same count when ``aux`` is set (the node's SWA value), none when it is a
+* FULL: ``len(key) * page_size`` tokens on each tier it is on (``dev``, ``host``);
+* SWA: the same count when ``aux`` (device) or ``aux_host`` is set, none for a
   tombstone;
-* Mamba: one state slot when ``aux`` is set.
+* Mamba: one state slot when ``aux`` (device) or ``aux_host`` is set.
 
 Public operations return one result object each (``HybridMatch``, ``HybridInsert``,
-``HybridEviction``, ``LockReceipt``), as the FULL tree's do.
+``Eviction`` with per-component fields, ``HybridLoad``, ``LockReceipt``;
+``sim/tree/results.py``), including what their backups and host evictions moved
+(``backups`` / ``writes`` per component, ``host``). ``stats`` and ``hy`` count what
+the tree did since it was built.
 """
 
 from __future__ import annotations
@@ -35,6 +39,22 @@ from sim import constants as C
 # The trees' shared refusals and invariant failures (sim/errors.py), by this package's names.
 from sim.errors import InvariantError as HybridInvariantError  # noqa: F401
 from sim.errors import TreeError as HybridTreeError  # noqa: F401
+from sim.policies import resolve
+from sim.policies.eviction import EVICTION_POLICIES
+from sim.policies.host import HOST_POLICIES
+from sim.policies.write import WRITE_POLICIES
+from sim.tree.core import Stats, TreeCore
+from sim.tree.results import (  # noqa: F401  (part of this module's API)
+    NO_HOST_EVICTION,
+    HostEviction,
+    HostLockReceipt,
+    HybridCow,
+    Eviction,
+    HybridInsert,
+    HybridLoad,
+    HybridMatch,
+    LockReceipt,
+)
 
 
 class HNode:
@@ -50,7 +70,9 @@ class HNode:
     ``metadata["host_uuid"]``) sits here; ``aux_host``/``aux_host_lock``: the
     auxiliary host value / ``host_lock_ref``; ``hlp``/``hln``: links in its host LRU;
     ``lb``: the anchor of the load-back pinning this node (``load_back_pending_id``);
-    write_through: ``hits`` (``hit_count``) and ``wp`` (``write_through_pending_id``)."""
+    write_through: ``hit_count`` and ``wp`` (``write_through_pending_id``); ``priority``:
+    SGLang's insert priority, 0 on every node here (the engine inserts a hybrid
+    request at priority 0), read only by the ``priority`` eviction policy."""
 
     __slots__ = ("id", "parent", "children", "key", "lock", "aux", "aux_lock", "uuid",
                  "last_access", "creation", "lp", "ln")
@@ -66,7 +88,8 @@ class HNode:
     hlp = None
     hln = None
     lb = None
-    hits = 0
+    hit_count = 0
+    priority = 0
     wp = None
     huuid = None
 
@@ -92,7 +115,7 @@ class HostHNode(HNode):
     """A node of a tree with the host tier (HiCache on): the host fields per node."""
 
     __slots__ = ("dev", "host", "host_lock", "host_tops", "aux_host", "aux_host_lock",
-                 "hlp", "hln", "lb", "hits", "wp", "huuid")
+                 "hlp", "hln", "lb", "hit_count", "wp", "huuid")
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
         super().__init__(nid, key, parent, t_access, t_create)
@@ -107,77 +130,10 @@ class HostHNode(HNode):
         self.lb = None
         # write_through: core ``hit_count`` and ``write_through_pending_id`` (the ack
         # id, the backed-up node's id, of the write in flight covering this node).
-        self.hits = 0
+        self.hit_count = 0
         self.wp = None
         # SWA: the host-lock window boundary (swa ``metadata["host_uuid"]``).
         self.huuid = None
-
-
-# ---------------------------------------------------------------- op results
-
-
-class HybridMatch:
-    """``match_prefix``'s result. ``device_len``: tokens up to ``best`` (the deepest
-    node every component's validator accepts); ``full_len``: tokens the FULL walk
-    matched (``full_kv_hit_length``); ``branch``: the component's branching seqlen
-    (``swa_branching_seqlen`` / ``mamba_branching_seqlen``) or None."""
-
-    __slots__ = ("device_len", "full_len", "best", "branch", "dnode", "host_len",
-                 "aux_host_len")
-
-    def __init__(self, device_len, full_len, best, branch, dnode=None, host_len=0,
-                 aux_host_len=0):
-        self.device_len = device_len
-        self.full_len = full_len
-        self.best = best
-        self.branch = branch
-        # Host tier: last_device_node (the lock anchor), host_hit_length (FULL host
-        # tokens from best up to it) and the component's host hit
-        # (mamba_host_hit_length). With HiCache off dnode is best.
-        self.dnode = best if dnode is None else dnode
-        self.host_len = host_len
-        self.aux_host_len = aux_host_len
-
-
-class HybridInsert:
-    """``insert``'s result: ``prefix_len`` tokens reused, ``new`` fresh FULL tokens
-    the request brought, ``aux_new`` fresh SWA tokens (SWA) or 1 (Mamba),
-    ``mamba_exist`` (Mamba: the tree already had a state at the target, so the
-    request's fork is freed), ``node`` the target node."""
-
-    __slots__ = ("prefix_len", "new", "aux_new", "mamba_exist", "node")
-
-    def __init__(self):
-        self.prefix_len = 0
-        self.new = 0
-        self.aux_new = 0
-        self.mamba_exist = False
-        self.node = None
-
-
-class HybridEviction:
-    """What ``evict`` freed, per component: FULL tokens, and SWA tokens or Mamba
-    states (``aux``); cascades count toward each component's own total."""
-
-    __slots__ = ("full", "aux")
-
-    def __init__(self):
-        self.full = 0
-        self.aux = 0
-
-
-class LockReceipt:
-    """``IncLockRefResult``: the anchor, the SWA boundary uuid (None: the segment
-    reached the root), whether the auxiliary lock was skipped
-    (``skipped_lock_components``) and whether the SWA part was released early."""
-
-    __slots__ = ("node", "uuid", "skip_aux", "swa_released")
-
-    def __init__(self, node: HNode, uuid, skip_aux: bool = False):
-        self.node = node
-        self.uuid = uuid
-        self.skip_aux = skip_aux
-        self.swa_released = False
 
 
 class _LRU:
@@ -287,22 +243,6 @@ class _HostLRU:
         return out
 
 
-class HostLockReceipt:
-    """``inc_host_lock_ref``'s receipt: the anchor, and ``top``, the node carrying
-    FULL's host-lock boundary (``metadata["host_uuid"]``; a split moves it up);
-    ``full``: whether FULL took a host lock at all (write_through skips an anchor
-    with no host copy: full.py ``acquire_component_lock``)."""
-
-    __slots__ = ("anchor", "full", "top", "aux_uuid")
-
-    def __init__(self, anchor: HNode, full: bool = True):
-        self.anchor = anchor
-        self.top = anchor
-        self.full = full
-        # SWA: the window host lock's boundary uuid (None: it reached the root).
-        self.aux_uuid = None
-
-
 class LoadBack:
     """An in-flight load-back: its anchor, device lock and host lock receipts."""
 
@@ -322,10 +262,10 @@ class _HostState:
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads",
-                 "policy", "wt", "threshold", "writes", "aux_written")
+                 "policy", "wt", "threshold", "writes", "host_policy")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
-                 write_policy: str = "write_back"):
+                 write_policy: str = "write_back", host_policy: str = "duplicate_first"):
         self.host_capacity = host_capacity
         self.aux_host_capacity = aux_host_capacity
         self.load_back_threshold = load_back_threshold
@@ -340,16 +280,38 @@ class _HostState:
         # write_through and write_through_selective back nodes up at insert time and
         # ack them asynchronously; ``writes`` is ``ongoing_write_through``: ack id ->
         # [the backup's device lock receipt, the published nodes, ancestors first].
-        self.policy = write_policy
-        self.wt = write_policy != "write_back"
-        self.threshold = C.WRITE_THROUGH_THRESHOLD.get(write_policy, 2)
+        w = WRITE_POLICIES[write_policy]
+        self.policy = w.name
+        self.wt = not w.write_back
+        self.threshold = w.hit_threshold
+        # The host-pressure policy (sim/policies/host.py): its duplicate reclaim opens
+        # every FULL host eviction under write_back.
+        self.host_policy = resolve(HOST_POLICIES, host_policy, "host policy")()
         self.writes: dict = {}
-        # The component's host units the last backup wrote (Mamba: states; SWA:
-        # tokens of its window), for the engine's transfer sizes.
-        self.aux_written = 0
 
 
-class HybridTree:
+class HybridStats:
+    """Hybrid counters since the tree was built (summary.json ``hybrid``)."""
+
+    MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
+             "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
+             "insert_state_evictions", "state_misses", "state_miss_tokens")
+    SWA = ("swa_evicted_tokens", "swa_early_releases")
+    # SWA with a host tier (reported only then)
+    SWA_HOST = ("swa_backup_tokens", "swa_load_tokens", "swa_host_free_tokens",
+                "host_hits_with_swa", "host_hits_full_only_swa", "swa_host_hit_tokens")
+    __slots__ = MAMBA + SWA + SWA_HOST
+
+    def __init__(self):
+        for k in self.__slots__:
+            setattr(self, k, 0)
+
+    def as_dict(self, kind: str, host: bool = False) -> dict:
+        keys = self.MAMBA if kind == "mamba" else self.SWA + (self.SWA_HOST if host else ())
+        return {k: getattr(self, k) for k in keys}
+
+
+class HybridTree(TreeCore):
     """The unified tree with components ``("full", AUX)``; see the module docstring.
 
     Subclasses set ``AUX`` and implement the ``_aux_*`` hooks. ``record=True`` keeps
@@ -382,11 +344,16 @@ class HybridTree:
     def __init__(self, *, device_capacity: int, aux_capacity: int, page_size: int = 1,
                  record: bool = False, host_capacity: int | None = None,
                  aux_host_capacity: int = 0, load_back_threshold: int = 1,
-                 write_policy: str = "write_back"):
+                 write_policy: str = "write_back", host_policy: str = "duplicate_first",
+                 eviction_policy: str = "lru"):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
-        if write_policy not in C.HYBRID_WRITE_POLICIES:
-            raise ValueError(f"write_policy must be one of {', '.join(C.HYBRID_WRITE_POLICIES)}")
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}")
+        # The eviction priority of FULL's device and host leaf heaps
+        # (``tree_core.eviction_strategy.get_priority``, full.py
+        # ``_evict_device_start`` / ``drive_host_eviction``).
+        self._prio = resolve(EVICTION_POLICIES, eviction_policy, "eviction policy")
         # _cascade_evict from an internal auxiliary victim reaches only components of
         # lower or equal internal priority: none here, FULL's being higher. The walks
         # below rely on that (a three-component tree would need the cascade).
@@ -418,46 +385,20 @@ class HybridTree:
         self.aux_protected = 0
         self.n_nodes = 0
         self.rec: list | None = [] if record else None
+        self.stats = Stats()
+        self.hy = HybridStats()
         # The host tier (HiCache on, under write_policy): host_capacity None keeps it off.
         # Its state lives in one object, so that a tree keeps few enough instance
         # attributes for CPython's fast attribute access (a dict past 30 shared keys
         # is slower on every access of the hot path).
         self.ht = _HostState(host_capacity or 0, aux_host_capacity, load_back_threshold,
-                             write_policy)
+                             write_policy, host_policy)
         if host_capacity is not None:
             self.hicache = True
             self._refresh = self._refresh_ht
             self._is_dleaf = self._is_dleaf_ht
 
     # ------------------------------------------------------------------ basics
-    def _tick(self) -> float:
-        t = self._clock
-        self._clock = t + 1.0
-        return t
-
-    def _new_node(self, key: list, parent) -> HNode:
-        # UnifiedTreeNode.__init__ draws last_access_time, then creation_time.
-        nid = self._next_id
-        self._next_id = nid + 1
-        t = self._tick()
-        return self._node_cls(nid, key, parent, t, self._tick())
-
-    def _ev(self, kind: str, node: HNode, **extra) -> None:
-        self.rec.append((kind, node, extra))
-
-    def tokens(self, node: HNode) -> int:
-        return len(node.key) * self.page_size
-
-    def path_units(self, node: HNode) -> list:
-        parts = []
-        while node is not None and node.parent is not None:
-            parts.append(node.key)
-            node = node.parent
-        out = []
-        for part in reversed(parts):
-            out.extend(part)
-        return out
-
     def aux_value_len(self, node: HNode) -> int:
         """``value_len`` of the auxiliary component (0 for a tombstone)."""
         raise NotImplementedError
@@ -537,6 +478,10 @@ class HybridTree:
         node.aux = False
         self.aux_evictable -= n
         self.aux_used -= n
+        if self.AUX == "mamba":
+            self.hy.state_evictions += n
+        else:
+            self.hy.swa_evicted_tokens += n
         self.lru.remove(node)
         if node.aux_host and node.hlp is None:
             # evict_component: a device tombstone over a host copy joins the host LRU.
@@ -546,16 +491,6 @@ class HybridTree:
         return n
 
     # ------------------------------------------------------------------ walks
-    @staticmethod
-    def _common(key: list, pos: int, nkey: list) -> int:
-        n = len(nkey)
-        if key[pos:pos + n] == nkey:
-            return n
-        i, lim = 0, min(n, len(key) - pos)
-        while i < lim and key[pos + i] == nkey[i]:
-            i += 1
-        return i
-
     def _split(self, child: HNode, p: int) -> HNode:
         """core ``_split_node(child, p units)``: the new upper fragment takes a new id
         and becomes the parent; the original keeps its id and its lower key."""
@@ -569,15 +504,12 @@ class HybridTree:
             up.dev = child.dev
             up.host = child.host
             up.host_lock = child.host_lock
-            if child.host_tops:
-                up.host_tops, child.host_tops = child.host_tops, None
-                for holder in up.host_tops:
-                    holder.top = up
+            self._move_host_tops(child, up)
             up.lb = child.lb
             # _split_node: the hit count and a pending write_through ack carry over;
             # UpdatePendingBackupOnNodeSplit puts both fragments in the write's
             # publish list (cache ``_replace_pending_write_through_node``).
-            up.hits = child.hits
+            up.hit_count = child.hit_count
             ack = child.wp
             if ack is not None:
                 up.wp = ack
@@ -606,20 +538,6 @@ class HybridTree:
     def _aux_split(self, up: HNode, child: HNode) -> None:
         """The auxiliary component's ``redistribute_on_node_split``."""
         raise NotImplementedError
-
-    def device_prefix_len(self, key: list) -> int:
-        """Units of ``key`` in the tree (all on device); a read that changes nothing."""
-        node, pos, n = self.root, 0, len(key)
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            p = self._common(key, pos, child.key)
-            pos += p
-            if p < len(child.key):
-                break
-            node = child
-        return pos
 
     def _at_boundary(self, key: list, units: int) -> bool:
         """Whether the tree holds ``key[:units]`` as whole nodes on device (a reused
@@ -782,7 +700,7 @@ class HybridTree:
             # _finish_insert_walk_node: a walked node whose hit count reaches the
             # threshold is backed up at once (BackupKV is a barrier).
             if wt and (pos + p) * ps > inserted and self._inc_hit(child):
-                self._write_chain(child)
+                self._write_chain(child, res)
             node = child
             pos += p
         res.prefix_len = pos * ps
@@ -805,7 +723,7 @@ class HybridTree:
         if res.node is not self.root:
             self._aux_insert_end(res.node)
         if wt:
-            self._backup_after_insert(res.node, (n_tok > inserted) if pos < n else None)
+            self._backup_after_insert(res.node, (n_tok > inserted) if pos < n else None, res)
         return res
 
     # ------------------------------------------------- write_through (host tier)
@@ -815,10 +733,10 @@ class HybridTree:
         ``hit_count >= write_through_threshold``)."""
         if not node.dev:
             return False
-        node.hits += 1
-        return not node.host and node.hits >= self.ht.threshold
+        node.hit_count += 1
+        return not node.host and node.hit_count >= self.ht.threshold
 
-    def _backup_after_insert(self, target: HNode, new_leaf) -> None:
+    def _backup_after_insert(self, target: HNode, new_leaf, res: HybridInsert) -> None:
         """core ``_insert_tail_step`` / ``_should_backup_after_insert``: a new leaf
         (``new_leaf``: True to count it, False when it ends at or below the request's
         ``inserted_len``, None for an existing target) is counted and backed up with
@@ -828,11 +746,11 @@ class HybridTree:
         Mamba, a device state with no host copy)."""
         if new_leaf is not None:
             if new_leaf and self._inc_hit(target):
-                self._write_chain(target)
+                self._write_chain(target, res)
         elif target.host and target.wp is None and self._aux_backup_needed(target):
-            self._write_chain(target)
+            self._write_chain(target, res)
 
-    def _write_chain(self, node: HNode) -> None:
+    def _write_chain(self, node: HNode, res: HybridInsert) -> None:
         """core ``_build_backup_kv_action`` (write_through: the node and its unbacked
         ancestors, ancestors first) run by cache ``_execute_and_commit_kv_backup``:
         top-down, skipping a node with nothing to write, stopping at the first
@@ -843,7 +761,7 @@ class HybridTree:
             chain.append(a)
             a = a.parent
         for y in reversed(chain):
-            if self._try_backup(y) is None:
+            if self._try_backup(y, res) is None:
                 return
 
     def write_ack(self, ack_id) -> None:
@@ -942,40 +860,41 @@ class HybridTree:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ eviction
-    def evict(self, full: int = 0, aux: int = 0) -> HybridEviction:
+    def evict(self, full: int = 0, aux: int = 0) -> Eviction:
         """cache ``evict`` -> ``_evict_components`` (no availability targets): each
         component in tree order walks its own victims until its running total, which
         includes what earlier cascades freed, reaches its request."""
-        res = HybridEviction()
+        res = Eviction()
         if self.hicache:
-            if res.full < full:
+            if res.freed < full:
                 self._evict_full_ht(full, res)
             if res.aux < aux:
                 self._evict_aux_ht(aux, res)
             return res
-        if res.full < full:
+        if res.freed < full:
             self._evict_full(full, res)
         if res.aux < aux:
             self._evict_aux(aux, res)
         return res
 
-    def _evict_full(self, request: int, res: HybridEviction, victim=None) -> None:
+    def _evict_full(self, request: int, res: Eviction, victim=None) -> None:
         """full.py ``_evict_device_start`` / ``_evict_device_next_node``: a heap of the
         device leaves by ``last_access_time`` (the ``lru`` strategy); a deleted leaf's
         parent joins when it becomes a leaf. ``victim``: what happens to each leaf
         (``_delete_leaf`` with HiCache off; ``_evict_dleaf`` with it on)."""
         act = self._delete_leaf if victim is None else victim
-        heap = [(n.last_access, n.id, n) for n in self.d_leaves]
+        prio = self._prio
+        heap = [(prio(n), n.id, n) for n in self.d_leaves]
         heapq.heapify(heap)
         d_leaves = self.d_leaves
         last = None
         while True:
             if last is not None and last.parent is not None and last.parent in d_leaves:
                 p = last.parent
-                heapq.heappush(heap, (p.last_access, p.id, p))
+                heapq.heappush(heap, (prio(p), p.id, p))
             last = None
             x = None
-            while res.full < request and heap:
+            while res.freed < request and heap:
                 _, _, cand = heapq.heappop(heap)
                 if cand in d_leaves:
                     x = cand
@@ -985,7 +904,7 @@ class HybridTree:
             last = x
             act(x, res)
 
-    def _evict_aux(self, request: int, res: HybridEviction) -> None:
+    def _evict_aux(self, request: int, res: Eviction) -> None:
         """swa.py / mamba.py ``_evict_device_next_node`` (no sessions, no HiCache):
         walk the component's LRU from the tail skipping locked entries; a device leaf
         is deleted whole (core ``evict_device_leaf``), any other node loses only this
@@ -1007,13 +926,14 @@ class HybridTree:
                 res.aux += self._aux_tomb(x)
                 self._refresh(x)
 
-    def _delete_leaf(self, x: HNode, res: HybridEviction) -> None:
+    def _delete_leaf(self, x: HNode, res: Eviction) -> None:
         """core ``_delete_unbacked_device_leaf``: ``_release_all_component_layers``
         (FULL's and the auxiliary value freed, each counted toward its own total),
         unlink, refresh the parent; ``_iteratively_delete_tombstone_ancestors`` stops
         at once since the parent's FULL is on device."""
         t = len(x.key) * self.page_size
-        res.full += t
+        res.freed += t
+        self.stats.delete_tokens += t
         self.evictable -= t
         self.dev_used -= t
         if x.aux:
@@ -1031,12 +951,12 @@ class HybridTree:
     # (§5.9; the write_through section above the locks). Citations: core =
     # unified_tree_core.py, cache = unified_radix_cache.py.
 
-    def _evict_full_ht(self, request: int, res: HybridEviction) -> None:
+    def _evict_full_ht(self, request: int, res: Eviction) -> None:
         """The FULL walk (``full._evict_device_next_node``) with each victim handed
         to ``_evict_dleaf`` (cache ``_evict_components``' write_back branch)."""
         self._evict_full(request, res, self._evict_dleaf)
 
-    def _evict_aux_ht(self, request: int, res: HybridEviction) -> None:
+    def _evict_aux_ht(self, request: int, res: Eviction) -> None:
         """The auxiliary walk with HiCache on (mamba ``_evict_device_next_node``): a
         device leaf goes to ``_evict_dleaf``; an internal state with no host copy on a
         node whose FULL has none either is first backed up (``InternalStateBackup``:
@@ -1067,7 +987,7 @@ class HybridTree:
                 if needed:
                     if self.ht.aux_host_capacity - self.ht.aux_host_used < needed:
                         self._evict_host_aux(needed)
-                    self._backup(x)
+                    self._backup(x, res)
                     # _finish_internal_component_eviction's re-checks (the
                     # load-back pin and FULL's device value: Mamba only).
                     mamba = self._MAMBA_RECHECK
@@ -1084,7 +1004,7 @@ class HybridTree:
         p = x.parent
         return p is not None and p.children.get(x.key[0]) is x
 
-    def _evict_dleaf(self, x: HNode, res: HybridEviction) -> None:
+    def _evict_dleaf(self, x: HNode, res: Eviction) -> None:
         """core ``evict_device_leaf`` under write_back: a backed-up leaf is demoted; an
         unbacked one is backed up (FULL and the component's state, cache
         ``_execute_and_commit_kv_backup``) and demoted, or, when the host has no room,
@@ -1094,16 +1014,23 @@ class HybridTree:
             self._demote(x, res)
         elif self.ht.wt:
             self._delete_unbacked(x, res)
-        elif self._backup(x) > 0:
+        elif self._backup(x, res) > 0:
             self._demote(x, res)
-        elif not self._drop(x, res):
-            if self.rec is not None:
-                self._ev("drop_declined", x)
+        else:
+            f0 = res.freed
+            if self._drop(x, res):
+                self.stats.drops += 1
+                self.stats.drop_tokens += res.freed - f0
+            else:
+                self.stats.drop_declined += 1
+                if self.rec is not None:
+                    self._ev("drop_declined", x)
 
-    def _delete_unbacked(self, x: HNode, res: HybridEviction) -> None:
+    def _delete_unbacked(self, x: HNode, res: Eviction) -> None:
         """core ``_delete_unbacked_device_leaf`` (write_through's unbacked D-leaf):
         every layer freed, the node unlinked, then
         ``_iteratively_delete_tombstone_leaf`` from its parent."""
+        self.stats.delete_tokens += len(x.key) * self.page_size
         self._release_layers(x, res)
         parent = x.parent
         self._unlink(x)
@@ -1128,12 +1055,39 @@ class HybridTree:
     # re-checks are Mamba's (unified_tree_core.py); SWATree turns them off.
     _MAMBA_RECHECK = True
 
-    def _backup(self, x: HNode) -> int:
-        """``_try_backup``; returns the FULL tokens written (0: failed or nothing to
-        write)."""
-        return self._try_backup(x) or 0
+    def _backup(self, x: HNode, res: Eviction) -> int:
+        """write_back's blocking backup of ``x`` (``_write_backup``), counted and
+        recorded in the eviction's ``backups``; one that wrote nothing counts as a
+        failure. Returns the FULL tokens written (0: failed or nothing to write)."""
+        w = self._write_backup(x, res)
+        if w is None or not (w[0] or w[1]):
+            self.stats.backup_failures += 1
+            return 0
+        self._count_backup(*w)
+        res.backups.append(w)
+        return w[0]
 
-    def _try_backup(self, x: HNode):
+    def _try_backup(self, x: HNode, res: HybridInsert):
+        """write_through's insert-time backup of ``x`` (``_write_chain``), counted and
+        recorded in the insert's ``writes`` with its ack id (the node's id,
+        ``mark_write_through_pending``). Returns ``_write_backup``'s result."""
+        w = self._write_backup(x, res)
+        if w is None:
+            self.stats.backup_failures += 1
+        elif w[0] or w[1]:
+            self._count_backup(*w)
+            res.writes.append((x.id, w[0], w[1]))
+        return w
+
+    def _count_backup(self, full: int, aux: int) -> None:
+        self.stats.backups += 1
+        self.stats.backup_tokens += full
+        if self.AUX == "mamba":
+            self.hy.state_backups += aux
+        else:
+            self.hy.swa_backup_tokens += aux
+
+    def _write_backup(self, x: HNode, res):
         """One node's D->H backup (cache ``_execute_and_commit_kv_backup``): FULL's
         tokens unless already on host, and the component's state. Host room: FULL's
         shortfall is evicted from the FULL host (giving up if that frees less), then
@@ -1141,14 +1095,15 @@ class HybridTree:
         (``resolve_host_transfers``); all or nothing. write_back acks it at once
         (``writing_check(write_back=True)``); write_through locks the node on device
         (``inc_lock_ref``) and marks it pending (``_track_write_through_node``) until
-        its ``write_ack``. Returns the FULL tokens written, 0 when there was nothing
-        to write, None when the host had no room."""
+        its ``write_ack``. Returns (the FULL tokens written, the component's host
+        units written), (0, 0) when there was nothing to write, None when the host
+        had no room."""
         t = 0 if x.host else len(x.key) * self.page_size
         aux = self._aux_backup_nodes(x)
         if t == 0 and not aux:
-            return 0
+            return 0, 0
         avail = self.ht.host_capacity - self.ht.host_used
-        if avail < t and self._evict_host_full(t - avail) < t - avail:
+        if avail < t and self._evict_host_full(t - avail, res) < t - avail:
             return None
         if aux:
             k = 0
@@ -1162,12 +1117,12 @@ class HybridTree:
         if t:
             x.host = True
             self.ht.host_used += t
-        self.ht.aux_written = 0
+        written = 0
         for y in aux:
             y.aux_host = True
             k = self._aux_host_len(y)
             self.ht.aux_host_used += k
-            self.ht.aux_written += k
+            written += k
             if self.rec is not None:
                 self._ev("host_set", y, c=self.AUX, n=k)
         if self.rec is not None:
@@ -1189,16 +1144,17 @@ class HybridTree:
                 if y is not x:
                     self._track(y)
             self._track(x)
-        return t
+        return t, written
 
-    def _demote(self, x: HNode, res: HybridEviction) -> None:
+    def _demote(self, x: HNode, res: Eviction) -> None:
         """core ``_demote``: FULL's device value goes, the cascade takes the
         component's device value (a leaf: every priority is 0), a host copy joins
         the host LRU; the node stays, host-only."""
         t = len(x.key) * self.page_size
         if self.rec is not None:
             self._ev("demote", x, n=t)
-        res.full += t
+        res.freed += t
+        self.stats.demote_tokens += t
         self.evictable -= t
         self.dev_used -= t
         if x.aux:
@@ -1212,7 +1168,7 @@ class HybridTree:
     def _locked_any(self, x: HNode) -> bool:
         return bool(x.lock or x.aux_lock or x.host_lock or x.aux_host_lock)
 
-    def _drop(self, x: HNode, res: HybridEviction) -> bool:
+    def _drop(self, x: HNode, res: Eviction) -> bool:
         """core ``drop_subtree_no_host``: delete an unbackable D-leaf and its
         host-only subtree, unless anything there is locked or pinned."""
         if x.lb is not None or self._locked_any(x):
@@ -1235,13 +1191,13 @@ class HybridTree:
         self._sweep(parent, res)
         return True
 
-    def _release_layers(self, x: HNode, res: HybridEviction) -> int:
+    def _release_layers(self, x: HNode, res: Eviction) -> int:
         """core ``_release_all_component_layers``: every value on both tiers is
         freed; device frees count toward the op's totals. Returns the FULL host
         tokens freed."""
         t = len(x.key) * self.page_size
         if x.dev:
-            res.full += t
+            res.freed += t
             if x.lock:
                 self.protected -= t
             else:
@@ -1272,7 +1228,7 @@ class HybridTree:
         self.ht.dups.pop(x.id, None)
         self.n_nodes -= 1
 
-    def _sweep(self, cur: HNode, res: HybridEviction) -> None:
+    def _sweep(self, cur: HNode, res: Eviction) -> None:
         """core ``_iteratively_delete_tombstone_ancestors``: childless ancestors with
         no FULL on either tier go, a FULL copy on either tier stops the walk."""
         root = self.root
@@ -1295,11 +1251,36 @@ class HybridTree:
             self._refresh(parent)
             cur = parent
 
+    @staticmethod
+    def _host_of(res) -> HostEviction:
+        """``res.host`` (an op's result: the host evictions its backups ran), made
+        a fresh ``HostEviction`` the first time the op evicts from host."""
+        he = res.host
+        if he is NO_HOST_EVICTION:
+            he = res.host = HostEviction()
+        return he
+
+    @classmethod
+    def _merge(cls, into: Eviction, ev: Eviction) -> None:
+        """Add a nested eviction (one a load-back or a copy on write ran for room)
+        to the op's summed ``Eviction``."""
+        into.freed += ev.freed
+        into.aux += ev.aux
+        into.backups.extend(ev.backups)
+        if ev.host is not NO_HOST_EVICTION:
+            he = cls._host_of(into)
+            he.freed += ev.host.freed
+            he.scanned += ev.host.scanned
+
     def _aux_host_tomb(self, x: HNode) -> int:
         """``evict_component(HOST)`` of the component: its host value only."""
         n = self._aux_host_len(x)
         x.aux_host = False
         self.ht.aux_host_used -= n
+        if self.AUX == "mamba":
+            self.hy.state_host_frees += 1
+        else:
+            self.hy.swa_host_free_tokens += n
         if x.hlp is not None:
             self.ht.hlru.remove(x)
         if self.rec is not None:
@@ -1311,49 +1292,28 @@ class HybridTree:
         reclaim first, then LRU host leaves) or the component (its host LRU).
         Returns what that component's tracker counted."""
         if component == "full":
-            return self._evict_host_full(n)
+            return self._evict_host_full(n, Eviction())
         return self._evict_host_aux(n)
 
-    def _evict_host_full(self, n: int) -> int:
-        """``_reclaim_full_host_duplicates`` (two passes, pass 1 sparing evictable
-        D-leaves; only FULL's host copy goes, the component's stays) then
-        ``full.drive_host_eviction`` over the host leaves by recency."""
+    def _evict_host_full(self, n: int, op) -> int:
+        """core ``drive_host_eviction`` for FULL: the host policy's duplicate reclaim
+        first (``_reclaim_full_host_duplicates`` by default: two passes, pass 1
+        sparing evictable D-leaves; only FULL's host copy goes, the component's
+        stays), then ``full.drive_host_eviction`` over the host leaves by the
+        eviction policy's priority, sharing one counter. ``op``: the result of the
+        op that needed the room, whose ``host`` it is added to; the engine charges a
+        scan of the whole map, as it stood, for each call."""
         freed = 0
-        dups = self.ht.dups
-        before = list(dups.values())
-        swept, released = [], set()
+        if self.ht.dups:
+            self._host_of(op).scanned += len(self.ht.dups)
         # drive_host_eviction: the duplicate reclaim runs under write_back only.
-        for spare in (() if self.ht.wt else (True, False)):
-            if freed >= n:
-                break
-            for node in dups.values():
-                if freed >= n:
-                    break
-                if not node.dev or not node.host:
-                    swept.append(node)
-                    continue
-                if spare and node in self.d_leaves:
-                    continue
-                if node.lb is not None or node.host_lock:
-                    continue
-                t = len(node.key) * self.page_size
-                if self.rec is not None:
-                    self._ev("dup_reclaim", node, n=t, **{"pass": 2 if node in self.d_leaves else 1})
-                node.host = False
-                self.ht.host_used -= t
-                freed += t
-                self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + node.id + 1) & C.DIGEST_MASK
-                released.add(node)
-                swept.append(node)
-        for node in swept:
-            dups.pop(node.id, None)
-        if self.rec is not None:
-            for node in before:
-                if node.id not in dups and node not in released:
-                    self._ev("dup_sweep", node)
-        heap = [(x.last_access, x.id, x) for x in self.ht.h_leaves]
+        policy = self.ht.host_policy
+        if not self.ht.wt and policy.reclaims:
+            freed = policy.reclaim(self, n).freed
+        prio = self._prio
+        heap = [(prio(x), x.id, x) for x in self.ht.h_leaves]
         heapq.heapify(heap)
-        res = HybridEviction()
+        res = Eviction()
         while freed < n and heap:
             _, _, x = heapq.heappop(heap)
             if x not in self.ht.h_leaves:
@@ -1361,14 +1321,34 @@ class HybridTree:
             freed += self._evict_hleaf(x, res)[0]
             p = x.parent
             if p is not None and p in self.ht.h_leaves:
-                heapq.heappush(heap, (p.last_access, p.id, p))
+                heapq.heappush(heap, (prio(p), p.id, p))
+        if freed:
+            self._host_of(op).freed += freed
         return freed
 
-    def _evict_hleaf(self, x: HNode, res: HybridEviction) -> tuple[int, int]:
+    # The host-policy API (TreeCore's): the live re-check and one host copy's release.
+    @staticmethod
+    def reclaimable(node: HNode) -> bool:
+        """The live re-check at release time: ``node`` is on both tiers and neither
+        pinned by a load-back, awaiting a write_through ack nor host-locked."""
+        return (node.dev and node.host and node.lb is None and node.wp is None
+                and not node.host_lock)
+
+    def _release_host_copy(self, node: HNode) -> int:
+        """Free ``node``'s FULL host copy (the component's stays) and fold it into
+        ``write_back_duplicate_reclaim_digest``; returns its tokens."""
+        t = len(node.key) * self.page_size
+        node.host = False
+        self.ht.host_used -= t
+        self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + node.id + 1) & C.DIGEST_MASK
+        return t
+
+    def _evict_hleaf(self, x: HNode, res: Eviction) -> tuple[int, int]:
         """core ``_evict_host_leaf``: every component's values on the node go, and
         the node; returns (FULL host tokens, component host values) freed."""
         aux = self._aux_host_len(x) if x.aux_host else 0
         host = self._release_layers(x, res)
+        self.stats.host_evict_tokens += host
         parent = x.parent
         self._unlink(x)
         self._sweep(parent, res)
@@ -1381,7 +1361,7 @@ class HybridTree:
         freed = 0
         hlru = self.ht.hlru
         x = hlru.lru_no_host_lock()
-        res = HybridEviction()
+        res = Eviction()
         while freed < n and x is not None and x.hlp is not None:
             nxt = hlru.prev_no_host_lock(x)
             if x in self.ht.h_leaves:
@@ -1403,10 +1383,7 @@ class HybridTree:
         holder = HostLockReceipt(anchor, full)
         if full:
             anchor.host_lock += 1
-            if anchor.host_tops is None:
-                anchor.host_tops = [holder]
-            else:
-                anchor.host_tops.append(holder)
+            self._mark_host_top(anchor, holder)
             self._refresh(anchor)
         holder.aux_uuid = self._aux_host_acquire(anchor)
         self._refresh(anchor)
@@ -1450,36 +1427,38 @@ class HybridTree:
             if node is holder.top:
                 break
             node = node.parent
-        holder.top.host_tops.remove(holder)
-        if not holder.top.host_tops:
-            holder.top.host_tops = None
+        self._unmark_host_top(holder)
         self._refresh(anchor)
 
-    def load_back(self, match: HybridMatch, lid, req=None) -> dict:
+    def load_back(self, match: HybridMatch, lid, holds: bool | None = None) -> HybridLoad:
         """cache ``init_load_back`` + ``load_back``: start the H->D load of the
         anchor's (``best_match_node``) FULL host tail and of the component's
-        host-only state at the anchor. ``req``: the component's request-side
-        hooks (Mamba: ``prepare_load_back``'s slot). Returns ``started``,
-        ``loaded`` and, when not started, ``reason``."""
+        host-only state at the anchor. ``holds``: the loading request holds a state
+        slot (Mamba's ``prepare_load_back``; None: no request). The result says what
+        the load moved and whether the request was given a slot."""
         anchor = match.best
         if anchor.dev and match.host_len == 0 and match.aux_host_len == 0:
-            return {"started": False, "loaded": 0, "reason": "no_host_tail"}
+            return HybridLoad("no_host_tail")
         holder = self.inc_host_lock(anchor)
         lock = self.inc_lock(anchor)
-        prep = self._aux_prepare_load_back(anchor, req)
-        reason, n = self._load_transfers(anchor, lock, holder)
+        ev = Eviction()  # the evictions run for room, summed
+        slot = self._aux_prepare_load_back(anchor, holds, ev)
+        reason, n, aux = self._load_transfers(anchor, lock, holder, ev)
+        if not (ev.freed or ev.aux or ev.backups or ev.host is not NO_HOST_EVICTION):
+            ev = None
         if reason is not None:
-            self._aux_finalize_load_back(req, prep, False)
-            return {"started": False, "loaded": 0, "reason": reason}
+            self._aux_finalize_load_back(slot, False)
+            return HybridLoad(reason, eviction=ev)
         self.ht.loads[lid] = LoadBack(anchor, self.inc_lock(anchor), holder, n)
-        self._aux_finalize_load_back(req, prep, True)
-        return {"started": True, "loaded": n}
+        self._aux_finalize_load_back(slot, True)
+        return HybridLoad(None, n, aux, bool(slot), ev)
 
-    def _load_transfers(self, anchor, lock, holder):
+    def _load_transfers(self, anchor, lock, holder, ev: Eviction):
         """cache ``_load_back_transfers``: the spec (FULL's evicted nodes from the
         anchor up; the component's restore), the threshold, device room (FULL by
         ``evict_for_alloc``, the component's slot in the controller's load), then
-        ``commit_load_back``."""
+        ``commit_load_back``. Returns (the refusal or None, FULL tokens loaded, the
+        component's values restored)."""
         nodes = []
         x = anchor
         while not x.dev:
@@ -1498,21 +1477,21 @@ class HybridTree:
         if n < max(1, self.ht.load_back_threshold) and not aux:
             self.dec_lock(lock)
             self.dec_host_lock(holder)
-            return "below_threshold", 0
+            return "below_threshold", 0, 0
         avail = self.device_capacity - self.dev_used
         if avail < n:
-            self.evict(n - avail, 0)
+            self._merge(ev, self.evict(n - avail, 0))
             if self.device_capacity - self.dev_used < n:
                 self.dec_lock(lock)
                 self.dec_host_lock(holder)
-                return "no_device_space", 0
+                return "no_device_space", 0, 0
         # HybridCacheController.load: FULL rows first (outside the tree until the
         # commit; nothing below reads FULL room), then the component's device slot.
-        ok = self._aux_alloc_for_load(aux_nodes) if aux else True
+        ok = self._aux_alloc_for_load(aux_nodes, ev) if aux else True
         self.dec_lock(lock)
         if not ok:
             self.dec_host_lock(holder)
-            return f"no_{self.AUX}_space", 0
+            return f"no_{self.AUX}_space", 0, 0
         for y in nodes:
             if self.rec is not None:
                 self._ev("load", y, n=len(y.key) * ps)
@@ -1528,10 +1507,13 @@ class HybridTree:
             else:
                 self.evictable += t
             self._refresh(y)
+        restored = 0
         for y in aux_nodes:  # commit_hicache_transfer(LOAD_BACK), oldest first
-            self._aux_set(y, self.aux_value_len_of(y))
+            k = self.aux_value_len_of(y)
+            self._aux_set(y, k)
+            restored += k
         self._refresh(anchor)
-        return None, n
+        return None, n, restored
 
     def finish_load_back(self, lid) -> None:
         """cache ``loading_check`` for one load: both anchor locks released, then
@@ -1550,10 +1532,13 @@ class HybridTree:
                 self._track(x)
             x = x.parent
 
-    def _aux_prepare_load_back(self, anchor, req):
+    def _aux_prepare_load_back(self, anchor, holds, ev: Eviction):
+        """The component's ``prepare_load_back``: a truthy value when it gave the
+        request a slot (handed back to ``_aux_finalize_load_back``); an eviction it
+        runs for the slot is added to ``ev``."""
         return None
 
-    def _aux_finalize_load_back(self, req, prep, success: bool) -> None:
+    def _aux_finalize_load_back(self, slot, success: bool) -> None:
         pass
 
     def _aux_load_needed(self, anchor) -> bool:
@@ -1568,7 +1553,7 @@ class HybridTree:
         """The size a device value on ``node`` would have (Mamba 1, SWA tokens)."""
         return 1
 
-    def _aux_alloc_for_load(self, nodes) -> bool:
+    def _aux_alloc_for_load(self, nodes, ev: Eviction) -> bool:
         return True
 
     # ------------------------------------------------------------------ replicas
@@ -1597,6 +1582,8 @@ class HybridTree:
             prev = nmap[id(x)]
         new.d_leaves = {nmap[id(x)] for x in self.d_leaves}
         new.rec = None if self.rec is None else []
+        new.stats = copy.copy(self.stats)
+        new.hy = copy.copy(self.hy)
         if self.hicache:
             self._clone_host(new, nmap)
         return new
@@ -1608,6 +1595,7 @@ class HybridTree:
         new._refresh = new._refresh_ht  # the instance's own bound methods, not ours
         new._is_dleaf = new._is_dleaf_ht
         new.ht = copy.copy(self.ht)
+        new.ht.host_policy = type(self.ht.host_policy)()
         for y in nmap.values():
             y.hlp = y.hln = None
             if y.lb is not None:
@@ -1659,7 +1647,7 @@ class HybridTree:
                     row += (x.dev, x.host, x.host_lock, x.aux_host, x.aux_host_lock,
                             x.lb is not None)
                     if self.ht.wt:
-                        row += (x.hits, x.wp is not None)
+                        row += (x.hit_count, x.wp is not None)
                 out.append(row)
             stack.extend(sorted(x.children.values(), key=lambda c: c.key[0], reverse=True))
         return (self.dev_used, self.aux_used, tuple(out))

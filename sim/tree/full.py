@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import heapq
-from typing import Callable, Iterable
+from typing import Callable
 
 from sim import constants as C
 from sim.errors import InvariantError, TreeError  # noqa: F401  (part of this module's API)
@@ -39,6 +39,18 @@ from sim.policies import resolve
 from sim.policies.eviction import EVICTION_POLICIES
 from sim.policies.host import HOST_POLICIES
 from sim.policies.write import WRITE_POLICIES
+from sim.tree.core import Stats, TreeCore  # noqa: F401  (Stats: part of this module's API)
+from sim.tree.results import (  # noqa: F401  (part of this module's API)
+    _REJECTED,
+    NO_HOST_EVICTION,
+    Backup,
+    Eviction,
+    HostEviction,
+    HostInsert,
+    Insert,
+    LoadResult,
+    Match,
+)
 
 
 _M64 = (1 << 64) - 1
@@ -106,20 +118,6 @@ class Node:
         return f"Node({self.id}, {len(self.key)}p, {tiers or '-'})"
 
 
-class Match:
-    """Result of ``match_prefix`` (sem §3.2), in tokens. ``split``: the match split
-    the node it stopped in (``best`` is then the new upper fragment)."""
-
-    __slots__ = ("device_len", "host_len", "last_device", "best", "split")
-
-    def __init__(self, device_len, host_len, last_device, best, split=False):
-        self.device_len = device_len
-        self.host_len = host_len
-        self.last_device = last_device
-        self.best = best
-        self.split = split
-
-
 class HostLock:
     """A host-lock holder: +1 ``host_lock_ref`` on a segment from ``anchor`` up to
     ``top``. The segment is one node until a split moves ``top`` to the new upper
@@ -155,234 +153,6 @@ class PendingWrite:
         self.nodes = [node]
         self.locked = node
         self.tokens = tokens
-
-
-# ---------------------------------------------------------------- op results
-# One result object per public op, filled in place by the op's internal steps (no
-# allocation per step). Results are read-only to callers: the tree never touches a
-# result after returning it. Token fields are tokens; fields documented as counts
-# count nodes or duplicate-map entries.
-
-
-class HostEviction:
-    """What host eviction freed: one ``evict_host`` call, or the sum of every host
-    eviction a device-side op ran to make room for its D->H backups (sem §3.4).
-
-    ``freed == reclaimed_pass1 + reclaimed_pass2 + lru_evicted`` (tokens);
-    ``scanned``: duplicate-map entries the reclaim visited, over both passes (the
-    engine charges ``reclaim_scan_time`` for them); ``swept``: stale map entries the
-    reclaim removed (a count).
-    """
-
-    __slots__ = ("freed", "reclaimed_pass1", "reclaimed_pass2", "lru_evicted", "scanned", "swept")
-
-    def __init__(self):
-        self.freed = 0
-        self.reclaimed_pass1 = 0
-        self.reclaimed_pass2 = 0
-        self.lru_evicted = 0
-        self.scanned = 0
-        self.swept = 0
-
-    def __repr__(self) -> str:
-        return (f"HostEviction(freed={self.freed}, pass1={self.reclaimed_pass1}, "
-                f"pass2={self.reclaimed_pass2}, lru={self.lru_evicted}, scanned={self.scanned}, "
-                f"swept={self.swept})")
-
-
-class _NoHostEviction(HostEviction):
-    """The one shared, read-only empty ``HostEviction``: the ``host`` of every op that
-    evicted nothing from host (most of them), which saves an allocation per op. An op
-    swaps in a fresh ``HostEviction`` the first time it evicts from host."""
-
-    __slots__ = ()
-
-    def __init__(self):
-        for name in HostEviction.__slots__:
-            object.__setattr__(self, name, 0)
-
-    def __setattr__(self, name, value):
-        raise AttributeError("NO_HOST_EVICTION is shared and read-only")
-
-
-NO_HOST_EVICTION = _NoHostEviction()
-
-
-class Insert:
-    """Result of ``insert`` (sem §3.1).
-
-    ``prefix_tokens``: tokens of the key already in the tree (either tier);
-    ``new_device_tokens``: tokens newly on device (new leaf plus host-only nodes
-    re-allocated on device); ``node``: the insert's target node (the request's new
-    lock point; the root for an empty key); ``writes``: the write-through
-    ``PendingWrite``s this insert issued, in issue order (each has ``ack_id`` and
-    ``tokens``; they stay in flight until ``finish_write_through``);
-    ``backups_failed``: write-through backups abandoned for lack of host room (a
-    count); ``host``: the host evictions those backups ran to make room;
-    ``split``: whether the walk split a node.
-    """
-
-    __slots__ = ("prefix_tokens", "new_device_tokens", "node", "writes", "backups_failed", "host",
-                 "split")
-
-    def __init__(self, node: "Node"):
-        self.prefix_tokens = 0
-        self.new_device_tokens = 0
-        self.node = node
-        self.writes: list[PendingWrite] = []
-        self.backups_failed = 0
-        self.host: HostEviction = NO_HOST_EVICTION
-        self.split = False
-
-    def __repr__(self) -> str:
-        return (f"Insert(prefix={self.prefix_tokens}, new={self.new_device_tokens}, "
-                f"node={self.node!r}, writes={len(self.writes)}, failed={self.backups_failed})")
-
-
-class Eviction:
-    """Result of ``evict_device`` (sem §3.3).
-
-    ``freed == demoted + deleted + dropped`` (device tokens). ``demoted``: victims
-    that kept (or just got) a host copy; ``deleted``: write_through victims with no
-    host copy; ``dropped``: write_back victims that could not be backed up, deleted
-    with their host-only subtrees, whose host tokens are ``dropped_host``.
-    ``declined``: victims whose drop was refused (locked or pinned below), a count;
-    they free nothing and stay D-leaves. ``backups``: the tokens of each blocking
-    write_back D->H backup, in issue order (the engine charges ``d2h_time`` for
-    each); ``backups_failed``: backups refused for lack of host room (a count).
-    ``host``: the host evictions those backups ran to make room, summed.
-    """
-
-    __slots__ = ("freed", "demoted", "deleted", "dropped", "dropped_host", "declined", "backups",
-                 "backups_failed", "host")
-
-    def __init__(self):
-        self.freed = 0
-        self.demoted = 0
-        self.deleted = 0
-        self.dropped = 0
-        self.dropped_host = 0
-        self.declined = 0
-        self.backups: list[int] = []
-        self.backups_failed = 0
-        self.host: HostEviction = NO_HOST_EVICTION
-
-    @property
-    def reclaim_scanned(self) -> int:
-        """Duplicate-map entries the reclaims of this eviction's backups scanned."""
-        return self.host.scanned
-
-    def __repr__(self) -> str:
-        return (f"Eviction(freed={self.freed}, demoted={self.demoted}, deleted={self.deleted}, "
-                f"dropped={self.dropped}, declined={self.declined}, backups={self.backups}, "
-                f"host={self.host!r})")
-
-
-class LoadResult:
-    """Result of ``load_back`` (sem §3.6).
-
-    ``ok``: the load started; then ``load`` is the in-flight ``LoadBack``, ``tokens``
-    the tokens it moves H->D and ``anchor`` the node the request's lock moves to.
-    Otherwise ``reason`` is one of ``"no_host_tail"``, ``"below_threshold"``,
-    ``"pinned_by_other"``, ``"no_device_space"``, ``tokens`` is 0 and ``load`` and
-    ``anchor`` are None. ``eviction``: the device eviction run to make room, or None
-    when none ran; it is set even when the load then failed with
-    ``"no_device_space"``, because its backups happened and cost time.
-    """
-
-    __slots__ = ("ok", "reason", "load", "tokens", "anchor", "eviction")
-
-    def __init__(self, reason: str | None, load: "LoadBack | None", eviction: "Eviction | None"):
-        self.ok = load is not None
-        self.reason = reason
-        self.load = load
-        self.tokens = 0 if load is None else load.tokens
-        self.anchor = None if load is None else load.anchor
-        self.eviction = eviction
-
-    def __repr__(self) -> str:
-        what = f"tokens={self.tokens}" if self.ok else f"reason={self.reason!r}"
-        return f"LoadResult(ok={self.ok}, {what}, eviction={self.eviction!r})"
-
-
-class _Rejected(LoadResult):
-    """A shared, read-only LoadResult for a rejection that did nothing: most
-    load-back attempts find no host tail, and sharing saves an allocation each."""
-
-    __slots__ = ()
-
-    def __init__(self, reason: str):
-        for name, value in (("ok", False), ("reason", reason), ("load", None), ("tokens", 0),
-                            ("anchor", None), ("eviction", None)):
-            object.__setattr__(self, name, value)
-
-    def __setattr__(self, name, value):
-        raise AttributeError("shared rejection results are read-only")
-
-
-_REJECTED = {r: _Rejected(r) for r in ("no_host_tail", "below_threshold", "pinned_by_other")}
-
-
-class Backup:
-    """Result of ``backup_node``: ``ok`` when the node has a host copy afterwards;
-    ``tokens`` copied D->H by this call (0 when it already had one, or on failure);
-    ``host``: the host eviction run to make room."""
-
-    __slots__ = ("ok", "tokens", "host")
-
-    def __init__(self):
-        self.ok = False
-        self.tokens = 0
-        self.host: HostEviction = NO_HOST_EVICTION
-
-
-class HostInsert:
-    """Result of ``insert_host`` (a storage prefetch landing in the host tier).
-
-    ``prefix_tokens``: SGLang's ``InsertResult.prefix_len``: the leading tokens of
-    the fetched key whose host slots the caller frees at once (write_back: every
-    token the walk matched; write_through: only those matched on nodes that were
-    already backed up); ``node``: ``inserted_host_node``, the node holding the end
-    of the fetched key on host (None: nothing, e.g. an empty key, or the end sits
-    on a device-only node under write_back); ``new_tokens``: tokens of the new
-    host-only leaf; ``refilled_tokens``: write_through only, tokens of device-only
-    nodes that took the fetched host copy; ``dropped``: ``host_insert_dropped``
-    (write_through, the walk ended under an un-backed node: nothing was adopted);
-    ``split``: whether the walk split a node.
-    """
-
-    __slots__ = ("prefix_tokens", "node", "new_tokens", "refilled_tokens", "dropped", "split")
-
-    def __init__(self):
-        self.prefix_tokens = 0
-        self.node = None
-        self.new_tokens = 0
-        self.refilled_tokens = 0
-        self.dropped = False
-        self.split = False
-
-    def __repr__(self) -> str:
-        return (f"HostInsert(prefix={self.prefix_tokens}, node={self.node!r}, "
-                f"new={self.new_tokens}, refilled={self.refilled_tokens}, dropped={self.dropped})")
-
-
-class Stats:
-    """Monotone counters since the tree was built, for metrics and plots. What one op
-    did is in its result object; nothing needs deltas of these."""
-
-    __slots__ = (
-        "backups", "backup_tokens", "backup_failures", "demote_tokens",
-        "drops", "drop_tokens", "drop_host_tokens", "drop_declined", "delete_tokens",
-        "reclaim_pass1_tokens", "reclaim_pass2_tokens", "reclaims", "reclaim_scanned",
-        "swept", "host_evict_tokens", "unevict_tokens", "load_tokens", "splits",
-    )
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class _LeafHeap:
@@ -425,7 +195,7 @@ class _LeafHeap:
         heapq.heapify(self.heap)
 
 
-class Tree:
+class Tree(TreeCore):
     """A HiCache radix tree replica: device + host tiers of the FULL KV component.
 
     ``ids``: ``"optrace"`` numbers the root 0 and nodes 1, 2, ... (the op-trace
@@ -435,6 +205,8 @@ class Tree:
     Rust core's digest event (sem §4.6); ``"rust_server"`` is the Rust core of a started
     server (root 1, first node 2, the Rust digest).
     """
+
+    _node_cls = Node
 
     def __init__(
         self,
@@ -546,40 +318,6 @@ class Tree:
         self.stats = Stats()
         self.rec: list | None = [] if record else None
 
-    # ------------------------------------------------------------------ basics
-    def _tick(self) -> float:
-        t = self._clock
-        self._clock = t + 1.0
-        return t
-
-    def _new_node(self, key: list, parent: Node | None) -> Node:
-        nid = self._next_id
-        self._next_id = nid + 1
-        t_access = self._tick()
-        return Node(nid, key, parent, t_access, self._tick())
-
-    def skip_ids(self, k: int) -> None:
-        """Consume ``k`` node ids, as any other node object built in an SGLang
-        process does (the id drift of sem §5.4.d)."""
-        self._next_id += k
-
-    def tokens(self, node: Node) -> int:
-        return len(node.key) * self.page_size
-
-    def _ev(self, kind: str, node: Node, **extra) -> None:
-        self.rec.append((kind, node, extra))
-
-    def path_units(self, node: Node) -> list:
-        """The node's whole key from the root. A split never changes it."""
-        parts = []
-        while node is not None and node.parent is not None:
-            parts.append(node.key)
-            node = node.parent
-        out = []
-        for part in reversed(parts):
-            out.extend(part)
-        return out
-
     # ---------------------------------------------- the one place for each count
     def _set_dev(self, node: Node, on: bool) -> None:
         t = len(node.key) * self.page_size
@@ -675,10 +413,7 @@ class Tree:
     def host_lock(self, anchor: Node) -> HostLock:
         holder = HostLock(anchor)
         anchor.host_lock_ref += 1
-        if anchor.host_tops is None:
-            anchor.host_tops = [holder]
-        else:
-            anchor.host_tops.append(holder)
+        self._mark_host_top(anchor, holder)
         self._refresh(anchor)
         return holder
 
@@ -691,21 +426,9 @@ class Tree:
             if node is holder.top:
                 break
             node = node.parent
-        holder.top.host_tops.remove(holder)
-        if not holder.top.host_tops:
-            holder.top.host_tops = None
+        self._unmark_host_top(holder)
 
     # ------------------------------------------------------------------ walks
-    @staticmethod
-    def _common(key: list, pos: int, nkey: list) -> int:
-        n = len(nkey)
-        if key[pos:pos + n] == nkey:
-            return n
-        i, lim = 0, min(n, len(key) - pos)
-        while i < lim and key[pos + i] == nkey[i]:
-            i += 1
-        return i
-
     def _split(self, child: Node, p: int) -> Node:
         """`_split_node(child, p)`: a new upper fragment takes the new id and becomes
         the parent; the original keeps its id, its lower key and its map position."""
@@ -721,10 +444,7 @@ class Tree:
         up.host = child.host
         up.lock_ref = child.lock_ref
         up.host_lock_ref = child.host_lock_ref
-        if child.host_tops:
-            up.host_tops, child.host_tops = child.host_tops, None
-            for holder in up.host_tops:
-                holder.top = up
+        self._move_host_tops(child, up)
         parent.children[child.key[0]] = up
         child.key = child.key[p:]
         child.parent = up
@@ -1157,21 +877,8 @@ class Tree:
             res.freed += freed
         return freed
 
-    # The host-policy API (sim/policies/host.py): the duplicate map and the
-    # primitives a reclaim is built from. A reclaim walks ``duplicates()``, releases
-    # what it picks with ``release_duplicate``, then, after the walk (the map must
-    # not change under it), ``forget_duplicate``s what it released and
-    # ``sweep_stale``s the stale entries it met.
-    def duplicates(self):
-        """The duplicate map's nodes in map (registration) order: a live view that
-        may hold stale entries (nodes no longer on both tiers, swept lazily)."""
-        return self.dups.values()
-
-    def is_evictable_dleaf(self, node: Node) -> bool:
-        """``node`` is an unlocked device leaf: the next device eviction could demote
-        it without a backup (what pass 1 of the reclaim spares)."""
-        return node in self.d_leaves
-
+    # The host-policy API (sim/policies/host.py) is TreeCore's; this tree supplies
+    # the live re-check and the release of one host copy.
     @staticmethod
     def reclaimable(node: Node) -> bool:
         """The live re-check at release time: ``node`` is on both tiers and neither
@@ -1179,38 +886,13 @@ class Tree:
         return (node.dev and node.host and node.lb_pending is None and node.wt_pending is None
                 and not node.host_lock_ref)
 
-    def release_duplicate(self, node: Node, pass_no: int) -> int:
-        """`_release_full_host_duplicate`: free only the host copy and fold the victim
-        into the digest (sem §4.4); returns the tokens freed. Leaf sets and the map do
-        not change (the caller forgets the entry after its walk)."""
-        k = len(node.key) * self.page_size
+    def _release_host_copy(self, node: Node) -> int:
+        """Free ``node``'s host copy and fold it into the digest (sem §4.4; the Rust
+        core's event carries its component index, sem §4.6); returns its tokens."""
         self._set_host(node, False)
         event = (node.id + 1) * self._digest_stride + self._digest_offset
         self.digest = (self.digest * C.DIGEST_MULTIPLIER + event) & C.DIGEST_MASK
-        self.stats.reclaims += 1
-        if pass_no == 1:
-            self.stats.reclaim_pass1_tokens += k
-        else:
-            self.stats.reclaim_pass2_tokens += k
-        if self.rec is not None:
-            self._ev("dup_reclaim", node, n=k, **{"pass": pass_no})
-        return k
-
-    def forget_duplicate(self, node: Node) -> None:
-        """Drop ``node``'s map entry (after ``release_duplicate``); a no-op if absent."""
-        self.dups.pop(node.id, None)
-
-    def sweep_stale(self, nodes: Iterable[Node]) -> int:
-        """Drop the map entries of stale ``nodes``, in the order given (each is an
-        event); returns how many entries were removed."""
-        swept = 0
-        for node in nodes:
-            if self.dups.pop(node.id, None) is not None:
-                swept += 1
-                if self.rec is not None:
-                    self._ev("dup_sweep", node)
-        self.stats.swept += swept
-        return swept
+        return len(node.key) * self.page_size
 
     # -------------------------------------------------------------- load-back
     def load_back(self, match: Match, lid) -> LoadResult:

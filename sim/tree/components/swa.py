@@ -29,7 +29,7 @@ LRU is evicted per slice (``drive_host_eviction``).
 from __future__ import annotations
 
 from sim import constants as C
-from sim.hybrid.core import HybridInvariantError, HybridTree, HybridTreeError, _LRU
+from sim.tree.hybrid import HybridInvariantError, HybridTree, HybridTreeError, _LRU
 
 _INF = float("inf")
 
@@ -45,17 +45,14 @@ class SWATree(HybridTree):
     # _finish_internal_component_eviction's pin / FULL-evicted re-checks are Mamba's.
     _MAMBA_RECHECK = False
 
-    def __init__(self, *, device_capacity: int, swa_capacity: int, sliding_window: int,
-                 page_size: int = 1, record: bool = False, host_capacity: int | None = None,
-                 swa_host_capacity: int = 0, load_back_threshold: int = 1,
-                 write_policy: str = "write_back"):
+    def __init__(self, *, swa_capacity: int, sliding_window: int, page_size: int = 1,
+                 swa_host_capacity: int = 0, **core):
+        """``core``: ``HybridTree``'s keywords (``device_capacity``, ``record``, the
+        host pool, the policies)."""
         if sliding_window <= 0:
             raise ValueError("SWAComponent requires a positive sliding_window_size")
-        super().__init__(device_capacity=device_capacity, aux_capacity=swa_capacity,
-                         page_size=page_size, record=record, host_capacity=host_capacity,
-                         aux_host_capacity=swa_host_capacity,
-                         load_back_threshold=load_back_threshold,
-                         write_policy=write_policy)
+        super().__init__(aux_capacity=swa_capacity, aux_host_capacity=swa_host_capacity,
+                         page_size=page_size, **core)
         self.window = sliding_window
         ps = page_size
         # _maybe_split_leaf_for_swa_lock: smallest page-aligned size covering the window.
@@ -370,7 +367,7 @@ class SWATree(HybridTree):
     def _aux_load_needed(self, anchor) -> bool:
         return bool(self._aux_load_nodes(anchor))
 
-    def _aux_alloc_for_load(self, nodes) -> bool:
+    def _aux_alloc_for_load(self, nodes, ev) -> bool:
         """The SWA device slots of a load (``_resolve_device_transfers``: alloc, else
         ``_evict_swa_for_device_alloc`` for the shortfall once, then retry)."""
         k = 0
@@ -378,7 +375,7 @@ class SWATree(HybridTree):
             k += len(y.key) * self.page_size
         free = self.aux_capacity - self.aux_used
         if free < k:
-            self.evict(0, k - free)
+            self._merge(ev, self.evict(0, k - free))
         return self.aux_capacity - self.aux_used >= k
 
     def _aux_host_acquire(self, anchor):

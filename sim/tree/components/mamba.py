@@ -23,7 +23,10 @@ from __future__ import annotations
 import math
 
 from sim import constants as C
-from sim.hybrid.core import HybridInvariantError, HybridTree, HybridTreeError
+from sim.tree.hybrid import HybridInvariantError, HybridTree, HybridTreeError
+from sim.tree.results import HybridCow
+
+_NO_COW = HybridCow(False)  # nothing to copy: the match ends on no state
 
 
 class MambaTree(HybridTree):
@@ -37,11 +40,11 @@ class MambaTree(HybridTree):
     AUX = "mamba"
     AUX_PRIORITY = C.EVICTION_PRIORITY_INTERNAL["mamba"]
 
-    def __init__(self, *, device_capacity: int, mamba_capacity: int, mamba_chunk: int,
-                 page_size: int = 1, max_states: int = -1, extra_buffer: bool = False,
-                 record: bool = False, host_capacity: int | None = None,
-                 mamba_host_capacity: int = 0, load_back_threshold: int = 1,
-                 write_policy: str = "write_back"):
+    def __init__(self, *, mamba_capacity: int, mamba_chunk: int, page_size: int = 1,
+                 max_states: int = -1, extra_buffer: bool = False,
+                 mamba_host_capacity: int = 0, **core):
+        """``core``: ``HybridTree``'s keywords (``device_capacity``, ``record``, the
+        host pool, the policies)."""
         # MambaComponent.__init__: without --enable-mamba-extra-buffer only the
         # sequence-end state exists, so a cached state needs page size 1.
         if page_size != 1 and not extra_buffer:
@@ -50,11 +53,8 @@ class MambaTree(HybridTree):
             raise ValueError("mamba_chunk must be >= 1")
         if max_states == 0 or max_states < -1:
             raise ValueError("max_states must be -1 or a positive integer")
-        super().__init__(device_capacity=device_capacity, aux_capacity=mamba_capacity,
-                         page_size=page_size, record=record, host_capacity=host_capacity,
-                         aux_host_capacity=mamba_host_capacity,
-                         load_back_threshold=load_back_threshold,
-                         write_policy=write_policy)
+        super().__init__(aux_capacity=mamba_capacity, aux_host_capacity=mamba_host_capacity,
+                         page_size=page_size, **core)
         # runtime_context.py mamba_checkpoint_grid: lcm(mamba_cache_chunk_size, page).
         self.grid = math.lcm(mamba_chunk, page_size)
         self.max_states = max_states
@@ -138,24 +138,26 @@ class MambaTree(HybridTree):
         best = self.peek_best(key)
         return best.aux and self.aux_evictable - (best.aux_lock == 0) <= 0
 
-    def cow(self, match, holds: bool) -> bool:
+    def cow(self, match, holds: bool) -> HybridCow:
         """mamba ``finalize_match_result_in_cache`` (``cow_mamba``): a request matching
         a state copies it into its own slot, allocated unless it ``holds`` one; with
         the pool full, one state is evicted first while the match is locked
-        (``inc_lock_ref``, ``evict_for_alloc(mamba_num=1)``, ``dec_lock_ref``).
-        Returns whether a state was copied."""
+        (``inc_lock_ref``, ``evict_for_alloc(mamba_num=1)``, ``dec_lock_ref``). The
+        result says whether a state was copied, or whether that eviction freed none
+        (``failed``: SGLang asserts "Can not alloc mamba cache"), and carries it."""
         best = match.best
         if not best.aux:
-            return False
+            return _NO_COW
+        ev = None
         if not holds:
             if self.aux_used + self.held >= self.aux_capacity:
                 receipt = self.inc_lock(best)
-                freed = self.evict(0, 1).aux
+                ev = self.evict(0, 1)
                 self.dec_lock(receipt)
-                if not freed:
-                    raise HybridInvariantError("Can not alloc mamba cache")
+                if not ev.aux:
+                    return HybridCow(False, True, ev)
             self.held += 1
-        return True
+        return HybridCow(True, False, ev)
 
     def release(self) -> None:
         """A request leaving without caching frees its held slot."""
@@ -246,31 +248,31 @@ class MambaTree(HybridTree):
     def _free_slot(self) -> bool:
         return self.aux_used + self.held < self.aux_capacity
 
-    def _aux_prepare_load_back(self, anchor, req):
-        """mamba ``prepare_load_back``: a request (``req``: whether it holds a slot)
-        loading a host-only state gets a slot of its own for the copy, evicting one
-        state for it when the pool is full (``_alloc_request_state_slot``)."""
-        if req is None or req["holds"] or not self._aux_load_needed(anchor):
+    def _aux_prepare_load_back(self, anchor, holds, ev):
+        """mamba ``prepare_load_back``: a request (``holds``: whether it holds a slot;
+        None: no request) loading a host-only state gets a slot of its own for the
+        copy, evicting one state for it when the pool is full
+        (``_alloc_request_state_slot``)."""
+        if holds is None or holds or not self._aux_load_needed(anchor):
             return None
         if not self._free_slot():
-            self.evict(0, 1)
+            self._merge(ev, self.evict(0, 1))
             if not self._free_slot():
                 raise HybridInvariantError("Cannot alloc mamba for load_back")
         self.held += 1
         return True
 
-    def _aux_finalize_load_back(self, req, prep, success: bool) -> None:
-        """mamba ``finalize_load_back``: a called-off load returns the slot."""
-        if prep and not success:
+    def _aux_finalize_load_back(self, slot, success: bool) -> None:
+        """mamba ``finalize_load_back``: a called-off load returns the slot (a load
+        that started keeps it: ``load_back``'s ``slot_granted``)."""
+        if slot and not success:
             self.held -= 1
-        if prep and success:
-            req["got"] = True
 
-    def _aux_alloc_for_load(self, nodes) -> bool:
+    def _aux_alloc_for_load(self, nodes, ev) -> bool:
         """The restore's device slot (``_resolve_device_transfers``, evicting once
         through ``_evict_mamba_for_device_alloc``)."""
         if not self._free_slot():
-            self.evict(0, 1)
+            self._merge(ev, self.evict(0, 1))
         return self._free_slot()
 
     def load_back_would_fail(self, key: list, holds: bool) -> bool:

@@ -1,0 +1,167 @@
+"""What every tree shares (SGLang 0.5.23 ``unified_cache/unified_tree_core.py``,
+``UnifiedTreeCore``): node ids and the logical clock, the page-wise key comparison,
+a node's path from the root, the per-op event record.
+
+``Tree`` (``full.py``, FULL only) and ``HybridTree`` (``hybrid.py``, FULL and one
+more component) are built on it; each sets ``_node_cls``, its node class.
+
+Keys are lists of *units*; a unit is one page of ``page_size`` tokens (the token
+itself at page size 1), so every walk is page-granular, as SGLang's is, and costs one
+comparison per page. Token counts are ``units * page_size``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class TreeCore:
+    """The clock, the id counter and the walks' helpers of a radix tree. Subclasses
+    set ``_clock`` (``C.CLOCK_START``), ``_next_id`` (0), ``page_size`` and ``rec``
+    (a list while recording events, else None) before building their first node."""
+
+    _node_cls: type = object
+
+    def _tick(self) -> float:
+        """One draw of the logical clock (SGLang's ``time.monotonic()`` stand-in)."""
+        t = self._clock
+        self._clock = t + 1.0
+        return t
+
+    def _new_node(self, key: list, parent):
+        """``UnifiedTreeNode.__init__``: the next id, then two clock draws
+        (``last_access_time``, then ``creation_time``)."""
+        nid = self._next_id
+        self._next_id = nid + 1
+        t_access = self._tick()
+        return self._node_cls(nid, key, parent, t_access, self._tick())
+
+    def skip_ids(self, k: int) -> None:
+        """Consume ``k`` node ids, as any other node object built in an SGLang
+        process does (the id drift of sem §5.4.d)."""
+        self._next_id += k
+
+    def tokens(self, node) -> int:
+        return len(node.key) * self.page_size
+
+    def _ev(self, kind: str, node, **extra) -> None:
+        self.rec.append((kind, node, extra))
+
+    def path_units(self, node) -> list:
+        """The node's whole key from the root. A split never changes it."""
+        parts = []
+        while node is not None and node.parent is not None:
+            parts.append(node.key)
+            node = node.parent
+        out = []
+        for part in reversed(parts):
+            out.extend(part)
+        return out
+
+    @staticmethod
+    def _common(key: list, pos: int, nkey: list) -> int:
+        """The units ``key[pos:]`` shares with a node's key ``nkey`` (``_key_match``,
+        page-wise): a whole-slice compare first, as most walks match whole nodes."""
+        n = len(nkey)
+        if key[pos:pos + n] == nkey:
+            return n
+        i, lim = 0, min(n, len(key) - pos)
+        while i < lim and key[pos + i] == nkey[i]:
+            i += 1
+        return i
+
+
+    # ------------------------------------------ FULL's host-lock boundary
+    # A host lock covers a segment from its anchor up to its ``top``, the node that
+    # carries the boundary mark (full.py ``metadata["host_uuid"]``, sem §1.5): one
+    # node until a split moves the mark to the new upper fragment. A node lists the
+    # holders whose mark it carries in ``host_tops`` (None: none).
+    @staticmethod
+    def _mark_host_top(node, holder) -> None:
+        if node.host_tops is None:
+            node.host_tops = [holder]
+        else:
+            node.host_tops.append(holder)
+
+    @staticmethod
+    def _unmark_host_top(holder) -> None:
+        top = holder.top
+        top.host_tops.remove(holder)
+        if not top.host_tops:
+            top.host_tops = None
+
+    @staticmethod
+    def _move_host_tops(child, up) -> None:
+        """A split: the marks on ``child`` move to its new upper fragment ``up``."""
+        if child.host_tops:
+            up.host_tops, child.host_tops = child.host_tops, None
+            for holder in up.host_tops:
+                holder.top = up
+
+    # ------------------------------------------------ the host-policy API
+    # What a host policy (sim/policies/host.py) sees of a tree: the duplicate map
+    # (``dups``, insertion-ordered, "insert if absent", sem §2.4) and the primitives a
+    # reclaim is built from. A reclaim walks ``duplicates()``, releases what it picks
+    # with ``release_duplicate``, then, after the walk (the map must not change under
+    # it), ``forget_duplicate``s what it released and ``sweep_stale``s the stale
+    # entries it met. Each tree supplies ``reclaimable(node)`` and
+    # ``_release_host_copy(node)``.
+    def duplicates(self):
+        """The duplicate map's nodes in map (registration) order: a live view that
+        may hold stale entries (nodes no longer on both tiers, swept lazily)."""
+        return self.dups.values()
+
+    def is_evictable_dleaf(self, node) -> bool:
+        """``node`` is an unlocked device leaf: the next device eviction could demote
+        it without a backup (what pass 1 of the reclaim spares)."""
+        return node in self.d_leaves
+
+    def release_duplicate(self, node, pass_no: int) -> int:
+        """`_release_full_host_duplicate`: free only the host copy and fold the victim
+        into the digest (sem §4.4); returns the tokens freed. Leaf sets and the map do
+        not change (the caller forgets the entry after its walk)."""
+        k = self._release_host_copy(node)
+        self.stats.reclaims += 1
+        if pass_no == 1:
+            self.stats.reclaim_pass1_tokens += k
+        else:
+            self.stats.reclaim_pass2_tokens += k
+        if self.rec is not None:
+            self._ev("dup_reclaim", node, n=k, **{"pass": pass_no})
+        return k
+
+    def forget_duplicate(self, node) -> None:
+        """Drop ``node``'s map entry (after ``release_duplicate``); a no-op if absent."""
+        self.dups.pop(node.id, None)
+
+    def sweep_stale(self, nodes: Iterable) -> int:
+        """Drop the map entries of stale ``nodes``, in the order given (each is an
+        event); returns how many entries were removed."""
+        swept = 0
+        for node in nodes:
+            if self.dups.pop(node.id, None) is not None:
+                swept += 1
+                if self.rec is not None:
+                    self._ev("dup_sweep", node)
+        self.stats.swept += swept
+        return swept
+
+
+class Stats:
+    """Monotone counters since the tree was built, for metrics and plots (both trees
+    keep one; a hybrid tree's FULL counts). What one op did is in its result object;
+    nothing needs deltas of these."""
+
+    __slots__ = (
+        "backups", "backup_tokens", "backup_failures", "demote_tokens",
+        "drops", "drop_tokens", "drop_host_tokens", "drop_declined", "delete_tokens",
+        "reclaim_pass1_tokens", "reclaim_pass2_tokens", "reclaims", "reclaim_scanned",
+        "swept", "host_evict_tokens", "unevict_tokens", "load_tokens", "splits",
+    )
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
