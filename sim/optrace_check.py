@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 
 from sim.errors import InputFormatError
-from sim.tree import ID_SCHEMES  # one list of id schemes: the tree's
 
 # Bounds on every count in a trace: far above any real tree, low enough that the
 # tree's arithmetic stays in ordinary ints.
@@ -92,6 +91,10 @@ def check_header(path, line_no: int, obj: dict) -> None:
         v = obj.get(key)
         if type(v) is int and v > MAX_COUNT:
             raise InputFormatError(path, line_no, f"{key}={_short(v)}", f"'{key}' of at most {MAX_COUNT}")
+    # One list of id schemes, the tree's; imported here, not at the top: the scenario
+    # schema imports this module for MAX_PAGE_SIZE and needs no tree.
+    from sim.tree import ID_SCHEMES
+
     for key, names in (("ids", ID_SCHEMES), ("host_policy", tuple(HOST_POLICIES)),
                        ("eviction_policy", tuple(EVICTION_POLICIES))):
         if key in obj and (not isinstance(obj[key], str) or obj[key] not in names):

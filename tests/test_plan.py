@@ -276,10 +276,33 @@ def test_the_outputs_written_in_their_own_process_are_the_inline_ones(tmp_path):
     assert [p.name for p in paths] == ["plan.png", "plan.svg", "plan.parquet", "plan.json"]
     for p in paths:
         assert p.read_bytes() == (tmp_path / "inline" / p.name).read_bytes(), p.name
-    writer = plan_cmd.PlanWriter.start()
     (tmp_path / "file").write_text("")
-    try:
-        with pytest.raises(RuntimeError, match="writing the plan failed"):
+    writer = plan_cmd.PlanWriter.start()
+    try:  # the table and JSON are this process's: its own error, after the figures' answer
+        with pytest.raises(OSError):
             writer.write(plan, tmp_path / "file" / "under")  # not a folder
     finally:
         writer.close()
+
+
+def test_an_error_drawing_the_figure_is_raised_in_the_parent(tmp_path, monkeypatch):
+    import reports.plan
+
+    from sim.analysis.plan import make_plan
+    from sim.commands import plan as plan_cmd
+    from sim.scenario import load_scenario
+
+    scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.num_requests=100"])
+    plan = make_plan(scn, check_points=0, opt_points=0, grid_points=4)
+
+    def broken(_plan):
+        raise ValueError("no figure today")
+
+    monkeypatch.setattr(reports.plan, "draw_plan", broken)  # the forked process inherits it
+    writer = plan_cmd.PlanWriter.start()
+    try:
+        with pytest.raises(RuntimeError, match="(?s)writing the plan failed.*no figure today"):
+            writer.write(plan, tmp_path / "out")
+    finally:
+        writer.close()
+    assert (tmp_path / "out" / "plan.json").is_file()  # the parent's part was written
