@@ -371,3 +371,27 @@ def test_mix_merges_parts_in_disjoint_namespaces():
     chat_ids = {b for r in chat for b in r.blocks}
     other = {b for r in reqs if r.session < 0 for b in r.blocks}
     assert not chat_ids & other
+
+
+def test_trace_id_remap_numbers_new_ids_in_order_of_first_sight():
+    """traces._remap (walks only from the first unseen id) against the plain rule: every
+    position in turn, a fresh id from the id space for each hash not seen before,
+    repeats within a record included."""
+    import random
+
+    from sim.workloads.traces import _remap
+
+    def plain(hs, remap, ids):
+        out = []
+        for h in hs:
+            if h not in remap:
+                remap[h] = ids.new()
+            out.append(remap[h])
+        return out
+
+    rng = random.Random(2)
+    fast, ref, fast_ids, ref_ids = {}, {}, IdSpace(), IdSpace()
+    for _ in range(3000):
+        hs = [rng.randrange(200) for _ in range(rng.randrange(0, 12))]
+        assert _remap(hs, fast, fast_ids) == plain(hs, ref, ref_ids)
+        assert fast == ref and fast_ids.next_id == ref_ids.next_id
