@@ -21,7 +21,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict]:
+    """The parser and each command's handler. Given the command line, only the command
+    it names gets its arguments: building another's can import what that command needs
+    (a tree, a schema), start-up time every command would pay."""
+    chosen = argv[0] if argv and not argv[0].startswith("-") else None
     parser = _Parser(
         prog="hicache-sim",
         description="Simulate SGLang HiCache (device + host KV tiers) across TP ranks.",
@@ -37,13 +41,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
                 continue  # a subcommand not built yet
             raise
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
-        mod.add_arguments(p)
+        if chosen is None or chosen == mod.NAME:
+            mod.add_arguments(p)
         handlers[mod.NAME] = mod.run
     return parser, handlers
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, handlers = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser, handlers = build_parser(argv)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help(sys.stderr)

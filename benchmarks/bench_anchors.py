@@ -9,8 +9,8 @@ Usage: python benchmarks/bench_anchors.py [--repeats 5] [--only replay,plan,engi
   is SGLang's seconds over ours (above 1: faster than SGLang).
 * plan: ``hicache-sim plan`` on 30 points of the Mooncake conversation trace (one
   cache, model curve only, figure and files included) against kvcache-simulator's
-  C++ core (PyPI ``kvcache-simulator``, the ``bench`` extra; ``$KVCACHE_SIMULATOR``
-  or the one on PATH) on the same trace at the grid's sizes above 0, LRU; both whole
+  C++ core (PyPI ``kvcache-simulator``, the ``bench`` extra; ``$KVCACHE_SIMULATOR``,
+  the one on PATH, or the one next to this Python) on the same trace at the grid's sizes above 0, LRU; both whole
   processes, wall clock; the ratio is theirs over ours.
 * engine: the quickstart scenario at TP 2 (``--requests``) against a bare SimPy
   loop that processes the same number of events (one process yielding timeouts),
@@ -140,7 +140,9 @@ def main() -> int:
                     measures.append((f"replay, page {ps} ({args.ops:,} ops)",
                                      "SGLang core", anchor, ours, "anchor/ours"))
         if "plan" in todo:
-            exe = os.environ.get("KVCACHE_SIMULATOR") or shutil.which("kvcache-simulator")
+            here = Path(sys.executable).parent / "kvcache-simulator"  # the venv's, off PATH
+            exe = (os.environ.get("KVCACHE_SIMULATOR") or shutil.which("kvcache-simulator")
+                   or (str(here) if here.is_file() else None))
             if exe is None:
                 print("plan: skipped (no kvcache-simulator: pip install '.[bench]' or set $KVCACHE_SIMULATOR)")
             else:

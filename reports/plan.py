@@ -10,7 +10,8 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from reports.plots import STYLE, TIER_COLORS, _save
+from reports.style import STYLE, TIER_COLORS
+from reports.style import save_figure as _save
 from sim.fmt import duration
 
 POLICY_COLORS = {

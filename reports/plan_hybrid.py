@@ -9,7 +9,7 @@ from __future__ import annotations
 import matplotlib
 from matplotlib.figure import Figure
 
-from reports.plots import STYLE
+from reports.style import STYLE
 
 COLORS = ["#3b75af", "#c4522b", "#2a9d3a", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
           "#bcbd22"]

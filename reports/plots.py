@@ -25,38 +25,13 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
 
 from reports.load import Results, Run, Sweep, as_results, flatten
+# The style and saver every figure shares (reports.style: the plan figure imports them
+# without this module's pandas); FORMATS, STYLE and _save keep their callers here.
+from reports.style import FORMATS, PNG_METADATA, STYLE, SVG_METADATA, TIER_COLORS  # noqa: F401
+from reports.style import save_figure as _save
 from sim.atomic import atomic_path
 from sim.fmt import duration
 
-FORMATS = ("png", "svg")
-
-# rc settings every figure is built and saved under (rc_context: no global changes).
-STYLE = {
-    "svg.hashsalt": "hicache-sim",  # stable element ids -> byte-identical SVG
-    "svg.fonttype": "path",
-    "font.size": 9.5,
-    "axes.titlesize": 10.5,
-    "axes.titleweight": "bold",
-    "axes.labelsize": 9.5,
-    "figure.titlesize": 12,
-    "figure.titleweight": "bold",
-    "legend.fontsize": 8.5,
-    "legend.frameon": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "grid.linewidth": 0.6,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "lines.linewidth": 1.6,
-    "savefig.dpi": 120,
-    "savefig.facecolor": "white",
-    "path.simplify": True,
-}
-PNG_METADATA = {"Software": None}
-SVG_METADATA = {"Date": None, "Creator": None}
-
-# Stacked hit-rate bars: device hits, host hits (loaded back), misses (prefilled).
-TIER_COLORS = {"device": "#3b75af", "host": "#ef8636", "storage": "#2a9d8f", "miss": "#d5d5d5"}
 BOUND_COLOR = "#222222"
 MAX_PANELS = 16
 PANEL_TITLE_SIZE = 9.5  # points, bold: a capacity panel's title
@@ -774,14 +749,6 @@ def figure_bytes(fig: Figure, fmt: str) -> bytes:
     buf = io.BytesIO()
     _save(fig, buf, fmt)
     return buf.getvalue()
-
-
-def _save(fig: Figure, target, fmt: str) -> None:
-    if fmt not in FORMATS:
-        raise ValueError(f"format {fmt!r}; expected one of {FORMATS}")
-    metadata = PNG_METADATA if fmt == "png" else SVG_METADATA
-    with matplotlib.rc_context(STYLE):
-        fig.savefig(target, format=fmt, metadata=metadata)
 
 
 def plot_runs(runs, out_dir: str | Path, *, formats: Iterable[str] = FORMATS,

@@ -100,10 +100,12 @@ class Cluster:
     def timeseries_df(self):
         return timeseries_frame([i.metrics for i in self.instances])
 
-    def summary(self) -> dict:
+    def summary(self, requests=None, timeseries=None) -> dict:
+        """The run's headline numbers; ``requests`` / ``timeseries``: this run's frames
+        when the caller built them already."""
         insts = self.instances
         out = summarize([i.metrics for i in insts], [i.group.cohorts[0].tree for i in insts],
-                        [i.busy_s for i in insts])
+                        [i.busy_s for i in insts], requests=requests, timeseries=timeseries)
         out["dp"] = self.cfg.dp
         if self.cfg.dp > 1:
             out["router"] = self.cfg.router

@@ -48,6 +48,12 @@ TIMESERIES_UNITS = {
 # Rows a ``_Rows`` holds as tuples before it turns them into typed columns.
 ROW_CHUNK = 4096
 
+# Column dtypes the one-pass frame builder (``_sorted_frame``) handles: a column whose
+# chunks all have one of these sets of dtypes concatenates to the second (int and float
+# promote to float64 as pandas' concat does); any other mix takes pandas' own path.
+_FAST_DTYPES = {frozenset({"int64"}): "int64", frozenset({"float64"}): "float64",
+                frozenset({"int64", "float64"}): "float64", frozenset({"bool"}): "bool"}
+
 
 class _Rows:
     """Rows of one table, kept compact: the newest as tuples, the rest as pandas
@@ -56,42 +62,94 @@ class _Rows:
     values; a chunk's equals the whole table's whenever every chunk infers one type
     (concat keeps it), and where chunks differ (ints in one, floats in another)
     concat promotes them as the inference over all the values would (int and float to
-    float64)."""
+    float64).
 
-    __slots__ = ("columns", "pending", "chunks", "n")
+    With ``spill_to(file)`` the finished chunks go to that file (pickled, exact)
+    instead of memory, so a long run's rows cost disk, not RAM; ``frames`` and
+    ``tuples`` read them back in order."""
+
+    __slots__ = ("columns", "pending", "_chunks", "n", "last_row", "spill", "_spilled")
 
     def __init__(self, columns: list[str]):
         self.columns = columns
         self.pending: list[tuple] = []
-        self.chunks: list[pd.DataFrame] = []
+        self._chunks: list[pd.DataFrame] = []  # in memory (no spill file)
         self.n = 0
+        self.last_row: tuple | None = None
+        self.spill = None  # a binary file the chunks are pickled into, or None
+        self._spilled: list[tuple] = []  # (offset, size, dtypes) per chunk in ``spill``
 
     def append(self, row: tuple) -> None:
         pending = self.pending
         pending.append(row)
         self.n += 1
+        self.last_row = row
         if len(pending) >= ROW_CHUNK:
-            self.chunks.append(pd.DataFrame(pending, columns=self.columns))
+            self._store(pd.DataFrame(pending, columns=self.columns))
             self.pending = []
+
+    def spill_to(self, fh) -> None:
+        """From now on keep the finished chunks in ``fh`` (those so far move there)."""
+        self.spill = fh
+        chunks, self._chunks = self._chunks, []
+        for df in chunks:
+            self._store(df)
+
+    def _store(self, df: pd.DataFrame) -> None:
+        if self.spill is None:
+            self._chunks.append(df)
+            return
+        import pickle
+
+        data = pickle.dumps(df, protocol=pickle.HIGHEST_PROTOCOL)
+        fh = self.spill
+        fh.seek(0, 2)
+        self._spilled.append((fh.tell(), len(data), tuple(str(t) for t in df.dtypes)))
+        fh.write(data)
+
+    @property
+    def n_chunks(self) -> int:
+        """Finished chunks so far, in memory or spilled."""
+        return len(self._chunks) + len(self._spilled)
+
+    def chunk_dtypes(self) -> list[tuple]:
+        """Each finished chunk's column dtypes (as strings), in order, without reading
+        a spilled one back."""
+        return [d for _o, _n, d in self._spilled] + [tuple(str(t) for t in df.dtypes)
+                                                     for df in self._chunks]
+
+    def iter_chunks(self):
+        """The finished chunks in order, one at a time (a spilled one is read back
+        when its turn comes)."""
+        if self._spilled:
+            import pickle
+
+            fh = self.spill
+            fh.flush()
+            for offset, size, _d in self._spilled:
+                fh.seek(offset)
+                yield pickle.loads(fh.read(size))
+        yield from self._chunks
 
     def __len__(self) -> int:
         return self.n
 
     def last(self) -> tuple:
-        if self.pending:
-            return self.pending[-1]
-        return tuple(self.chunks[-1].iloc[-1].tolist())
+        return self.last_row
+
+    def pending_frame(self) -> pd.DataFrame | None:
+        return pd.DataFrame(self.pending, columns=self.columns) if self.pending else None
 
     def frames(self) -> list[pd.DataFrame]:
-        out = list(self.chunks)
+        out = list(self.iter_chunks())
         if self.pending:
-            out.append(pd.DataFrame(self.pending, columns=self.columns))
+            out.append(self.pending_frame())
         return out
 
     def tuples(self) -> list[tuple]:
         """Every row as a tuple of Python values, in order."""
         out = []
-        for df in self.chunks:
+        for df in self.iter_chunks():
             out.extend(zip(*(df[c].tolist() for c in self.columns)))
         return out + self.pending
 
@@ -103,6 +161,45 @@ def _frame(tables: list[_Rows], columns: list[str]) -> pd.DataFrame:
     if len(parts) == 1:
         return parts[0]
     return pd.concat(parts, ignore_index=True)
+
+
+def _plain_sorted_frame(tables: list[_Rows], columns: list[str], by: list[str]) -> pd.DataFrame:
+    """Every row of ``tables`` (in order) as one frame, stably sorted by ``by``: pandas'
+    concat and sort, the reference ``_sorted_frame`` is checked against."""
+    df = _frame(tables, columns)
+    return df.sort_values(by if len(by) > 1 else by[0], kind="stable").reset_index(drop=True)
+
+
+def _sorted_frame(tables: list[_Rows], columns: list[str], by: list[str]) -> pd.DataFrame:
+    """``_plain_sorted_frame``'s frame, built in one pass where every column is numeric:
+    each column is filled chunk by chunk into one array (a chunk, spilled or not, is
+    dropped once copied), then put in order by the same stable sort; a long run then
+    holds the frame once, not its chunks, their concatenation and the sorted copy at
+    the same time. Any other dtype mix takes the plain path."""
+    pend = [t.pending_frame() for t in tables]
+    metas = [d for t, p in zip(tables, pend)
+             for d in t.chunk_dtypes() + ([tuple(str(x) for x in p.dtypes)] if p is not None else [])]
+    if len(metas) < 2:
+        return _plain_sorted_frame(tables, columns, by)
+    kinds = [_FAST_DTYPES.get(frozenset(m[i] for m in metas)) for i in range(len(columns))]
+    if None in kinds:
+        return _plain_sorted_frame(tables, columns, by)
+    n = sum(len(t) for t in tables)
+    cols = [np.empty(n, dtype=k) for k in kinds]
+    at = 0
+    for t, p in zip(tables, pend):
+        for df in (*t.iter_chunks(), *([p] if p is not None else [])):
+            m = len(df)
+            for i, c in enumerate(columns):
+                cols[i][at:at + m] = df[c].to_numpy()
+            at += m
+    assert at == n
+    keys = [cols[columns.index(b)] for b in by]
+    order = (np.argsort(keys[0], kind="stable") if len(keys) == 1
+             else np.lexsort(keys[::-1]))
+    for i in range(len(cols)):
+        cols[i] = cols[i][order]  # one column at a time: one extra column at the peak
+    return pd.DataFrame(dict(zip(columns, cols)), copy=False)
 
 
 class Metrics:
@@ -130,6 +227,15 @@ class Metrics:
         # rid -> the tokens of its host hit that came from storage (storage on only;
         # not a requests.parquet column: ``sim.analysis.plan`` reads it after warm-up).
         self.l3_by_rid: dict = {}
+
+    def spill_to(self, folder) -> None:
+        """Keep the finished row chunks in unnamed temporary files in ``folder`` (a
+        results folder being staged): they never appear in it, and vanish with this
+        object or the process."""
+        import tempfile
+
+        for table in (self._rows, self._ts):
+            table.spill_to(tempfile.TemporaryFile(dir=folder, prefix=".rows-"))
 
     @property
     def rows(self) -> list[tuple]:
@@ -191,25 +297,31 @@ class Metrics:
         return summarize([self], [tree])
 
 
+REQUEST_ORDER = ["rid"]
+TIMESERIES_ORDER = ["t", "instance", "rank"]
+
+
 def requests_frame(metrics: list[Metrics]) -> pd.DataFrame:
-    df = _frame([m._rows for m in metrics], REQUEST_COLUMNS)
-    return df.sort_values("rid", kind="stable").reset_index(drop=True)
+    """Every instance's request rows, by rid."""
+    return _sorted_frame([m._rows for m in metrics], REQUEST_COLUMNS, REQUEST_ORDER)
 
 
 def timeseries_frame(metrics: list[Metrics]) -> pd.DataFrame:
-    df = _frame([m._ts for m in metrics], TIMESERIES_COLUMNS)
-    return df.sort_values(["t", "instance", "rank"], kind="stable").reset_index(drop=True)
+    """Every instance's time-series rows, by time, instance and rank."""
+    return _sorted_frame([m._ts for m in metrics], TIMESERIES_COLUMNS, TIMESERIES_ORDER)
 
 
 def _pct(a, q):
     return float(np.percentile(a, q)) if len(a) else None
 
 
-def summarize(metrics: list[Metrics], trees: list, busy_s: list[float] | None = None) -> dict:
+def summarize(metrics: list[Metrics], trees: list, busy_s: list[float] | None = None,
+              requests: pd.DataFrame | None = None, timeseries: pd.DataFrame | None = None) -> dict:
     """The run's headline numbers over its instances (``trees[i]``: instance i's rank-0
-    replica; ``busy_s[i]``: its GPU time in forwards)."""
-    df = requests_frame(metrics)
-    ts = timeseries_frame(metrics)
+    replica; ``busy_s[i]``: its GPU time in forwards). ``requests`` / ``timeseries``:
+    the frames of ``metrics`` when the caller has them already (built once per run)."""
+    df = requests_frame(metrics) if requests is None else requests
+    ts = timeseries_frame(metrics) if timeseries is None else timeseries
     ref = ts[ts["rank"] == 0] if len(ts) else ts
     inp = sum(m.input_tokens for m in metrics)
     hit = sum(m.hit_tokens for m in metrics)

@@ -16,7 +16,6 @@ from sim.errors import InputFormatError
 from sim.policies.eviction import EVICTION_POLICIES
 from sim.policies.host import HOST_POLICIES
 from sim.storage.policy import HOST_MEMORY_MODES  # one list of modes: the storage tier's
-from sim.tree import ID_SCHEMES  # one list of id schemes: the tree's
 
 # The trace format's header versions (docs/OPTRACE.md §1) and its vocabulary, here with
 # the checks that read them (``sim.optrace`` imports them from here).
@@ -99,6 +98,10 @@ def check_header(path, line_no: int, obj: dict) -> None:
         v = obj.get(key)
         if type(v) is int and v > MAX_COUNT:
             raise InputFormatError(path, line_no, f"{key}={_short(v)}", f"'{key}' of at most {MAX_COUNT}")
+    # One list of id schemes, the tree's; imported here, not at the top: the scenario
+    # schema imports this module for MAX_PAGE_SIZE and needs no tree.
+    from sim.tree import ID_SCHEMES
+
     for key, names in (("ids", ID_SCHEMES), ("host_policy", tuple(HOST_POLICIES)),
                        ("eviction_policy", tuple(EVICTION_POLICIES))):
         if key in obj and (not isinstance(obj[key], str) or obj[key] not in names):

@@ -247,6 +247,14 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
     if steps_paths is not None:
         recorder = StepRecorder(cfg.tp)
         sim.instances[0].steprec = recorder
+    out = None
+    if folder is not None:
+        # The staged folder exists from the start: the metrics spill their finished row
+        # chunks into unnamed files in it (sim.metrics), so a long run's memory does not
+        # grow with its requests; the files never appear in the folder.
+        out = folder.stage()
+        for inst in sim.instances:
+            inst.metrics.spill_to(out)
     partial = ended = False
     guard.arm()  # from here a Ctrl-C stops the simulation, and the folder is still written
     try:
@@ -258,20 +266,25 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
         guard.defer()
         partial = not ended
         guard.pending |= ended  # it came after the end: a complete folder, exit 130
-    summary = sim.summary()
+    # Each frame is built once (summary, files): a long run holds one copy at a time.
+    requests, timeseries = sim.requests_df(), sim.timeseries_df()
+    summary = sim.summary(requests=requests, timeseries=timeseries)
     divergence = sim.report()
     summary["verdict"] = divergence["verdict"]
     summary["skipped_trace_lines"] = int(getattr(workload, "skipped", 0) or 0)
 
     # GB sizes, bytes per token, per-tier pages and the diagnosis (sim.diagnostics).
-    summary.update(tier_fields(summary, sim.timeseries_df(),
+    summary.update(tier_fields(summary, timeseries,
                                [i.group.cohorts[0].tree for i in sim.instances], scenario))
-    if folder is not None:
-        out = folder.stage()
+    if folder is None:
+        del requests, timeseries
+    else:
         meta_path = out / "meta.json"
-        write_parquet(out / "requests.parquet", sim.requests_df(), REQUEST_UNITS)
+        write_parquet(out / "requests.parquet", requests, REQUEST_UNITS)
+        del requests
         checkpoint("staging")
-        write_parquet(out / "timeseries.parquet", sim.timeseries_df(), TIMESERIES_UNITS)
+        write_parquet(out / "timeseries.parquet", timeseries, TIMESERIES_UNITS)
+        del timeseries
         write_json(out / "divergence.json", divergence)
         write_json(out / "summary.json", summary)
         write_text(out / "scenario.yaml", dump_resolved(scenario))

@@ -197,6 +197,26 @@ def test_data_parallel_instances_each_cache_their_own_stream(tmp_path):
     assert sum(h[-1] for h in per) < whole[-1]  # reuse across instances is lost
 
 
+def test_plan_trace_keys_every_request_as_the_engine_does(tmp_path):
+    """plan_trace's one flat array (page_units) against the plain path: page_key of each
+    request of the workload stream; an instance's subset against the list subset."""
+    from sim.analysis.plan import plan_trace
+    from sim.scenario import load_scenario
+    from sim.workloads import build_workload, page_key
+
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    scn = load_scenario(p, [])
+    trace = plan_trace(scn)
+    plain = [page_key(r.blocks, r.block_size, scn.page_size, r.input_len) for r in build_workload(scn)]
+    assert trace.paths == plain and trace.requests == len(plain)
+    idx = np.array([0, 2, 3, len(plain) - 1])
+    units, starts = trace.subset(idx)
+    assert [units[starts[i]:starts[i + 1]].tolist() for i in range(len(idx))] == [plain[k] for k in idx]
+    a, b = curves.compress_units(units, starts), curves.compress([plain[k] for k in idx])
+    assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("group", "weight", "request", "starts"))
+
+
 def test_plan_with_storage_reports_each_tier_from_the_engine(tmp_path, capsys):
     """A scenario with ``storage:``: the engine points carry the device / host / storage
     split, the planning curve is the engine's L1+L2+L3 (the one-pass model has no L3),
@@ -256,10 +276,33 @@ def test_the_outputs_written_in_their_own_process_are_the_inline_ones(tmp_path):
     assert [p.name for p in paths] == ["plan.png", "plan.svg", "plan.parquet", "plan.json"]
     for p in paths:
         assert p.read_bytes() == (tmp_path / "inline" / p.name).read_bytes(), p.name
-    writer = plan_cmd.PlanWriter.start()
     (tmp_path / "file").write_text("")
-    try:
-        with pytest.raises(RuntimeError, match="writing the plan failed"):
+    writer = plan_cmd.PlanWriter.start()
+    try:  # the table and JSON are this process's: its own error, after the figures' answer
+        with pytest.raises(OSError):
             writer.write(plan, tmp_path / "file" / "under")  # not a folder
     finally:
         writer.close()
+
+
+def test_an_error_drawing_the_figure_is_raised_in_the_parent(tmp_path, monkeypatch):
+    import reports.plan
+
+    from sim.analysis.plan import make_plan
+    from sim.commands import plan as plan_cmd
+    from sim.scenario import load_scenario
+
+    scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.num_requests=100"])
+    plan = make_plan(scn, check_points=0, opt_points=0, grid_points=4)
+
+    def broken(_plan):
+        raise ValueError("no figure today")
+
+    monkeypatch.setattr(reports.plan, "draw_plan", broken)  # the forked process inherits it
+    writer = plan_cmd.PlanWriter.start()
+    try:
+        with pytest.raises(RuntimeError, match="(?s)writing the plan failed.*no figure today"):
+            writer.write(plan, tmp_path / "out")
+    finally:
+        writer.close()
+    assert (tmp_path / "out" / "plan.json").is_file()  # the parent's part was written

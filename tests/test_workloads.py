@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sim.errors import UserError
 from sim.scenario import scenario_from_dict
 from sim.workloads import WORKLOADS, IdSpace, build_workload, output_key, page_key
+from sim.workloads.keys import page_units
 
 BASE = {
     "name": "t",
@@ -86,6 +87,32 @@ def test_page_key_rejects_sizes_that_do_not_divide(bs, ps):
 def test_page_key_rejects_too_few_blocks():
     with pytest.raises(UserError):
         page_key((1,), 64, 16, 200)
+
+
+@given(reqs=st.lists(st.tuples(st.sampled_from([1, 4, 16, 64, 128, 512]), st.integers(0, 1100),
+                                st.integers(0, 2)), max_size=8),
+       ps=st.sampled_from([1, 4, 16, 64, 128]), seed=st.integers(0, 2**16))
+def test_page_units_is_page_key_of_each_request(reqs, ps, seed):
+    """The planner's bulk keying (one flat array) against page_key request by request:
+    the same ids in the same order, or the same error for the first bad request."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for bs, n_in, short in reqs:
+        n_blocks = max(-(-n_in // bs) - short, 0)  # short > 0: too few blocks, sometimes
+        rows.append((rng.integers(0, 10**6, n_blocks).tolist(), bs, n_in))
+    flat = [b for blocks, _, _ in rows for b in blocks]
+    try:
+        want = [page_key(blocks, bs, ps, n_in) for blocks, bs, n_in in rows]
+    except UserError as err:
+        with pytest.raises(UserError) as got:
+            page_units(flat, [len(b) for b, _, _ in rows], [bs for _, bs, _ in rows], ps,
+                       [n for _, _, n in rows])
+        assert str(got.value) == str(err)
+        return
+    units, starts = page_units(flat, [len(b) for b, _, _ in rows], [bs for _, bs, _ in rows], ps,
+                               [n for _, _, n in rows])
+    assert units.dtype == np.int64 and len(starts) == len(rows) + 1
+    assert [units[starts[i]:starts[i + 1]].tolist() for i in range(len(rows))] == want
 
 
 @given(
@@ -344,3 +371,27 @@ def test_mix_merges_parts_in_disjoint_namespaces():
     chat_ids = {b for r in chat for b in r.blocks}
     other = {b for r in reqs if r.session < 0 for b in r.blocks}
     assert not chat_ids & other
+
+
+def test_trace_id_remap_numbers_new_ids_in_order_of_first_sight():
+    """traces._remap (walks only from the first unseen id) against the plain rule: every
+    position in turn, a fresh id from the id space for each hash not seen before,
+    repeats within a record included."""
+    import random
+
+    from sim.workloads.traces import _remap
+
+    def plain(hs, remap, ids):
+        out = []
+        for h in hs:
+            if h not in remap:
+                remap[h] = ids.new()
+            out.append(remap[h])
+        return out
+
+    rng = random.Random(2)
+    fast, ref, fast_ids, ref_ids = {}, {}, IdSpace(), IdSpace()
+    for _ in range(3000):
+        hs = [rng.randrange(200) for _ in range(rng.randrange(0, 12))]
+        assert _remap(hs, fast, fast_ids) == plain(hs, ref, ref_ids)
+        assert fast == ref and fast_ids.next_id == ref_ids.next_id

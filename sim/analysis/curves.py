@@ -58,9 +58,21 @@ def compress(paths) -> Compressed:
     flat = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64, count=total)
     starts = np.zeros(len(paths) + 1, dtype=np.int64)
     np.cumsum(lens, out=starts[1:])
+    return compress_units(flat, starts)
+
+
+def compress_units(flat: np.ndarray, starts: np.ndarray) -> Compressed:
+    """``compress`` of the paths held back to back in ``flat`` (int64 units), request
+    ``i`` at ``flat[starts[i]:starts[i + 1]]``: the planner's form (``page_units``),
+    with no list per request."""
+    flat = np.asarray(flat, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
+    lens = np.diff(starts)
+    total = len(flat)
+    n_req = len(starts) - 1
     if total == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return Compressed(empty, empty, empty, np.zeros(len(paths) + 1, dtype=np.int64), 0)
+        return Compressed(empty, empty, empty, np.zeros(n_req + 1, dtype=np.int64), 0)
     lo_id, hi_id = int(flat.min()), int(flat.max())
     if lo_id >= 0 and hi_id < 4 * total:
         # page_key hands out dense ids: index by them directly (np.unique's sort is
@@ -95,7 +107,7 @@ def compress(paths) -> Compressed:
     new_run |= first
     idx = np.flatnonzero(new_run)
     weight = np.diff(np.append(idx, total))
-    req_of_unit = np.repeat(np.arange(len(paths), dtype=np.int64), lens)
+    req_of_unit = np.repeat(np.arange(n_req, dtype=np.int64), lens)
     request = req_of_unit[idx]
     gstarts = np.searchsorted(idx, starts)
     return Compressed(g[idx], weight.astype(np.int64), request, gstarts.astype(np.int64), total)

@@ -67,7 +67,7 @@ from sim.runner import run_scenario
 from sim.scenario import Device, Host, _ranks_per_node, host_copies_per_node, resolve_sizing
 from sim.sizing import host_tokens_for_gb
 from sim.workloads import build_workload
-from sim.workloads.keys import page_key
+from sim.workloads.keys import page_key, page_units
 
 KNEE_FRACTION = 0.10
 GRID_POINTS = 50
@@ -79,26 +79,50 @@ HOST_POLICIES = ("duplicate_first", "lru")
 
 @dataclass
 class PlanTrace:
-    """The scenario's request stream keyed as the engine keys it, with arrivals."""
+    """The scenario's request stream keyed as the engine keys it, with arrivals: the
+    pages of request ``i`` are ``units[starts[i]:starts[i + 1]]`` (``page_key``'s ids,
+    back to back; one array, not a list per request)."""
 
-    paths: list
+    units: np.ndarray
+    starts: np.ndarray
     input_len: np.ndarray
     output_len: np.ndarray
     arrival: np.ndarray
     page_size: int
 
+    @property
+    def requests(self) -> int:
+        return len(self.starts) - 1
+
+    @property
+    def paths(self) -> list:
+        """Each request's page key as a list (the plain form ``curves.compress`` takes)."""
+        flat, st = self.units.tolist(), self.starts.tolist()
+        return [flat[st[i]:st[i + 1]] for i in range(self.requests)]
+
+    def subset(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(units, starts) of the requests ``idx`` (sorted indices), in that order."""
+        lens = np.diff(self.starts)[idx]
+        starts = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(lens, out=starts[1:])
+        pos = np.arange(int(starts[-1]), dtype=np.int64) + np.repeat(self.starts[idx] - starts[:-1], lens)
+        return self.units[pos], starts
+
 
 def plan_trace(scenario) -> PlanTrace:
     ps = scenario.page_size
-    paths, lens, outs, arrivals = [], [], [], []
+    blocks, counts, sizes, lens, outs, arrivals = [], [], [], [], [], []
     for r in build_workload(scenario):
-        paths.append(page_key(r.blocks, r.block_size, ps, r.input_len))
+        blocks += r.blocks
+        counts.append(len(r.blocks))
+        sizes.append(r.block_size)
         lens.append(r.input_len)
         outs.append(r.output_len)
         arrivals.append(r.arrival)
-    if not paths:
+    if not counts:
         raise UserError("found no requests; expected a workload with at least one", where=scenario.source)
-    return PlanTrace(paths, np.asarray(lens, dtype=np.int64), np.asarray(outs, dtype=np.int64),
+    units, starts = page_units(blocks, counts, sizes, ps, lens)
+    return PlanTrace(units, starts, np.asarray(lens, dtype=np.int64), np.asarray(outs, dtype=np.int64),
                      np.asarray(arrivals, dtype=float), ps)
 
 
@@ -265,7 +289,7 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
     else:
         policies = list(policies or [(w, h) for w in WRITE_POLICIES for h in HOST_POLICIES])
     trace = plan_trace(scenario)
-    n = len(trace.paths)
+    n = trace.requests
     warm = warm_requests(n, warmup)
     measured_input = int(trace.input_len[warm:].sum())
     if tier == "device":
@@ -285,8 +309,8 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         parts = _instance_parts(scenario, n)
         per = []  # (compressed trace, LRU pass, warm-up requests) per instance
         for idx in parts:
-            sub = trace.paths if len(parts) == 1 else [trace.paths[k] for k in idx.tolist()]
-            comp_i = curves.compress(sub)
+            sub = (trace.units, trace.starts) if len(parts) == 1 else trace.subset(idx)
+            comp_i = curves.compress_units(*sub)
             per.append((comp_i, curves.lru_pass(comp_i, trace.arrival[idx]),
                         int(np.searchsorted(idx, warm))))
         # Each instance caches only what it was routed; per capacity the hit units add.

@@ -346,7 +346,7 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
     ps = scenario.page_size
     step = ps if swa else 1
     trace = plan_trace(scenario)
-    n = len(trace.paths)
+    n = trace.requests
     warm = warm_requests(n, warmup)
 
     base = H0 if H0 else D

@@ -120,7 +120,6 @@ def run(args) -> int:
     from pathlib import Path
 
     from sim.errors import UserError
-    from sim.scenario import load_scenario
 
     target = None if args.target_hit_rate is None else _number(
         args.target_hit_rate, "--target-hit-rate", 0.0, 1.0, percent=True, lo_open=True)
@@ -137,23 +136,27 @@ def run(args) -> int:
         raise UserError(f"found --check-points {checks}; expected at least 2 engine points for a "
                         "TTFT target (TTFT comes from engine runs only)", where="--target-ttft-p99")
     policies = _policies(args.policies)
-    scenario = load_scenario(args.scenario, args.sets, trace_roots=args.trace_roots)
-    out = Path(args.out or f"results/{scenario.name}_plan")
-    if out.exists() and not out.is_dir():
-        raise UserError("found a file; expected a folder for the plan's outputs", where=str(out))
-    if scenario.model.hybrid_preset is not None:
-        return _run_hybrid(args, scenario, out, warmup, jobs, max_gb)
-    for flag, key in HYBRID_ONLY:
-        if getattr(args, key) != DEFAULTS[key]:
-            raise UserError(f"found {flag} with a FULL-only model; expected it only with a "
-                            "hybrid model.hybrid_preset (it sizes the second host pool)",
-                            where=flag)
-
-    from sim.analysis.plan import make_plan
-
-    progress = Progress("engine run", args.quiet)
+    # The writer forks now, before the scenario's imports: its own (matplotlib) run
+    # while this process loads the scenario and computes the plan.
     writer = PlanWriter.start()
     try:
+        from sim.scenario import load_scenario
+
+        scenario = load_scenario(args.scenario, args.sets, trace_roots=args.trace_roots)
+        out = Path(args.out or f"results/{scenario.name}_plan")
+        if out.exists() and not out.is_dir():
+            raise UserError("found a file; expected a folder for the plan's outputs", where=str(out))
+        if scenario.model.hybrid_preset is not None:
+            return _run_hybrid(args, scenario, out, warmup, jobs, max_gb, writer)
+        for flag, key in HYBRID_ONLY:
+            if getattr(args, key) != DEFAULTS[key]:
+                raise UserError(f"found {flag} with a FULL-only model; expected it only with a "
+                                "hybrid model.hybrid_preset (it sizes the second host pool)",
+                                where=flag)
+
+        from sim.analysis.plan import make_plan
+
+        progress = Progress("engine run", args.quiet)
         plan = make_plan(scenario, warmup=warmup, max_host_gb=max_gb, check_points=checks,
                          opt_points=opts, grid_points=grid, policies=policies, jobs=jobs,
                          target_hit_rate=target, target_ttft_p99_s=ttft, progress=progress)
@@ -170,24 +173,25 @@ FIGURE_FORMATS = ("png", "svg")
 
 
 def _preload() -> None:
-    """What writing a plan imports: matplotlib (reports.plan), pandas and pyarrow."""
-    import pyarrow.parquet  # noqa: F401
-
+    """What drawing a plan figure imports: matplotlib (reports.plan), and what
+    unpickling the plan takes."""
     import reports.plan  # noqa: F401
     import sim.analysis.plan  # noqa: F401
 
 
 def _writer_process(conn) -> None:
-    """``write_plan`` in a forked process: its imports while the parent computes the
-    plan, then the outputs once the plan arrives; the paths written, or the error."""
+    """The plan's figures in a forked process: their imports while the parent
+    computes the plan, then the figures once the plan arrives; the paths written, or
+    the error."""
     import traceback
 
     try:
         _preload()
         job = conn.recv()
         if job is not None:
-            plan, out = job
-            conn.send([str(p) for p in write_plan(plan, out)])
+            plan, out, hybrid = job
+            draw, save = _figure_writers(hybrid)
+            conn.send([str(p) for p in write_figures(plan, out, draw, save)])
         else:
             conn.send(None)
     except BaseException:  # noqa: BLE001 - handed to the parent, which raises it
@@ -195,12 +199,13 @@ def _writer_process(conn) -> None:
 
 
 class PlanWriter:
-    """The plan's outputs off the critical path: a forked process imports what writing
-    them takes (matplotlib, pandas, pyarrow: over a second) while the parent computes
-    the plan, then runs ``write_plan`` on it. The same function writes the same bytes
-    (figure included); the parent waits for it, so the files are there when ``plan``
-    returns. Where fork is not the platform's way, ``start`` returns None and the
-    parent writes them itself."""
+    """The plan's figures off the critical path: a forked process imports what drawing
+    them takes (matplotlib: about half a second) while the parent loads the scenario
+    and computes the plan, then draws and saves them while the parent writes the
+    table and the JSON (pandas, pyarrow). The same functions write the same bytes as
+    ``write_plan``; the parent waits for the figures, so every file is there when
+    ``plan`` returns. Where fork is not the platform's way, ``start`` returns None and
+    the parent writes everything itself."""
 
     def __init__(self, ctx):
         self.conn, there = ctx.Pipe()
@@ -217,19 +222,23 @@ class PlanWriter:
             return None
         return cls(multiprocessing.get_context("fork"))
 
-    def write(self, plan, out) -> list:
-        """``write_plan(plan, out)`` in the process: the paths written."""
+    def write(self, plan, out, hybrid: bool = False) -> list:
+        """``write_plan(plan, out)`` (``write_hybrid_plan`` when ``hybrid``): the figures
+        in the process, the table and JSON here; the paths written, in that order."""
         from pathlib import Path
 
-        self.conn.send((plan, out))
+        self.conn.send((plan, out, hybrid))
         self.sent = True
         try:
-            got = self.conn.recv()
-        except EOFError:
-            got = f"the writing process ended with exit code {self.proc.exitcode}"
+            files = write_files(plan, out, hybrid_plan_table if hybrid else plan_table)
+        finally:
+            try:
+                got = self.conn.recv()  # the figures, even when the files failed
+            except EOFError:
+                got = f"the writing process ended with exit code {self.proc.exitcode}"
         if isinstance(got, str):
             raise RuntimeError(f"writing the plan failed:\n{got}")
-        return [Path(p) for p in got]
+        return [Path(p) for p in got] + files
 
     def close(self) -> None:
         """Release the process whatever happened (no plan: it is told to stop)."""
@@ -245,13 +254,10 @@ class PlanWriter:
             self.proc.join()
 
 
-def write_outputs(plan, out, draw, save_figure, table) -> list:
-    """``plan.png``, ``plan.svg`` (``save_figure(draw(plan), path, fmt)``),
-    ``plan.parquet`` (``table(plan)``) and ``plan.json`` (``plan.doc``) into ``out``,
-    each written atomically; the paths written."""
+def write_figures(plan, out, draw, save_figure) -> list:
+    """``plan.png`` and ``plan.svg`` (``save_figure(draw(plan), path, fmt)``) into
+    ``out``, each written atomically; the paths written."""
     from pathlib import Path
-
-    from sim.atomic import write_json, write_parquet
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -261,25 +267,62 @@ def write_outputs(plan, out, draw, save_figure, table) -> list:
         p = out / f"plan.{fmt}"
         save_figure(fig, p, fmt)
         paths.append(p)
+    return paths
+
+
+def write_files(plan, out, table) -> list:
+    """``plan.parquet`` (``table(plan)``) and ``plan.json`` (``plan.doc``) into ``out``,
+    each written atomically; the paths written."""
+    from pathlib import Path
+
+    from sim.atomic import write_json, write_parquet
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     write_parquet(out / "plan.parquet", table(plan))
     write_json(out / "plan.json", plan.doc)
-    return paths + [out / "plan.parquet", out / "plan.json"]
+    return [out / "plan.parquet", out / "plan.json"]
+
+
+def write_outputs(plan, out, draw, save_figure, table) -> list:
+    """The figures, then ``plan.parquet`` and ``plan.json``, into ``out``, each written
+    atomically; the paths written."""
+    return write_figures(plan, out, draw, save_figure) + write_files(plan, out, table)
+
+
+def _figure_writers(hybrid: bool):
+    """(draw, save) of the plan figure or of the hybrid one."""
+    if hybrid:
+        from reports.plan_hybrid import draw_hybrid_plan, save_hybrid_plan_figure
+
+        return draw_hybrid_plan, save_hybrid_plan_figure
+    from reports.plan import draw_plan, save_plan_figure
+
+    return draw_plan, save_plan_figure
+
+
+def plan_table(plan):
+    """The FULL-only plan's rows (``sim.analysis.plan.plan_table``)."""
+    from sim.analysis.plan import plan_table as table
+
+    return table(plan)
+
+
+def hybrid_plan_table(plan):
+    """The hybrid plan's rows (``sim.analysis.plan_hybrid.hybrid_plan_table``)."""
+    from sim.analysis.plan_hybrid import hybrid_plan_table as table
+
+    return table(plan)
 
 
 def write_plan(plan, out) -> list:
     """The FULL-only plan's outputs (``sim.analysis.plan``)."""
-    from reports.plan import draw_plan, save_plan_figure
-    from sim.analysis.plan import plan_table
-
-    return write_outputs(plan, out, draw_plan, save_plan_figure, plan_table)
+    return write_outputs(plan, out, *_figure_writers(False), plan_table)
 
 
 def write_hybrid_plan(plan, out) -> list:
     """The hybrid plan's outputs (``sim.analysis.plan_hybrid``)."""
-    from reports.plan_hybrid import draw_hybrid_plan, save_hybrid_plan_figure
-    from sim.analysis.plan_hybrid import hybrid_plan_table
-
-    return write_outputs(plan, out, draw_hybrid_plan, save_hybrid_plan_figure, hybrid_plan_table)
+    return write_outputs(plan, out, *_figure_writers(True), hybrid_plan_table)
 
 
 def _gb(v) -> str:
@@ -426,7 +469,7 @@ MAMBA_NAMES = (("--slot-points", "slot_points", "--aux-points", "aux_points"),
                ("--max-slots", "max_slots", "--max-aux", "max_aux"))
 
 
-def _run_hybrid(args, scenario, out, warmup, jobs, max_gb) -> int:
+def _run_hybrid(args, scenario, out, warmup, jobs, max_gb, writer=None) -> int:
     """A hybrid scenario: the plan of ``sim.analysis.plan_hybrid`` ((FULL, MAMBA) or
     (FULL, SWA) with a host tier)."""
     from sim.analysis.plan_hybrid import check_hybrid, make_hybrid_plan
@@ -465,7 +508,8 @@ def _run_hybrid(args, scenario, out, warmup, jobs, max_gb) -> int:
     plan = make_hybrid_plan(scenario, warmup=warmup, max_host_gb=max_gb, kv_points=kv_points,
                             slot_points=slot_points, max_slots=max_slots, jobs=jobs,
                             inert_fraction=inert, progress=progress)
-    written = write_hybrid_plan(plan, out)
+    written = (writer.write(plan, out, hybrid=True) if writer is not None
+               else write_hybrid_plan(plan, out))
     print_hybrid_plan(plan)
     print(f"written: {', '.join(str(p) for p in written)}")
     return 0

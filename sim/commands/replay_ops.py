@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from sim.atomic import atomic_path
-from sim.optrace import replay_lines
-
 NAME = "replay-ops"
 HELP = "Replay an op-trace through the tree and write SGLang-format per-op outputs."
 
@@ -26,6 +23,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from sim.atomic import atomic_path
+    from sim.optrace import replay_lines
     from sim.policies import resolve
     from sim.policies.host import HOST_POLICIES
 

@@ -305,17 +305,19 @@ class CostModel:
             weights = self._dc_total_w_s
         lin = batch_size * self._dc_linear
         kv, attn, fixed = self._dc_kv_s, self._dc_attn, self._dc_fixed
-        t, k, ctx = t0, 0, context_tokens
-        while k < max_steps:
+        # The context as a float: ``ctx * kv`` converts an int to the same float first
+        # (contexts are far below 2**53, so every sum stays exact), one conversion fewer
+        # per step; ``range`` counts the steps (the hot loop of a decode-heavy run).
+        t, k, ctx = t0, 0, float(context_tokens)
+        for k in range(1, max_steps + 1):
             memory = weights + ctx * kv
             compute = lin + ctx * attn
             t1 = t + (extra_s + (fixed + (memory if memory > compute else compute)))
             busy += t1 - t
             t = t1
-            ctx += batch_size
-            k += 1
             if t >= stop:
                 break
+            ctx += batch_size
         return t, k, busy
 
     # ----------------------------------------------------------------- CPU-side

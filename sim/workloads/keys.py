@@ -101,3 +101,55 @@ def _short(blocks, block_size: int, input_len: int) -> None:
         f"found {len(blocks)} blocks of {block_size} tokens; "
         f"expected at least enough blocks for {input_len} input tokens"
     )
+
+
+def page_units(blocks, block_counts, block_sizes, page_size: int, input_lens):
+    """``page_key`` of many requests at once, as one flat int64 array and the offset
+    of each request's first page (``len = requests + 1``): what the planner's one-pass
+    curves take, without a Python list per request.
+
+    ``blocks`` holds every request's block ids back to back (``block_counts[i]`` of
+    them for request ``i``); ``block_sizes`` and ``input_lens`` are per request. Each
+    request's run equals ``page_key(its blocks, its block size, page_size, its
+    input)``: the same ids in the same order (tests check it). A request with too few
+    blocks raises page_key's error for the first such request. Block ids are an
+    ``IdSpace``'s (dense, non-negative), so ``id * pages per block`` fits in int64.
+    """
+    import numpy as np
+
+    blocks = np.asarray(blocks, dtype=np.int64)
+    counts = np.asarray(block_counts, dtype=np.int64)
+    bs = np.asarray(block_sizes, dtype=np.int64)
+    n_in = np.asarray(input_lens, dtype=np.int64)
+    n = len(counts)
+    bstarts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=bstarts[1:])
+    if n and page_size <= 0:
+        page_key(blocks[:bstarts[1]].tolist(), int(bs[0]), page_size, int(n_in[0]))
+    fine = bs >= page_size  # page_size <= block_size: r pages per block
+    safe = np.maximum(bs, 1)
+    r = np.where(fine, safe // page_size, 1)
+    k = np.where(fine, 1, page_size // safe)
+    n_pages = np.maximum(n_in // page_size, 0)
+    need = np.where(fine, -(-n_pages // r), n_pages * k)
+    bad_size = (bs <= 0) | np.where(fine, safe % page_size, page_size % safe).astype(bool)
+    bad = np.flatnonzero(bad_size | ((n_pages > 0) & (counts < need)))
+    if len(bad):  # the first bad request raises page_key's own error
+        i = int(bad[0])
+        page_key(blocks[bstarts[i]:bstarts[i + 1]].tolist(), int(bs[i]), page_size, int(n_in[i]))
+        raise AssertionError("page_key accepted a request page_units refused")  # pragma: no cover
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(n_pages, out=starts[1:])
+    total = int(starts[-1])
+    req = np.repeat(np.arange(n, dtype=np.int64), n_pages)
+    j = np.arange(total, dtype=np.int64) - starts[:-1][req]  # page index within its request
+    if len(r) and (r == r[0]).all() and (k == k[0]).all():
+        r, k = int(r[0]), int(k[0])  # one block size (every trace but a generic one): scalars
+    else:
+        r, k = r[req], k[req]
+    if isinstance(k, int) and k == 1:
+        units = blocks[bstarts[:-1][req] + j // r] * r + j % r if r > 1 else blocks[bstarts[:-1][req] + j]
+    else:
+        bidx = np.where(k == 1, j // r, (j + 1) * k - 1)
+        units = blocks[bstarts[:-1][req] + bidx] * r + np.where(k == 1, j % r, 0)
+    return units.astype(np.int64, copy=False), starts

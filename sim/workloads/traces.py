@@ -75,15 +75,21 @@ def _remap(hs, remap: dict, ids) -> list[int]:
     """The trace's prefix ids as ids of this stream's id space (new ones on first sight,
     in the order they first appear)."""
     get = remap.get
-    out = [get(h) for h in hs]  # one pass in C for the ids already seen
+    out = list(map(get, hs))  # one pass in C for the ids already seen
     if None in out:
-        for i, v in enumerate(out):
-            if v is None:
+        # New ids come from the first unseen position on (a trace's new blocks are the
+        # record's tail): only those positions are walked, and the id space's counter
+        # is advanced once, as ``ids.new()`` per id would.
+        nid = ids.next_id
+        for i in range(out.index(None), len(out)):
+            if out[i] is None:
                 h = hs[i]
                 v = get(h)  # an earlier position of this record may have just named it
                 if v is None:
-                    v = remap[h] = ids.new()
+                    v = remap[h] = nid
+                    nid += 1
                 out[i] = v
+        ids.next_id = nid
     return out
 
 class _Bad(Exception):
