@@ -15,7 +15,7 @@ from __future__ import annotations
 import simpy
 
 from sim.errors import UserError
-from sim.events import Simulation, _Halt, feed, within_limits
+from sim.events import Simulation, _Halt, feed, run_until, within_limits
 from sim.metrics import requests_frame, summarize, timeseries_frame
 from sim.router import ROUTERS
 from sim.verdict import VERDICTS
@@ -43,7 +43,7 @@ class Cluster:
         for inst in self.instances:
             inst.start()
         try:
-            self.env.run()
+            run_until(self.env, simpy.AllOf(self.env, [inst.over for inst in self.instances]))
         except _Halt:
             pass
         finally:

@@ -45,7 +45,6 @@ Simplifications, each a documented difference from SGLang 0.5.23 (docs/TP.md):
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections import deque
@@ -106,6 +105,15 @@ def until(env: simpy.Environment, t: float):
     yield env.timeout(d)
     if env.now != t:
         yield env.timeout(t - env.now)
+
+
+def run_until(env: simpy.Environment, over: simpy.Event) -> None:
+    """Process events until ``over`` has fired, or none is left (a stuck run). Timers
+    that outlive the work (a prefetch deadline whose prefetch completed first: SimPy
+    cannot cancel a timeout) are left unprocessed, so they never move the clock past
+    the run's end."""
+    while not over.triggered and env.peek() < math.inf:
+        env.step()
 
 
 class _Halt(Exception):
@@ -290,9 +298,9 @@ def feed(env, requests, instances, choose, fail):
     try:
         for req in requests:
             if req.arrival > env.now:
-                for inst in instances:
-                    inst._mark(req.arrival)
                 yield env.timeout(req.arrival - env.now)
+                for inst in instances:
+                    inst._relevant(req.arrival)
             instances[choose(req)].submit(req)
     except UserError as err:
         fail(err)
@@ -359,10 +367,10 @@ class Simulation:
         self._user_error = None
         self._next_sample = 0.0
         self._wake = self.env.event()
-        self._idle = False               # the loop waits on ``_wake`` ...
-        self._wake_at = math.inf         # ... and a wake-up is due then
-        self._marks: list[float] = []    # future relevant times (a heap) ...
-        self._marked: set[float] = set()  # ... and the same times, for de-duplication
+        self.over = self.env.event()  # the group's work is over (``_check_over``)
+        # the time of the last relevant moment (``_relevant``): a decode step's stall
+        # that one passed during may not start a run
+        self._last_relevant = -math.inf
         self._ps = cfg.page_size
         self._sync_s = self.cost.sync_time(cfg.tp, self.collective.transport)
         # the per-step cache sync's discipline (sim.policies.sync)
@@ -399,35 +407,23 @@ class Simulation:
         if not self._wake.triggered:
             self._wake.succeed()
 
-    def _mark(self, t: float) -> None:
-        """A relevant time: the loop must look at the world again at ``t``."""
-        now = self.env.now
-        if t <= now:
-            self._kick()
-            return
-        if t in self._marked:
-            return
-        self._marked.add(t)
-        heapq.heappush(self._marks, t)
-        if self._idle and t < self._wake_at:
-            # An idle loop sleeps until its next relevant time; a busy one reads the
-            # marks itself (`_next_mark`), so only an idle one needs a wake-up event.
-            self._wake_at = t
-            self.env.timeout(t - now).callbacks.append(self._kick)
+    def _relevant(self, t: float | None = None) -> None:
+        """A relevant moment happens now (``t``: its exact time, where the event that
+        carries it may land an ulp off): an arrival, an ack becoming ready for some
+        rank, a copy, storage op or late free ending, a prefetch deadline. Each is a
+        SimPy event whose process calls this when it fires: an idle loop wakes, and a
+        decode run in flight stops at the first step boundary at or after ``t``, where
+        a step-by-step loop would look."""
+        if t is None:
+            t = self.env.now
+        self._last_relevant = t
+        self._kick()
         run = self._run
-        if run is not None and t < run[0]:
-            # A decode run in flight must stop at the step boundary after ``t`` (a copy
-            # that started during it, say), where a step-by-step loop would look.
+        if run is not None and run[2] < t < run[0]:
             run[0] = t
             if not run[1]:
                 run[1] = True
                 self._proc.interrupt("cut")
-
-    def _next_mark(self) -> float:
-        marks, now = self._marks, self.env.now
-        while marks and marks[0] <= now:
-            self._marked.discard(heapq.heappop(marks))
-        return marks[0] if marks else math.inf
 
     def _settle(self):
         """Let every other event due now run first: a step sees the state at ``now``
@@ -471,7 +467,7 @@ class Simulation:
         self.env.process(self._arrivals())
         self.start()
         try:
-            self.env.run()
+            run_until(self.env, self.over)
         except _Halt:
             pass
         finally:
@@ -480,6 +476,12 @@ class Simulation:
 
     def start(self) -> None:
         self._proc = self.env.process(self._loop())
+
+    def _check_over(self) -> None:
+        """The group's work is over once its loop has finished and the last late free
+        (device KV a rank returns to its allocator after a delay) has landed."""
+        if not self.over.triggered and not any(c.late_free_tokens for c in self.group.cohorts):
+            self.over.succeed()
 
     def wrap_up(self) -> None:
         """After the event loop: a stuck run is named, the ground truth confirmed."""
@@ -546,6 +548,7 @@ class Simulation:
                     sr.end(self.group.cohorts)
                 self._release_gpu()
                 self.finished = True
+                self._check_over()
                 return
             self._batch_ran = False
             if self._steps:
@@ -602,17 +605,13 @@ class Simulation:
                 if sr is not None:
                     sr.end(self.group.cohorts)
                 self.finished = True
+                self._check_over()
                 return
             self._release_gpu()
             self._wake = self.env.event()
-            self._idle = True
-            self._wake_at = self._next_mark()
             if self.op_ticks is not None:
                 self._tick_ops()
-            if self._wake_at < math.inf:
-                self.env.timeout(self._wake_at - self.env.now).callbacks.append(self._kick)
-            yield self._wake
-            self._idle = False
+            yield self._wake  # the next relevant moment (``_relevant``)
 
     def _log_free(self) -> None:
         """The ranks' device and host free space at the end of the step just run (the
@@ -796,12 +795,24 @@ class Simulation:
                 started.succeed()
             t0 = self.env.now
             dur = seconds(ack.tokens, concurrent=other.count > 0)
-            self._mark(t0 + dur)  # a decode run must stop where this ack can land
             yield self.env.timeout(dur)
-        ack.done = self.env.now
+        self._acked(ack)
         self._trace(f"{ack.kind}_copy", "transfer", c.ranks, t0, ack.done - t0, tokens=ack.tokens)
-        for t in sorted(ack.ready_times()):
-            self._mark(t)
+
+    def _acked(self, ack: Ack) -> None:
+        """A copy ended now: its ack is ready for the undelayed ranks at once and for
+        each delayed rank when its delay has passed (a timeout per rank), each a
+        relevant moment (a decode run must stop where the ack can land)."""
+        ack.done = self.env.now
+        self._relevant()
+        if ack.delays is not None:
+            ack.late = late = {}
+            for r, d in ack.delays.items():
+                ev = late[r] = self.env.timeout(d)
+                ev.callbacks.append(self._ack_ready)
+
+    def _ack_ready(self, _event) -> None:
+        self._relevant()
 
     def _step_copy(self, c: Cohort, ack: Ack, started):
         """A copy under the step clock: issued in step k, acked by the poll of step
@@ -815,12 +826,9 @@ class Simulation:
         t0 = self.env.now
         dur = max(0, self._iter_step + (h2d if ack.kind == "load" else d2h)
                   + self.faults.ack_extra(c, self._iter_step) - t0)
-        self._mark(t0 + dur)
         if dur:
             yield self.env.timeout(dur)
-        ack.done = self.env.now
-        for t in sorted(ack.ready_times()):
-            self._mark(t)
+        self._acked(ack)
 
     # ------------------------------------------------------------ admission
     def _admit(self) -> list[tuple[Cohort, _Plan]] | None:
@@ -1356,7 +1364,7 @@ class Simulation:
             plans = self._decode_memory()
             if plans is None:
                 return False
-            mark = self._next_mark()
+            stalled_at = env.now
             if plans:
                 yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
             if not self.running:
@@ -1366,7 +1374,8 @@ class Simulation:
             # Not so after a retraction (it clears `batch_is_full`: the next iteration
             # retries admission), when a relevant time passed during the stall, or
             # when replicas may now differ (the next iteration compares them).
-            if self._retracted_now or mark <= env.now or len(self.group.cohorts) > 1:
+            if (self._retracted_now or self._last_relevant > stalled_at
+                    or len(self.group.cohorts) > 1):
                 k_cap = 1
             else:
                 limit = min(limit, min([rq.remaining for rq in self.running]))
@@ -1379,14 +1388,14 @@ class Simulation:
         now = env.now
         # The sample grid is a stop too, so the timeseries is sampled where a step-by-step
         # loop would sample it.
-        stop = min(self._next_mark(), self._next_sample)
+        stop = self._next_sample
         busy0, steps = self.busy_s, min(k_cap, limit)
         t, k, busy = cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
         self._forward(b)
         if self._gpu_hold is None:
             yield from self._hold_gpu()
         while True:
-            self._run = run = [t, False]
+            self._run = run = [t, False, now]  # end, cut, start
             try:
                 yield from until(env, t)
             except simpy.Interrupt:
@@ -1394,7 +1403,7 @@ class Simulation:
             self._run = None
             if run[0] >= t:
                 break
-            # cut short by a relevant time marked during the run
+            # cut short by a relevant moment during the run (``_relevant``)
             stop = run[0]
             t, k, busy = cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
             if t <= env.now:
@@ -1698,10 +1707,12 @@ class Simulation:
         c.tree.reserved -= tokens
 
     def _late_free(self, c: Cohort, tokens: int, delay: float):
-        self._mark(self.env.now + delay)
         yield self.env.timeout(delay)
         c.tree.reserved -= tokens
         c.late_free_tokens -= tokens
+        self._relevant()
+        if self.finished:
+            self._check_over()
 
     # ------------------------------------------------------------ replicas
     def _fork(self, rank: int, cause: str, detail: str = "") -> Cohort:

@@ -31,7 +31,7 @@ from sim.tree import Tree
 class Ack:
     """One merged transfer's acknowledgement: the tree ack ids it completes."""
 
-    __slots__ = ("kind", "ids", "tokens", "n", "delays", "done")
+    __slots__ = ("kind", "ids", "tokens", "n", "delays", "done", "late")
 
     def __init__(self, kind: str, ids: list, tokens: int, n: int, delays: dict | None):
         self.kind = kind      # "write" or "load"
@@ -40,20 +40,17 @@ class Ack:
         self.n = n            # this kind's sequence number on the ranks that issued it
         self.delays = delays  # rank -> extra delay (s), or None when no rank is delayed
         self.done: float | None = None  # set by the copy engine when the copy finishes
+        self.late: dict | None = None   # delayed rank -> the event of its ack being ready
 
     def ready(self, rank: int, now: float) -> bool:
-        """`finish_event.query()` on ``rank`` at ``now``."""
+        """`finish_event.query()` on ``rank``: the copy has ended and, on a delayed
+        rank, its delay's timeout has fired (``now``: unused, the events carry it)."""
         if self.done is None:
             return False
-        if self.delays is None:
-            return self.done <= now
-        return self.done + self.delays.get(rank, 0.0) <= now
-
-    def ready_times(self) -> set[float]:
-        d = self.done
-        if self.delays is None:
-            return {d}
-        return {d} | {d + x for x in self.delays.values()}
+        if self.late is None:
+            return True
+        ev = self.late.get(rank)
+        return ev is None or ev.processed
 
 
 class Cohort:

@@ -114,7 +114,7 @@ SLOW = ("storage.read_gbps=0.05",)  # reads slow enough for the timeout to matte
     ("storage.write_gbps=0.2",),
     ("storage.op_latency_us=20000",),
     ("storage.prefetch_policy=best_effort",),
-    ("storage.prefetch_policy=wait_complete",),
+    SLOW + ("storage.prefetch_policy=wait_complete",),  # only where the timeout fires
     ("storage.prefetch_threshold=1024",),
     SLOW + ("storage.prefetch_timeout_base=0.01",),
     SLOW + ("storage.prefetch_timeout_base=0.0", "storage.prefetch_timeout_per_ki_token=0.05"),
@@ -126,6 +126,17 @@ def test_every_storage_knob_changes_the_run(knob):
         base = SLOW + ("storage.prefetch_timeout_base=0.0",)
     ref, got = run(*base).summary, run(*knob).summary
     assert ref != got
+
+
+def test_wait_complete_waits_where_the_timeout_terminates():
+    """Reads slow enough that prefetches outlive their deadline: `timeout` terminates
+    some before their pages are staged (revoked, the request goes on without them),
+    `wait_complete` waits for every one, and the requests' first tokens move."""
+    timed, waited = run(*SLOW).summary, run(*SLOW, "storage.prefetch_policy=wait_complete").summary
+    assert timed["prefetch_revoked"].get("not_staged", 0) > 0
+    assert waited["prefetch_revoked"].get("not_staged", 0) == 0
+    assert waited["l3_hit_tokens"] > timed["l3_hit_tokens"]
+    assert waited["ttft_p99_s"] != timed["ttft_p99_s"]
 
 
 @pytest.mark.parametrize("sets, where", [

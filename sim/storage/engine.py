@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from sim import consensus
 from sim.collectives import CollectiveError
-from sim.events import _Halt
+from sim.events import _Halt, until
 from sim.policies import resolve
 from sim.ranks import Cohort
 from sim.scheduler import available
@@ -58,6 +58,7 @@ class StorageEngine:
         self.votes: dict = {}
         self.polled: dict = {}
         self.vote_at = None  # (step, time) of the admission those belong to
+        self.armed: set[float] = set()  # the prefetch deadlines whose timer runs (``alarm``)
         for c in self.group.cohorts:
             self.attach(c)
 
@@ -433,7 +434,6 @@ class StorageEngine:
         with c.st.read.request() as req:
             yield req
             dur = self.seconds(c, self.config.backend.exists_seconds())
-            self.sim._mark(self.env.now + dur)
             yield self.env.timeout(dur)
         ps = self.ps
         for c2 in self.holders(op):
@@ -443,7 +443,7 @@ class StorageEngine:
                 c2.st.qkeys[op.id] = op.keys
             else:
                 self.stale(c2, "hit_q", op.id)
-        self.sim._kick()
+        self.sim._relevant()
 
     def rank_hit(self, c: Cohort, keys) -> int:
         """``batch_exists`` on this replica's storage: leading pages present, cut by the
@@ -476,8 +476,8 @@ class StorageEngine:
                 if op.cancelled:
                     break
                 dur = self.seconds(c, be.read_seconds(pages * bpp))
-                self.sim._mark(self.env.now + dur)
                 yield self.env.timeout(dur)
+                self.sim._relevant()
                 op.completed += pages * ps
                 if any(0 in x.ranks for x in self.group.cohorts if op in x.st.inflight):
                     self.metrics.storage["l3_read_bytes"] += pages * bpp
@@ -528,13 +528,12 @@ class StorageEngine:
         with c.st.write.request() as req:
             yield req
             dur = self.seconds(c, self.config.backend.write_seconds(nbytes))
-            self.sim._mark(self.env.now + dur)
             yield self.env.timeout(dur)
         for c2 in self.holders(op):
             c2.st.view.write(op.keys)
             c2.st.wack_q.append(op.id)
             self.count(c2, "l3_write_bytes", n=nbytes)
-        self.sim._kick()
+        self.sim._relevant()
 
     def sync_queues(self) -> None:
         """`_sync_hicache_ready_counts` with storage on: ``[write_acks, load_acks,
@@ -682,7 +681,7 @@ class StorageEngine:
             st.waits[pid] = wait
             if not done and wait.started_at is not None:
                 # the first poll after the deadline (strictly later) terminates it
-                self.sim._mark(math.nextafter(wait.started_at + wait.timeout_s, math.inf))
+                self.alarm(math.nextafter(wait.started_at + wait.timeout_s, math.inf))
         if not done:
             return False
         if p.staged:
@@ -690,6 +689,21 @@ class StorageEngine:
         else:
             self.revoke(c, pid, "not_staged")
         return True
+
+    def alarm(self, t: float) -> None:
+        """A prefetch deadline at ``t`` (the first poll strictly after the timeout
+        terminates the prefetch): a relevant moment then, on a timer of its own (one
+        per time, however many replicas and polls arm it)."""
+        if t <= self.env.now:
+            self.sim._kick()
+        elif t not in self.armed:
+            self.armed.add(t)
+            self.env.process(self.ring(t))
+
+    def ring(self, t: float):
+        yield from until(self.env, t)
+        self.armed.discard(t)
+        self.sim._relevant()
 
     def stale(self, c: Cohort, queue: str, pid) -> None:
         """Replica ``c``'s query (``hit_q``) or transfer (``ack_q``) of prefetch ``pid``
