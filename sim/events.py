@@ -341,6 +341,12 @@ class Simulation:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []     # decoding, in admission order
         self.chunked: Req | None = None  # the request whose prefill continues next batch
+        # Per-rank request state (sim.lanes): once the ranks' decisions on requests
+        # differ, each group of ranks that still agrees is a lane with its own queue,
+        # batch and requests; None while every rank shares this one.
+        self._lanes: list | None = None
+        self._root = None     # a lane's group (the Simulation that owns its lanes)
+        self._reports = True  # this request state's requests are rank 0's (metrics)
         self.arrivals_done = False
         self.finished = False
         self.halted: str | None = None
@@ -481,10 +487,14 @@ class Simulation:
         """After the event loop: a stuck run is named, the ground truth confirmed."""
         if self._user_error is not None:
             raise self._user_error
+        if self._lanes is not None:
+            # rank 0's request state carries the group's figures (``Req`` doc)
+            self.busy_s = self._lanes[0].busy_s
         if not self.finished and self.halted is None:
             # The event queue ran dry with work left: nothing can ever wake the loop.
-            self.stuck = (f"no event left with {len(self.waiting)} waiting and "
-                          f"{len(self.running)} running requests")
+            s = self._lanes[0] if self._lanes else self
+            self.stuck = (f"no event left with {len(s.waiting)} waiting and "
+                          f"{len(s.running)} running requests")
         self.obs.final_compare(self.env.now, self.step_no, self.group.cohorts)
         self._sample(final=True)
         if self._buf:
@@ -496,7 +506,13 @@ class Simulation:
 
     def submit(self, req) -> None:
         """A request arrives now (the cluster's router chose this instance)."""
-        rq = Req(req, page_key(req.blocks, req.block_size, self._ps, req.input_len))
+        key = page_key(req.blocks, req.block_size, self._ps, req.input_len)
+        if self._lanes is not None:
+            for lane in self._lanes:  # every rank receives it (`broadcast_pyobj`)
+                lane.waiting.append(Req(req, key))
+            self._kick()
+            return
+        rq = Req(req, key)
         self.waiting.append(rq)
         if self._st is not None:
             self._st_arrive(rq)
@@ -509,7 +525,8 @@ class Simulation:
     @property
     def load(self) -> int:
         """Requests routed here and not finished: what a router balances."""
-        return len(self.waiting) + len(self.running) + (self.chunked is not None)
+        s = self._lanes[0] if self._lanes else self
+        return len(s.waiting) + len(s.running) + (s.chunked is not None)
 
     def _arrivals(self):
         yield from feed(self.env, within_limits(self.workload, self.cfg), [self], lambda req: 0,
@@ -526,8 +543,9 @@ class Simulation:
                    for c in self.group.cohorts)
 
     def _drained(self) -> bool:
-        return (self.arrivals_done and not self.waiting and not self.running
-                and self.chunked is None and not self._pending and not self._in_flight())
+        return (self.arrivals_done and all(not s.waiting and not s.running and s.chunked is None
+                                           and not s._pending for s in self._lanes or (self,))
+                and not self._in_flight())
 
     def _loop(self):
         """`event_loop_normal`: one iteration per relevant moment."""
@@ -558,44 +576,13 @@ class Simulation:
             self._sample()
             self._sync_mismatch = False
             self._sync()
-            if self._stash is not None:
-                # `get_next_batch_to_run`: after the HiCache poll, the continuing chunk's
-                # progress is inserted (`stash_chunked_request` -> `cache_unfinished_req`)
-                self._checkpoint(self._stash, None)
-                self._stash = None
-            self._compare()
-            if self.waiting or self.chunked is not None:
-                plan = self._admit()
-                if plan is not None:
-                    if sr is not None:
-                        self._record_extend(plan)
-                    self._process_pending()  # the last batch's results, this one launched
-                    yield from self._result_scan_time()
-                    yield from self._prefill(plan)
-                    # `process_batch_result` ends with `flush_pending_backups`: the
-                    # step's backups leave with its results
-                    self._flush_writes()
-                    self._batch_ran = True
-                    continue
-            if self.running and self.cfg.decode:
-                ran = yield from self._decode()
-                self._flush_writes()
-                if ran is not False:
-                    self._batch_ran = True
-                    continue
-            if self._pending:
-                # no batch this step: the last batch's results are processed, and the
-                # step is spent (the next one schedules with them)
-                self._inflight = []
-                self._process_pending()
-                self._flush_writes()
-                self._compare()
-                yield from self._result_scan_time()
-                if self._steps:
-                    yield self.env.timeout(1)
+            if self._lanes is None:
+                ran = yield from self._batch()
+            else:
+                from sim import lanes
+                ran = yield from lanes.batches(self)
+            if ran:
                 continue
-            self._inflight = []
-            self._compare()
             if self._drained():
                 if self._free_log is not None:
                     self._log_free()
@@ -613,6 +600,51 @@ class Simulation:
                 self.env.timeout(self._wake_at - self.env.now).callbacks.append(self._kick)
             yield self._wake
             self._idle = False
+
+    def _batch(self):
+        """`get_next_batch_to_run` and `run_batch` on this request state: the prefill
+        batch, else a decode step, else the last batch's results. True when the
+        iteration took its step; False when there was nothing to run."""
+        sr = self.steprec
+        if self._stash is not None:
+            # `get_next_batch_to_run`: after the HiCache poll, the continuing chunk's
+            # progress is inserted (`stash_chunked_request` -> `cache_unfinished_req`)
+            self._checkpoint(self._stash, None)
+            self._stash = None
+        self._compare()
+        if self.waiting or self.chunked is not None:
+            plan = self._admit()
+            if plan is not None:
+                if sr is not None:
+                    self._record_extend(plan)
+                self._process_pending()  # the last batch's results, this one launched
+                yield from self._result_scan_time()
+                yield from self._prefill(plan)
+                # `process_batch_result` ends with `flush_pending_backups`: the
+                # step's backups leave with its results
+                self._flush_writes()
+                self._batch_ran = True
+                return True
+        if self.running and self.cfg.decode:
+            ran = yield from self._decode()
+            self._flush_writes()
+            if ran is not False:
+                self._batch_ran = True
+                return True
+        if self._pending:
+            # no batch this step: the last batch's results are processed, and the
+            # step is spent (the next one schedules with them)
+            self._inflight = []
+            self._process_pending()
+            self._flush_writes()
+            self._compare()
+            yield from self._result_scan_time()
+            if self._steps:
+                yield self.env.timeout(1)
+            return True
+        self._inflight = []
+        self._compare()
+        return False
 
     def _log_free(self) -> None:
         """The ranks' device and host free space at the end of the step just run (the
@@ -647,6 +679,8 @@ class Simulation:
             yield self._gpu_hold
 
     def _release_gpu(self) -> None:
+        for lane in self._lanes or ():
+            lane._release_gpu()
         if self._gpu_hold is not None:
             self.gpu.release(self._gpu_hold)
             self._gpu_hold = None
@@ -937,8 +971,9 @@ class Simulation:
                 if prefix + extend < rq.fill_len:
                     chunked = rid
             sr.extend(c, p, chunked)
-        for rq in plans[0][1].reqs:
-            sr.first_sched(rq.r.rid, step)
+        if self._reports:
+            for rq in plans[0][1].reqs:
+                sr.first_sched(rq.r.rid, step)
 
     def _orders(self) -> dict[int, list[int]]:
         """Request-order jitter: each perturbed rank's order over the first waiting
@@ -1197,12 +1232,23 @@ class Simulation:
         self._forward(numels)
         rids = [rq.r.rid for rq in plans[0][1].reqs]
         if any([rq.r.rid for rq in p.reqs] != rids for _, p in plans[1:]):
-            # Equal token totals, different requests: no collective fails, and the
-            # ranks now run different batches, which this engine cannot follow.
-            self.obs.untracked(env.now, self.step_no, "ranks admitted different requests "
-                               "with equal token totals")
-            self.halted = "untracked"
-            raise _Halt()
+            # Equal token totals (or no forward collective), different requests: no
+            # collective fails, and each rank goes on with its own batch, from here on
+            # with its own request state (sim.lanes).
+            from sim import lanes
+            if not lanes.can_split(self):
+                self.obs.untracked(env.now, self.step_no, "ranks admitted different requests "
+                                   "with equal token totals")
+                self.halted = "untracked"
+                raise _Halt()
+            yield from lanes.split_prefill(self, plans, now)
+            return
+        yield from self._prefill_run(plans, now)
+
+    def _prefill_run(self, plans, now: float):
+        """The batch's forward time and its results, every plan of ``plans`` having
+        admitted the same requests."""
+        env, cost = self.env, self.cost
         c0, p0 = plans[0]
         if self._gpu_hold is None:
             yield from self._hold_gpu()
@@ -1215,7 +1261,9 @@ class Simulation:
                   for _, p in plans) + self._sync_s
         self.busy_s += dur
         yield env.timeout(dur)
-        self._trace("prefill", "forward", list(range(self.cfg.tp)), now, env.now - now,
+        ranks = (list(range(self.cfg.tp)) if self._root is None
+                 else sorted(r for c, _ in plans for r in c.ranks))
+        self._trace("prefill", "forward", ranks, now, env.now - now,
                     requests=len(p0.reqs), tokens=sum(e for _, _, e in p0.shape))
         self._after_prefill(plans, now)
         yield from self._result_scan_time()
@@ -1655,7 +1703,7 @@ class Simulation:
         the request's lock and leftover pages released."""
         self._checkpoint(rq, rq.kv, final=True)
         rq.finish = self.env.now
-        if self.steprec is not None:
+        if self.steprec is not None and self._reports:
             self.steprec.finished(rq, self.steprec.step)
         self.metrics.request_done(rq)
         if self.progress is not None:
@@ -1770,6 +1818,10 @@ class Simulation:
     def _fork(self, rank: int, cause: str, detail: str = "") -> Cohort:
         """Copy-on-divergence, plus the requests' per-replica state: their lock nodes
         are found in the clone by path (the trees are identical at this instant)."""
+        if self._lanes is not None:
+            # the request state the rank's slots live in is its lane's
+            lane = next(x for x in self._lanes if any(rank in c.ranks for c in x.group.cohorts))
+            return lane._fork(rank, cause, detail)
         src = self.group.cohort_of(rank)
         c = self.group.fork(rank, cause, self.env.now, detail)
         if c is src:

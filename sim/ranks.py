@@ -201,6 +201,31 @@ class RankGroup:
         return Ack(kind, ids, tokens, n, delays)
 
 
+class GroupView:
+    """One lane's share of the TP group (sim.lanes): its own cohorts; everything else,
+    forks included, is the whole group's, so a replica forked in a lane is both."""
+
+    def __init__(self, whole: RankGroup, cohorts: list[Cohort]):
+        self.whole = whole
+        self.cohorts = cohorts
+
+    def __getattr__(self, name):
+        return getattr(self.whole, name)
+
+    def cohort_of(self, rank: int) -> Cohort:
+        for c in self.cohorts:
+            if rank in c.ranks:
+                return c
+        raise KeyError(rank)
+
+    def fork(self, rank: int, cause: str, now: float, detail: str = "") -> Cohort:
+        new = self.whole.fork(rank, cause, now, detail)
+        if new not in self.cohorts:
+            self.cohorts.append(new)
+            self.cohorts.sort(key=lambda x: x.ranks[0])
+        return new
+
+
 def _shadow(old: simpy.Resource, new: simpy.Resource):
     """Hold ``new`` until ``old`` has served everything queued on it so far."""
     with new.request() as mine:

@@ -90,6 +90,7 @@ class Observations:
         self.shape: dict | None = None
         self.untracked_at: dict | None = None
         self.rank_consensus: dict | None = None  # the consensus checker's first divergence
+        self.request_split_at: dict | None = None  # the ranks' request states split (sim.lanes)
 
     # ------------------------------------------------------------ ground truth
     def compare(self, now: float, step: int, cohorts, full: bool = False) -> None:
@@ -152,6 +153,12 @@ class Observations:
         if self.first_true_divergence is None:
             self.first_true_divergence = {"t": now, "step": step, "what": why,
                                           "ranks": [], "state": {}}
+
+    def request_split(self, now: float, step: int, lanes: list[list[int]]) -> None:
+        """The ranks admitted different requests and go on, each group of ranks
+        with its own request state (``lanes``: their ranks); the first time."""
+        if self.request_split_at is None:
+            self.request_split_at = {"t": now, "step": step, **self._clock(), "lanes": lanes}
 
     # ------------------------------------------------------------ SGLang's checks
     def digest_mismatch(self, now, step, lo, hi, digests: dict, message: str) -> bool:
@@ -243,6 +250,8 @@ class Observations:
             "rank_consensus": self.rank_consensus,
             **({"faults": self.faults.report()} if self.faults is not None and self.faults.faults
                else {}),
+            # only where it happened: every other run's divergence.json is unchanged
+            **({"request_split": self.request_split_at} if self.request_split_at else {}),
         }
 
 
