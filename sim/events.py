@@ -982,6 +982,8 @@ class Simulation:
         n = min(ORDER_WINDOW, len(self.waiting))
         orders = {}
         for r in self.jitter.order_ranks:
+            if self._root is not None and not self._holds(r):
+                continue  # another lane's rank: its own scheduler orders its queue
             order = self.jitter.admission_order(r, self.batch_no, n)
             if order is not None:
                 self.jitter.perturbations.fire("request_order")
@@ -989,8 +991,14 @@ class Simulation:
                 orders[r] = order
         return orders
 
+    def _holds(self, rank: int) -> bool:
+        """Whether ``rank``'s replica is one of this request state's (sim.lanes)."""
+        return any(rank in c.ranks for c in self.group.cohorts)
+
     def _id_drift(self) -> None:
         j = self.cfg.jitter
+        if self._root is not None and not self._holds(j.id_drift_rank):
+            return  # another lane's rank
         for rq in itertools.chain([self.chunked] if self.chunked else [], self.waiting):
             if rq.r.rid == j.id_drift_after and not rq.slots:
                 c = self._fork(j.id_drift_rank, "id_drift",
