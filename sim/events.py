@@ -1304,11 +1304,31 @@ class Simulation:
             self._trace("blocking_backups", "transfer", c.ranks, t0, env.now - t0,
                         backups=len(p.backups))
         if p.loads:
+            self._update_producer(c)
             ack = self.group.make_ack(c, "load", list(p.loads), p.load_tokens)
             self._count_delays(ack)
             c.load_q.append(ack)
+            c.producers[c.producer_index] = ack
             p.started = env.event()
             env.process(self._copy(c, c.h2d, c.d2h, ack, cost.h2d_time, p.started))
+
+    def _update_producer(self, c: Cohort) -> None:
+        """`LayerDoneCounter.update_producer` (cache_controller.py), as `start_loading`
+        calls it for the batch's merged load op: the next of the producer slots, whose
+        last load must have finished on every rank (its event's `query()`); a rank
+        where it has not raises (a slow ack with more loads in flight than slots)."""
+        i = c.producer_index = (c.producer_index + 1) % C.LAYER_DONE_COUNTERS
+        prev = c.producers[i]
+        if prev is None:
+            return  # an event never recorded is complete
+        now = self.env.now
+        late = [r for r in c.ranks if not prev.ready(r, now)]
+        if late:
+            self.obs.rank_assertion(now, self.step_no, late, "AssertionError",
+                                    C.PRODUCER_REUSE_MESSAGE, "LayerDoneCounter.update_producer")
+            self.obs.compare(now, self.step_no, self.group.cohorts, full=True)
+            self.halted = "assertion"
+            raise _Halt()
 
     def _forward(self, numels: dict[int, int] | int) -> None:
         """The forward's TP all_reduce: per-rank token counts, or one count for all."""

@@ -22,6 +22,7 @@ from collections import deque
 import simpy
 
 from sim.config import SimConfig
+from sim.constants import LAYER_DONE_COUNTERS
 from sim.jitter import Jitter
 from sim.scheduler import SchedState
 from sim.tree import Tree
@@ -59,7 +60,8 @@ class Cohort:
     """Ranks with identical history: one tree, FIFO ack queues, copy engines."""
 
     __slots__ = ("ranks", "tree", "write_q", "load_q", "ops", "acks_issued", "h2d", "d2h",
-                 "alloc_attempts", "frees", "late_free_tokens", "sched", "st", "consensus")
+                 "alloc_attempts", "frees", "late_free_tokens", "sched", "st", "consensus",
+                 "producers", "producer_index")
 
     def __init__(self, env: simpy.Environment, ranks: list[int], tree: Tree, ops=None,
                  sched: SchedState | None = None):
@@ -78,6 +80,10 @@ class Cohort:
         self.late_free_tokens = 0  # device KV freed but not yet back in the allocator
         self.st = None  # the L3 tier's per-replica state (sim.events.StorageState), or None
         self.consensus = None  # the rank consensus checker's event log (sim.consensus), or None
+        # LayerDoneCounter's producer slots: the load ack that last used each, and the
+        # slot the last load took (`producer_index`, -1 before the first)
+        self.producers: list[Ack | None] = [None] * LAYER_DONE_COUNTERS
+        self.producer_index = -1
 
     def ready_count(self, q: deque, rank: int, now: float) -> int:
         """`_count_ready_acks`: ready acks from the front, up to the first that is not."""
@@ -181,6 +187,7 @@ class RankGroup:
         new.acks_issued = dict(c.acks_issued)
         new.alloc_attempts, new.frees = c.alloc_attempts, c.frees
         new.late_free_tokens = c.late_free_tokens
+        new.producers, new.producer_index = list(c.producers), c.producer_index
         if c.consensus is not None:
             new.consensus = list(c.consensus)
         for old_e, new_e in ((c.h2d, new.h2d), (c.d2h, new.d2h)):

@@ -169,9 +169,7 @@ def test_step_records_carry_each_ranks_free_space(tmp_path):
 # Groups whose engine outcome differs from the real one, and why (README "TP-2 under
 # faults"). Each must still differ: a fix that makes one identical removes it here.
 KNOWN_DIFFERENT = {
-    # LayerDoneCounter's 3 producer slots (cache_controller.py update_producer): a
-    # 4th load-back while the 1st is 6 steps late asserts on rank 1; not modelled
-    "t09_multiturn_ps16_overlap.ack_delay_at40_5": "producer_slots",
+    # (none: every vendored group is identical)
 }
 
 
@@ -195,6 +193,24 @@ def test_engine_outcome_matches_the_real_tp2_group(run, tmp_path):
             assert eng["class"] == "untracked"
     else:
         assert not diff, diff
+
+
+def test_a_late_load_whose_producer_slot_comes_round_again_asserts_on_its_rank_only(tmp_path):
+    """LayerDoneCounter's 3 producer slots: rank 1's 4th load-back reuses the slot of a
+    load 5 steps late; rank 1 raises, rank 0 dies a step later on the closed
+    connection. One step of delay less leaves the slot free in time."""
+    run = "t09_multiturn_ps16_overlap.clean"
+    d = _run(tmp_path, run=run, faults=[{"rank": 1, "kind": "ack_delay", "step": 40,
+                                          "extra_steps": 5}])
+    o = d["outcome"]
+    assert o["class"] == "assertion" and d["rank_assertion"]["ranks"] == [1]
+    assert o["ranks"]["1"]["msg"] == "Producer finish event should be ready before being reused."
+    assert o["ranks"]["0"]["exc"] == "RuntimeError" and o["ranks"]["0"]["step"] == o["step"] + 1
+    assert "Connection reset by peer" in o["ranks"]["0"]["msg"]
+    assert d["verdict"] == "false_alarm"  # the trees never differed
+    short = _run(tmp_path, run=run, faults=[{"rank": 1, "kind": "ack_delay", "step": 40,
+                                              "extra_steps": 1}])
+    assert "rank_assertion" not in short and short["outcome"]["class"] == "agree"
 
 
 def test_faults_are_refused_on_a_hybrid_model(tmp_path):
