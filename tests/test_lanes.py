@@ -1,0 +1,72 @@
+"""Per-rank request state (sim/lanes.py): once the ranks admit different requests, each
+goes on with its own queue and batches, still meeting the others in every iteration's
+sync, until what really stops the group."""
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from sim.runner import run_scenario
+from sim.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "sglang_server"))
+
+import conformance_tp2 as ct  # noqa: E402
+from runconfig import engine_scenario  # noqa: E402
+
+GROUP = "t02_hostpress_ps16.host_alloc_fail_at40"
+
+
+def _scenario(tmp_path, **over) -> Path:
+    g = next(g for g in ct.load_groups() if g["run"] == GROUP)
+    scn = engine_scenario(g["config"], str(ct.FOLDER / g["trace"]))
+    for k, v in over.items():
+        scn[k] = v
+    p = tmp_path / f"s{len(list(tmp_path.glob('*.yaml')))}.yaml"
+    p.write_text(yaml.safe_dump(scn, sort_keys=False))
+    return p
+
+
+def _steps(path: Path) -> list[dict]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "step"]
+
+
+def test_after_the_split_each_rank_runs_its_own_batches_until_the_digest_asserts(tmp_path):
+    rec = tmp_path / "steps.jsonl"
+    res = run_scenario(load_scenario(str(_scenario(tmp_path))), None, record_steps=str(rec))
+    d = res.divergence
+    split = d["request_split"]
+    assert split["lanes"] == [[0], [1]]
+    r0, r1 = (_steps(tmp_path / f"steps.rank{r}.jsonl") for r in range(2))
+    at = split["clock_step"]
+    before = [(a.get("rids"), b.get("rids")) for a, b in zip(r0, r1) if a["step"] < at]
+    after = [(a.get("rids"), b.get("rids")) for a, b in zip(r0, r1) if a["step"] >= at]
+    # the same batches while they share one request state, different ones after
+    assert before and all(x == y for x, y in before)
+    assert sum(x != y for x, y in after) > 1
+    # both ranks keep iterating in lockstep (one record per step each) to the assertion
+    assert [a["step"] for a in r0] == [b["step"] for b in r1]
+    # the metrics are rank 0's lane's: each finished request counted once
+    reqs = [json.loads(x) for x in (tmp_path / "steps.rank0.jsonl").read_text().splitlines()
+            if '"type": "req"' in x]
+    assert res.summary["requests"] == sum("finish_step" in r for r in reqs) > 0
+    o = d["outcome"]
+    assert o["class"] == "assertion" and o["step"] > at and d["halted"] == "digest_mismatch"
+
+
+def test_a_split_run_is_deterministic(tmp_path):
+    p = _scenario(tmp_path)
+    a = run_scenario(load_scenario(str(p)), tmp_path / "a")
+    b = run_scenario(load_scenario(str(p)), tmp_path / "b")
+    for f in ("divergence.json", "summary.json", "requests.parquet"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    assert a.divergence["request_split"] is not None
+
+
+def test_a_run_that_never_splits_reports_no_split(tmp_path):
+    d = run_scenario(load_scenario(str(_scenario(tmp_path, faults=[]))), None).divergence
+    assert "request_split" not in d and d["outcome"]["class"] == "agree"
