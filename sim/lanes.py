@@ -67,6 +67,9 @@ class Lane(Simulation):
         # one decode step per iteration: each step's sync pairs with the other lanes'
         return min(1, super()._decode_headroom(limit))
 
+    def tick(self) -> int:
+        return self._root.tick()  # a recording group's one clock (sim.repro.case)
+
     def _forward(self, numels) -> None:
         """The forward's collective is the group's, once every lane has run
         (``batches``): post this lane's ranks' token counts."""
@@ -79,12 +82,26 @@ class Lane(Simulation):
             board.update(numels)
 
 
+_CLASSES: dict[type, type] = {}
+
+
+def _lane_class(base: type) -> type:
+    """``Lane`` over the group's own class (a recording ``TracingSimulation`` keeps its
+    hooks in its lanes)."""
+    if base is Simulation:
+        return Lane
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = _CLASSES[base] = type(f"{base.__name__}Lane", (Lane, base), {})
+    return cls
+
+
 def _lane(sim: Simulation, cohorts: list, reqs: dict, own: bool):
     """A lane for ``cohorts``, copying ``sim``'s request state. ``reqs``: the original
     ``Req``'s id -> this lane's copy, filled as they are met. ``own``: the lane keeps
     the original requests (rank 0's). Returns the lane and its mapping function."""
     root = sim._root or sim
-    lane = object.__new__(Lane)
+    lane = object.__new__(_lane_class(type(root)))
     d = dict(sim.__dict__)
     d.pop("halted", None)
     lane.__dict__.update(d)
