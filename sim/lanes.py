@@ -179,11 +179,10 @@ def split_prefill(sim: Simulation, plans: list, now: float):
                            [sorted(r for c, _ in cps for r in c.ranks) for cps in groups])
     root._trace("split", "divergence", list(range(root.cfg.tp)), sim.env.now, 0,
                 lanes=len(new))
-    # what ``sim`` held now lives in its lanes
+    # what ``sim`` held now lives in its lanes (its replicas stay in view: the rest of
+    # its iteration flushes their backups)
     sim.waiting, sim.running, sim.chunked, sim._stash = deque(), [], None, None
     sim._finishing, sim._inflight, sim._pending = [], [], []
-    if sim is not root:
-        sim.group.cohorts = []
     procs = []
     for lane, cps in made:
         lane._proc = p = sim.env.process(lane._prefill_run(cps, now))

@@ -21,11 +21,13 @@ from runconfig import engine_scenario  # noqa: E402
 GROUP = "t02_hostpress_ps16.host_alloc_fail_at40"
 
 
-def _scenario(tmp_path, **over) -> Path:
+def _scenario(tmp_path, replicas=None, **over) -> Path:
     g = next(g for g in ct.load_groups() if g["run"] == GROUP)
     scn = engine_scenario(g["config"], str(ct.FOLDER / g["trace"]))
     for k, v in over.items():
         scn[k] = v
+    if replicas is not None:
+        scn["engine"]["replicas"] = replicas
     p = tmp_path / f"s{len(list(tmp_path.glob('*.yaml')))}.yaml"
     p.write_text(yaml.safe_dump(scn, sort_keys=False))
     return p
@@ -70,3 +72,19 @@ def test_a_split_run_is_deterministic(tmp_path):
 def test_a_run_that_never_splits_reports_no_split(tmp_path):
     d = run_scenario(load_scenario(str(_scenario(tmp_path, faults=[]))), None).divergence
     assert "request_split" not in d and d["outcome"]["class"] == "agree"
+
+
+def test_at_tp_4_lanes_of_several_replicas_split_alike_shared_and_eager(tmp_path):
+    """Two faulted ranks at TP 4: the lanes hold several replicas each and can split
+    again; one tree per rank from t=0 (``replicas: eager``) reports byte-identically."""
+    faults = [{"rank": 1, "kind": "host_alloc_fail", "step": 40},
+              {"rank": 3, "kind": "host_alloc_fail", "step": 70}]
+    out = {}
+    for mode in ("shared", "eager"):
+        p = _scenario(tmp_path, tp=4, faults=faults, replicas=mode)
+        res = run_scenario(load_scenario(str(p)), tmp_path / mode)
+        out[mode] = res.divergence
+    assert out["shared"]["request_split"]["lanes"] == [[0, 2, 3], [1]]
+    assert out["shared"]["outcome"]["class"] == "assertion"
+    for f in ("divergence.json", "summary.json", "requests.parquet"):
+        assert (tmp_path / "shared" / f).read_bytes() == (tmp_path / "eager" / f).read_bytes(), f
