@@ -1470,6 +1470,9 @@ class Simulation:
                 plans = self._decode_memory()
                 if plans is None:
                     return False  # `update_running_batch` skips decode this step
+                if not isinstance(plans, list):
+                    yield from plans  # the ranks' request states split (sim.lanes)
+                    return
                 if plans:
                     yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
                 self._process_pending()
@@ -1491,6 +1494,9 @@ class Simulation:
             plans = self._decode_memory()
             if plans is None:
                 return False
+            if not isinstance(plans, list):
+                yield from plans  # the ranks' request states split (sim.lanes)
+                return
             mark = self._next_mark()
             if plans:
                 yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
@@ -1661,12 +1667,24 @@ class Simulation:
         ref = kept_by[id(self.group.cohorts[0])]
         aborted = abort_by[id(self.group.cohorts[0])]
         if any(k != ref for k in kept_by.values()) or any(a != aborted for a in abort_by.values()):
+            from sim import lanes
+            if lanes.can_split(self):
+                # each rank goes on with its own retraction, from here with its own
+                # request state: the rest of this step runs in the lanes (a generator)
+                return lanes.split_decode(self, plans, kept_by, abort_by)
             sizes = {r: len(kept_by[id(c)]) for c in self.group.cohorts for r in c.ranks}
             self.obs.untracked(self.env.now, self.step_no,
                                "ranks retracted different requests")
             self._forward(sizes)
             self.halted = "untracked"
             raise _Halt()
+        return self._retract(batch, plans, ref, aborted)
+
+    def _retract(self, batch, plans, ref: list[int], aborted: int | None) -> list:
+        """The retraction every replica of ``plans`` agreed on (``ref``: the indices of
+        ``batch`` kept; ``aborted``: the one aborted, or None), then each replica's
+        `alloc_for_decode` eviction. Returns the plans with blocking work."""
+        ps = self._ps
         if len(ref) < len(batch):
             self._retracted_now = True
             kept = [batch[i] for i in ref]

@@ -6,7 +6,7 @@ requests only because they take the same decisions from the same inputs. The eng
 keeps one request state for the group while they do (``Simulation.waiting``,
 ``running``, ...; each request's per-replica slot in ``Req.slots``). When the
 replicas' decisions on requests differ (a prefill batch with other requests on some
-rank), the group splits into *lanes*: each set of replicas that took the same decision
+rank, or a decode step that retracts other requests), the group splits into *lanes*: each set of replicas that took the same decision
 gets its own copy of the request state, as ``RankGroup.fork`` copies a tree, and goes
 on with its own batches. The lane holding rank 0 keeps the original ``Req`` objects
 and the group's metrics (the metrics describe rank 0); the others work on copies.
@@ -151,14 +151,10 @@ def _lane(sim: Simulation, cohorts: list, reqs: dict, own: bool):
     return lane, mine
 
 
-def split_prefill(sim: Simulation, plans: list, now: float):
-    """The replicas of ``sim`` admitted different requests into this prefill batch:
-    one lane per decision, each running the rest of its batch (``_prefill_run``)."""
+def _split(sim: Simulation, groups: list[list], why: str) -> list:
+    """One lane per group of ``sim``'s ``(cohort, plan)`` pairs (the first group holds
+    the lowest rank), each plan's requests mapped to its lane's. Returns the lanes."""
     root = sim._root or sim
-    by_rids: dict[tuple, list] = {}
-    for c, p in plans:
-        by_rids.setdefault(tuple(rq.r.rid for rq in p.reqs), []).append((c, p))
-    groups = list(by_rids.values())  # plans[0] (the lowest rank's) first
     made = []
     # the copies first: the lane keeping the originals prunes their slots
     for i in range(len(groups) - 1, -1, -1):
@@ -166,9 +162,9 @@ def split_prefill(sim: Simulation, plans: list, now: float):
         lane, mine = _lane(sim, [c for c, _ in cps], {}, own=i == 0 and sim._reports)
         for _, p in cps:
             p.reqs = [mine(rq) for rq in p.reqs]
-        made.append((lane, cps))
+        made.append(lane)
     made.reverse()
-    new = [lane for lane, _ in made]
+    new = made
     if root._lanes is None:
         root._lanes = new
         root._forward_numels = {}
@@ -176,18 +172,76 @@ def split_prefill(sim: Simulation, plans: list, now: float):
         i = root._lanes.index(sim)
         root._lanes[i:i + 1] = new
     root.obs.request_split(sim.env.now, root.step_no,
-                           [sorted(r for c, _ in cps for r in c.ranks) for cps in groups])
+                           [sorted(r for c, _ in cps for r in c.ranks) for cps in groups], why)
     root._trace("split", "divergence", list(range(root.cfg.tp)), sim.env.now, 0,
                 lanes=len(new))
     # what ``sim`` held now lives in its lanes (its replicas stay in view: the rest of
     # its iteration flushes their backups)
     sim.waiting, sim.running, sim.chunked, sim._stash = deque(), [], None, None
     sim._finishing, sim._inflight, sim._pending = [], [], []
+    return new
+
+
+def _group_by(plans: list, key) -> list[list]:
+    by: dict = {}
+    for c, p in plans:
+        by.setdefault(key(c, p), []).append((c, p))
+    return list(by.values())  # plans[0] (the lowest rank's) first
+
+
+def split_prefill(sim: Simulation, plans: list, now: float):
+    """The replicas of ``sim`` admitted different requests into this prefill batch:
+    one lane per decision, each running the rest of its batch (``_prefill_run``)."""
+    groups = _group_by(plans, lambda c, p: tuple(rq.r.rid for rq in p.reqs))
+    new = _split(sim, groups, "admission")
     procs = []
-    for lane, cps in made:
+    for lane, cps in zip(new, groups):
         lane._proc = p = sim.env.process(lane._prefill_run(cps, now))
         procs.append(p)
     yield simpy.AllOf(sim.env, procs)
+
+
+def split_decode(sim: Simulation, plans: list, kept_by: dict, abort_by: dict):
+    """The replicas of ``sim`` retracted different requests for this decode step
+    (`retract_decode` from each rank's own pool): one lane per decision, each applying
+    its retraction and running its step; then the step's forward across every rank."""
+    key = {id(c): (tuple(kept_by[id(c)]), abort_by[id(c)]) for c, _ in plans}
+    groups = _group_by(plans, lambda c, p: key[id(c)])
+    new = _split(sim, groups, "retraction")
+    root = sim._root or sim
+    env = sim.env
+    procs = []
+    for lane, cps in zip(new, groups):
+        kept, aborted = key[id(cps[0][0])]
+        work = lane._retract(lane.running, cps, list(kept), aborted)
+        lane._proc = p = env.process(_decode_rest(lane, work))
+        procs.append(p)
+    yield simpy.AllOf(env, procs)
+    if sim is root:
+        _forward_all(root)
+
+
+def _decode_rest(lane: Lane, work: list):
+    """A lane's decode step after its retraction: its blocking backups, then the step
+    (``_decode`` again: its memory work is done, so it finds the step fits), or, with
+    nothing left running, the last batch's results."""
+    if work:
+        yield simpy.AllOf(lane.env, [lane.env.process(lane._stall(c, p)) for c, p in work])
+    if lane.running:
+        yield from lane._decode()
+    else:
+        lane._process_pending()
+        yield from lane._result_scan_time()
+    lane._flush_writes()
+
+
+def _forward_all(root: Simulation) -> None:
+    """The iteration's forward collective over every rank, from the lanes' posted
+    token counts: a rank with no batch runs no forward and blocks in the next request
+    broadcast."""
+    numels, root._forward_numels = root._forward_numels, {}
+    if numels:
+        root._forward({r: numels.get(r, 0) for r in range(root.cfg.tp)})
 
 
 def batches(root: Simulation):
@@ -203,9 +257,6 @@ def batches(root: Simulation):
         lane._proc = p = env.process(lane._batch())
         procs.append(p)
     yield simpy.AllOf(env, procs)
-    numels, root._forward_numels = root._forward_numels, {}
-    if numels:
-        # a rank with no batch runs no forward; it blocks in the next request broadcast
-        root._forward({r: numels.get(r, 0) for r in range(root.cfg.tp)})
+    _forward_all(root)
     root._batch_ran = any(lane._batch_ran for lane in root._lanes)
     return any(p.value for p in procs)

@@ -155,11 +155,13 @@ class Observations:
             self.first_true_divergence = {"t": now, "step": step, "what": why,
                                           "ranks": [], "state": {}}
 
-    def request_split(self, now: float, step: int, lanes: list[list[int]]) -> None:
-        """The ranks admitted different requests and go on, each group of ranks
+    def request_split(self, now: float, step: int, lanes: list[list[int]], why: str) -> None:
+        """The ranks took different decisions on requests (``why``: "admission" into a
+        prefill batch, "retraction" from a decode step) and go on, each group of ranks
         with its own request state (``lanes``: their ranks); the first time."""
         if self.request_split_at is None:
-            self.request_split_at = {"t": now, "step": step, **self._clock(), "lanes": lanes}
+            self.request_split_at = {"t": now, "step": step, **self._clock(), "lanes": lanes,
+                                     "why": why}
 
     def rank_assertion(self, now: float, step: int, ranks: list[int], exc: str, message: str,
                        where: str) -> None:

@@ -88,3 +88,19 @@ def test_at_tp_4_lanes_of_several_replicas_split_alike_shared_and_eager(tmp_path
     assert out["shared"]["outcome"]["class"] == "assertion"
     for f in ("divergence.json", "summary.json", "requests.parquet"):
         assert (tmp_path / "shared" / f).read_bytes() == (tmp_path / "eager" / f).read_bytes(), f
+
+
+def test_ranks_that_retract_different_requests_go_on_each_with_its_own_batch():
+    """A smaller device pool on rank 1: its decode step retracts where rank 0's does
+    not. With no forward collective each goes on with its own batch, to the end of the
+    trace (the digest assertion, recorded, fired before); with the model's forward
+    all_reduce the step's token counts differ there, at the split's step."""
+    path = ROOT / "scenarios" / "jitter_device_capacity_skew.yaml"
+    sets = ["seed=5", "jitter.device_capacity_skew={1: -64}"]
+    stub = run_scenario(load_scenario(path, sets + ["collective.forward=none"]), None).divergence
+    split = stub["request_split"]
+    assert split["why"] == "retraction" and split["lanes"] == [[0], [1]]
+    assert stub["halted"] is None and stub["finished"] and stub["verdict"] == "detected"
+    model = run_scenario(load_scenario(path, sets), None).divergence
+    ce = model["collective_error"]
+    assert ce["kind"] == "size_mismatch" and ce["site"] == "forward" and ce["step"] == split["step"]
