@@ -646,6 +646,10 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
     if msg is None and dist.is_initialized():
         dist.destroy_process_group()
     conn.close()
+    # Leave now: the interpreter's own exit waits on torch's threads for seconds (the
+    # parent's teardown then terminates the worker after its 5 s join), and there is
+    # nothing left to flush (stderr is a file, the pipe is closed).
+    os._exit(0)
 
 
 def _forward_sizes(numels: dict[int, int]) -> dict[int, int]:
