@@ -9,6 +9,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from sim.units import UNITS_KEY, units_for
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -58,10 +60,9 @@ def write_parquet(path, df, units: dict | None = None) -> None:
     """The one parquet writer: ``df`` without its index, ``df.attrs`` kept (as pandas
     keeps them), and with ``units`` (column -> unit, ``sim.units``) every column's unit
     in the schema metadata under ``hicache_sim.units``."""
+    # here, not at the top: cli.py loads this module at start-up, pyarrow is slow to load
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from sim.units import UNITS_KEY, units_for
 
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = dict(table.schema.metadata or {})

@@ -30,11 +30,21 @@ import math
 import os
 import re
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
+from sim.atomic import write_parquet, write_text
 from sim.errors import UserError
+from sim.fmt import duration, percent, table
+from sim.jitter import Jitter
+from sim.resolve import from_scenario
+from sim.runner import run_scenario
+from sim.scenario import dump_resolved, load_scenario
+from sim.sweep import EXECUTORS, _bar, _body_digest, tick
 
 SEEDS_DIR = "seeds"
 TABLE_FILE = "census.parquet"
@@ -182,9 +192,6 @@ def plan_census(scenario, seeds, *, seed_start: int = 0, overrides: Iterable[str
     ``scenario`` is a scenario file path; ``seeds`` a count (seeds ``seed_start ..
     seed_start + seeds - 1``) or a list of seeds; ``overrides`` ``--set`` items.
     """
-    from sim.scenario import dump_resolved, load_scenario
-    from sim.sweep import _body_digest
-
     overrides = tuple(overrides)
     seed_list = _seed_list(seeds, seed_start)
     scn = load_scenario(scenario, overrides)
@@ -247,8 +254,6 @@ def seed_record(divergence: dict, seed: int, digest: str) -> dict:
 
 def write_strict_json(path, obj) -> None:
     """Atomically, sorted keys, and no NaN (``allow_nan=False`` fails loudly instead)."""
-    from sim.atomic import write_text
-
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
@@ -267,8 +272,6 @@ def read_record(plan: CensusPlan, seed: int) -> dict | None:
 
 def _simulate(scenario, seed: int) -> dict:
     """One run, no results folder; its divergence report."""
-    from sim.runner import run_scenario
-
     if scenario.output.trace_out is not None:
         # Nothing is written, so do not collect the trace's events either.
         scenario = scenario.model_copy(update={
@@ -359,7 +362,7 @@ def _row(rec: dict, names: list[str]) -> dict:
 def build_table(records: Sequence[dict]):
     """One row per record, in seed order; fixed columns and dtypes (an empty census
     gives an empty table with the same schema)."""
-    import pandas as pd
+    import pandas as pd  # here, not at the top: importing the module stays light (pandas is slow to load)
 
     records = sorted(records, key=lambda r: r["seed"])
     names = sorted({n for r in records for n in (r.get("perturbations") or {})})
@@ -388,8 +391,6 @@ def _quantiles(values, percentiles, with_max: bool) -> dict:
     or below it): always a delay some seed really had, and the point where the step
     CDF in the figure crosses p. With 20 seeds, interpolating would invent values
     between two seeds (and p99 is then simply the max)."""
-    import numpy as np
-
     v = np.sort(np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float))
     out: dict = {"n": int(len(v))}
     for p in percentiles:
@@ -434,8 +435,6 @@ def _group_stats(table, label: str, total: int) -> dict:
 
 def aggregate(table, plan: CensusPlan, failed: Sequence[int] = ()) -> dict:
     """census.json: per verdict (ordered) and over all seeds."""
-    from sim.config import from_scenario
-
     total = len(table)
     order = verdict_order(table["verdict"].tolist())
     rows = [_group_stats(table[table["verdict"] == v], v, total) for v in order]
@@ -450,7 +449,6 @@ def aggregate(table, plan: CensusPlan, failed: Sequence[int] = ()) -> dict:
                 "seeds_reporting": len(counts), "seeds_fired": sum(1 for x in counts if x > 0),
                 "total": int(sum(counts)),
                 "mean_per_seed": (sum(counts) / len(counts)) if counts else None}
-    from sim.jitter import Jitter
 
     cfg, _ = from_scenario(plan.scenario)
     return {
@@ -477,8 +475,6 @@ def aggregate(table, plan: CensusPlan, failed: Sequence[int] = ()) -> dict:
 def format_table(agg: dict) -> str:
     """The aggregate as plain aligned text (``sim.fmt.table``; ``rich`` is not a
     dependency). Times are simulated, shown in ms, s, min or h (``sim.fmt.duration``)."""
-    from sim.fmt import duration, percent, table
-
     header = ["verdict", "seeds", "share", "delay n", "p50", "p90", "p99", "max",
               "1st div n", "p50", "p90"]
     lines = []
@@ -530,9 +526,6 @@ def run_census(plan: CensusPlan, *, jobs: int | None = None, executor: str = "lo
                plots: bool = True) -> CensusOutcome:
     """Run every seed without a current record, then write the table, the aggregate
     and (``plots``) the figure."""
-    from sim.atomic import write_parquet
-    from sim.sweep import EXECUTORS, _bar, tick
-
     if executor not in EXECUTORS:
         raise UserError(f"--executor: found {executor!r}; expected one of {', '.join(EXECUTORS)}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
@@ -578,7 +571,7 @@ def run_census(plan: CensusPlan, *, jobs: int | None = None, executor: str = "lo
     write_strict_json(plan.out / AGGREGATE_FILE, agg)
     files = [plan.out / TABLE_FILE, plan.out / AGGREGATE_FILE]
     if plots:
-        from reports.census import plot_census
+        from reports.census import plot_census  # matplotlib: only when plotting
 
         files += plot_census(plan.out)
     return CensusOutcome(plan.out, table, agg, sorted(ran), skipped, failures, files)
@@ -601,8 +594,6 @@ def census(scenario, seeds, *, seed_start: int = 0, overrides: Iterable[str] = (
     if plan.pinned_jitter_seed is not None:
         message = pinned_warning(plan)
         if warn is None:
-            import warnings
-
             warnings.warn(message, stacklevel=2)
         else:
             warn(message)

@@ -30,6 +30,7 @@ import weakref
 from datetime import timedelta
 
 from sim.errors import UserError
+from sim.policies import resolve
 
 # ----------------------------------------------------------------------------------
 # The lines a real server dies with
@@ -88,10 +89,17 @@ LINES = {
 # (torch/distributed/constants.py: default_pg_timeout = 30 min for gloo,
 # default_pg_nccl_timeout = 10 min).
 SERVER_TIMEOUT_S = {"gloo": 1800.0, "nccl": 600.0}
-# The NCCL watchdog polls every kWatchdogThreadSleepMillis (100 ms in torch 2.x's
-# ProcessGroupNCCL.cpp), so "ran for" is the timeout plus up to one poll; printing the
-# timeout plus one poll keeps outputs deterministic.
+# The NCCL watchdog polls every kWatchdogThreadSleepMillis: torch's
+# torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, `constexpr int64_t
+# kWatchdogThreadSleepMillis = 100;`, the sleep between the watchdog loop's
+# `WorkNCCL::checkTimeout` passes (`ProcessGroupNCCL::Watchdog::runLoop`; the .cpp is not
+# in the wheel, so tests cannot read it). "ran for" is the timeout plus up to one poll;
+# printing the timeout plus one poll keeps outputs deterministic.
 NCCL_WATCHDOG_POLL_MS = 100
+# How long a blocked call of the torch backend waits (collective.timeout_s): hicache-sim's
+# own default, not a server's (a server waits SERVER_TIMEOUT_S); short, so a wedged
+# group ends a run in seconds. The one source: the scenario schema and SimConfig read it.
+DEFAULT_TIMEOUT_S = 10.0
 
 # The sync vector is int64 (sem §5.2): 8 bytes an element in gloo's size checks.
 SYNC_ITEMSIZE = 8
@@ -517,6 +525,7 @@ def _watch_parent(tmpdir: str) -> None:
     collective, and remove the group's files the parent can no longer remove. (Not
     prctl(PR_SET_PDEATHSIG): that fires when the *thread* that spawned the worker exits,
     which kills a healthy group created from a short-lived thread.)"""
+    # (the lines below run in a spawned rank process, the torch backend's only)
     import multiprocessing
     import threading
     from multiprocessing.connection import wait
@@ -552,7 +561,7 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
     _watch_parent(tmpdir)
     os.environ.update(_worker_env(device, iface))
 
-    import torch
+    import torch  # after the environment above: torch reads it at import
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -680,14 +689,13 @@ class TorchCollective(Collective):
     After any error the group is unusable: ``close()`` terminates every worker."""
 
     name = "torch"
-    DEFAULT_TIMEOUT_S = 10.0
     # Start-up is interpreter + torch import per rank: seconds on an idle machine, much
     # longer on an oversubscribed one.
     START_TIMEOUT_S = 600.0
 
     def __init__(self, world: int, device: str = "cpu", timeout_s: float | None = None,
                  *, _iface: str | None = "auto"):
-        super().__init__(world, device, self.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
+        super().__init__(world, device, DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
         try:
             import torch
             import torch.multiprocessing  # noqa: F401
@@ -713,7 +721,7 @@ class TorchCollective(Collective):
             raise
 
     def _start(self) -> None:
-        import torch.multiprocessing as mp
+        import torch.multiprocessing as mp  # torch is optional: the torch backend only
         from multiprocessing.connection import wait
 
         ctx = mp.get_context("spawn")
@@ -979,7 +987,5 @@ def make_collective(backend: str, world: int, device: str = "cpu",
     how long a blocked call waits before it is reported (default 10 s); for
     "simulated", the timeout printed in the lines it reports (default: a real server's,
     ``SERVER_TIMEOUT_S``)."""
-    from sim.policies import resolve
-
     cls = resolve(COLLECTIVES, backend, "collective backend", where="collective.backend")
     return cls(world, device, timeout_s)

@@ -1,18 +1,18 @@
 """Engine configuration: plain, fully resolved numbers (no YAML, no units).
 
-``sim.scenario`` validates what users write; ``from_scenario`` resolves it into these
-dataclasses, which are all the engine reads.
+``sim.scenario`` validates what users write; ``sim.resolve.from_scenario`` resolves it
+into these dataclasses, which are all the engine reads. This module imports neither.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim import constants as C
+from sim.collectives import DEFAULT_TIMEOUT_S
 from sim.constants import LOAD_BACK_THRESHOLD, MAX_PREFILL_TOKENS_DEFAULT
 from sim.constants import CLIP_MAX_NEW_TOKENS, SCHEDULE_POLICY_DEFAULT
 
-# The per-step cache-sync disciplines (sim.events), each from one SGLang version.
-DISCIPLINES = ("synced", "pre_26921", "local")
 REPLICAS = ("shared", "eager")
 
 
@@ -82,10 +82,10 @@ class StorageConfig:
     SGLang's prefetch knobs."""
 
     backend: object = None  # sim.storage.backends.StorageBackend
-    prefetch_policy: str = "timeout"
-    prefetch_threshold: int = 256
-    prefetch_timeout_base: float = 1.0
-    prefetch_timeout_per_ki_token: float = 0.25
+    prefetch_policy: str = C.PREFETCH_POLICY_DEFAULT
+    prefetch_threshold: int = C.PREFETCH_THRESHOLD_DEFAULT
+    prefetch_timeout_base: float = C.PREFETCH_TIMEOUT_BASE_S
+    prefetch_timeout_per_ki_token: float = C.PREFETCH_TIMEOUT_PER_KI_TOKEN_S
     # Ranks whose storage shard nobody writes (attention CP with MLA KV):
     # sim.storage.collectives.unwritten_ranks.
     unwritten_ranks: frozenset = frozenset()
@@ -150,10 +150,10 @@ class SimConfig:
     overlap: bool = False
     collective: str = "simulated"
     collective_device: str = "cpu"
-    collective_timeout_s: float = 10.0  # torch backend: how long a blocked call waits
+    collective_timeout_s: float = DEFAULT_TIMEOUT_S  # torch backend: how long a blocked call waits
     # collective.forward: False is a stub forward with no collective (the server harness's)
     forward_collective: bool = True
-    discipline: str = "synced"
+    discipline: str = "synced"     # sim.policies.sync.SYNC_DISCIPLINES
     on_divergence: str = "record"   # or "halt"
     seed: int = 0
     max_requests: int | None = None
@@ -177,113 +177,3 @@ class SimConfig:
     ack_delay_steps: tuple[int, int] = (1, 1)
     # Scripted faults (sim.faults): (rank, kind, step, extra_steps) each.
     faults: tuple[tuple[int, str, int, int | None], ...] = ()
-
-
-def from_scenario(scn) -> tuple[SimConfig, object]:
-    """Resolve a validated ``sim.scenario.Scenario`` into (SimConfig, CostModel)."""
-    from sim.costs import CostModel, load_profile
-    from sim.scenario import resolve_capacities
-    from sim.tree import id_scheme
-
-    device, host = resolve_capacities(scn)
-    j = scn.jitter
-    all_ranks = tuple(range(scn.tp))
-
-    def ranks(lst):
-        return all_ranks if lst is None else tuple(lst)
-
-    fd = j.device_free_delay
-    sl = j.storage_latency
-    jit = JitterConfig(
-        ack_delay=j.ack_delay.dist,
-        ack_delay_params=j.ack_delay.params() if j.ack_delay.dist != "none" else {},
-        ack_delay_ranks=None if j.ack_delay.ranks is None else tuple(j.ack_delay.ranks),
-        ack_delay_acks=j.ack_delay.acks,
-        host_alloc_failure_p=j.host_alloc_failure.probability,
-        host_alloc_failure_ranks=ranks(j.host_alloc_failure.ranks),
-        host_capacity_skew={int(k): int(v) for k, v in j.host_capacity_skew.items()},
-        device_capacity_skew={int(k): int(v) for k, v in j.device_capacity_skew.items()},
-        device_free_delay=fd.dist,
-        device_free_delay_params=fd.params() if fd.dist != "none" else {},
-        device_free_delay_ranks=ranks(fd.ranks) if fd.dist != "none" else (),
-        id_drift_rank=None if j.id_drift is None else j.id_drift.rank,
-        id_drift_extra=0 if j.id_drift is None else j.id_drift.extra_ids,
-        id_drift_after=0 if j.id_drift is None else j.id_drift.after_request,
-        request_order_ranks=ranks(j.request_order.ranks) if j.request_order.swap_probability > 0 else (),
-        request_order_swap_p=j.request_order.swap_probability,
-        request_order_window=j.request_order.window,
-        storage_miss_p=j.storage_miss.probability,
-        storage_miss_ranks=ranks(j.storage_miss.ranks) if j.storage_miss.probability > 0 else (),
-        storage_fail_ranks=tuple(j.storage_fail.ranks),
-        storage_latency_factor=sl.factor,
-        storage_latency=sl.dist,
-        storage_latency_params=sl.params() if sl.dist != "none" else {},
-        storage_latency_ranks=(ranks(sl.ranks) if sl.factor != 1.0 or sl.dist != "none" else ()),
-        seed=scn.seed if j.seed is None else j.seed,
-    )
-    cfg = SimConfig(
-        tp=scn.tp, page_size=scn.page_size, device_tokens=device, host_tokens=host,
-        write_policy=scn.cache.write_policy, host_policy=scn.cache.host_policy,
-        eviction_policy=scn.cache.eviction_policy,
-        load_back_threshold=scn.cache.load_back_threshold,
-        ids=id_scheme(scn.cache.tree_core, scn.cache.ids),
-        max_running=scn.scheduler.max_running_requests or 1 << 30,
-        chunked_prefill_tokens=scn.scheduler.chunked_prefill_tokens,
-        max_prefill_tokens=scn.scheduler.max_prefill_tokens,
-        schedule_conservativeness=scn.scheduler.schedule_conservativeness,
-        schedule_policy=scn.scheduler.schedule_policy,
-        clip_max_new_tokens=scn.scheduler.clip_max_new_tokens,
-        decode=scn.scheduler.decode, ignore_eos=scn.scheduler.ignore_eos,
-        overlap=scn.scheduler.overlap,
-        collective=scn.collective.backend, collective_device=scn.collective.device,
-        collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
-        forward_collective=scn.collective.forward == "all_reduce",
-        rank_consensus=scn.collective.rank_consensus,
-        replicas=scn.engine.replicas,
-        dp=scn.dp, router=scn.router.policy, router_params=scn.router.params(),
-        on_divergence=scn.on_divergence, seed=scn.seed,
-        max_requests=scn.limits.max_requests, duration_s=scn.limits.duration_s,
-        timeseries_interval_s=scn.output.timeseries_interval_s, jitter=jit,
-        clock=scn.engine.clock,
-    )
-    cfg.faults = tuple((f.rank, f.kind, f.step, f.extra_steps) for f in scn.faults)
-    if scn.engine.ack_delay_steps is not None:
-        cfg.ack_delay_steps = (scn.engine.ack_delay_steps.d2h, scn.engine.ack_delay_steps.h2d)
-    if scn.storage is not None:
-        from sim.storage.backends import backend
-
-        st = scn.storage
-        over = {k: getattr(st, k) for k in ("read_gbps", "write_gbps", "op_latency_us")
-                if getattr(st, k) is not None}
-        from sim.storage.collectives import unwritten_ranks
-
-        cfg.storage = StorageConfig(backend(st.backend, **over), st.prefetch_policy,
-                                    st.prefetch_threshold, st.prefetch_timeout_base,
-                                    st.prefetch_timeout_per_ki_token,
-                                    unwritten_ranks(scn.tp, st.attn_cp_size,
-                                                    scn.model.spec().is_mla))
-        if st.host_memory_mode != "cache":
-            from sim.storage.policy import resolve_host_mode
-
-            hm = resolve_host_mode(st.host_memory_mode, storage_backend=st.backend,
-                                   write_policy=cfg.write_policy)
-            cfg.write_policy = hm.write_policy  # write_back -> write_through
-            cfg.storage.host_memory_mode = hm.mode
-            # --context-length taken as the workload's context cap, when it has one
-            cfg.storage.max_context_len = int(getattr(scn.workload, "max_context_tokens", 0) or 0)
-    if scn.model.hybrid_preset is not None:
-        from sim.scenario import resolve_hybrid
-
-        cfg.hybrid, cfg.max_running = resolve_hybrid(scn, cfg.max_running)
-    cost = CostModel(load_profile(scn.cost.profile), scn.model.spec(), scn.tp, scn.page_size,
-                     io_backend=scn.cost.io_backend, mem_layout=scn.cost.mem_layout)
-    if scn.host.mla_dedup:
-        from sim.constants import MLA_DEDUP_CHUNK_TOKENS
-
-        cost.enable_mla_dedup(MLA_DEDUP_CHUNK_TOKENS)
-    if cfg.storage is not None and scn.storage.capacity_gb is not None:
-        from sim.storage.view import capacity_pages
-
-        cfg.storage.capacity_pages = capacity_pages(scn.storage.capacity_gb,
-                                                    cost.bytes_per_token, scn.page_size)
-    return cfg, cost

@@ -53,7 +53,7 @@ def record(sim, c, name: str, params: str, result: str) -> None:
 
 
 def _diverged(sim, name: str, index: int, seen: dict) -> None:
-    from sim.events import _Halt
+    from sim.events import _Halt  # here: sim.events imports this module
 
     events = {",".join(map(str, sorted(r))): e for e, r in seen.items()}
     first = sim.obs.rank_consensus is None

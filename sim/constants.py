@@ -66,7 +66,8 @@ MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER = 1
 MAMBA_POOL_PADDING_SLOTS = 1
 
 # Default `load_back_threshold` of the HiCache controller: minimum FULL tokens for
-# a load-back (sem §3.6, §7).
+# a load-back (unified_radix_cache.py UnifiedRadixCache.init_hicache:
+# `self.load_back_threshold = 10`; sem §3.6, §7).
 LOAD_BACK_THRESHOLD = 10
 
 # Write-through hit thresholds: 1 for write_through, 2 otherwise (sem §7).
@@ -77,8 +78,6 @@ HICACHE_RATIO_DEFAULT = 2.0
 # Host pool geometry: pages = size // page_size + 1 (one extra page, sem §6.2).
 HOST_POOL_EXTRA_PAGES = 1
 
-# Layer-done ring of the load path: LayerDoneCounter.num_counters = 3 (sem §6.4).
-LOAD_LAYER_RING = 3
 # page_first D->H staging buffer: at most 64 pages per chunk (sem §6.3).
 STAGING_MAX_PAGES = 64
 
@@ -95,9 +94,6 @@ DIGEST_MISMATCH_MESSAGE = "write_back duplicate-reclaim victims diverged across 
 # used it has finished (its last layer's event).
 LAYER_DONE_COUNTERS = 3
 PRODUCER_REUSE_MESSAGE = "Producer finish event should be ready before being reused."
-
-# SGLANG_HICACHE_SKIP_HOST_DUPLICATE_RECLAIM truthy spellings (sem §7).
-SKIP_RECLAIM_TRUE_VALUES = ("true", "1", "yes", "y")
 
 # --hicache-size is in GB of 1e9 bytes: host size = floor(GB * 1e9 / size_per_token) (sem §6.2).
 HICACHE_SIZE_BYTES_PER_GB = 10**9
@@ -190,10 +186,7 @@ PREFETCH_CAPACITY_FRACTION_CACHE = 0.5
 # arg_groups/fields/memory.py (ServerArgs defaults).
 HOST_MEMORY_MODE_DEFAULT = "cache"                 # --hicache-host-memory-mode {cache, buffer_only}
 PREFETCH_POLICY_DEFAULT = "timeout"                # --hicache-storage-prefetch-policy
-PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 HICACHE_WRITE_POLICY_DEFAULT = "write_through"     # --hicache-write-policy
-PREFETCH_RETRY_POLL_INTERVAL = 8                   # --hicache-storage-prefetch-retry-poll-interval
-PREFETCH_RETRY_MAX_ATTEMPTS = 8                    # --hicache-storage-prefetch-retry-max-attempts
 # arg_groups/hicache_hook.py handle_hicache_ratio_default: --hicache-ratio defaults to
 # 1.2 under buffer_only (2.0 in cache mode: HICACHE_RATIO_DEFAULT above).
 HICACHE_RATIO_BUFFER_ONLY = 1.2

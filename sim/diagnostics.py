@@ -10,6 +10,9 @@ line: "device too small", "host too small", "host tier inert" or "balanced".
 
 from __future__ import annotations
 
+from sim.fmt import duration
+from sim.scenario import resolve_sizing
+
 #: Host hits below this share of input tokens make the host tier "inert".
 INERT_HOST_SHARE = 0.01
 #: Device hits below this share of all hits: most hits pay a load-back.
@@ -49,8 +52,6 @@ def tier_fields(summary: dict, timeseries, trees, scenario) -> dict:
     provenance, per-tier page counts (time-series means of rank 0, over the samples
     of every instance: per instance, per rank), failed host allocations (summed over
     the instances' rank-0 trees) and the diagnosis."""
-    from sim.scenario import resolve_sizing
-
     info = resolve_sizing(scenario)
     bpt = info["bytes_per_token"]
     page = scenario.page_size
@@ -128,8 +129,6 @@ def diagnose(*, device_hit_rate: float, host_hit_rate: float, device_tokens: int
     when it hits / when LRU evicts it) are appended when known: evictions much younger
     than typical hits mean the cache is too small for the reuse the trace has.
     """
-    from sim.fmt import duration
-
     l3 = storage_hit_rate or 0.0
     hits = device_hit_rate + host_hit_rate + l3
     fails = f"; {backup_failures:,} failed host allocations" if backup_failures else ""

@@ -4,6 +4,8 @@ The CLI prints ``str(err)`` and exits with ``err.exit_code``; no traceback reach
 the user for their own mistake.
 """
 
+import difflib
+
 
 def one_line(text: str) -> str:
     """``text`` as one printable line: control characters and every Unicode line
@@ -26,8 +28,6 @@ def suggest(word, choices, n: int = 1) -> list[str]:
     it (``70b`` -> ``llama-3.1-70b``), ignoring case, before spelling distance (difflib):
     a user types the start of a name far more often than a name with one letter wrong,
     and ``h100`` is closer to ``a100`` by edit distance than to ``h100-sxm``."""
-    import difflib
-
     word = str(word)
     choices = [str(c) for c in choices]
     low = word.lower()

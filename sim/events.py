@@ -55,7 +55,7 @@ import simpy
 
 from sim import consensus
 from sim import constants as C
-from sim.collectives import REQUEST_BROADCAST, Call, CollectiveError, make_collective
+from sim.collectives import REQUEST_BROADCAST, CollectiveError, make_collective
 from sim.config import SimConfig
 from sim.constants import DIGEST_MISMATCH_MESSAGE
 from sim.errors import UserError
@@ -63,7 +63,9 @@ from sim.faults import ScriptedFaults
 from sim.jitter import Jitter
 from sim.metrics import Metrics
 from sim.ranks import Ack, Cohort, RankGroup
+from sim.policies import resolve
 from sim.policies.schedule import GroupShuffle, calc_priority
+from sim.policies.sync import SYNC_DISCIPLINES
 from sim.scheduler import (CONTINUE, NO_TOKEN, OTHER, Adder, Budget, available,
                            page_ceil, ratio_after_retract, retraction_order,
                            running_offset, steps_without_event)
@@ -87,17 +89,23 @@ class _Late(simpy.Event):
         env.schedule(self, priority=simpy.events.NORMAL + 1)
 
 
-class _At(simpy.Event):
-    """Fires exactly at time ``t``. A ``Timeout`` lands at ``now + (t - now)``, which
-    rounding can move by an ulp; a run of decode steps and the same steps one by one
-    must share every boundary bit for bit. SimPy's ``schedule`` only takes a delay, so
-    this pushes onto the queue as ``schedule`` does (simpy/core.py), at ``t`` itself."""
-
-    def __init__(self, env: simpy.Environment, t: float):
-        super().__init__(env)
-        self._ok = True
-        self._value = None
-        heapq.heappush(env._queue, (t, simpy.events.NORMAL, next(env._eid), self))
+def until(env: simpy.Environment, t: float):
+    """Wait until exactly time ``t`` (``t >= now``), on SimPy timeouts. A delay of
+    ``t - now`` lands at ``now + (t - now)``, which rounding can move by an ulp; a run
+    of decode steps and the same steps one by one must share every boundary bit for
+    bit. So the delay is the float whose sum with ``now`` is ``t``. Where none is
+    (``now``'s bits below ``t``'s last place are exactly half of it, and rounding to
+    even skips ``t``), the wait lands on the last time before ``t`` it can reach and
+    covers the rest from there, where ``t - now`` is exact."""
+    now = env.now
+    d = t - now
+    while now + d < t:
+        d = math.nextafter(d, math.inf)
+    while now + d > t:
+        d = math.nextafter(d, -math.inf)
+    yield env.timeout(d)
+    if env.now != t:
+        yield env.timeout(t - env.now)
 
 
 class _Halt(Exception):
@@ -363,6 +371,8 @@ class Simulation:
         self._marked: set[float] = set()  # ... and the same times, for de-duplication
         self._ps = cfg.page_size
         self._sync_s = self.cost.sync_time(cfg.tp, self.collective.transport)
+        # the per-step cache sync's discipline (sim.policies.sync)
+        self._discipline = resolve(SYNC_DISCIPLINES, cfg.discipline, "sync discipline")
         self._pending_writes: dict[int, list] = {}  # id(cohort) -> write acks to flush
         # Reclaim entries scanned by inserts' write-through backups, per replica: CPU
         # the scheduler thread spends while processing results.
@@ -381,20 +391,14 @@ class Simulation:
         if cfg.hybrid is not None:
             from sim.hybrid.replica import HybridHooks
             self._hyb = HybridHooks(self)
-        # The L3 tier (docs/STORAGE.md §7); None: no storage work anywhere.
-        self._st = cfg.storage
+        # The L3 tier (docs/STORAGE.md §7, sim.storage.engine); None: no storage
+        # work anywhere.
+        self._st = None
+        if cfg.storage is not None:
+            from sim.storage.engine import StorageEngine
+            self._st = StorageEngine(self)
         # --hicache-host-memory-mode buffer_only (sim.storage.buffer)
-        self._buf = self._st is not None and self._st.host_memory_mode == "buffer_only"
-        if self._st is not None:
-            self._st_hits: dict = {}  # prefetch id -> {id(replica): its storage hit}
-            self._st_reqs: dict = {}  # prefetch id -> its Req
-            # The timeout votes of this iteration's admission polls (`_st_vote`):
-            # prefetch id -> the reduced verdict, and each replica's polled ids.
-            self._st_votes: dict = {}
-            self._st_polled: dict = {}
-            self._st_vote_at = None  # (step, time) of the admission those belong to
-            for c in self.group.cohorts:
-                self._st_attach(c)
+        self._buf = self._st is not None and self._st.buf
 
     # ------------------------------------------------------------ plumbing
     def _kick(self, _event=None) -> None:
@@ -497,12 +501,8 @@ class Simulation:
                           f"{len(s.running)} running requests")
         self.obs.final_compare(self.env.now, self.step_no, self.group.cohorts)
         self._sample(final=True)
-        if self._buf:
-            # buffer_only's host-buffer figures, rank 0's replica (summary.json)
-            book = self.group.cohort_of(0).st.book
-            self.metrics.storage["host_buffer"] = dict(
-                book.counts, size_tokens=book.host.size, peak_tokens=book.host.peak,
-                used_tokens_at_end=book.host.used)
+        if self._st is not None:
+            self._st.wrap_up()
 
     def submit(self, req) -> None:
         """A request arrives now (the cluster's router chose this instance)."""
@@ -515,7 +515,7 @@ class Simulation:
         rq = Req(req, key)
         self.waiting.append(rq)
         if self._st is not None:
-            self._st_arrive(rq)
+            self._st.arrive(rq)
         self._kick()
 
     def end_arrivals(self) -> None:
@@ -737,20 +737,14 @@ class Simulation:
         """`check_hicache_events` in the configured discipline (sem §5.2)."""
         self._flush_writes()
         if self._st is not None:
-            self._sync_storage()
-            if self._buf:
-                # `check_hicache_events` ends with `flush_pending_writes`, after the
-                # drains (their acks free staging): the staged heads' D2H leaves now
-                for c in self.group.cohorts:
-                    self._buf_flush(c)
-                    self._launch_writes(c)
+            self._st.sync()
             return
-        group, now, disc = self.group, self.env.now, self.cfg.discipline
-        if self._solo and disc != "local":
+        group, now, disc = self.group, self.env.now, self._discipline
+        if self._solo and disc.solo_pops:
             c = group.cohorts[0]
             self._pop(c, c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now))
             return
-        if len(group.cohorts) == 1 and disc != "pre_26921":
+        if len(group.cohorts) == 1 and disc.one_vector:
             c = group.cohorts[0]
             if (all(a.delays is None for a in c.write_q)
                     and all(a.delays is None for a in c.load_q)):
@@ -771,63 +765,15 @@ class Simulation:
                     base = (c.ready_count(c.write_q, r, now), c.ready_count(c.load_q, r, now))
                 counts[r] = base
                 digest[r] = c.tree.digest ^ c.tree.digest_xor
-        if disc == "pre_26921":
-            self._sync_pre_26921(counts, digest)
-            return
-        red = self._all_reduce("sync", {r: [counts[r][0], counts[r][1], digest[r], -digest[r]]
-                                        for r in range(self.cfg.tp)})
-        self._check_digest(digest, red[-2], -red[-1])
-        if disc == "synced":
-            for c in group.cohorts:
-                self._pop(c, red[0], red[1])
-            return
-        # local: each rank drains its own ready acks; ranks of a replica that
-        # disagree fork first.
-        for c in list(group.cohorts):
-            by_count: dict = {}
-            for r in c.ranks:
-                by_count.setdefault(counts[r], []).append(r)
-            for key in list(by_count)[1:]:
-                for r in by_count[key]:
-                    self._fork(r, "ack_local_drain", f"rank {r} drains {key} acks")
-        for c in group.cohorts:
-            self._pop(c, *counts[c.ranks[0]])
+        disc.reduce(self, counts, digest)
 
     def _sync_call_count(self) -> int:
         """The collectives ``_sync`` issues in the current state, acks popped: what
         each iteration of a decode run would issue (its queues cannot change)."""
-        disc = self.cfg.discipline
-        if self._solo and disc != "local":
+        disc = self._discipline
+        if self._solo and disc.solo_pops:
             return 0
-        if disc == "pre_26921":
-            cohorts = self.group.cohorts
-            return any(c.write_q for c in cohorts) + any(c.load_q for c in cohorts)
-        return 1
-
-    def _sync_pre_26921(self, counts, digest) -> None:
-        """Before sglang #26921 / #27489: `writing_check` returns early on a rank with
-        no write in flight and `loading_check` on a rank with no load in flight, each
-        before its own all_reduce. The digest rides on the load check, as in 0.5.23's
-        standalone `loading_check`."""
-        group = self.group
-        # A rank that returns early issues its next call on the cpu group instead: the
-        # load check when it has a load in flight, else the next iteration's request
-        # broadcast (the forward runs on the device group). That call meets the others'.
-        load_check = Call("cpu", "load_check", "all_reduce", 3, "int64")
-        nxt = {r: load_check if c.load_q else REQUEST_BROADCAST
-               for c in group.cohorts if not c.write_q for r in c.ranks}
-        inputs = {r: [counts[r][0]] for c in group.cohorts if c.write_q for r in c.ranks}
-        n_write = self._all_reduce("write_check", inputs, nxt)[0] if inputs else 0
-        inputs = {r: [counts[r][1], digest[r], -digest[r]]
-                  for c in group.cohorts if c.load_q for r in c.ranks}
-        nxt = {r: REQUEST_BROADCAST for c in group.cohorts if not c.load_q for r in c.ranks}
-        n_load = 0
-        if inputs:
-            red = self._all_reduce("load_check", inputs, nxt)
-            self._check_digest({r: digest[r] for r in inputs}, red[1], -red[2])
-            n_load = red[0]
-        for c in group.cohorts:
-            self._pop(c, n_write, n_load)
+        return disc.call_count(self)
 
     def _check_digest(self, digest: dict[int, int], lo: int, hi: int) -> None:
         """Each rank asserts its digest equals the reduced min and max."""
@@ -931,12 +877,7 @@ class Simulation:
                 self.metrics.rejected += 1
                 if self._st is not None:
                     for c in group.cohorts:
-                        self._st_revoke(c, f"p{r.rid}", "aborted")
-                        if self._buf:
-                            # `release_staged_hold`: an aborted request's bounce is freed
-                            f = c.st.book.consume(f"p{r.rid}")
-                            if f is not None:
-                                c.st.book.drop_staged(f)
+                        self._st.abort(c, f"p{r.rid}")
                 continue
             break
         if not self.waiting and self.chunked is None:
@@ -1038,7 +979,7 @@ class Simulation:
             if len(plan.reqs) >= rows:
                 st.batch_is_full = True
                 break
-            if self._st is not None and not self._st_poll(c, rq):
+            if self._st is not None and not self._st.poll(c, rq):
                 continue  # `check_prefetch_progress`: its prefetch is not done
             res = self._add_one(c, rq, adder, plan)
             if res != CONTINUE:
@@ -1110,8 +1051,8 @@ class Simulation:
         if self._buf:
             staged = c.st.book.staged.get(f"p{req.rid}")
             if staged is not None:
-                sel, lock, lid, loaded = self._buf_splice(c, rq, key, m, staged, adder, plan,
-                                                          sel, lock, lid, total, first)
+                sel, lock, lid, loaded = self._st.buf_splice(c, rq, key, m, staged, adder,
+                                                             plan, sel, lock, lid, total, first)
         if not isinstance(sel, str) and (m.host_len or (hyb is not None and m.aux_host_len)):
             # `prepare_load_back` holds for a single-pool budget; `init_load_back`.
             rid = f"r{req.rid}{rq.try_suffix}"
@@ -1529,7 +1470,7 @@ class Simulation:
         while True:
             self._run = run = [t, False]
             try:
-                yield _At(env, t)
+                yield from until(env, t)
             except simpy.Interrupt:
                 pass
             self._run = None
@@ -1552,8 +1493,7 @@ class Simulation:
             # them, and their digest checks (the digests cannot change in a run)
             fw = 0 if self._solo and self.collective.name == "simulated" else 1
             self.collective.repeat((k - 1) * (self._sync_call_count() + fw))
-            if self._sync_mismatch and (self.cfg.discipline != "pre_26921"
-                                        or any(c.load_q for c in self.group.cohorts)):
+            if self._sync_mismatch and self._discipline.mismatch_recurs(self):
                 self.obs.mismatch_steps += k - 1
         ps = self._ps
         done = []
@@ -1819,13 +1759,7 @@ class Simulation:
     def _insert(self, c: Cohort, key: list, priority: int, resident: bool = False,
                 inserted: int = 0):
         if self._buf:
-            # `begin_insert_walk`: each node is admitted once per insert walk
-            c.st.book.walk = c.tree.buffer_walk = set()
-            try:
-                ins = (c.tree.insert(key, priority, resident, inserted) if inserted
-                       else c.tree.insert(key, priority, resident))
-            finally:
-                c.st.book.walk = c.tree.buffer_walk = None
+            ins = self._st.buffer_insert(c, key, priority, resident, inserted)
         elif inserted:
             ins = c.tree.insert(key, priority, resident, inserted)
         else:
@@ -1873,7 +1807,7 @@ class Simulation:
         if c is src:
             return c
         if c.st is not None:
-            self._st_hook(c)
+            self._st.hook(c)
         sid, cid = id(src), id(c)
         if sid in self._pending_writes:
             self._pending_writes[cid] = list(self._pending_writes[sid])
@@ -1897,738 +1831,6 @@ class Simulation:
         return c
 
     # ------------------------------------------------------------ storage (L3)
-    # docs/STORAGE.md §7: each replica's PrefetchBook, storage view and storage
-    # engines (sim.storage.replica); every tree op recorded as docs/OPTRACE.md §14.
-    # ------------------------------------------------------------ buffer_only
-    # docs/STORAGE.md §9: the host pool as a staging buffer (sim.storage.buffer).
-    def _buf_intent(self, c: Cohort, node) -> None:
-        """`enqueue_backup_intent` (from the insert walk's write_through trigger, root
-        first): once per walk; not while queued, staged or awaiting its storage ack;
-        not when every page is believed stored or in flight (deduplicated); dropped
-        when its parent is neither stored nor in flight (`_backup_parent_covered`: no
-        holes in the chain) or past the backlog cap."""
-        from sim.storage.buffer import Intent
-
-        book = c.st.book
-        if book.walk is not None:
-            if node.id in book.walk:
-                return
-            book.walk.add(node.id)
-        if node.id in book.inflight_nodes:
-            return
-        keys = self._st_node_keys(c, node)
-        if book.beliefs.covered(keys):
-            book.counts["writes_deduplicated"] += 1
-            return
-        tokens = len(keys) * self._ps
-        if book.backlog >= book.backlog_cap or not self._buf_parent_covered(c, node) \
-                or tokens > book.host.size:
-            book.counts["writes_dropped"] += 1
-            return
-        book.queue.append(Intent(node, len(node.key), keys))
-        book.inflight_nodes.add(node.id)
-        book.backlog += tokens
-
-    def _buf_parent_covered(self, c: Cohort, node) -> bool:
-        parent = node.parent
-        book = c.st.book
-        return (parent is c.tree.root or parent.id in book.inflight_nodes
-                or book.beliefs.contains(self._st_chain_key(c, parent)))
-
-    def _buf_retire(self, book, it, dropped: bool) -> None:
-        book.queue.popleft()
-        book.inflight_nodes.discard(it.node.id)
-        book.backlog -= it.length * self._ps
-        if dropped:
-            book.counts["writes_dropped"] += 1
-
-    def _buf_flush(self, c: Cohort) -> None:
-        """`flush_pending_writes`: stage the FIFO's heads into host slots while the
-        staged writes stay under the window (`live_cap`, loads first), each node
-        device-locked until its D2H ack (`Tree.stage_buffer_backup`); an evicted head
-        is retired, a head whose parent lost its cover is dropped (the drop cascades
-        down the chain), a head now covered retires without a write. The staged
-        writes leave as one merged D->H op (`start_writing`)."""
-        book = c.st.book
-        if not book.queue:
-            return
-        tree, ps = c.tree, self._ps
-        cap = book.live_cap()
-        while book.queue:
-            it = book.queue[0]
-            x = it.node
-            if (not x.dev or x.parent is None or x.parent.children.get(x.key[0]) is not x
-                    or x.id in book.staging):
-                self._buf_retire(book, it, dropped=True)  # evicted (`_validate_backup_intent`)
-                continue
-            if len(x.key) < it.length and not self._buf_split_pieces(c, it):
-                self._buf_retire(book, it, dropped=True)
-                continue
-            it = book.queue[0]
-            x = it.node
-            if not self._buf_parent_covered(c, x):
-                self._buf_retire(book, it, dropped=True)
-                continue
-            keys = it.keys
-            if book.beliefs.covered(keys):
-                self._buf_retire(book, it, dropped=False)
-                continue
-            tokens = len(keys) * ps
-            if book.write_staged >= cap or not book.host.fits(tokens):
-                break  # yield to live fetch demand; acks free staging
-            book.queue.popleft()
-            book.backlog -= it.length * ps
-            book.host.take(tokens)
-            book.write_staged += tokens
-            book.beliefs.track_inflight(keys)
-            book.staging[x.id] = (tokens, keys, x.id)
-            book.counts["writes_staged"] += 1
-            self._op(c, {"op": "buffer_stage", "key": tree.path_units(x)})
-            pw = tree.stage_buffer_backup(x)
-            self._pending_writes.setdefault(id(c), []).append((pw.ack_id, tokens))
-
-    def _buf_split_pieces(self, c: Cohort, it) -> bool:
-        """`_refresh_pending_backup_intents` / `_split_pieces`: the queued node was split
-        (it keeps its id and the lower part): the head becomes one intent per piece,
-        upper first, each with its slice of the snapshot's page keys. False when the
-        pieces no longer make up the snapshot's span (an upper piece evicted)."""
-        from sim.storage.buffer import Intent
-
-        book, root = c.st.book, c.tree.root
-        pieces, y, rem = [], it.node, it.length
-        while rem > 0 and y is not root and y.dev:
-            pieces.append(y)
-            rem -= len(y.key)
-            y = y.parent
-        if rem != 0:
-            return False
-        book.queue.popleft()
-        end = len(it.keys)
-        for y in pieces:  # lowest first: appendleft leaves the upper piece at the head
-            n = len(y.key)
-            if y is it.node or y.id not in book.inflight_nodes:
-                book.queue.appendleft(Intent(y, n, it.keys[end - n:end]))
-                book.inflight_nodes.add(y.id)
-            else:
-                book.backlog -= n * self._ps  # that piece is queued or written already
-            end -= n
-        return True
-
-    def _st_agreed_hits(self, c: Cohort, n_hit: int):
-        """The next ``n_hit`` queued query results of this replica, as (prefetch id, the
-        page keys it queried, the rank-agreed hit in tokens: the MIN over the replicas,
-        at most what was requested); a prefetch terminated meanwhile is skipped."""
-        from sim.storage.collectives import min_hits
-
-        st, book, ps = c.st, c.st.book, self._ps
-        for _ in range(n_hit):
-            pid = st.hit_q.popleft()
-            p = book.prefetches.get(pid)
-            keys = st.qkeys.pop(pid, None)
-            if p is None:
-                continue  # terminated meanwhile
-            yield pid, keys, min(min_hits(list(self._st_hits[pid].values()), ps), p.requested)
-
-    def _buf_drain_hits(self, c: Cohort, n_hit: int) -> None:
-        """`_drain_and_alloc_storage_hit` in buffer mode: parked hits first, FIFO
-        (`pending_hit_allocs`); then the agreed hits, each healing the beliefs from its
-        query (`_invalidate_absent_from_hit_query`: the chain past the hit forgotten,
-        up to it believed); a hit behind a parked one, or one that does not fit,
-        parks."""
-        st, book, ps = c.st, c.st.book, self._ps
-        while book.parked:
-            pid = book.parked[0]
-            res = book.try_alloc(pid, self._seq_key(self._st_reqs[pid],
-                                                    self._st_reqs[pid].fill_len - 1))
-            if res.reason == "parked":
-                break
-            if book.parked and book.parked[0] == pid:
-                book.parked.popleft()  # staged (a revoke has already unparked it)
-            self._buf_hit_result(c, pid, res)
-        for pid, keys, hit in self._st_agreed_hits(c, n_hit):
-            if keys is not None:
-                book.beliefs.invalidate_beyond(keys, hit // ps)
-                book.beliefs.add(keys[: hit // ps])
-            st.qkeys[pid] = keys
-            rq = self._st_reqs[pid]
-            res = book.hit(pid, hit, self._seq_key(rq, rq.fill_len - 1))
-            if res.reason == "parked":
-                self._st_count(c, "prefetch_declined", "rate_limited")
-                continue
-            self._buf_hit_result(c, pid, res)
-
-    def _buf_hit_result(self, c: Cohort, pid, res) -> None:
-        from sim.storage.replica import StorageOp
-
-        st = c.st
-        keys = st.qkeys.pop(pid, None)
-        if res.staged:
-            op = StorageOp("read", pid, keys, pages=res.staged // self._ps)
-            st.xfers[pid] = op
-            st.inflight.add(op)
-            self.env.process(self._st_read(c, op))
-        else:
-            st.waits.pop(pid, None)
-            self._st_count(c, "prefetch_revoked", res.reason)
-
-    def _buf_splice(self, c: Cohort, rq: Req, key, m, f, adder, plan, sel, lock, lid,
-                    total, first):
-        """`prepare_staged_prefetch` + `init_load_back` for a request with a staged
-        bounce: the device prefix re-matched; shrunk below the prefetch's anchor, or
-        already covering the span, the bounce is dropped (SGLang re-fetches a shrunk
-        one, `_refetch_staged`: not modelled); else the staged tail past the device
-        match is the request's host hit: device slots are made for it (evicting), the
-        span is published at once with a plain insert (`_insert_loaded_prefix`), the
-        request's lock moves to it, and an H2D from the bounce joins the batch's loads
-        (its ack frees the bounce, `try_finish_load_back`)."""
-        tree, ps, book = c.tree, self._ps, c.st.book
-        pid = f"p{rq.r.rid}"
-        dev = m.device_len
-        end = f.matched + f.tokens
-        if dev < f.matched or dev >= end:
-            book.drop_staged(book.consume(pid))
-            return sel, lock, lid, 0
-        loaded = end - dev
-        sel2 = adder.select(rq.fill_len, end, total, rq.r.output_len, first)
-        if isinstance(sel2, str):
-            return sel, lock, lid, 0  # the staged span waits for a later pass
-        book.consume(pid)
-        self._evict_for(c, loaded, plan)
-        if available(tree) < loaded:
-            book.drop_staged(f)
-            return sel, lock, lid, 0
-        units = key[: end // ps]
-        self._op(c, {"op": "insert", "key": units})
-        ins = self._insert(c, units, 0)
-        self._op(c, {"op": "lock", "key": units, "id": lid + ".s"})
-        self._op(c, {"op": "unlock", "id": lid})
-        tree.dec_lock(lock)
-        lock = ins.node
-        tree.inc_lock(lock)
-        bid = f"b{rq.r.rid}{rq.try_suffix}"
-        book.loaded(bid, f)
-        plan.loads.append(bid)
-        plan.load_tokens += loaded
-        book.counts["spliced_tokens"] += loaded
-        if 0 in c.ranks:
-            self.metrics.storage["l3_hit_tokens"] += loaded
-            rq.l3 = loaded
-        return sel2, lock, lid + ".s", loaded
-
-    def _st_attach(self, c: Cohort) -> None:
-        from sim.storage.prefetch import PrefetchBook
-        from sim.storage.replica import StorageState
-        from sim.storage.view import StorageView
-
-        if self._buf:
-            from sim.storage.buffer import BufferBook, HostBuffer
-
-            # buffer_only (docs/STORAGE.md §9): the host pool is the staging buffer,
-            # the tree holds no host values (`set_host_memory_buffer_only`)
-            c.tree.buffer_only = True
-            book = BufferBook(c.tree, HostBuffer(self.env, c.tree.host_capacity),
-                              self._st.prefetch_threshold, device_pool=c.tree.device_capacity,
-                              max_context_len=self._st.max_context_len)
-        else:
-            book = PrefetchBook(c.tree, self._st.prefetch_threshold)
-        c.st = StorageState(self.env, book, StorageView(self._st.capacity_pages))
-        self._st_hook(c)
-
-    def _st_hook(self, c: Cohort) -> None:
-        c.tree.on_host_backup = lambda node, c=c: self._st_write(c, node)
-        if self._buf:
-            c.tree.on_backup_intent = lambda node, c=c: self._buf_intent(c, node)
-            if c.ops is not None:
-                # the anchor pins (`try_lock_anchor` / `release_anchor_lock`) are traced
-                c.st.book.record = lambda op, c=c: self._op(c, op)
-
-    def _st_count(self, c: Cohort, name: str, reason: str | None = None, n: int = 1) -> None:
-        if 0 not in c.ranks:
-            return  # metrics describe rank 0
-        st = self.metrics.storage
-        if reason is None:
-            st[name] += n
-        else:
-            st[name][reason] = st[name].get(reason, 0) + n
-
-    def _st_node_keys(self, c: Cohort, node) -> list[int]:
-        """The storage keys of ``node``'s own pages: ``page_keys`` of its path, the
-        last ``len(node.key)`` of them, chained from the parent's last key, which the
-        replica keeps per node id (`StorageState.chain`) so a write costs its own
-        pages, not its whole path."""
-        from sim.storage.view import page_keys
-
-        keys = page_keys(node.key, self._st_chain_key(c, node.parent))
-        c.st.chain[node.id] = keys[-1]
-        return keys
-
-    def _st_chain_key(self, c: Cohort, x) -> int:
-        """The storage key of the last page of ``x``'s path (0 at the root)."""
-        root, chain = c.tree.root, c.st.chain
-        if x is root:
-            return 0
-        k = chain.get(x.id)
-        if k is not None:
-            return k
-        path = []
-        while x is not root and x.id not in chain:
-            path.append(x)
-            x = x.parent
-        k = 0 if x is root else chain[x.id]
-        for y in reversed(path):
-            for u in y.key:
-                k = hash((k, u))
-            chain[y.id] = k
-        return k
-
-    def _st_holders(self, op):
-        """The replicas awaiting ``op``'s result (it leaves their in-flight sets)."""
-        cohorts = self.group.cohorts
-        if len(cohorts) == 1:
-            st = cohorts[0].st
-            if op in st.inflight:
-                st.inflight.discard(op)
-                return cohorts
-            return ()
-        return self._st_holders_of(op)
-
-    def _st_holders_of(self, op):
-        for c in self.group.cohorts:
-            if op in c.st.inflight:
-                c.st.inflight.discard(op)
-                yield c
-
-    def _st_arrive(self, rq: Req) -> None:
-        """`_prefetch_kvcache` at arrival, on every replica: match, `prefetch_from_storage`;
-        an issued prefetch queries each rank's storage (`batch_exists`)."""
-        from sim.storage.replica import StorageOp
-        from sim.storage.view import page_keys
-
-        key = self._seq_key(rq, rq.fill_len - 1)
-        pid = f"p{rq.r.rid}"
-        self._st_reqs[pid] = rq
-        for c in self.group.cohorts:
-            # buffer_only: the prefetch holds nothing in the tree, its issue is a match
-            self._op(c, {"op": "match", "key": key} if self._buf
-                     else {"op": "prefetch", "key": key, "id": pid})
-            m = c.tree.match_prefix(key)
-            if self._rc:  # `init_next_round_input` in `_prefetch_kvcache`
-                self._consensus_match(c, key, m)
-            iss = c.st.book.issue(pid, m, key)
-            if iss.reason is not None:
-                if iss.reason != "empty":  # an empty key is no attempt
-                    self._st_count(c, "prefetch_declined", iss.reason)
-                continue
-            self._st_count(c, "prefetch_issued")
-            # the key's pages after the anchor, chained from the anchor's last key
-            # (its path is the matched prefix): as `page_keys(key)[matched:]`
-            op = StorageOp("query", pid, page_keys(iss.prefetch.key,
-                                                   self._st_chain_key(c, iss.anchor)))
-            c.st.inflight.add(op)
-            self.env.process(self._st_query(c, op))
-
-    def _st_query(self, c: Cohort, op):
-        with c.st.read.request() as req:
-            yield req
-            dur = self._st_seconds(c, self._st.backend.exists_seconds())
-            self._mark(self.env.now + dur)
-            yield self.env.timeout(dur)
-        ps = self._ps
-        for c2 in self._st_holders(op):
-            if op.id in c2.st.book.prefetches:
-                self._st_hits.setdefault(op.id, {})[id(c2)] = self._st_rank_hit(c2, op.keys) * ps
-                c2.st.hit_q.append(op.id)
-                c2.st.qkeys[op.id] = op.keys
-            else:
-                self._st_stale(c2, "hit_q", op.id)
-        self._kick()
-
-    def _st_rank_hit(self, c: Cohort, keys) -> int:
-        """``batch_exists`` on this replica's storage: leading pages present, cut by the
-        storage faults of a single-rank replica (``jitter.storage_miss`` / ``_fail``)."""
-        if self._st.unwritten_ranks and not self._st.unwritten_ranks.isdisjoint(c.ranks):
-            return 0  # a shard nobody writes (attention CP, MLA: storage.attn_cp_size)
-        n = c.st.view.exists(keys)
-        j = self.jitter
-        if n and len(c.ranks) == 1:
-            r = c.ranks[0]
-            if r in j.fail_ranks:
-                j.perturbations.fire("storage_fail")
-                return 0
-            if r in j.miss_ranks:
-                for i in range(n):
-                    if j.page_missing(r, keys[i]):
-                        j.perturbations.fire("storage_miss")
-                        return i
-        return n
-
-    def _st_read(self, c: Cohort, op):
-        """`_page_transfer`: the hit in batches of 128 pages, one read call each."""
-        from sim.storage.backends import prefetch_batches
-
-        be, ps = self._st.backend, self._ps
-        bpp = ps * self.cost.bytes_per_token
-        with c.st.read.request() as req:
-            yield req
-            for pages in prefetch_batches(op.pages):
-                if op.cancelled:
-                    break
-                dur = self._st_seconds(c, be.read_seconds(pages * bpp))
-                self._mark(self.env.now + dur)
-                yield self.env.timeout(dur)
-                op.completed += pages * ps
-                if any(0 in x.ranks for x in self.group.cohorts if op in x.st.inflight):
-                    self.metrics.storage["l3_read_bytes"] += pages * bpp
-        holders = list(self._st_holders(op))
-        for c2 in holders:  # a read hit refreshes the pages' recency (LRUFileEvictor.touch)
-            c2.st.view.read(op.keys[: op.completed // ps])
-        if not op.cancelled:
-            for c2 in holders:
-                c2.st.ack_q.append(op.id)
-            self._kick()
-        else:
-            for c2 in holders:
-                self._st_stale(c2, "ack_q", op.id)
-
-    def _st_write(self, c: Cohort, node) -> None:
-        """`write_backup_storage(node)` after a D->H ack (``Tree.on_host_backup``): the
-        node is host-locked until its storage ack; its pages become visible to this
-        rank's `batch_exists` when the write finishes."""
-        from sim.storage.replica import StorageOp
-
-        if self._rc:
-            consensus.record(self, c, "write_backup_storage", "<no check>", "<no check>")
-        st = c.st
-        if self._buf:
-            # `finish_backup_ack` -> `write_storage` from the staging copy
-            if node.id not in st.book.staging:
-                return  # a split fragment: its lower piece's write carries it
-            st.n_writes += 1
-            wid = f"s{st.n_writes}"
-            st.book.write(wid, node)
-            keys = st.book.write_keys(wid)
-            op = StorageOp("write", wid, keys, len(keys))
-            st.inflight.add(op)
-            self.env.process(self._st_writer(c, op))
-            return
-        if node is c.tree.root or not node.host:
-            return  # build_storage_backup_spec: nothing written, no id
-        st.n_writes += 1
-        wid = f"s{st.n_writes}"  # the op-trace's automatic ids (OPTRACE §14)
-        st.book.write(wid, node)
-        n = len(node.key)
-        op = StorageOp("write", wid, self._st_node_keys(c, node), n)
-        st.inflight.add(op)
-        self.env.process(self._st_writer(c, op))
-
-    def _st_writer(self, c: Cohort, op):
-        nbytes = op.pages * self._ps * self.cost.bytes_per_token
-        with c.st.write.request() as req:
-            yield req
-            dur = self._st_seconds(c, self._st.backend.write_seconds(nbytes))
-            self._mark(self.env.now + dur)
-            yield self.env.timeout(dur)
-        for c2 in self._st_holders(op):
-            c2.st.view.write(op.keys)
-            c2.st.wack_q.append(op.id)
-            self._st_count(c2, "l3_write_bytes", n=nbytes)
-        self._kick()
-
-    def _sync_storage(self) -> None:
-        """`_sync_hicache_ready_counts` with storage on: ``[write_acks, load_acks,
-        prefetch_hit, ack_prefetch, ack_backup, host_mem_release, digest, -digest]``
-        MIN over the TP group; every rank drains the agreed counts, in SGLang's order."""
-        group, now = self.group, self.env.now
-        if self._solo:
-            c = group.cohorts[0]
-            self._pop(c, c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now))
-            self._st_drain(c, *c.st.queue_sizes()[:3])
-            return
-        if self._st_vote_at is not None:
-            self._st_check_votes()
-        if len(group.cohorts) == 1:
-            c = group.cohorts[0]
-            wq, lq = c.write_q, c.load_q
-            if ((not wq or all(a.delays is None for a in wq))
-                    and (not lq or all(a.delays is None for a in lq))):
-                # Every rank shares one replica and sees the same acks and queues: one
-                # vector stands for all (the MIN of equal vectors), as `_sync` does.
-                st, d = c.st, c.tree.digest
-                red = self.collective.all_reduce_uniform(self.step_no, "sync", [
-                    c.ready_count(wq, 0, now) if wq else 0,
-                    c.ready_count(lq, 0, now) if lq else 0,
-                    *st.queue_sizes(), d, -d])
-                if red[0] or red[1]:
-                    self._pop(c, red[0], red[1])
-                if red[2] or red[3] or red[4] or (self._buf and st.book.parked):
-                    self._st_drain(c, red[2], red[3], red[4])
-                return
-        from sim.storage.collectives import sync_vector, unpack_sync_vector
-
-        vecs: dict[int, list[int]] = {}
-        digest: dict[int, int] = {}
-        for c in group.cohorts:
-            uniform = (all(a.delays is None for a in c.write_q)
-                       and all(a.delays is None for a in c.load_q))
-            q = c.st.queue_sizes()
-            base = None
-            for r in c.ranks:
-                if base is None or not uniform:
-                    base = (c.ready_count(c.write_q, r, now), c.ready_count(c.load_q, r, now))
-                digest[r] = d = c.tree.digest
-                vecs[r] = sync_vector(base[0], base[1], d, storage_queues=q)
-        red = self._all_reduce("sync", vecs)
-        self._check_digest(digest, red[-2], -red[-1])
-        w, l_, qs, _ = unpack_sync_vector(red)
-        for c in group.cohorts:
-            self._pop(c, w, l_)
-            self._st_drain(c, qs[0], qs[1], qs[2])
-
-    def _st_drain(self, c: Cohort, n_hit: int, n_ack: int, n_backup: int) -> None:
-        st, book, ps = c.st, c.st.book, self._ps
-        if self._buf:
-            self._buf_drain_hits(c, n_hit)
-            n_hit = 0
-        if n_hit:
-            from sim.storage.replica import StorageOp
-        for pid, keys, hit in self._st_agreed_hits(c, n_hit):
-            self._op(c, {"op": "prefetch_hit", "id": pid, "n": hit})
-            res = book.hit(pid, hit)
-            if res.staged:
-                op = StorageOp("read", pid, keys, pages=res.staged // ps)
-                st.xfers[pid] = op
-                st.inflight.add(op)
-                self.env.process(self._st_read(c, op))
-            else:
-                st.waits.pop(pid, None)
-                self._st_count(c, "prefetch_revoked", res.reason)
-        for _ in range(n_ack):
-            pid = st.ack_q.popleft()
-            op = st.xfers.get(pid)
-            if pid in book.prefetches and op is not None:
-                self._st_done(c, pid, op.completed)
-        recording = c.ops is not None and not self._buf
-        for _ in range(n_backup):
-            wid = st.wack_q.popleft()
-            if recording:
-                self._op(c, {"op": "storage_write_ack", "id": wid})
-            book.write_ack(wid)
-
-    def _st_done(self, c: Cohort, pid, completed: int) -> None:
-        """`_handle_prefetch_result`: ``insert_host`` of what landed."""
-        st = c.st
-        if not self._buf:
-            self._op(c, {"op": "prefetch_done", "id": pid, "n": completed})
-        _, loaded = st.book.done(pid, completed)
-        op = st.xfers.pop(pid, None)
-        if op is not None:
-            op.cancelled = True  # a transfer still running stops at its next batch
-        st.waits.pop(pid, None)
-        if self._buf:
-            if loaded and op is not None:
-                # `stage_completed_prefetch`: the fetch is evidence the pages are stored
-                st.book.beliefs.add(op.keys[: loaded // self._ps])
-            return
-        if 0 in c.ranks:
-            self.metrics.storage["l3_hit_tokens"] += loaded
-            self._st_reqs[pid].l3 = loaded
-
-    def _st_revoke(self, c: Cohort, pid, reason: str) -> None:
-        st = c.st
-        if pid not in st.book.prefetches:
-            return
-        if not self._buf:
-            self._op(c, {"op": "prefetch_revoke", "id": pid})
-        st.book.revoke(pid)
-        op = st.xfers.pop(pid, None)
-        if op is not None:
-            op.cancelled = True
-        st.waits.pop(pid, None)
-        self._st_count(c, "prefetch_revoked", reason)
-
-    def _st_poll(self, c: Cohort, rq: Req) -> bool:
-        done = self._st_poll_once(c, rq)
-        if self._rc:
-            consensus.record(self, c, "check_prefetch_progress", f"{{'request': 'p{rq.r.rid}'}}",
-                             repr(done))
-        return done
-
-    def _st_poll_once(self, c: Cohort, rq: Req) -> bool:
-        """`check_prefetch_progress` at admission: True when the request may go on
-        (no prefetch, or it is terminated now: inserted if staged, else revoked).
-        What has landed is the rank-agreed progress (`_st_completed`); under
-        `timeout` the verdict is the TP group's MAX of every rank's vote (`_st_vote`)."""
-        from sim.storage import policy
-
-        pid = f"p{rq.r.rid}"
-        st = c.st
-        p = st.book.prefetches.get(pid)
-        if p is None:
-            return True
-        cfg, now = self._st, self.env.now
-        completed = self._st_completed(pid)
-        landed = p.staged is not None and completed is not None and completed >= p.staged
-        verdict = None
-        if cfg.prefetch_policy == "timeout" and not self._solo:
-            verdict = self._st_vote(c, pid)
-        done, wait = policy.poll(cfg.prefetch_policy, terminated=False, kv_landed=landed,
-                                 wait=st.waits.get(pid), now=now, requested_tokens=p.requested,
-                                 page_size=self._ps, base_s=cfg.prefetch_timeout_base,
-                                 per_ki_token_s=cfg.prefetch_timeout_per_ki_token,
-                                 consensus=verdict)
-        if wait is not None:
-            st.waits[pid] = wait
-            if not done and wait.started_at is not None:
-                # the first poll after the deadline (strictly later) terminates it
-                self._mark(math.nextafter(wait.started_at + wait.timeout_s, math.inf))
-        if not done:
-            return False
-        if p.staged:
-            self._st_done(c, pid, completed or 0)
-        else:
-            self._st_revoke(c, pid, "not_staged")
-        return True
-
-    def _st_stale(self, c: Cohort, queue: str, pid) -> None:
-        """Replica ``c``'s query (``hit_q``) or transfer (``ack_q``) of prefetch ``pid``
-        ended after the prefetch was terminated there. SGLang's threads queue every
-        op's hit and every transfer's last ack on every rank, terminated or not
-        (`prefetch_thread_func` queries a terminated op as a miss;
-        `prefetch_io_aux_func` sends `completed_req` in a `finally`), so the ranks'
-        queues pair item for item under the sync vector's MIN counts, and each drain
-        skips its stale items. Here: while some replica still runs the prefetch (its
-        trees differ), ``c`` queues the stale item as SGLang does; once no replica
-        does, the stale items the faster replicas queued are dropped instead, so the
-        queues still pair the same ids (and one replica never holds a stale item)."""
-        cohorts = self.group.cohorts
-        if queue == "hit_q":
-            alive = any(pid in x.st.book.prefetches for x in cohorts)
-        else:
-            alive = any(pid in x.st.xfers for x in cohorts)
-        if alive:
-            getattr(c.st, queue).append(pid)
-            return
-        for x in cohorts:
-            q = getattr(x.st, queue)
-            if pid in q:
-                q.remove(pid)
-
-    def _st_seconds(self, c: Cohort, base_s: float) -> float:
-        """One storage call's duration on this replica: the backend's figure, or, on a
-        rank with a slow backend (``jitter.storage_latency``; such a rank has its own
-        replica from t=0), that figure scaled plus its drawn extra delay."""
-        j = self.jitter
-        if not j.slow_ranks or len(c.ranks) != 1 or c.ranks[0] not in j.slow_ranks:
-            return base_s
-        n = c.st.calls
-        c.st.calls += 1
-        dur = j.storage_seconds(c.ranks[0], n, base_s)
-        if dur != base_s:
-            j.perturbations.fire("storage_latency")
-        return dur
-
-    def _st_completed(self, pid) -> int | None:
-        """The tokens of prefetch ``pid`` every rank agrees have landed, or None before
-        its hit is staged. Each rank's `_page_transfer` sends one progressive ack per
-        128-page batch; `prefetch_sync_thread_func` MIN-reduces each ack across the TP
-        group (`_reduce_prefetch_ack`, a blocking collective, so the i-th ack lands on
-        every rank when the slowest rank sent it) and the scheduler moves
-        `operation.completed_tokens` only through the drained acks
-        (`_drain_ack_prefetch`). Every rank's transfers run FIFO on its one
-        `prefetch_io_aux_thread`, in the rank-agreed drain order of the hit queue, so
-        the i-th ack is the same batch of the same prefetch everywhere: the agreed
-        figure is the MIN over the ranks of what each has read so far."""
-        out = None
-        for c in self.group.cohorts:
-            op = c.st.xfers.get(pid)
-            if op is not None and (out is None or op.completed < out):
-                out = op.completed
-        return out
-
-    def _st_vote(self, c: Cohort, pid) -> bool:
-        verdict = self._st_vote_once(c, pid)
-        if self._rc:
-            consensus.record(self, c, "_can_terminate_prefetch", "<no check>", repr(verdict))
-        return verdict
-
-    def _st_vote_once(self, c: Cohort, pid) -> bool:
-        """`_can_terminate_prefetch` under `timeout`: PP0's TP ranks each vote
-        (`_prefetch_deadline_expired`: its own timer, the agreed progress) and MAX-reduce
-        the votes (`_all_reduce(..., ReduceOp.MAX)` over the attention TP group, one
-        collective per poll), so every rank terminates the prefetch at the same poll.
-        The first replica to poll ``pid`` in this admission takes every rank's vote
-        from its state before the poll and issues the collective once for the group;
-        the others reuse the verdict. Which ids each replica polled is kept:
-        ``_st_check_votes`` pairs the ranks' calls at the next sync, as SGLang's
-        collectives pair them."""
-        from sim.storage import policy
-
-        key = (self.step_no, self.env.now)
-        if self._st_vote_at != key:
-            self._st_vote_at = key
-            self._st_votes.clear()
-            self._st_polled.clear()
-        self._st_polled.setdefault(id(c), []).append(pid)
-        known = self._st_votes.get(pid)
-        if known is not None:
-            return known[0]
-        completed = self._st_completed(pid)
-        votes: dict[int, int] = {}
-        for c2 in self.group.cohorts:
-            p2 = c2.st.book.prefetches.get(pid)
-            if p2 is None:
-                continue  # `check_prefetch_progress` returns before the vote there
-            landed = p2.staged is not None and completed is not None and completed >= p2.staged
-            v = int(policy.can_terminate("timeout", kv_landed=landed,
-                                         wait=c2.st.waits.get(pid), now=self.env.now))
-            for r in c2.ranks:
-                votes[r] = v
-        if len(votes) == self.cfg.tp and len(set(votes.values())) == 1:
-            v = next(iter(votes.values()))
-            red = self.collective.all_reduce_uniform(self.step_no, "prefetch_terminate", [-v])
-        else:
-            # MAX as the MIN of negated votes; a rank without the prefetch skipped it
-            red = self._all_reduce("prefetch_terminate", {r: [-v] for r, v in votes.items()})
-        verdict = policy.terminate_consensus([-red[0]])
-        self._st_votes[pid] = (verdict, votes)
-        return verdict
-
-    def _st_check_votes(self) -> None:
-        """The last admission's timeout votes, paired as SGLang pairs them: each rank's
-        n-th `_can_terminate_prefetch` collective meets the others' n-th. Replicas that
-        polled the same ids in the same order got exactly the verdicts `_st_vote`
-        gave them. Otherwise (another admission order): a rank that entered more
-        calls than another blocks in its extra one (a hang, at that admission's step);
-        with equal counts, each n-th call's MAX over the ranks' n-th votes must be the
-        verdict each rank used, or the ranks acted on verdicts this engine did not
-        follow (untracked). The calls were counted once per id polled."""
-        polled, votes = self._st_polled, self._st_votes
-        step, now = self._st_vote_at
-        self._st_vote_at = None
-        seqs = {r: tuple(polled.get(id(c), ())) for c in self.group.cohorts for r in c.ranks}
-        polled.clear()
-        try:
-            if len(set(seqs.values())) == 1:
-                return
-            most = max(len(x) for x in seqs.values())
-            if any(len(x) != most for x in seqs.values()):
-                try:
-                    self.collective.all_reduce_min(
-                        step, "prefetch_terminate",
-                        {r: [0] for r, x in seqs.items() if len(x) == most})
-                except CollectiveError as err:
-                    self._collective_failed(err)
-            for n in range(most):
-                paired = max(votes[x[n]][1].get(r, 0) for r, x in seqs.items())
-                if any(bool(paired) != votes[x[n]][0] for x in seqs.values()):
-                    self.obs.untracked(now, step, "ranks polled different prefetches in the "
-                                       "timeout vote and their paired collectives gave "
-                                       "other verdicts")
-                    self.halted = "untracked"
-                    raise _Halt()
-        finally:
-            votes.clear()
-
     def _live(self):
         yield from self.running
         # the overlap loop's finishers: out of the batch, their results (the final

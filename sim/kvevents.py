@@ -43,9 +43,11 @@ import struct
 
 import msgpack
 
+from sim import safeio
 from sim.constants import KV_MEDIUM_CPU, KV_MEDIUM_GPU
 from sim.errors import UserError
 from sim.optrace import Replayer
+from sim.workloads import build_workload
 
 GPU, CPU = KV_MEDIUM_GPU, KV_MEDIUM_CPU
 _U32 = (1 << 32) - 1
@@ -268,9 +270,6 @@ def trace_page_tokens(scenario) -> dict | None:
     ``input_ids`` (what ``hicache-sim import`` writes) with ``block_size`` equal to the
     page size, so each block id is one page of the engine's key. Then the events carry
     the prompt's own tokens and SGLang's hashes of them. None for any other workload."""
-    from sim import safeio
-    from sim.workloads import build_workload
-
     w = scenario.workload
     ps = scenario.page_size
     if getattr(w, "kind", None) != "trace" or w.format != "generic" or \

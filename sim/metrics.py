@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from sim.fmt import duration
+
 REQUEST_COLUMNS = [
     "rid", "session", "arrival", "start", "first_token", "finish", "input_tokens",
     "device_hit_tokens", "host_hit_tokens", "miss_tokens", "load_back_tokens",
@@ -311,8 +313,6 @@ def _load(metrics, df, busy_s, sim_time) -> dict:
     wait_p50, service_p50 = _pct(wait, 50), _pct(service, 50)
     warning = None
     if wait_p50 is not None and service_p50 is not None and wait_p50 > service_p50:
-        from sim.fmt import duration
-
         warning = (f"arrivals outrun service: the median request waits {duration(wait_p50)} in "
                    f"the queue, more than its {duration(service_p50)} of prefill, so TTFT measures "
                    "queueing; add instances (dp) or lower the arrival rate")

@@ -54,14 +54,6 @@ OPS = {
     "pin": {"tokens": "tokens", "id": "id"},
     "unpin": {"id": "id"},
 }
-# Ops that need a version 2 header (docs/OPTRACE.md §1, §14).
-STORAGE_OPS = ("prefetch", "prefetch_hit", "prefetch_done", "prefetch_revoke",
-               "storage_write", "storage_write_ack", "buffer_stage", "pin", "unpin")
-HOST_MEMORY_MODES = ("cache", "buffer_only")
-VERSIONS = (1, 2)
-# When write_through backups are acknowledged: v1's reference replayer acks at the
-# end of the issuing op; v2 traces default to the engine's explicit write_ack ops.
-WRITE_ACKS = ("end_of_op", "op")
 HEADER_INTS = ("device_capacity", "host_capacity", "page_size", "load_back_threshold",
                "prefetch_threshold")
 WRITE_POLICIES = ("write_back", "write_through")

@@ -13,7 +13,20 @@ from __future__ import annotations
 import json
 
 from sim.errors import InputFormatError
+from sim.policies.eviction import EVICTION_POLICIES
+from sim.policies.host import HOST_POLICIES
+from sim.storage.policy import HOST_MEMORY_MODES  # one list of modes: the storage tier's
 from sim.tree import ID_SCHEMES  # one list of id schemes: the tree's
+
+# The trace format's header versions (docs/OPTRACE.md §1) and its vocabulary, here with
+# the checks that read them (``sim.optrace`` imports them from here).
+VERSIONS = (1, 2)
+# Ops that need a version 2 header (docs/OPTRACE.md §1, §14).
+STORAGE_OPS = ("prefetch", "prefetch_hit", "prefetch_done", "prefetch_revoke",
+               "storage_write", "storage_write_ack", "buffer_stage", "pin", "unpin")
+# When write_through backups are acknowledged: v1's reference replayer acks at the
+# end of the issuing op; v2 traces default to the engine's explicit write_ack ops.
+WRITE_ACKS = ("end_of_op", "op")
 
 # Bounds on every count in a trace: far above any real tree, low enough that the
 # tree's arithmetic stays in ordinary ints.
@@ -48,11 +61,6 @@ def load_line(path, line_no: int, text: str):
 
 def check_header(path, line_no: int, obj: dict) -> None:
     """The header's extension fields and the size of its counts."""
-    from sim.policies.eviction import EVICTION_POLICIES
-    from sim.policies.host import HOST_POLICIES
-
-    from sim.optrace import VERSIONS, WRITE_ACKS
-
     if "version" in obj and (type(obj["version"]) is not int or obj["version"] not in VERSIONS):
         raise InputFormatError(path, line_no, f"version={_short(obj['version'])}",
                                f"'version' one of {', '.join(map(str, VERSIONS))}")
@@ -73,7 +81,6 @@ def check_header(path, line_no: int, obj: dict) -> None:
             raise InputFormatError(path, line_no, f"storage_writes={_short(v)}",
                                    "'storage_writes' one of op, auto")
     if "host_memory_mode" in obj:
-        from sim.optrace import HOST_MEMORY_MODES
         v = obj["host_memory_mode"]
         if obj.get("version", 1) < 2 or not isinstance(v, str) or v not in HOST_MEMORY_MODES:
             raise InputFormatError(path, line_no, f"host_memory_mode={_short(v)}",
@@ -118,7 +125,6 @@ def check_op(path, line_no: int, obj: dict, header: dict | None = None) -> None:
             raise InputFormatError(path, line_no, f"a write_ack op under write_acks={_short(header['write_acks'])}",
                                    'write_acks "op" (or no write_ack ops)')
     if header is not None and header.get("version", 1) < 2:
-        from sim.optrace import STORAGE_OPS
         if obj.get("op") in STORAGE_OPS:
             raise InputFormatError(path, line_no, f"a {obj['op']} op in a version 1 trace",
                                    'a header with "version": 2 (docs/OPTRACE.md §14)')

@@ -23,6 +23,7 @@ import simpy
 
 from sim.config import SimConfig
 from sim.constants import LAYER_DONE_COUNTERS
+from sim.hybrid.replica import HybridReplica
 from sim.jitter import Jitter
 from sim.scheduler import SchedState
 from sim.tree import Tree
@@ -127,7 +128,6 @@ class RankGroup:
     def _make_tree(self) -> Tree:
         cfg = self.cfg
         if cfg.hybrid is not None:
-            from sim.hybrid.replica import HybridReplica
             return HybridReplica(cfg.hybrid, cfg)
         return Tree(device_capacity=cfg.device_tokens, host_capacity=cfg.host_tokens,
                     page_size=cfg.page_size, write_policy=cfg.write_policy,

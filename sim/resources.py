@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 from sim.errors import UserError
 from sim.fmt import duration
+from sim.jitter import Jitter
+from sim.resolve import from_scenario
+from sim.scenario import resolve_capacities
 
 REQUESTS_PER_S = 10_000  # simulated requests per wall-second (bench_sim, TP 8)
 TORCH_REQUESTS_PER_S = 300  # with a real all_reduce per step over pipes
@@ -79,8 +82,6 @@ def machine() -> tuple[int, int | None]:
 
 
 def estimate(scenario) -> Estimate:
-    from sim.scenario import resolve_capacities
-
     n = _requests(scenario.workload)
     if scenario.limits.max_requests is not None:
         n = scenario.limits.max_requests if n is None else min(n, scenario.limits.max_requests)
@@ -105,9 +106,6 @@ def _jittered(s) -> bool:
     """Whether ranks may come to hold trees of their own: a configured perturbation
     (the engine's own list, ``sim.jitter.Jitter``) or a sync discipline other than
     SGLang's."""
-    from sim.config import from_scenario
-    from sim.jitter import Jitter
-
     cfg, _ = from_scenario(s)
     return Jitter(cfg.jitter, cfg.tp, cfg.seed).active or cfg.discipline != "synced"
 

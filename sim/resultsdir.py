@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 from pathlib import Path
 
 from sim.errors import UserError
+from sim.interrupt import checkpoint
 
 # Entries a results folder may hold (a folder holding only these, or a meta.json,
 # is one we may replace).
@@ -107,7 +109,6 @@ class ResultsFolder:
             if old.exists():
                 shutil.rmtree(old)
             os.replace(self.out, old)
-        from sim.interrupt import checkpoint
 
         checkpoint("committing")  # an earlier folder renamed away, the new one not yet in place
         os.replace(self.tmp, self.out)
@@ -172,8 +173,6 @@ OPTRACE_KIND = "hicache-sim op-traces"
 def is_optrace_folder(path: Path) -> bool:
     """A folder ``run --record-ops`` may replace: empty, or one it wrote (its
     ``index.json`` says so)."""
-    import json
-
     try:
         names = [n for n in os.listdir(path) if not n.startswith(".")]
     except OSError:

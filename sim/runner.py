@@ -11,6 +11,7 @@ it depends on the wall clock: the same scenario and seed give byte-identical fil
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -18,9 +19,21 @@ from pathlib import Path
 from typing import Callable
 
 from sim import __version__
-from sim.atomic import write_json, write_parquet, write_text
+from sim.atomic import atomic_path, write_json, write_parquet, write_text
+from sim.cluster import Cluster
+from sim.diagnostics import tier_fields
 from sim.errors import UserError
+from sim.interrupt import INTERRUPT_ENV, InterruptGuard, checkpoint
+from sim.kvevents import encode_batch, engine_batches, publish_zmq, trace_page_tokens
 from sim.metrics import REQUEST_UNITS, TIMESERIES_UNITS
+from sim.optrace import _dumps, engine_ops_to_trace
+from sim.paths import PathRejected, confine_output
+from sim.ranks import log_alloc_failures
+from sim.resolve import from_scenario
+from sim.resultsdir import OPTRACE_INDEX, OPTRACE_KIND, OpTraceFolder, ResultsFolder
+from sim.scenario import dump_resolved
+from sim.steprec import StepRecorder, rank_paths
+from sim.workloads import build_workload
 
 
 @dataclass
@@ -46,9 +59,6 @@ def git_revision() -> str | None:
 
 def prepare(scenario, seed: int | None = None, collective: str | None = None):
     """(scenario, SimConfig, CostModel, workload) with CLI overrides applied."""
-    from sim.config import from_scenario
-    from sim.workloads import build_workload
-
     updates = {}
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -73,9 +83,6 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
     there (v2, docs/OPTRACE.md), under the same rules. ``kv_events``: SGLang's KV
     events of the run, ``{"file": path, "zmq": parsed --kv-events-config, "wait_s": s}``
     (sim.kvevents; either or both)."""
-    from sim.interrupt import InterruptGuard, checkpoint
-    from sim.resultsdir import OpTraceFolder, ResultsFolder
-
     scenario, cfg, cost, workload = prepare(scenario, seed, collective)
     # KV events come from rank 0's op stream (sim.kvevents): recorded for them too.
     cfg.record_ops = record_ops or record_ops_dir is not None or kv_events is not None
@@ -110,10 +117,6 @@ def run_scenario(scenario, out_dir=None, *, seed: int | None = None,
 
 def _step_paths(path: str, scenario) -> list[str]:
     """``--record-steps FILE``: one file per rank; none may exist yet."""
-    import os
-
-    from sim.steprec import rank_paths
-
     if scenario.engine.clock != "steps":
         raise UserError(f"found engine.clock {scenario.engine.clock!r}; expected 'steps' "
                         "for --record-steps (its records are per scheduler step)",
@@ -129,8 +132,6 @@ def _step_paths(path: str, scenario) -> list[str]:
 def _separate(out_dir, ops_dir) -> None:
     """The op-trace folder and the results folder are each renamed into place whole,
     so neither may contain the other."""
-    import os
-
     a, b = Path(os.path.abspath(out_dir)), Path(os.path.abspath(ops_dir))
     if a == b or a in b.parents or b in a.parents:
         raise UserError(f"found the results folder {a}; expected a --record-ops folder "
@@ -140,15 +141,11 @@ def _separate(out_dir, ops_dir) -> None:
 def _watch_host_allocs(sim) -> dict:
     """``{id(cohort): [[op index, attempt], ...]}``: each replica's failed host
     allocations, for the op-trace headers (``sim.ranks.log_alloc_failures``)."""
-    from sim.ranks import log_alloc_failures
-
     return {id(c): log_alloc_failures(c) for inst in sim.instances for c in inst.group.cohorts}
 
 
 def _engine_trace(c, cfg, fails: dict, note: str) -> list:
     """A (FULL-only) replica's recorded ops as an op-trace v2: header + ops."""
-    from sim.optrace import engine_ops_to_trace
-
     return engine_ops_to_trace(
         c.ops, device_capacity=c.tree.device_capacity, host_capacity=c.tree.host_capacity,
         page_size=cfg.page_size, write_policy=cfg.write_policy,
@@ -165,8 +162,6 @@ def kv_event_payloads(sim, fails: dict, scenario=None) -> list:
     publisher rank: is_kv_publisher_rank, attn-TP rank 0), encoded as its publisher
     encodes them: [(ts, attn_dp_rank, payload)], instances interleaved by time, each
     batch tagged with its attn_dp_rank (select_kv_publisher_dp_rank: the DP replica)."""
-    from sim.kvevents import encode_batch, engine_batches, trace_page_tokens
-
     cfg = sim.cfg
     tokens = trace_page_tokens(scenario) if scenario is not None else None
     allb = []
@@ -186,8 +181,6 @@ def kv_event_payloads(sim, fails: dict, scenario=None) -> list:
 
 def write_kv_events(path, payloads: list) -> None:
     """The payloads back to back (a msgpack stream), atomically."""
-    from sim.atomic import atomic_path
-
     with atomic_path(path) as tmp:
         tmp.write_bytes(b"".join(p for _ts, _dp, p in payloads))
 
@@ -195,8 +188,6 @@ def write_kv_events(path, payloads: list) -> None:
 def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
     """Every replica's op-trace into the staged ``folder``: ``rank<r>.jsonl`` per rank
     (``instance<i>/rank<r>.jsonl`` with dp > 1) and ``index.json``. Returns the index."""
-    from sim.resultsdir import OPTRACE_INDEX, OPTRACE_KIND
-
     cfg = sim.cfg
     traces = []
     for inst in sim.instances:
@@ -229,8 +220,6 @@ def write_op_traces(folder, sim, scenario, fails: dict, partial: bool) -> dict:
 
 def _write_trace(folder, sub, traces: list, inst, c, trace: list, n_ops: int) -> None:
     """One replica's op-trace, once per rank it stands for, and its index rows."""
-    from sim.optrace import _dumps
-
     text = "".join(_dumps(op) + "\n" for op in trace)
     t = c.tree
     for r in c.ranks:
@@ -248,13 +237,6 @@ def _write_trace(folder, sub, traces: list, inst, c, trace: list, n_ops: int) ->
 
 def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=None,
          guard=None, steps_paths=None, kv_events=None) -> RunResult:
-    import os
-
-    from sim.cluster import Cluster
-    from sim.interrupt import INTERRUPT_ENV, InterruptGuard, checkpoint
-    from sim.paths import PathRejected, confine_output
-    from sim.scenario import dump_resolved
-
     guard = guard or InterruptGuard()
     if os.environ.get(INTERRUPT_ENV) == "simulating":
         progress = _interrupt_at_first_request(progress)
@@ -263,8 +245,6 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
     fails = _watch_host_allocs(sim) if (ops_folder is not None or kv_events) else {}
     recorder = None
     if steps_paths is not None:
-        from sim.steprec import StepRecorder
-
         recorder = StepRecorder(cfg.tp)
         sim.instances[0].steprec = recorder
     partial = ended = False
@@ -282,7 +262,6 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
     divergence = sim.report()
     summary["verdict"] = divergence["verdict"]
     summary["skipped_trace_lines"] = int(getattr(workload, "skipped", 0) or 0)
-    from sim.diagnostics import tier_fields
 
     # GB sizes, bytes per token, per-tier pages and the diagnosis (sim.diagnostics).
     summary.update(tier_fields(summary, sim.timeseries_df(),
@@ -335,8 +314,6 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
         if kv_events.get("file") is not None:
             write_user_file(kv_events["file"], lambda p: write_kv_events(p, payloads))
         if kv_events.get("zmq") is not None:
-            from sim.kvevents import publish_zmq
-
             by_dp: dict = {}
             for _ts, dp, p in payloads:
                 by_dp.setdefault(dp, []).append(p)
@@ -347,8 +324,6 @@ def _run(scenario, cfg, cost, workload, folder, progress, trace_out, ops_folder=
 def _interrupt_at_first_request(progress):
     """The progress callback, delivering ``HICACHE_SIM_INTERRUPT_AT=simulating``'s
     SIGINT when the first request finishes (sim.interrupt)."""
-    from sim.interrupt import checkpoint
-
     def hook(now, metrics):
         if metrics.done == 1:
             checkpoint("simulating")

@@ -40,21 +40,56 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from sim import __version__
+from sim import __version__, safeio, sizing, yamlio
+from sim.collectives import DEFAULT_TIMEOUT_S
 from sim.constants import MAMBA_FULL_MEMORY_RATIO_DEFAULT as C_MAMBA_RATIO
 from sim.constants import SWA_FULL_TOKENS_RATIO_DEFAULT as C_SWA_RATIO
-from sim.constants import CLIP_MAX_NEW_TOKENS, DEFAULT_TREE_CORE, SCHEDULE_POLICY_DEFAULT
 from sim.constants import (
+    CHUNKED_PREFILL_DEFAULT,
+    CLIP_MAX_NEW_TOKENS,
+    DEFAULT_TREE_CORE,
     HICACHE_HOST_MEMORY_FRACTION_DEFAULT,
     HICACHE_RATIO_BUFFER_ONLY,
     HICACHE_RATIO_DEFAULT,
     HICACHE_SIZE_BYTES_PER_GB,
     HOST_POOL_EXTRA_PAGES,
     LOAD_BACK_THRESHOLD,
+    MAX_PREFILL_TOKENS_DEFAULT,
+    MLA_DEDUP_STORAGE_BACKENDS,
+    PREFETCH_POLICY_DEFAULT,
+    PREFETCH_THRESHOLD_DEFAULT,
+    PREFETCH_TIMEOUT_BASE_S,
+    PREFETCH_TIMEOUT_PER_KI_TOKEN_S,
+    SCHEDULE_POLICY_DEFAULT,
 )
+from sim.costs import (
+    DEFAULT_PROFILE,
+    IO_BACKENDS,
+    MEM_LAYOUTS,
+    MODEL_PRESETS,
+    ModelSpec,
+    PROFILES,
+    load_profile,
+)
+from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
 from sim.errors import UserError, suggest
+from sim.hybrid import pools
 from sim.optrace_check import MAX_PAGE_SIZE
+from sim.paths import (
+    PathRejected,
+    SLUG_RULE,
+    check_relative,
+    input_roots,
+    is_slug,
+    resolve_input,
+)
+from sim.policies.eviction import EVICTION_POLICIES
+from sim.policies.host import HOST_POLICIES
+from sim.policies.schedule import SCHEDULE_POLICIES
+from sim.policies.write import WRITE_POLICIES
+from sim.sizing import fmt_capacity
 from sim.workloads.dists import DISTRIBUTIONS
+from sim.workloads.traces import AGENTIC_BLOCK_SIZE, MOONCAKE_BLOCK_SIZE
 
 GIB = 1 << 30
 
@@ -116,8 +151,6 @@ class _Model(BaseModel):
 
 def _resolve_path(value: str, info: ValidationInfo, what: str, file: bool = False) -> str:
     """An existing input path inside the documented roots (``sim.paths``); absolute."""
-    from sim.paths import PathRejected, input_roots, resolve_input
-
     ctx = info.context or {}
     roots = ctx.get("roots") or input_roots(ctx.get("base_dir") or ".", ctx.get("extra_roots", ()))
     try:
@@ -233,9 +266,6 @@ class ModelConfig(_Model):
 
     @model_validator(mode="after")
     def _known(self):
-        from sim.costs import MODEL_PRESETS
-        from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
-
         if self.hybrid_preset is not None:
             if self.hybrid_preset not in HYBRID_MODEL_PRESETS:
                 close = suggest(self.hybrid_preset, HYBRID_MODEL_PRESETS)
@@ -270,15 +300,11 @@ class ModelConfig(_Model):
         """The ``HybridModelSpec`` of ``hybrid_preset``, or None."""
         if self.hybrid_preset is None:
             return None
-        from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
-
         return HYBRID_MODEL_PRESETS[self.hybrid_preset]
 
     def spec(self):
         """The ``sim.costs.ModelSpec`` this section describes (a hybrid: its
         full-attention layers, what the FULL pool and the cost model see)."""
-        from sim.costs import MODEL_PRESETS, ModelSpec
-
         if self.hybrid_preset is not None:
             return self.hybrid().full_spec()
         fields: dict = {}
@@ -430,14 +456,20 @@ class Node(_Model):
 # ----------------------------------------------------------------------------------
 
 def _policy_names():
-    from sim.policies.eviction import EVICTION_POLICIES
-    from sim.policies.host import HOST_POLICIES
-    from sim.policies.write import WRITE_POLICIES
-
     return tuple(WRITE_POLICIES), tuple(HOST_POLICIES), tuple(EVICTION_POLICIES)
 
 
 _WRITE, _HOSTP, _EVICT = _policy_names()
+
+
+def _registry_names():
+    from sim.policies.sync import SYNC_DISCIPLINES
+    from sim.storage.policy import PREFETCH_POLICIES
+
+    return tuple(SYNC_DISCIPLINES), tuple(PREFETCH_POLICIES)
+
+
+_DISCIPLINES, _PREFETCH = _registry_names()
 
 
 class Cache(_Model):
@@ -464,8 +496,6 @@ class Cache(_Model):
 
 
 def _cost_names():
-    from sim.costs import DEFAULT_PROFILE, IO_BACKENDS, MEM_LAYOUTS
-
     return DEFAULT_PROFILE, tuple(IO_BACKENDS), tuple(MEM_LAYOUTS)
 
 
@@ -483,8 +513,6 @@ class Cost(_Model):
     @field_validator("profile")
     @classmethod
     def _profile(cls, v: str, info: ValidationInfo) -> str:
-        from sim.costs import PROFILES, load_profile
-
         if v in PROFILES:
             return v
         if not (v.endswith((".yaml", ".yml")) or "/" in v):
@@ -512,9 +540,9 @@ class Collective(_Model):
     """`simulated` computes the reductions in process; `torch` runs them through torch.distributed, one process per rank."""
     device: Literal["cpu", "cuda"] = "cpu"
     """The torch backend's device: `cpu` (gloo) or `cuda` (NCCL)."""
-    discipline: Literal["synced", "pre_26921", "local"] = "synced"
+    discipline: Literal[_DISCIPLINES] = "synced"  # type: ignore[valid-type]
     """Which SGLang code issues the per-step cache sync (see the section text)."""
-    timeout_s: _num(gt=0.0, hi=3600.0) = 10.0
+    timeout_s: _num(gt=0.0, hi=3600.0) = DEFAULT_TIMEOUT_S
     """Seconds a blocked torch collective waits before it is reported as a hang."""
     forward: Literal["all_reduce", "none"] = "all_reduce"
     """The forward's TP collective: `all_reduce` (a model's, on the device group: ranks with different token counts meet there); `none`: a stub forward with no collective, as the SGLang server harness's fake worker runs (server_oracle.py `install_forward`), for comparison with it."""
@@ -650,13 +678,13 @@ class Storage(_Model):
     """Latency of each storage op, microseconds (null: the backend's)."""
     capacity_gb: _num(0.0, 1e9) | None = None
     """Each rank's storage size, GB (1e9 bytes) of its KV shard; null: unbounded. Overflow evicts the least recently used pages."""
-    prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = "timeout"
+    prefetch_policy: Literal[_PREFETCH] = PREFETCH_POLICY_DEFAULT  # type: ignore[valid-type]
     """SGLang --hicache-storage-prefetch-policy: when a prefetch is cut off."""
-    prefetch_threshold: _int(0, 10**12) = 256
+    prefetch_threshold: _int(0, 10**12) = PREFETCH_THRESHOLD_DEFAULT
     """Tokens a storage hit must reach to be prefetched (SGLang's prefetch_threshold)."""
-    prefetch_timeout_base: Seconds = 1.0
+    prefetch_timeout_base: Seconds = PREFETCH_TIMEOUT_BASE_S
     """`timeout` policy: seconds every prefetch may take."""
-    prefetch_timeout_per_ki_token: Seconds = 0.25
+    prefetch_timeout_per_ki_token: Seconds = PREFETCH_TIMEOUT_PER_KI_TOKEN_S
     """`timeout` policy: extra seconds per 1024 prefetched tokens."""
     attn_cp_size: _int(1, 4096) = 1
     """SGLang --attn-cp-size (dividing tp): which ranks write each page to storage."""
@@ -985,8 +1013,6 @@ class Trace(_Model):
 
     def trace_block_size(self) -> int | None:
         """The block size the trace will use, when it is known without reading it."""
-        from sim.workloads.traces import AGENTIC_BLOCK_SIZE, MOONCAKE_BLOCK_SIZE
-
         if self.format == "mooncake":
             return self.block_size or MOONCAKE_BLOCK_SIZE
         if self.format == "agentic":
@@ -1021,8 +1047,6 @@ Workload = Annotated[
 
 
 def _schedule_names():
-    from sim.policies.schedule import SCHEDULE_POLICIES
-
     return tuple(SCHEDULE_POLICIES), {k: p.cache_aware for k, p in SCHEDULE_POLICIES.items()}
 
 
@@ -1041,9 +1065,10 @@ class Scheduler(_Model):
     mode: Literal["serve", "cache_replay"] = "serve"
     """`serve` runs SGLang's scheduler; `cache_replay`: one request at a time, no decode."""
     max_running_requests: _int(1, 10**6) | None = None  # None: bounded by device memory
-    chunked_prefill_tokens: _int(1, 10**9) | None = 8192  # None: no chunking
+    # SGLang --chunked-prefill-size (default: its value on a 35-160 GiB GPU); None: no chunking.
+    chunked_prefill_tokens: _int(1, 10**9) | None = CHUNKED_PREFILL_DEFAULT
     # SGLang --max-prefill-tokens: extend tokens one prefill batch may add.
-    max_prefill_tokens: _int(1, 10**9) = 16384
+    max_prefill_tokens: _int(1, 10**9) = MAX_PREFILL_TOKENS_DEFAULT
     # SGLang --schedule-conservativeness: scales the new-token ratio that admission
     # charges running requests' remaining decode with (larger: fewer retractions).
     schedule_conservativeness: _num(gt=0.0, hi=100.0) = 1.0
@@ -1093,8 +1118,6 @@ class Output(_Model):
     def _relative(cls, v):
         # A scenario writes only inside its results folder (sim.paths); the command
         # line's --trace-out may name any file.
-        from sim.paths import PathRejected, check_relative
-
         if v is not None:
             try:
                 check_relative(v, "a trace file inside the results folder")
@@ -1157,20 +1180,16 @@ class Scenario(_Model):
     @field_validator("name")
     @classmethod
     def _slug(cls, v):
-        from sim.paths import SLUG_RULE, is_slug
-
         if not is_slug(v):
             raise _err(_show(v), SLUG_RULE)
         return v
 
     @model_validator(mode="after")
     def _consistent(self):
-        from sim.errors import UserError as _UE
-
         spec = self.model.spec()
         try:
             spec.check_tp(self.tp)
-        except _UE:
+        except UserError:
             raise _err(f"tp {self.tp} with {spec.kv_heads} KV heads",
                        f"tp dividing {spec.kv_heads} or a multiple of it", "tp") from None
         for path, bs in _block_sizes(self.workload):
@@ -1278,8 +1297,6 @@ def _mla_dedup_check(s: "Scenario", spec) -> None:
     an MLA pool, a compatible storage backend, more than one attn-TP rank; SGLang
     quietly keeps the replicated pools otherwise, here the knob would change nothing,
     so it is refused."""
-    from sim.constants import MLA_DEDUP_STORAGE_BACKENDS
-
     if s.model.hybrid_preset is not None or not spec.kv_lora_rank:
         raise _err("mla_dedup with a non-MLA model", "an MLA model (model.mla, or an MLA "
                    "preset such as deepseek-v3): only an MLA pool is replicated whole",
@@ -1394,13 +1411,10 @@ def _hybrid_check(s: "Scenario") -> None:
                    "jitter.host_alloc_failure")
 
 
-def _hybrid_pools(s: "Scenario") -> dict:
+def hybrid_pools(s: "Scenario") -> dict:
     """A hybrid model's pools per rank (sim/hybrid/pools.py): FULL tokens and the
     component's device pool (SWA tokens, or Mamba state slots), the FULL host tokens
     and the host state slots."""
-    from sim import sizing
-    from sim.hybrid import pools
-
     h = s.model.hybrid()
     page, tp, d = s.page_size, s.tp, s.device
     full_b = h.full_bytes_per_token(tp)
@@ -1489,34 +1503,6 @@ def _hybrid_pools(s: "Scenario") -> dict:
             "full_bytes_per_token": full_b, "aux_bytes": aux_b}
 
 
-def resolve_hybrid(s: "Scenario", max_running: int):
-    """The engine's ``HybridConfig`` and the running-request cap (a Mamba hybrid's
-    is capped by its state pool: ``resolve_max_num_reqs``)."""
-    from sim.config import HybridConfig
-    from sim.constants import SENTINEL_IDS_PER_COMPONENT
-    from sim.hybrid import pools
-
-    h = s.model.hybrid()
-    p = _hybrid_pools(s)
-    # A bare core's two components draw their LRU sentinels' ids first (ids 1-8,
-    # docs/HYBRID.md §1); op-trace numbering moves them out (first node 1).
-    offset = 0 if s.cache.ids == "optrace" else 2 * SENTINEL_IDS_PER_COMPONENT
-    if h.kind == "swa":
-        return HybridConfig(kind="swa", aux_capacity=p["aux"], window=h.sliding_window,
-                            id_offset=offset, aux_host=p["host_aux"], host_tokens=p["host_full"],
-                            swa_bytes=p["aux_bytes"] if p["host_full"] else 0,
-                            full_bytes=p["full_bytes_per_token"] if p["host_full"] else 0,
-                            release_prefill_swa=bool(s.cache.release_prefill_swa)), max_running
-    state_b = p["aux_bytes"]
-    hc = HybridConfig(kind="mamba", aux_capacity=p["aux"], aux_host=p["host_aux"],
-                      host_tokens=p["host_full"], mamba_chunk=1,
-                      state_tokens=-(-state_b // p["full_bytes_per_token"]),
-                      state_bytes=state_b, id_offset=offset)
-    requested = s.scheduler.max_running_requests
-    cap = pools.mamba_max_running(p["aux"], p["full"], requested)
-    return hc, min(max_running, cap)
-
-
 def _block_sizes(w, where="workload"):
     if isinstance(w, Mix):
         for i, p in enumerate(w.parts):
@@ -1577,8 +1563,6 @@ def _check_gib_fits(s: Scenario, value: float, weights: int) -> None:
 
 
 def _profile_gib(s: Scenario) -> float:
-    from sim.costs import load_profile
-
     return _cached_profile(s.cost.profile, load_profile).hbm_gib
 
 
@@ -1593,8 +1577,6 @@ def _cached_profile(name, load):
 
 
 def _device_sizing(s: Scenario, page: int, bpt: int) -> tuple[int, dict]:
-    from sim import sizing
-
     mode, value = s.device.mode()
     info: dict = {"unit": mode}
     if mode == "tokens":
@@ -1633,8 +1615,6 @@ def _device_sizing(s: Scenario, page: int, bpt: int) -> tuple[int, dict]:
 
 def _sizing(s: Scenario) -> dict:
     """Both tiers' sizes per rank, how they were derived, and the node's host budget."""
-    from sim import sizing
-
     page = s.page_size
     bpt = s.model.spec().bytes_per_token(s.tp)
     dev, dev_info = _device_sizing(s, page, bpt)
@@ -1701,7 +1681,7 @@ def _sizing(s: Scenario) -> dict:
         "warnings": [],
     }
     if s.model.hybrid_preset is not None:
-        p = _hybrid_pools(s)
+        p = hybrid_pools(s)
         out.update(device_tokens=p["full"], host_tokens=p["host_full"],
                    device_gb=sizing.gb(p["full"], bpt), host_gb=sizing.gb(p["host_full"], bpt),
                    hybrid={"aux_device": p["aux"], "aux_host": p["host_aux"],
@@ -1724,8 +1704,6 @@ def _sizing(s: Scenario) -> dict:
 
 
 def _node_message(s, host, bpt, budget, ranks) -> str:
-    from sim import sizing
-
     return (f"host pools of {sizing.fmt_gb_value(host * bpt / sizing.GB)} GB per rank x {ranks} "
             f"ranks = {sizing.fmt_gb_value(host * bpt * ranks / sizing.GB)} GB exceed node.host_ram_gb "
             f"{s.node.host_ram_gb:g} GB less SGLang's 10 GiB reserve "
@@ -1748,7 +1726,7 @@ def _node_check(s: Scenario, dev: int, host: int) -> None:
 
 def _capacities(s: Scenario) -> tuple[int, int]:
     if s.model.hybrid_preset is not None:
-        p = _hybrid_pools(s)
+        p = hybrid_pools(s)
         return p["full"], p["host_full"]
     info = _sizing(s)
     return info["device_tokens"], info["host_tokens"]
@@ -1798,8 +1776,6 @@ def load_scenario(path, overrides=(), *, flags=(), trace_roots=(), roots=None) -
     by the schema like any key. ``trace_roots``: extra input roots (``--trace-root``);
     ``roots``: exactly these roots instead of the documented ones (bundles).
     """
-    from sim import safeio
-
     for root in trace_roots:  # a typo in a root would only show as "not found" later
         if not os.path.isdir(root):
             found = "a file" if os.path.exists(root) else "no such folder"
@@ -1858,9 +1834,7 @@ def _validate(data, where, lines, overridden, base_dir, labels=None, roots=None,
 
 
 def _parse_yaml(text: str, where: str):
-    from sim.yamlio import load
-
-    return load(text, where, "a YAML mapping")
+    return yamlio.load(text, where, "a YAML mapping")
 
 
 def _flat(s: str) -> str:
@@ -1982,9 +1956,8 @@ def _apply_override(data: dict, item: str, where: str) -> tuple:
     if not _KEY_RE.match(key):
         raise UserError(f"found key {_show(key)}; expected a dotted key path like "
                         "workload.rate_scale", where="--set")
-    from sim.yamlio import load
 
-    value = load(text, f"--set {key}", "a YAML value")
+    value = yamlio.load(text, f"--set {key}", "a YAML value")
     _switch_unit(data, parts)
     ann: Any = Scenario
     cur: Any = data
@@ -2203,8 +2176,6 @@ def dump_resolved(scenario: Scenario) -> str:
     resolved capacities head the file as comments. ``engine`` is left out: it is
     bookkeeping that by construction does not change results, and leaving it out
     keeps a shared and an eager run's folders byte-identical."""
-    from sim.sizing import fmt_capacity
-
     info = resolve_sizing(scenario)
     dev, host, bpt = info["device_tokens"], info["host_tokens"], info["bytes_per_token"]
     data = _tags_first(scenario.model_dump(mode="python", exclude_none=True, exclude={"engine"}))

@@ -27,6 +27,11 @@ import tokenize
 
 from pydantic import BaseModel
 
+import sim.scenario as scenario
+from sim.costs import MODEL_PRESETS, PROFILES, load_profile
+from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
+from sim.scenario import Scenario, _DistFields
+
 DOC_PATH = "docs/SCENARIO.md"
 REGENERATE = "hicache-sim schema --markdown > docs/SCENARIO.md"
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -42,8 +47,6 @@ _TYPE_IGNORE = re.compile(r"type:\s*ignore(\[[^\]]*\])?\s*")
 
 def _models() -> dict[str, type[BaseModel]]:
     """Every schema class of sim.scenario by name (the JSON Schema's ``$defs`` keys)."""
-    import sim.scenario as scenario
-
     out = {}
     for name, obj in vars(scenario).items():
         if inspect.isclass(obj) and issubclass(obj, BaseModel) and obj.__module__ == scenario.__name__:
@@ -52,8 +55,6 @@ def _models() -> dict[str, type[BaseModel]]:
 
 
 def raw_schema() -> dict:
-    from sim.scenario import Scenario
-
     return Scenario.model_json_schema()
 
 
@@ -70,8 +71,6 @@ def _standard(node):
 def json_schema() -> dict:
     """The scenario's JSON Schema for editors: standard bounds, and the distributions'
     bare-number form (``turns: 5`` means ``{dist: constant, value: 5}``) allowed."""
-    from sim.scenario import _DistFields
-
     schema = _standard(copy.deepcopy(raw_schema()))
     models = _models()
     for name, node in schema.get("$defs", {}).items():
@@ -271,8 +270,6 @@ def _default(cls: type[BaseModel] | None, field: str, node: dict, required: bool
         return _code(_yaml_value(node["default"]))
     info = cls.model_fields.get(field) if cls is not None else None
     if info is not None and info.default_factory is not None:
-        from sim.scenario import _DistFields
-
         value = info.default_factory()
         if isinstance(value, _DistFields):  # a distribution's default is one value
             return _code(_yaml_value(value.model_dump(mode="json", exclude_none=True)))
@@ -408,9 +405,6 @@ def _params(n: float | None) -> str:
 def presets_markdown() -> str:
     """The names ``model.preset`` and ``model.hybrid_preset`` accept, from their
     registries (``sim.costs.MODEL_PRESETS``, ``sim.costs.hybrid_models``)."""
-    from sim.costs import MODEL_PRESETS
-    from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
-
     rows = []
     for name, m in MODEL_PRESETS.items():
         kv = (f"MLA latent {m.kv_lora_rank} + rope {m.qk_rope_head_dim}" if m.is_mla
@@ -440,8 +434,6 @@ def presets_markdown() -> str:
 def profiles_markdown() -> str:
     """The names ``cost.profile`` accepts, from the registry (``sim.costs.PROFILES``:
     the YAML files under profiles/, read as data)."""
-    from sim.costs import PROFILES, load_profile
-
     rows = []
     for name in PROFILES:
         p = load_profile(name)

@@ -21,6 +21,7 @@ One record list per rank (ranks of one replica share their records until it fork
 
 from __future__ import annotations
 
+import gzip
 import json
 
 from sim.scheduler import available
@@ -184,8 +185,6 @@ REQ_FIELDS = ("first_sched_step", "finish_step", "cached_tokens", "cached_tokens
 
 
 def read_records(path) -> tuple[dict, dict]:
-    import gzip
-
     op = gzip.open if str(path).endswith(".gz") else open
     steps, reqs = {}, {}
     with op(path, "rt") as fh:

@@ -39,12 +39,16 @@ import datetime
 import hashlib
 import itertools
 import json
+import logging
 import math
+import multiprocessing
 import os
 import re
 import reprlib
+import signal
 import sys
 import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -53,7 +57,22 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from sim import safeio, yamlio
+from sim.analysis.bound import bound_for_scenario, write_bound
+from sim.atomic import write_json, write_parquet, write_text
 from sim.errors import UserError
+from sim.fmt import duration, percent, table as text_table
+from sim.paths import PathRejected, REPO_ROOT, resolve_input
+from sim.resultsdir import FolderLock
+from sim.runner import run_scenario
+from sim.scenario import (
+    _key_lines,
+    dump_resolved,
+    load_scenario,
+    more_errors,
+    resolve_capacities,
+)
+from sim.units import guess_unit
 
 POINTS_DIR = "points"
 SWEEP_TABLE = "sweep.parquet"
@@ -310,9 +329,6 @@ def load_sweep(path, trace_roots=()) -> SweepPlan:
     Every problem is one :class:`UserError` line naming the sweep file (and line)
     or the base scenario file, the key path, what was found and what was expected.
     """
-    from sim import safeio, yamlio
-    from sim.scenario import _key_lines
-
     path = Path(path)
     where = str(path)
     text = safeio.read_text(path, "a sweep YAML", safeio.LIMIT_YAML)
@@ -374,7 +390,6 @@ def _spec_error(err: ValidationError, lines: dict, where: str) -> UserError:
     rest = [f"{'.'.join(p) or '(top level)'}: found {f}; expected {x}"
             + (f" (line {ln})" if ln is not None and ln != line else "")
             for _, p, f, x, ln in ranked[1:]]
-    from sim.scenario import more_errors
 
     tail = more_errors(rest)
     return UserError(" ".join(f"{key}: found {found}; expected {expected}{tail}".split()),
@@ -384,16 +399,11 @@ def _spec_error(err: ValidationError, lines: dict, where: str) -> UserError:
 def base_roots(sweep_path: Path, trace_roots=()) -> list[Path]:
     """Where a sweep's base scenarios may be: the sweep file's folder, the repository's
     ``scenarios/`` folder, then ``--trace-root`` folders (``sim.paths``)."""
-    from sim.paths import REPO_ROOT
-
     roots = [sweep_path.resolve().parent, REPO_ROOT / "scenarios", *map(Path, trace_roots)]
     return list(dict.fromkeys(Path(os.path.abspath(r)) for r in roots))
 
 
 def _expand(path: Path, spec: SweepSpec, lines: dict, trace_roots: tuple = ()) -> SweepPlan:
-    from sim.paths import PathRejected, resolve_input
-    from sim.scenario import dump_resolved, load_scenario
-
     where = str(path)
     bases = spec.bases or [spec.base]
     base_paths = []
@@ -462,8 +472,6 @@ def _workload_kind(scenario) -> str:
 
 def _validate_point(pt: Point, where: str, lines: dict):
     """Load the point's scenario; a bad key or value is reported at its sweep-file line."""
-    from sim.scenario import load_scenario
-
     try:
         return load_scenario(pt.base_path, pt.override_args(), trace_roots=pt.trace_roots)
     except UserError as err:
@@ -522,9 +530,6 @@ def run_point(task: dict) -> dict:
     ``task`` is :meth:`Point.task`'s plain dict, so the same function serves process
     pools and Ray. Returns ``{point_id, ok, error, traceback, verdict, halted}``.
     """
-    from sim.runner import run_scenario
-    from sim.scenario import load_scenario
-
     out = Path(task["out_dir"])
     result = {"point_id": task["point_id"], "ok": False, "error": None, "traceback": None,
               "verdict": None, "halted": None}
@@ -558,8 +563,6 @@ def _worker_init(parent_pid: int | None = None) -> None:
     for SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``) instead of living
     on as an orphan; a parent already gone by then ends the worker at once.
     """
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent_pid is None or not sys.platform.startswith("linux"):
         return
@@ -598,9 +601,6 @@ def _run_local(tasks: list[dict], done: Callable[[dict], None], workers: int, ad
     with a ``point_id``; it returns a result dict with that ``point_id`` and ``ok``.
     :func:`run_point` for sweeps; ``sim.census`` passes its own.
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     if address is not None:
         raise UserError("--address: found an address with --executor local; expected it only "
                         "with --executor ray")
@@ -631,8 +631,6 @@ def _run_ray(tasks: list[dict], done: Callable[[dict], None], workers: int, addr
              fn: Callable[[dict], dict] = run_point) -> None:
     """Ray tasks calling ``fn`` (as in :func:`_run_local`); ``address`` None starts a
     local instance."""
-    import logging
-
     try:
         import ray
     except ImportError:
@@ -728,11 +726,8 @@ def default_out(plan: SweepPlan) -> Path:
 def run_sweep(plan: SweepPlan, out, *, executor: str = "local", workers: int | None = None,
               address: str | None = None, progress: bool = True) -> SweepOutcome:
     """Run every point not already complete, then write ``sweep.parquet``."""
-    from sim.atomic import write_json, write_text
-
     if executor not in EXECUTORS:
         raise UserError(f"--executor: found {executor!r}; expected one of {', '.join(EXECUTORS)}")
-    from sim.resultsdir import FolderLock
 
     workers = workers or os.cpu_count() or 1
     out = Path(out)
@@ -783,7 +778,7 @@ def _run_sweep(plan, out, executor, workers, address, progress, write_json, writ
 def _bar(total: int, initial: int, enabled: bool, desc: str = "sweep", unit: str = "point"):
     if not enabled or not sys.stderr.isatty():
         return None
-    from tqdm import tqdm
+    from tqdm import tqdm  # only for a bar on a terminal
 
     return tqdm(total=total, initial=initial, unit=unit, dynamic_ncols=True, file=sys.stderr,
                 desc=desc, smoothing=0.1)
@@ -823,9 +818,7 @@ def gather(plan: SweepPlan, out):
     includes ``verdict``). The parameter columns are also listed in the table's
     ``attrs["parameter_columns"]`` (kept in the parquet file's metadata).
     """
-    import pandas as pd
-
-    from sim.atomic import write_parquet
+    import pandas as pd  # here, not at the top: importing the module stays light (pandas is slow to load)
 
     out = Path(out)
     rows = []
@@ -862,7 +855,6 @@ def gather(plan: SweepPlan, out):
     data = {c: _column([r.get(c) for r in rows]) for c in columns}
     table = pd.DataFrame(data, columns=columns)
     table.attrs["parameter_columns"] = params
-    from sim.units import guess_unit
 
     write_parquet(out / SWEEP_TABLE, table, {c: guess_unit(c, table[c]) for c in table.columns})
     return table
@@ -872,8 +864,6 @@ def format_table(table, param_columns=None) -> str:
     """The gathered table as console text (``sim.fmt.table``), one row per point: the
     swept keys whose values differ between points (all swept keys if none differ),
     seed, hit rate, TTFT p50 / p99 and the TP verdict."""
-    from sim.fmt import duration, percent, table as text_table
-
     params = list(param_columns if param_columns is not None
                   else table.attrs.get("parameter_columns", []))
     params = [c for c in params if c in table.columns]
@@ -904,9 +894,6 @@ def add_bounds(plan: SweepPlan, out) -> int:
     one; points with the same workload and capacities share one computation. Returns
     how many points got a bound. ``gather`` then adds a ``bound_hit_rate`` column,
     which the capacity plot draws as a reference line."""
-    from sim.analysis.bound import bound_for_scenario, write_bound
-    from sim.scenario import load_scenario, resolve_capacities
-
     out = Path(out)
     cache: dict = {}
     n = 0

@@ -79,7 +79,7 @@ def guess_unit(name: str, values=None) -> str:
     if kinds and all(issubclass(k, (int, float)) and k is not bool for k in kinds):
         return "1"
     try:  # a pandas Series: its dtype decides
-        import pandas as pd
+        import pandas as pd  # here: cli.py loads this module at start-up
 
         if isinstance(values, pd.Series):
             if pd.api.types.is_bool_dtype(values):
@@ -105,7 +105,7 @@ def units_for(columns, declared: dict) -> dict:
 
 def read_units(path) -> dict:
     """The ``hicache_sim.units`` map of a parquet file ({} when it has none)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # here: cli.py loads this module at start-up
 
     meta = pq.read_schema(path).metadata or {}
     raw = meta.get(UNITS_KEY)

@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases,
+from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases, step_by_step,
                       vendored_checksums_match)
 from sim.errors import UserError
 from sim.events import Simulation
@@ -101,7 +101,7 @@ def test_the_swa_host_pools_default_to_sglangs_sizing():
     """build_hybrid_swa_group: each host pool from its own device pool by the ratio
     (one extra page); host.tokens with host.swa_tokens naming the same pools is the
     same run."""
-    from sim.config import from_scenario
+    from sim.resolve import from_scenario
 
     c, _ = from_scenario(scn(SWAH))
     assert (c.hybrid.host_tokens, c.hybrid.aux_host) == (48016, 9616)
@@ -159,7 +159,7 @@ def test_shared_and_eager_replicas_write_byte_identical_results(path, tmp_path):
 def test_decode_runs_write_what_a_step_by_step_loop_writes(path, extra, seed, tmp_path):
     sets = ("workload.num_requests=80", f"seed={seed}", *extra)
     run(path, *sets, out=tmp_path / "fast")
-    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+    with step_by_step():
         run(path, *sets, out=tmp_path / "plain")
     assert same_folders(tmp_path / "fast", tmp_path / "plain")
 
@@ -217,8 +217,10 @@ def test_late_load_acks_drained_locally_are_caught_by_the_digest_over_seeds():
         for t in replicas(res):
             t.check()
         assert len(res.sim.instances[0].group.cohorts) == 2  # rank 1 forked off
-    assert set(verdicts) <= {"detected", "missed"}
-    assert verdicts.count("detected") >= 2
+    # The digest sees only reclaim victims: seeds 1 and 2 diverge in one (detected),
+    # 3 and 4 elsewhere in the trees (missed). The spread over seeds 0-19 is in the
+    # scenario's comment (5 detected, 15 missed).
+    assert verdicts == ["detected", "detected", "missed", "missed"]
 
 
 def test_the_same_late_acks_are_absorbed_by_the_synced_discipline():
@@ -232,7 +234,10 @@ def test_request_order_jitter_forks_an_swa_replica_and_the_clone_keeps_its_locks
     res = run(SWA, "jitter.request_order.ranks=[1]", "jitter.request_order.swap_probability=0.3",
               "workload.num_requests=150", "workload.arrival.rate=40")
     assert res.divergence["perturbations"]["request_order"] > 0
-    assert res.divergence["verdict"] in {"missed", "size_mismatch", "absorbed"}
+    # rank 1's swapped admissions give it other batches: the forward's all_reduce sees
+    # other sizes (at 0.50 s) before any check of the trees
+    assert res.divergence["verdict"] == "size_mismatch"
+    assert res.divergence["first_true_divergence"]["what"] == "batch shapes differ"
     assert len(res.sim.instances[0].group.cohorts) == 2
     for t in replicas(res):
         t.check()
@@ -503,7 +508,7 @@ def test_a_write_through_run_is_deterministic(policy, tmp_path):
 def test_write_through_decode_runs_write_what_a_step_by_step_loop_writes(policy, seed, tmp_path):
     sets = ("workload.num_requests=80", f"seed={seed}", policy, "jitter.ack_delay.acks=both")
     run(MAMBA, *sets, out=tmp_path / "fast")
-    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+    with step_by_step():
         run(MAMBA, *sets, out=tmp_path / "plain")
     assert same_folders(tmp_path / "fast", tmp_path / "plain")
 

@@ -137,14 +137,16 @@ def test_host_pools_by_ratio_and_by_size():
     # states int(262 * 2) + 1 padding slot = 525.
     assert hybrid_host_pools("mamba", 1_000_000, 262, 64, 24_576, 77_266_944,
                              ratio=2.0) == (2_000_064, 525)
-    # --hicache-size 100 GB shared by device bytes: FULL (1,000,064 * 24,576 B),
-    # Mamba (263 * S); each share // its unit, plus one page.
+    # --hicache-size 100 GB shared by device bytes: FULL 1,000,064 * 24,576 =
+    # 24,577,572,864 B, Mamba 263 * 77,266,944 = 20,321,206,272 B (44,898,779,136 in
+    # all); each share // its unit, plus one page. FULL: 100e9 * 1,000,064 /
+    # 44,898,779,136 = 2,227,374.6 tokens -> 34,802 + 1 pages of 64 = 2,227,392;
+    # Mamba: 100e9 * 263 / 44,898,779,136 = 585.8 states -> 585 + 1 = 586.
     fb, mb = 1_000_064 * 24_576, 263 * 77_266_944
-    fs, ms = split_hicache_size(100, [fb, mb])
-    assert fs + ms == pytest.approx(100)
-    got = hybrid_host_pools("mamba", 1_000_000, 262, 64, 24_576, 77_266_944,
-                            hicache_gb=100)
-    assert got == ((int(fs * 1e9 // 24_576) // 64 + 1) * 64, int(ms * 1e9 // 77_266_944) + 1)
+    assert split_hicache_size(100, [fb, mb]) == pytest.approx(
+        [100 * 24_577_572_864 / 44_898_779_136, 100 * 20_321_206_272 / 44_898_779_136])
+    assert hybrid_host_pools("mamba", 1_000_000, 262, 64, 24_576, 77_266_944,
+                             hicache_gb=100) == (2_227_392, 586)
     # SWA: both KV pools by ratio (default 2) at page 16.
     assert hybrid_host_pools("swa", 161_808, 129_440, 16, 36_864, 36_864) == (
         (323_616 // 16 + 1) * 16, (258_880 // 16 + 1) * 16)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from sim.config import from_scenario
+from sim.resolve import from_scenario
 from sim.runner import run_scenario
 from sim.scenario import load_scenario, resolve_sizing
 

@@ -16,10 +16,11 @@ from unittest.mock import patch
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, step_by_step
 from test_optrace_v2 import main
 
 from sim.errors import UserError
+from sim.optrace import Replayer
 from sim.policies.host import DuplicateFirst
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
@@ -100,22 +101,51 @@ def storage_ops(recs):
 WRITE_BACK = ("cache.write_policy=write_back", "storage.prefetch_policy=wait_complete")
 
 
+def replay_hits(recs, header):
+    """Replay rank 0's recorded op-trace (the traces replay identically on SGLang's own
+    tree, tools/sglang_oracle/oracle_storage.py): per prefetch_hit with a hit, (id, hit
+    tokens, the host's free room at that moment, tokens staged); and the replayed tree."""
+    r = Replayer(header, ids=header["ids"], host_policy=header["host_policy"])
+    hits = []
+    for i, op in enumerate(recs, 1):
+        t = r.tree
+        free = t.host_capacity - t.host_used - t.host_reserved
+        out = r.apply(i, op)
+        if op["op"] == "prefetch_hit" and op["n"]:
+            hits.append((op["id"], op["n"], free, out["staged"]))
+    return hits, r.tree
+
+
 def test_39444_write_through_brings_back_only_part_of_each_prefix(tmp_path):
     s, recs, req = record(tmp_path, "sglang_39444")
+    header = json.loads((tmp_path / "ops" / "rank0.jsonl").read_text().splitlines()[0])
     assert s["host_tokens"] == 27127 and s["device_tokens"] == 42763
     assert s["verdict"] == "agree" and s["prefetch_issued"] == 10
     # 0.5.23 backs up each chunk at its own insert: p0's two chunks both reach storage,
-    # and its replay (p5) hits all 16,010 pages; p1..p4 only their first chunk (8,192)
+    # and its replay (p5) hits all 16,010 pages (the 16,011-token prefix less the last
+    # token, which is never cached); p1..p4 only their first chunk (8,192, the
+    # chunked-prefill size)
     assert [x for x in storage_ops(recs) if x[0] == "prefetch_hit"][5:] == [
         ("prefetch_hit", f"p{i}", n) for i, n in zip(range(5, 10), (16010, 8192, 8192, 8192, 8192))]
-    # what reaches each replay is cut to the host's free room
-    assert req["host_hit_tokens"].tolist() == [0] * 5 + [2551, 0, 0, 373, 2551]
-    assert s["l3_hit_tokens"] == 5475
-    assert s["hit_tokens_by_tier"] == {"device": 0, "host": 0, "storage": 5475}
-    assert s["prefetch_revoked"] == {"below_threshold": 5, "host_capacity": 2}
-    # backups that found no evictable host room (9 since inserts carry the request's
-    # inserted length, as `_finish_insert_walk_node` walks them; 10 before)
-    assert s["backup_failures"] == 9
+    # What reaches each replay is cut to the host's free room: write_through host
+    # copies whose device copy is live cannot be evicted, so a hit stages
+    # min(hit, free room); with no room at all it is revoked (host_capacity).
+    hits, tree = replay_hits(recs, header)
+    assert [h[0] for h in hits] == [f"p{i}" for i in range(5, 10)]
+    assert all(staged == min(n, free) for _, n, free, staged in hits), hits
+    assert all(staged < n for _, n, _, staged in hits)  # every replay only in part
+    staged = {pid: st for pid, _, _, st in hits}
+    assert req["host_hit_tokens"].tolist() == [0] * 5 + [staged[f"p{i}"] for i in range(5, 10)]
+    assert s["l3_hit_tokens"] == sum(staged.values()) == req["host_hit_tokens"].sum() > 0
+    assert s["hit_tokens_by_tier"] == {"device": 0, "host": 0, "storage": s["l3_hit_tokens"]}
+    no_room = sum(1 for _, _, free, _ in hits if free == 0)
+    assert no_room > 0
+    assert s["prefetch_revoked"] == {"below_threshold": 5, "host_capacity": no_room}
+    # The backups that found no host room: at least p1..p4's second chunks (that is why
+    # storage holds only their first), each attempt counted as SGLang's tree counts it
+    # on these ops (inserts carry the request's inserted length, as
+    # `_finish_insert_walk_node` walks them).
+    assert s["backup_failures"] == tree.stats.backup_failures >= 4
 
 
 def test_39444_write_back_wait_complete_restores_two_prefixes_whole(tmp_path):
@@ -468,15 +498,12 @@ def test_the_hybrid_regressions_decode_fast_path_is_exact(tmp_path):
     """The decode fast path against one step per iteration on the hybrid regression
     scenarios (tests/test_scheduler.py's property, on these traces)."""
     import filecmp
-    from unittest.mock import patch
-
-    from sim.events import Simulation
 
     for name in ("sglang_39436", "sglang_33713"):
         scn = load_scenario(REG / f"{name}.yaml")
         fast, plain = tmp_path / f"{name}_fast", tmp_path / f"{name}_plain"
         run_scenario(scn, fast)
-        with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+        with step_by_step():
             run_scenario(scn, plain)
         names = sorted(p.name for p in fast.iterdir() if p.is_file())
         assert names == sorted(p.name for p in plain.iterdir() if p.is_file())

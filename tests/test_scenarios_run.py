@@ -21,13 +21,14 @@ def test_shipped_scenario_runs_reduced(path, tmp_path):
     assert (tmp_path / "r" / "meta.json").exists()
     for c in (c for inst in res.sim.instances for c in inst.group.cohorts):
         c.tree.check()
-    expected = {"jitter_ack_delay": {"absorbed"}, "jitter_skip_when_idle": {"hang"},
-                "storage_mooncake": {"absorbed"}, "storage_slow_rank": {"absorbed"},
-                "storage_buffer_only": {"absorbed"},
-                # late load acks drained locally (its comment)
-                "hybrid_mamba": {"detected", "missed", "absorbed"},
-                "hybrid_swa_host": {"detected", "missed", "absorbed"}}
+    expected = {"jitter_ack_delay": "absorbed", "jitter_skip_when_idle": "hang",
+                "storage_mooncake": "absorbed", "storage_slow_rank": "absorbed",
+                "storage_buffer_only": "absorbed",
+                # late load acks drained locally (their comments): within 60 requests
+                # the trees already differ and no check a server runs has seen it yet
+                # (the digest fires later, in the full runs)
+                "hybrid_mamba": "missed", "hybrid_swa_host": "missed"}
     if path.stem in expected:
-        assert res.divergence["verdict"] in expected[path.stem]
+        assert res.divergence["verdict"] == expected[path.stem]
     elif not path.stem.startswith("jitter_"):
         assert res.divergence["verdict"] == "agree"

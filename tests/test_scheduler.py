@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from conftest import ROOT
+from conftest import ROOT, step_by_step
 from sim import constants as C
 from sim.config import SimConfig
 from sim.events import Simulation
@@ -281,7 +281,7 @@ def test_decode_runs_write_what_a_step_by_step_loop_writes(seed, name, tmp_path_
     scn = load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets)
     fast = tmp_path_factory.mktemp("fast") / "r"
     run_scenario(scn, fast)
-    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+    with step_by_step():
         plain = tmp_path_factory.mktemp("plain") / "r"
         run_scenario(scn, plain)
     names = sorted(p.name for p in fast.iterdir())

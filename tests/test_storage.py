@@ -131,6 +131,25 @@ def test_timeout_starts_at_the_first_blocked_poll_and_is_strict():
     assert policy.terminate_consensus([0, 0, 1]) and not policy.terminate_consensus([0, 0])
 
 
+def test_prefetch_policies_are_a_registry_the_schema_offers():
+    """Each stop policy is an object in ``PREFETCH_POLICIES``, keyed by SGLang's name;
+    the scenario offers exactly those names, and a poll given the object decides as
+    one given the name."""
+    import typing
+
+    from sim.scenario import Storage
+
+    names = typing.get_args(Storage.model_fields["prefetch_policy"].annotation)
+    assert names == tuple(policy.PREFETCH_POLICIES) == ("best_effort", "wait_complete", "timeout")
+    assert [p.timed for p in policy.PREFETCH_POLICIES.values()] == [False, False, True]
+    for name, pol in policy.PREFETCH_POLICIES.items():
+        assert pol.name == name
+        for wait, now in ((None, 0.0), (policy.PrefetchWait(1.0, 0.0), 2.0)):
+            w1 = None if wait is None else policy.PrefetchWait(wait.timeout_s, wait.started_at)
+            w2 = None if wait is None else policy.PrefetchWait(wait.timeout_s, wait.started_at)
+            assert _poll(name, w1, now) == _poll(pol, w2, now)
+
+
 # ------------------------------------------------------------------ host memory modes
 def test_host_modes_resolve_as_sglang():
     m = policy.resolve_host_mode()

@@ -6,14 +6,12 @@ jitter over several seeds, op-traces replayed, every knob, and the refusals."""
 from __future__ import annotations
 
 import json
-from unittest.mock import patch
 
 import pytest
 
-from conftest import ROOT
-from sim.config import from_scenario
+from conftest import ROOT, step_by_step
+from sim.resolve import from_scenario
 from sim.errors import UserError
-from sim.events import Simulation
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 from sim.storage.buffer import ExistenceBeliefs, HostBuffer
@@ -88,7 +86,7 @@ def test_same_scenario_and_seed_write_byte_identical_results(tmp_path):
                                    "jitter.storage_latency={ranks: [1], factor: 4.0}")])
 def test_decode_runs_write_what_a_step_by_step_loop_writes(sets, tmp_path):
     run(*sets, out=tmp_path / "fast")
-    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+    with step_by_step():
         run(*sets, out=tmp_path / "plain")
     same_folders(tmp_path / "fast", tmp_path / "plain")
 

@@ -10,9 +10,8 @@ from unittest.mock import patch
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, step_by_step
 from sim.errors import UserError
-from sim.events import Simulation
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 from test_optrace_v2 import check_replays, main
@@ -80,7 +79,7 @@ def test_decode_runs_with_storage_write_what_a_step_by_step_loop_writes(sets, tm
     """The decode fast path stops at every storage completion and timeout deadline."""
     fast, plain = tmp_path / "fast", tmp_path / "plain"
     run(*sets, out=fast)
-    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+    with step_by_step():
         run(*sets, out=plain)
     names = sorted(p.name for p in fast.iterdir())
     assert names == sorted(p.name for p in plain.iterdir())
@@ -212,7 +211,7 @@ def test_three_tier_trace_scenario_fast_path_and_storage_size(tmp_path):
     sets = ["limits.max_requests=300"]
     fast, plain = tmp_path / "fast", tmp_path / "plain"
     run_scenario(load_scenario(TRACE_SCN, sets), fast)
-    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
+    with step_by_step():
         run_scenario(load_scenario(TRACE_SCN, sets), plain)
     for f in sorted(p.name for p in fast.iterdir()):
         assert (fast / f).read_bytes() == (plain / f).read_bytes(), f
@@ -261,53 +260,32 @@ def test_a_slow_rank_delays_every_ranks_prefetches_and_the_trees_agree():
     assert cut >= 8
 
 
-def test_without_the_reductions_a_slow_rank_splits_the_ranks():
-    """The same runs with each replica reading its own transfer progress and voting
-    alone (what SGLang's `_reduce_prefetch_ack` and `terminate_consensus` prevent):
-    the fast rank inserts what it read, the slow one less, and the ranks' batches part."""
-    import inspect
-
-    def own(self, pid):
-        c = inspect.currentframe().f_back.f_locals["c"]
-        op = c.st.xfers.get(pid)
-        return None if op is None else op.completed
-
-    verdicts = set()
-    with patch.object(Simulation, "_st_completed", own), \
-            patch.object(Simulation, "_st_vote", lambda self, c, pid: None):
-        for seed in range(3):
-            res = run(*SLOW_RANK, f"seed={seed}", requests=120)
-            verdicts.add(res.summary["verdict"])
-            assert res.divergence["first_true_divergence"] is not None
-    assert "absorbed" not in verdicts
+def rank_ops(ops_dir) -> dict[int, list[dict]]:
+    """Each rank's recorded op-trace (``run --record-ops``), header left out."""
+    index = json.loads((ops_dir / "index.json").read_text())
+    return {t["rank"]: [json.loads(x) for x in (ops_dir / t["file"]).read_text().splitlines()[1:]]
+            for t in index["traces"]}
 
 
-def test_prefetch_queries_and_transfers_complete_in_the_same_order_on_every_rank():
+def test_prefetch_queries_and_transfers_complete_in_the_same_order_on_every_rank(tmp_path):
     """SGLang runs each rank's queries on one `prefetch_thread` and its transfers on one
     `prefetch_io_aux_thread`, FIFO, and reduces each hit and each ack in a collective:
     completions reach the scheduler in the same order on every rank, whatever each
-    rank's speed. The engine's replicas do the same with a slow rank: their queries
-    and transfers end in the same order (a transfer stopped by a termination ends
-    at its next batch, as `_page_transfer`'s does)."""
-    order = {"query": {}, "read": {}}
-    q0, r0 = Simulation._st_query, Simulation._st_read
-
-    def rec(kind, orig):
-        def wrapper(self, c, op):
-            yield from orig(self, c, op)  # ends finished, or stopped by a termination
-            order[kind].setdefault(tuple(c.ranks), []).append(op.id)
-        return wrapper
-
-    with patch.object(Simulation, "_st_query", rec("query", q0)), \
-            patch.object(Simulation, "_st_read", rec("read", r0)):
-        res = run(*SLOW_RANK, "seed=3", requests=120)
+    rank's speed. With rank 1's backend 4x slower, each rank's own op-trace shows its
+    tree receiving the hits (prefetch_hit) and the transfers' ends (prefetch_done, or
+    prefetch_revoke for one stopped by a termination) in the same order and sizes."""
+    res = run_scenario(load_scenario(SCN, ["workload.num_requests=120", *SLOW_RANK, "seed=3"]),
+                       None, record_ops_dir=tmp_path / "ops")
     assert res.summary["verdict"] == "absorbed"
-    for kind in ("query", "read"):
-        seqs = order[kind]
-        assert set(seqs) == {(0,), (1,)}
-        a, b = seqs[(0,)], seqs[(1,)]
-        n = min(len(a), len(b))
-        assert n > 10 and a[:n] == b[:n], kind
+    assert res.divergence["perturbations"]["storage_latency"] > 0
+    ops = rank_ops(tmp_path / "ops")
+    assert set(ops) == {0, 1}
+    seqs = {r: [(o["op"], o["id"], o.get("n")) for o in recs
+                if o["op"] in ("prefetch_hit", "prefetch_done", "prefetch_revoke")]
+            for r, recs in ops.items()}
+    for kind in ("prefetch_hit", "prefetch_done"):
+        assert sum(1 for x in seqs[0] if x[0] == kind) > 10, kind
+    assert seqs[0] == seqs[1]
 
 
 def _vote_calls(*sets):
@@ -340,63 +318,21 @@ def test_timeout_votes_are_one_max_collective_per_poll():
     assert _vote_calls(*SLOW_RANK[:-1], "tp=1", "jitter={}")[0] == 0
 
 
-@pytest.mark.parametrize("sets", [(), ("cache.write_policy=write_back", "seed=4"),
-                                  ("seed=3", "jitter.request_order.swap_probability=0.2",
-                                   "jitter.request_order.ranks=[1]"),
-                                  ("seed=5",) + SLOW_RANK])
-def test_storage_keys_from_the_chain_cache_are_the_whole_path_chain(sets):
-    """Writes and queries take their page keys from each replica's per-node chain
-    cache (`_st_node_keys`, `_st_chain_key`); every one must equal `page_keys` of the
-    whole path (a write) or of the whole request key (a query)."""
-    from sim.storage.view import page_keys
-
-    seen = {"write": 0, "query": 0}
-    node_keys, query = Simulation._st_node_keys, Simulation._st_query
-
-    def check_node(self, c, node):
-        keys = node_keys(self, c, node)
-        assert keys == page_keys(c.tree.path_units(node))[-len(node.key):]
-        seen["write"] += 1
-        return keys
-
-    def check_query(self, c, op):
-        rq = self._st_reqs[op.id]
-        full = page_keys(self._seq_key(rq, rq.fill_len - 1))
-        assert op.keys == full[len(full) - len(op.keys):]
-        seen["query"] += 1
-        return query(self, c, op)
-
-    with patch.object(Simulation, "_st_node_keys", check_node), \
-            patch.object(Simulation, "_st_query", check_query):
-        run(*sets, requests=80)
-    assert seen["write"] > 50 and seen["query"] > 10
-
-
 def test_timeout_votes_of_another_admission_order_pair_other_requests():
-    """Rank 1 admits in another order (request-order jitter), so its n-th timeout vote
-    can be for another request than rank 0's n-th. Where every paired MAX still gives
-    each rank the verdict it used, the run goes on (and is absorbed); under a short
-    timeout some pairings give other verdicts, which the engine reports as untracked."""
-    check = Simulation._st_check_votes
-    differed = []
-
-    def spy(self):
-        seqs = {tuple(self._st_polled.get(id(c), ())) for c in self.group.cohorts}
-        differed.append(len(seqs) > 1)
-        return check(self)
-
+    """Rank 1 admits in another order (request-order jitter, fired in every run), so
+    its n-th timeout vote can be for another request than rank 0's n-th. Where every
+    paired MAX still gives each rank the verdict it used, the run goes on (absorbed:
+    the ranks' trees see the same ops); under a short timeout some pairings give other
+    verdicts, which the engine reports as untracked."""
     order = ("jitter.request_order.swap_probability=0.2", "jitter.request_order.ranks=[1]")
-    out = {}
-    with patch.object(Simulation, "_st_check_votes", spy):
-        for sets, seeds in ((("storage.read_gbps=0.5",), (0, 2, 3)),
-                            (("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01"),
-                             (1, 2))):
-            differed.clear()
-            res = [run(*order, *sets, f"seed={seed}", requests=80) for seed in seeds]
-            out[sets] = ({r.summary["verdict"] for r in res}, sum(differed),
-                         {(r.divergence["untracked"] or {}).get("why", "") for r in res})
-    verdicts, n_differed, _ = out[("storage.read_gbps=0.5",)]
-    assert n_differed > 0 and verdicts == {"absorbed"}
-    verdicts, n_differed, why = out[("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01")]
-    assert n_differed > 0 and "missed" in verdicts
-    assert any("paired collectives gave other verdicts" in w for w in why)
+
+    def runs(sets, seeds):
+        res = [run(*order, *sets, f"seed={seed}", requests=80) for seed in seeds]
+        assert all(r.divergence["perturbations"]["request_order"] > 0 for r in res)
+        return [(r.summary["verdict"], (r.divergence["untracked"] or {}).get("why", ""))
+                for r in res]
+
+    assert [v for v, _ in runs(("storage.read_gbps=0.5",), (0, 2, 3))] == ["absorbed"] * 3
+    tight = runs(("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01"), (1, 2))
+    assert [v for v, _ in tight] == ["missed", "missed"], tight
+    assert all("paired collectives gave other verdicts" in w for _, w in tight), tight

@@ -32,6 +32,8 @@ from sim.analysis.lru_tree import UnitTrace, run_lru_tree, unit_trace
 from sim.analysis.stack_distance import lru_hit_curve
 from sim.atomic import write_json, write_text
 from sim.errors import UserError
+from sim.scenario import resolve_capacities
+from sim.workloads import build_workload
 
 #: Name of the file ``write_bound`` puts in a folder (the reports read it).
 BOUND_FILE = "bound.json"
@@ -44,8 +46,6 @@ CSV_COLUMNS = ("label", "capacity_tokens", "host_tokens", "host_weight", "measur
 
 def scenario_trace(scenario) -> UnitTrace:
     """The scenario's request stream keyed at its page size."""
-    from sim.workloads import build_workload
-
     return unit_trace(build_workload(scenario), scenario.page_size)
 
 
@@ -68,8 +68,6 @@ def bound_for_scenario(
     ``host_weight`` (1: a host hit counts as a hit, as in ``summary.json``); ``kind``
     is ``"exact"`` when the optimum's lower and upper values met, else ``"upper"``.
     """
-    from sim.scenario import resolve_capacities
-
     if isinstance(host_weight, bool) or not 0.0 <= host_weight <= 1.0:
         raise UserError(f"host weight {host_weight!r}; expected a number in [0, 1]",
                         where="--host-weight")

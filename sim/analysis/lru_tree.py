@@ -76,6 +76,8 @@ from pathlib import Path
 from sim.analysis.stack_distance import as_unit_paths, check_page_tokens, lru_hit_curve
 from sim.errors import UserError
 from sim.tree import Tree
+from sim.workloads.keys import page_key
+from sim.workloads.traces import MooncakeReader
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,6 @@ class UnitTrace:
 
 def unit_trace(requests: Iterable, page_size: int) -> UnitTrace:
     """Key ``sim.workloads.Request`` objects with ``page_key`` at ``page_size``."""
-    from sim.workloads.keys import page_key
-
     check_page_tokens(page_size)
     paths, total = [], 0
     for r in requests:
@@ -110,8 +110,6 @@ def unit_trace(requests: Iterable, page_size: int) -> UnitTrace:
 
 def mooncake_trace(path, page_size: int) -> UnitTrace:
     """A Mooncake FAST'25 JSONL file, keyed at ``page_size`` (``MooncakeReader``)."""
-    from sim.workloads.traces import MooncakeReader
-
     path = Path(path)
     if not path.is_file():
         raise UserError("no such file; expected a Mooncake trace (.jsonl)", where=str(path))

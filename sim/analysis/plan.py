@@ -55,12 +55,19 @@ from __future__ import annotations
 
 import gc
 import math
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sim.analysis import curves
+from sim.diagnostics import diagnose
 from sim.errors import UserError
+from sim.runner import run_scenario
+from sim.scenario import Device, Host, _ranks_per_node, host_copies_per_node, resolve_sizing
+from sim.sizing import host_tokens_for_gb
+from sim.workloads import build_workload
+from sim.workloads.keys import page_key
 
 KNEE_FRACTION = 0.10
 GRID_POINTS = 50
@@ -82,9 +89,6 @@ class PlanTrace:
 
 
 def plan_trace(scenario) -> PlanTrace:
-    from sim.workloads import build_workload
-    from sim.workloads.keys import page_key
-
     ps = scenario.page_size
     paths, lens, outs, arrivals = [], [], [], []
     for r in build_workload(scenario):
@@ -109,7 +113,6 @@ def _instance_parts(scenario, n: int) -> list[np.ndarray]:
     dp = scenario.dp
     if dp <= 1:
         return [np.arange(n)]
-    from sim.runner import run_scenario
 
     df = run_scenario(scenario, None).sim.requests_df()
     inst = np.arange(n) % dp
@@ -196,9 +199,6 @@ class EnginePoint:
 def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int,
                  warm: int, bpt: int, tier: str = "host") -> EnginePoint:
     """One engine run of ``scenario`` with this size of ``tier`` (tokens) and policy pair."""
-    from sim.runner import run_scenario
-    from sim.scenario import Device, Host
-
     update = {
         "node": None,  # the plan reports the node limit itself, per size
         "cache": scenario.cache.model_copy(update={"write_policy": write_policy,
@@ -251,9 +251,6 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
               grid_points: int = GRID_POINTS, policies=None, jobs: int = 1,
               target_hit_rate: float | None = None, target_ttft_p99_s: float | None = None,
               progress=None) -> Plan:
-    from sim.scenario import _ranks_per_node, resolve_sizing
-    from sim.sizing import host_tokens_for_gb
-
     if not 0.0 <= warmup < 1.0:
         raise UserError(f"found {warmup!r}; expected a fraction in [0, 1)", where="--warmup")
     info = resolve_sizing(scenario)
@@ -381,8 +378,6 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         else:
             planning[(wp, hp)] = m.copy()
 
-    from sim.scenario import host_copies_per_node
-
     ranks = _ranks_per_node(scenario)
     rows = []
     for wp, hp in policies:
@@ -411,7 +406,6 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         rows.append(row)
 
     own_row = next((r for r in rows if (r["write_policy"], r["host_policy"]) == own), rows[0])
-    from sim.diagnostics import diagnose
 
     own_engine = [e for e in engine if (e.write_policy, e.host_policy) == own]
     # The scenario's own configuration: its engine point nearest its host size, if any,
@@ -499,13 +493,11 @@ def _run_jobs(jobs_args, jobs: int, progress):
             if progress:
                 progress(i + 1, len(jobs_args))
         return out
-    from concurrent.futures import ProcessPoolExecutor
 
     out = [None] * len(jobs_args)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(_engine_job, a): i for i, a in enumerate(jobs_args)}
         done = 0
-        from concurrent.futures import as_completed
 
         for f in as_completed(futures):
             out[futures[f]] = f.result()  # results keep the submission order
@@ -517,7 +509,7 @@ def _run_jobs(jobs_args, jobs: int, progress):
 
 def plan_table(plan: Plan):
     """The plan's rows as a DataFrame (plan.parquet); units in the column names."""
-    import pandas as pd
+    import pandas as pd  # here, not at the top: importing the module stays light (pandas is slow to load)
 
     d = plan.doc
     rows = []
@@ -569,6 +561,4 @@ def plan_table(plan: Plan):
 
 
 def _tokens(g, bpt, ps) -> int:
-    from sim.sizing import host_tokens_for_gb
-
     return host_tokens_for_gb(float(g), bpt, ps)

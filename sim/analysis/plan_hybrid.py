@@ -69,11 +69,17 @@ Warm-up as in ``sim.analysis.plan``: hit tokens count only requests from
 from __future__ import annotations
 
 import math
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from sim.analysis.plan import make_plan, plan_trace, warm_requests
 from sim.errors import UserError
+from sim.hybrid import pools
+from sim.runner import run_scenario
+from sim.scenario import Host, _ranks_per_node, resolve_sizing
+from sim.sizing import host_tokens_for_gb
 
 INERT_FRACTION = 0.01
 KV_POINTS = 3
@@ -162,9 +168,6 @@ def hybrid_point(scenario, host_tokens: int, aux: int, warm: int, bpt: int,
     """One engine run of ``scenario`` with ``host_tokens`` FULL host tokens and ``aux``
     of the axis's host pool per rank (Mamba state slots, SWA tokens), under
     ``plan_write_policy``."""
-    from sim.runner import run_scenario
-    from sim.scenario import Host
-
     axis = AXES[scenario.model.hybrid().kind]
     s = scenario.model_copy(update={
         "host": Host(tokens=host_tokens, **{axis.host_field: aux}),
@@ -236,7 +239,6 @@ def _map(fn, jobs_args, jobs: int, progress, done0: int = 0, total: int | None =
             if progress:
                 progress(done, total)
         return out
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     out = [None] * len(jobs_args)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -274,8 +276,6 @@ def split_slots(kv_tokens: int, page: int, bpt: int, device_full: int, device_st
     pool of ``kv_tokens``: the size ``G`` whose KV share is ``kv_tokens`` tokens
     (``_split_hicache_size`` by device pool bytes), then ``MambaPoolHost``'s count
     for the Mamba share (``sim.hybrid.pools.hybrid_host_pools``)."""
-    from sim.hybrid import pools
-
     kv_b = pools.kv_pool_bytes(device_full, page, bpt)
     m_b = pools.mamba_pool_bytes(device_states, state_bytes)
     g = kv_tokens * bpt / 1e9 * (kv_b + m_b) / kv_b
@@ -291,8 +291,6 @@ def default_swa_tokens(scenario, kv_tokens: int, page: int, bpt: int, device_ful
     by device pool bytes (``_split_hicache_size``); otherwise the ``--hicache-ratio``
     whose FULL pool is ``kv_tokens``, applied to the SWA device pool
     (``sim.hybrid.pools.hybrid_host_pools``)."""
-    from sim.hybrid import pools
-
     if scenario.host.mode()[0] == "size_gb":
         kv_b = pools.kv_pool_bytes(device_full, page, bpt)
         swa_b = pools.kv_pool_bytes(device_swa, page, swa_bytes)
@@ -332,10 +330,6 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
     """The plan. ``slot_points`` / ``max_slots`` are the second axis's points and
     end whatever its kind (state slots, or host SWA tokens in a multiple of
     page_size)."""
-    from sim.analysis.plan import make_plan, plan_trace, warm_requests
-    from sim.scenario import _ranks_per_node, resolve_sizing
-    from sim.sizing import host_tokens_for_gb
-
     check_hybrid(scenario)
     if not 0.0 <= warmup < 1.0:
         raise UserError(f"found {warmup!r}; expected a fraction in [0, 1)", where="--warmup")
@@ -529,8 +523,6 @@ def make_hybrid_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None
 def _with_host(scenario, kv: int):
     """``scenario`` with a host tier of ``kv`` tokens (for the model, which reads only
     the device and the host range)."""
-    from sim.scenario import Host
-
     axis = AXES[scenario.model.hybrid().kind]
     return scenario.model_copy(update={
         "host": Host(tokens=kv, **{axis.host_field: scenario.page_size if axis.kind == "swa"
@@ -540,7 +532,7 @@ def _with_host(scenario, kv: int):
 
 def hybrid_plan_table(plan: HybridPlan):
     """Every engine point as a DataFrame (plan.parquet)."""
-    import pandas as pd
+    import pandas as pd  # here, not at the top: importing the module stays light (pandas is slow to load)
 
     axis = axis_of(plan.doc["kind"])
     ranks = plan.doc["ranks_per_node"]

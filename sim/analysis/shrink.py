@@ -86,6 +86,7 @@ def minimise(knobs: list[Knob], still_fails: Callable[[dict], bool], *, max_runs
     ``still_fails`` must hold for the original case (every knob at ``original``); if
     it does not, the original is returned unshrunk with ``runs`` counting that check.
     """
+    # hypothesis (the shrinker) only when shrinking: importing this module stays light
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as hyp_seed
     from hypothesis import strategies as st

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from sim import safeio, yamlio
 from sim.constants import RECLAIM_SCAN_SECONDS_PER_ENTRY
 from sim.errors import UserError, suggest
 
@@ -128,7 +129,6 @@ def load_profile(name_or_path=DEFAULT_PROFILE) -> Profile:
     if isinstance(name_or_path, Profile):
         return name_or_path
     path = profile_path(name_or_path)
-    from sim import safeio, yamlio
 
     # Regular files only, bounded; duplicate keys and alias bombs refused.
     text = safeio.read_text(path, "a cost profile YAML", safeio.LIMIT_YAML)

@@ -27,6 +27,7 @@ from sim.constants import ATTENTION_ARCH_MLA
 from sim.errors import UserError, one_line
 from sim.imports.crashdump import Dump
 from sim.imports.server_args import map_server_args
+from sim.paths import SLUG_RULE, is_slug
 
 # Bytes of a torch dtype (the ModelConfig's dtype / --kv-cache-dtype).
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
@@ -149,7 +150,6 @@ def write(dump: Dump, out_dir, *, name: str | None = None, model: str | None = N
                "finished": r.done, "cached_tokens": r.cached_tokens,
                "input_ids": list(r.input_ids)}
         lines.append(json.dumps(rec, separators=(",", ":")))
-    from sim.paths import SLUG_RULE, is_slug
 
     if name is not None and not is_slug(name):
         raise UserError(f"--name {name!r}; expected {SLUG_RULE}")

@@ -16,6 +16,8 @@ deterministically (same scenario and seed: byte-identical files).
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import shutil
@@ -24,12 +26,17 @@ from pathlib import Path
 
 import yaml
 
-from sim import __version__
-from sim.atomic import write_json, write_text
+from sim import __version__, safeio
+from sim.analysis.divergence import rerun_ops
+from sim.atomic import atomic_path, write_json, write_text
+from sim.census import KNOWN_VERDICTS
 from sim.errors import UserError
+from sim.optrace import engine_ops_to_trace, read_trace
+from sim.paths import PathRejected, confine_in
 from sim.repro.case import Outcome, failure_line, run_case
 from sim.repro.report import analyse, render_report
 from sim.repro.shrink import fix_router
+from sim.scenario import dump_resolved, load_scenario
 
 # 2: rank-keyed outcome fields (the engine no longer reports forks or cohorts) and
 # op-traces for write_through runs too (op-trace v2's explicit write acks).
@@ -61,8 +68,6 @@ def rank_traces(outcome: Outcome) -> dict[int, list[dict]]:
     needs: the tree variant, the rank's own pool sizes, its failed host allocations,
     and for write_through runs op-trace v2's explicit ``write_ack`` ops (the engine pops
     write acks at its sync, not at the end of the op issuing them; docs/OPTRACE.md)."""
-    from sim.optrace import engine_ops_to_trace
-
     cfg, sim = outcome.cfg, outcome.sim
     trees = {r: c.tree for c in sim.group.cohorts for r in c.ranks}
     out = {}
@@ -133,8 +138,6 @@ def sizes(outcome: Outcome) -> dict:
 def _self_contained_yaml(scenario, tmp: Path) -> tuple[str, list]:
     """The resolved scenario YAML; trace files it names are copied next to it (up to
     COPY_INPUT_LIMIT) and referred to relatively."""
-    from sim.scenario import dump_resolved
-
     text = dump_resolved(scenario)
     head = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     data = yaml.safe_load(text)
@@ -267,11 +270,6 @@ def _fill_bundle(tmp: Path, outcome: Outcome, info: BundleInfo) -> None:
 
 def _write_gzip(path: Path, text: str) -> None:
     """Deterministic gzip (no file name, mtime 0), written atomically."""
-    import gzip
-    import io
-
-    from sim.atomic import atomic_path
-
     buf = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as gz:
         gz.write(text.encode())
@@ -306,7 +304,6 @@ def load_bundle(path) -> tuple[Path, dict]:
                         where=str(d))
     if not d.is_dir():
         raise UserError("is a file; expected a repro bundle folder", where=str(d))
-    from sim import safeio
 
     meta = d / "bundle.json"
     if not meta.exists():
@@ -331,7 +328,6 @@ def load_bundle(path) -> tuple[Path, dict]:
     _check_bundle_fields(data, d, meta)
     if not (d / "scenario.yaml").is_file():
         raise UserError("no scenario.yaml; expected the bundle's minimal scenario", where=str(d))
-    from sim.paths import PathRejected, confine_in
 
     try:  # a symlink leading out of the bundle is refused, as op-trace links are
         confine_in(d, "scenario.yaml", "the bundle's scenario")
@@ -343,14 +339,11 @@ def load_bundle(path) -> tuple[Path, dict]:
 
 def _check_bundle_fields(data: dict, d: Path, meta: Path) -> None:
     """The types of the fields ``verify_bundle`` reads, and every path confined to the bundle."""
-    from sim.paths import PathRejected, confine_in
-
     def bad(key, found, expected):
         raise UserError(f"{key}: found {found}; expected {expected}", where=str(meta))
 
     if not isinstance(data["expect"], dict):
         bad("expect", f"a JSON {type(data['expect']).__name__}", "an object of recorded outcome fields")
-    from sim.census import KNOWN_VERDICTS
 
     if not isinstance(data["verdict"], str) or data["verdict"] not in KNOWN_VERDICTS:
         bad("verdict", _short(data["verdict"]), f"a verdict ({', '.join(KNOWN_VERDICTS)})")
@@ -407,10 +400,6 @@ def verify_bundle(path, trace_roots=()) -> VerifyResult:
     ``hicache-sim replay-ops`` does), reaches the recorded final digest. The bundle's
     scenario may name files inside the bundle only (plus any ``trace_roots`` the
     command line gives, for traces too large to copy in)."""
-    from sim.analysis.divergence import rerun_ops
-    from sim.optrace import read_trace
-    from sim.scenario import load_scenario
-
     d, meta = load_bundle(path)
     scenario = load_scenario(d / "scenario.yaml",
                              roots=[Path(os.path.abspath(d)), *(Path(r) for r in trace_roots)])

@@ -18,8 +18,11 @@ import math
 from dataclasses import dataclass
 
 from sim.collectives import CollectiveError
+from sim.commands.run import consensus_line
 from sim.constants import DIGEST_MISMATCH_MESSAGE
 from sim.events import Simulation
+from sim.ranks import log_alloc_failures
+from sim.runner import prepare
 
 # Verdicts that are failures (sim/verdict.py).
 FAILURE_VERDICTS = ("detected", "false_alarm", "hang", "size_mismatch", "missed")
@@ -126,8 +129,6 @@ class TracingSimulation(Simulation):
     def _watch_host_allocs(self, c) -> None:
         """Log ``[op index, attempt]`` of each failed host allocation of ``c``'s rank
         (``sim.ranks.log_alloc_failures``), and when in the run each happened."""
-        from sim.ranks import log_alloc_failures
-
         rank = c.ranks[0]
 
         def at(i: int, a: int) -> None:
@@ -176,8 +177,6 @@ class Outcome:
 
 def run_case(scenario, *, record: bool = False) -> Outcome:
     """Simulate a validated scenario; ``record`` keeps per-rank ops and the schedule."""
-    from sim.runner import prepare
-
     scenario, cfg, cost, workload = prepare(scenario)
     cfg.record_ops = record
     pulled = _Pulled(workload)
@@ -286,8 +285,6 @@ def failure_line(div: dict) -> str:
         return f"no failure ({v})"
     kind, rec = first
     if kind == "consensus":
-        from sim.commands.run import consensus_line
-
         return consensus_line(rec)
     if kind == "collective":
         return (f"collective {rec['kind']} at t={rec['t']:.6f}s (step {rec['step']}, "

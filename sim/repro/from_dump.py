@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from sim.constants import DIGEST_MISMATCH_MESSAGE
 from sim.repro.case import Outcome, failure_line, run_case
 from sim.repro.search import SearchResult, with_seed
+from sim.scenario import resolve_sizing
 
 
 def jitter_space(page: int) -> list[tuple[str, dict]]:
@@ -70,7 +71,6 @@ def search_dump(scenario, *, tries: int, base_seed: int, assertion: str | None =
     if scenario.tp < 2:
         res.skipped.append(("all", f"tp {scenario.tp}: one rank cannot diverge from others"))
         return res
-    from sim.scenario import resolve_sizing
 
     sizes = resolve_sizing(scenario)
     for name, block in jitter_space(scenario.page_size):

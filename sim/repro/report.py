@@ -34,7 +34,23 @@ from __future__ import annotations
 import json
 import math
 
-from sim.repro.case import Outcome, failure_class, failure_line, failure_time, fired, jitter_class
+from sim.analysis.divergence import (
+    digest_timeline,
+    first_divergent_op,
+    rerun_ops,
+    summarise_op,
+    tree_diff,
+    victims,
+)
+from sim.repro.case import (
+    Outcome,
+    failure_class,
+    failure_line,
+    failure_time,
+    fired,
+    first_failure,
+    jitter_class,
+)
 
 # Ops shown before / after the first divergent op in the report's victim window.
 WINDOW_BEFORE, WINDOW_AFTER = 5, 15
@@ -217,7 +233,6 @@ def _alloc_events(outcome: Outcome) -> list[dict]:
     others = [q for q in ops if q != r]
     site = SITES["alloc_write_through" if outcome.cfg.write_policy == "write_through"
                  else "alloc_write_back"]
-    from sim.analysis.divergence import summarise_op
 
     # Ordered with the op it happens in (recorded just before it is applied), at the
     # earliest rank that ran the same op, so that it comes before that op's differing
@@ -345,8 +360,6 @@ def _op_site(op: dict | None, out: dict | None, other: dict | None = None,
 
 def failure_site(outcome: Outcome) -> dict:
     """Where the real server dies (or why nothing notices)."""
-    from sim.repro.case import first_failure
-
     div = outcome.divergence
     first = first_failure(div)
     if first is None:
@@ -362,9 +375,6 @@ def analyse(outcome: Outcome, traces: dict[int, list[dict]]) -> dict:
     """report.json: the first divergent event (in SGLang's terms), every kind of
     divergent event found, the victims around the first divergent op, tree differences,
     digest timelines, the jitter class and the failure."""
-    from sim.analysis.divergence import (digest_timeline, first_divergent_op, rerun_ops,
-                                         summarise_op, tree_diff, victims)
-
     div, cfg, sim = outcome.divergence, outcome.cfg, outcome.sim
     report = {
         "verdict": div["verdict"], "failure_class": failure_class(div),

@@ -16,8 +16,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.analysis.shrink import Knob, minimise
 from sim.errors import UserError
 from sim.repro.case import Outcome, failure_time, run_case
+from sim.scenario import resolve_capacities, scenario_from_dict
+from sim.workloads import build_workload
 
 
 def _valid_tps(scenario) -> list[int]:
@@ -33,8 +36,6 @@ def _valid_tps(scenario) -> list[int]:
 
 
 def _arrivals_until(scenario, t: float) -> int:
-    from sim.workloads import build_workload
-
     n = 0
     for req in build_workload(scenario):
         if req.arrival > t:
@@ -86,8 +87,6 @@ class CaseSpace:
 
     def scenario(self, case: dict):
         """The scenario for ``case``; raises UserError when it is not a valid one."""
-        from sim.scenario import scenario_from_dict
-
         d = copy.deepcopy(self.base)
         ps = d["page_size"]
         if "requests" in case:
@@ -186,9 +185,6 @@ def case_space(scenario, requests: int | None) -> CaseSpace:
     Knob order matters: Hypothesis prefers simplifying earlier choices, so the request
     count comes first, then ranks, capacities, and the jitter's own parameters.
     """
-    from sim.analysis.shrink import Knob
-    from sim.scenario import resolve_capacities
-
     d = scenario_data(scenario)
     ps = scenario.page_size
     dev, host = resolve_capacities(scenario)
@@ -275,8 +271,6 @@ def shrink(outcome: Outcome, *, max_runs: int = 150, seed: int = 0) -> tuple[Out
     The request knob starts at the requests that arrived by the failure (later ones
     cannot have caused it) when that still fails the same way, else at all arrived.
     """
-    from sim.analysis.shrink import minimise
-
     want = outcome.failure_class
     scenario = outcome.scenario
     tf = failure_time(outcome.divergence)

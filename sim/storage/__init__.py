@@ -1,5 +1,7 @@
 """The storage tier (L3) of HiCache, as SGLang 0.5.23 runs it: pure pieces the engine
-calls (docs/STORAGE.md). None of them keeps time or touches the engine.
+calls (docs/STORAGE.md). None of them keeps time or touches the engine, except
+``engine.py``, the tier's process object in a TP group (``StorageEngine``: the
+scheduler loop's named storage points and the storage I/O processes).
 
 * ``backends.py``: the cost of one storage op (``sim_storage.py``'s shape:
   ``bytes / bandwidth + op latency``, per rank) and a registry of named backends;

@@ -146,27 +146,74 @@ class PrefetchWait:
     expired: bool = False
 
 
-def can_terminate(policy: str, *, kv_landed: bool, wait: PrefetchWait | None,
-                  now: float) -> bool:
-    """One rank's vote in ``_can_terminate_prefetch`` at an admission poll of a
-    prefetch that is not yet terminated:
+class PrefetchPolicy:
+    """A prefetch stop policy (``--hicache-storage-prefetch-policy``): one rank's vote
+    in ``_can_terminate_prefetch`` at an admission poll of a prefetch that is not yet
+    terminated. ``timed``: the policy keeps a per-request timer (``PrefetchWait``),
+    started at the first blocked poll and marked expired at termination; its votes are
+    MAX-reduced across the TP group (``terminate_consensus``), one collective per poll."""
 
-    * ``best_effort``: always (the request is admitted with what has landed);
-    * ``wait_complete``: never (completion arrives through the ack drain);
-    * ``timeout``: ``_prefetch_deadline_expired``: not when all KV has landed; else
-      when the wait exists and is marked expired, or its timer runs and
-      ``now - started_at > timeout_s`` (strictly). The ranks' votes are MAX-reduced
-      (``terminate_consensus``)."""
-    if policy == "best_effort":
+    __slots__ = ()
+    name = ""
+    timed = False
+
+    def can_terminate(self, *, kv_landed: bool, wait: PrefetchWait | None, now: float) -> bool:
+        raise NotImplementedError
+
+
+class BestEffort(PrefetchPolicy):
+    """Always terminates: the request is admitted with what has landed."""
+
+    __slots__ = ()
+    name = "best_effort"
+
+    def can_terminate(self, *, kv_landed, wait, now) -> bool:
         return True
-    if policy == "wait_complete":
+
+
+class WaitComplete(PrefetchPolicy):
+    """Never terminates at a poll: completion arrives through the ack drain."""
+
+    __slots__ = ()
+    name = "wait_complete"
+
+    def can_terminate(self, *, kv_landed, wait, now) -> bool:
         return False
-    if policy != "timeout":
-        return True  # SGLang's fall-through: any other value terminates
-    if kv_landed:
-        return False
-    return wait is not None and (wait.expired or (
-        wait.started_at is not None and now - wait.started_at > wait.timeout_s))
+
+
+class Timeout(PrefetchPolicy):
+    """``_prefetch_deadline_expired``: not when all KV has landed; else when the wait
+    exists and is marked expired, or its timer runs and ``now - started_at >
+    timeout_s`` (strictly)."""
+
+    __slots__ = ()
+    name = "timeout"
+    timed = True
+
+    def can_terminate(self, *, kv_landed, wait, now) -> bool:
+        if kv_landed:
+            return False
+        return wait is not None and (wait.expired or (
+            wait.started_at is not None and now - wait.started_at > wait.timeout_s))
+
+
+# SGLang's three policies, by name (in SGLang any other value falls through to
+# terminating; the scenario schema accepts only these names).
+PREFETCH_POLICIES: dict[str, PrefetchPolicy] = {
+    p.name: p for p in (BestEffort(), WaitComplete(), Timeout())
+}
+
+
+def prefetch_policy(policy: str | PrefetchPolicy) -> PrefetchPolicy:
+    """The registry's policy for a name (a policy object passes through)."""
+    return PREFETCH_POLICIES[policy] if isinstance(policy, str) else policy
+
+
+def can_terminate(policy: str | PrefetchPolicy, *, kv_landed: bool,
+                  wait: PrefetchWait | None, now: float) -> bool:
+    """One rank's vote in ``_can_terminate_prefetch`` under ``policy`` (a registry
+    name or policy object; ``PrefetchPolicy.can_terminate``)."""
+    return prefetch_policy(policy).can_terminate(kv_landed=kv_landed, wait=wait, now=now)
 
 
 def terminate_consensus(votes) -> bool:
@@ -175,7 +222,7 @@ def terminate_consensus(votes) -> bool:
     return max(int(bool(v)) for v in votes) == 1
 
 
-def poll(policy: str, *, terminated: bool, kv_landed: bool, wait: PrefetchWait | None,
+def poll(policy: str | PrefetchPolicy, *, terminated: bool, kv_landed: bool, wait: PrefetchWait | None,
          now: float, requested_tokens: int, page_size: int,
          base_s: float = C.PREFETCH_TIMEOUT_BASE_S,
          per_ki_token_s: float = C.PREFETCH_TIMEOUT_PER_KI_TOKEN_S,
@@ -188,14 +235,15 @@ def poll(policy: str, *, terminated: bool, kv_landed: bool, wait: PrefetchWait |
     ``consensus``: the TP group's reduced verdict (``terminate_consensus`` over every
     rank's ``can_terminate``), which replaces this rank's own vote when given."""
     if not terminated:
-        verdict = (can_terminate(policy, kv_landed=kv_landed, wait=wait, now=now)
+        pol = prefetch_policy(policy)
+        verdict = (pol.can_terminate(kv_landed=kv_landed, wait=wait, now=now)
                    if consensus is None else consensus)
         if not verdict:
-            if policy == "timeout" and wait is None:
+            if pol.timed and wait is None:
                 wait = PrefetchWait(prefetch_timeout_s(requested_tokens, page_size,
                                                        base_s, per_ki_token_s), now)
             return False, wait
-        if policy == "timeout":
+        if pol.timed:
             wait = wait or PrefetchWait()
             wait.expired = True
     return True, wait

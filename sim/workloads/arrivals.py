@@ -12,6 +12,8 @@ from typing import Iterator
 
 import numpy as np
 
+from sim.workloads.traces import trace_timestamps
+
 _BATCH = 1024
 
 
@@ -33,8 +35,6 @@ def arrival_times(spec, rng: np.random.Generator) -> Iterator[float]:
     ``trace`` ends with its file.
     """
     if spec.process == "trace":
-        from sim.workloads.traces import trace_timestamps
-
         yield from trace_timestamps(spec.path, spec.format, skip_bad_lines=spec.skip_bad_lines)
         return
     t = 0.0
