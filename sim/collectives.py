@@ -70,6 +70,15 @@ LINES = {
                   "pair.cc:456] op.preamble.length <= op.nbytes. {sent} vs {expected}. Received data "
                   "size doesn't match expected size. Is there a distributed collective mismatch in "
                   "your code?"),
+    # A peer that died (a Python exception on another rank): the next call on the
+    # closed connection (pair.cc:537, as a real TP-2 group's surviving rank printed
+    # it). The address is the dead peer's gloo pair, its port the real run's own:
+    # ``<port>`` here (tools/conformance_tp2.py compares the line with it masked).
+    "gloo_peer_reset": ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+                        "Read error [127.0.0.1]:<port>: Connection reset by peer. This is "
+                        "typically caused by a remote worker hanging or bugs in the "
+                        "application. Check the logs of the remote worker before reporting "
+                        "an error. GLHF! \U0001f3d6\ufe0f"),
     "nccl_timeout": ("[PG ID 0 PG GUID 0(default_pg) Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
                      "OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, Timeout(ms)={ms}) ran for "
                      "{ran} milliseconds before timing out."),
@@ -646,6 +655,10 @@ def _worker(rank: int, world: int, device: str, iface: str | None, tmpdir: str,
     if msg is None and dist.is_initialized():
         dist.destroy_process_group()
     conn.close()
+    # Leave now: the interpreter's own exit waits on torch's threads for seconds (the
+    # parent's teardown then terminates the worker after its 5 s join), and there is
+    # nothing left to flush (stderr is a file, the pipe is closed).
+    os._exit(0)
 
 
 def _forward_sizes(numels: dict[int, int]) -> dict[int, int]:

@@ -88,6 +88,13 @@ RECLAIM_SCAN_SECONDS_PER_ENTRY = 0.4e-6
 # Assertion text of the per-step digest check (sem §5.2).
 DIGEST_MISMATCH_MESSAGE = "write_back duplicate-reclaim victims diverged across PP/TP ranks"
 
+# LayerDoneCounter (managers/cache_controller.py): `num_counters = 3` producer slots
+# ("extra producer and consumer counters for overlap mode"); `start_loading` takes the
+# next one per merged load op (`update_producer`), asserting that the load which last
+# used it has finished (its last layer's event).
+LAYER_DONE_COUNTERS = 3
+PRODUCER_REUSE_MESSAGE = "Producer finish event should be ready before being reused."
+
 # --hicache-size is in GB of 1e9 bytes: host size = floor(GB * 1e9 / size_per_token) (sem §6.2).
 HICACHE_SIZE_BYTES_PER_GB = 10**9
 

@@ -357,6 +357,12 @@ class Simulation:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []     # decoding, in admission order
         self.chunked: Req | None = None  # the request whose prefill continues next batch
+        # Per-rank request state (sim.lanes): once the ranks' decisions on requests
+        # differ, each group of ranks that still agrees is a lane with its own queue,
+        # batch and requests; None while every rank shares this one.
+        self._lanes: list | None = None
+        self._root = None     # a lane's group (the Simulation that owns its lanes)
+        self._reports = True  # this request state's requests are rank 0's (metrics)
         self.arrivals_done = False
         self.finished = False
         self.halted: str | None = None
@@ -487,10 +493,14 @@ class Simulation:
         """After the event loop: a stuck run is named, the ground truth confirmed."""
         if self._user_error is not None:
             raise self._user_error
+        if self._lanes is not None:
+            # rank 0's request state carries the group's figures (``Req`` doc)
+            self.busy_s = self._lanes[0].busy_s
         if not self.finished and self.halted is None:
             # The event queue ran dry with work left: nothing can ever wake the loop.
-            self.stuck = (f"no event left with {len(self.waiting)} waiting and "
-                          f"{len(self.running)} running requests")
+            s = self._lanes[0] if self._lanes else self
+            self.stuck = (f"no event left with {len(s.waiting)} waiting and "
+                          f"{len(s.running)} running requests")
         self.obs.final_compare(self.env.now, self.step_no, self.group.cohorts)
         self._sample(final=True)
         if self._st is not None:
@@ -498,7 +508,13 @@ class Simulation:
 
     def submit(self, req) -> None:
         """A request arrives now (the cluster's router chose this instance)."""
-        rq = Req(req, page_key(req.blocks, req.block_size, self._ps, req.input_len))
+        key = page_key(req.blocks, req.block_size, self._ps, req.input_len)
+        if self._lanes is not None:
+            for lane in self._lanes:  # every rank receives it (`broadcast_pyobj`)
+                lane.waiting.append(Req(req, key))
+            self._kick()
+            return
+        rq = Req(req, key)
         self.waiting.append(rq)
         if self._st is not None:
             self._st.arrive(rq)
@@ -511,7 +527,8 @@ class Simulation:
     @property
     def load(self) -> int:
         """Requests routed here and not finished: what a router balances."""
-        return len(self.waiting) + len(self.running) + (self.chunked is not None)
+        s = self._lanes[0] if self._lanes else self
+        return len(s.waiting) + len(s.running) + (s.chunked is not None)
 
     def _arrivals(self):
         yield from feed(self.env, within_limits(self.workload, self.cfg), [self], lambda req: 0,
@@ -528,8 +545,9 @@ class Simulation:
                    for c in self.group.cohorts)
 
     def _drained(self) -> bool:
-        return (self.arrivals_done and not self.waiting and not self.running
-                and self.chunked is None and not self._pending and not self._in_flight())
+        return (self.arrivals_done and all(not s.waiting and not s.running and s.chunked is None
+                                           and not s._pending for s in self._lanes or (self,))
+                and not self._in_flight())
 
     def _loop(self):
         """`event_loop_normal`: one iteration per relevant moment."""
@@ -561,44 +579,13 @@ class Simulation:
             self._sample()
             self._sync_mismatch = False
             self._sync()
-            if self._stash is not None:
-                # `get_next_batch_to_run`: after the HiCache poll, the continuing chunk's
-                # progress is inserted (`stash_chunked_request` -> `cache_unfinished_req`)
-                self._checkpoint(self._stash, None)
-                self._stash = None
-            self._compare()
-            if self.waiting or self.chunked is not None:
-                plan = self._admit()
-                if plan is not None:
-                    if sr is not None:
-                        self._record_extend(plan)
-                    self._process_pending()  # the last batch's results, this one launched
-                    yield from self._result_scan_time()
-                    yield from self._prefill(plan)
-                    # `process_batch_result` ends with `flush_pending_backups`: the
-                    # step's backups leave with its results
-                    self._flush_writes()
-                    self._batch_ran = True
-                    continue
-            if self.running and self.cfg.decode:
-                ran = yield from self._decode()
-                self._flush_writes()
-                if ran is not False:
-                    self._batch_ran = True
-                    continue
-            if self._pending:
-                # no batch this step: the last batch's results are processed, and the
-                # step is spent (the next one schedules with them)
-                self._inflight = []
-                self._process_pending()
-                self._flush_writes()
-                self._compare()
-                yield from self._result_scan_time()
-                if self._steps:
-                    yield self.env.timeout(1)
+            if self._lanes is None:
+                ran = yield from self._batch()
+            else:
+                from sim import lanes
+                ran = yield from lanes.batches(self)
+            if ran:
                 continue
-            self._inflight = []
-            self._compare()
             if self._drained():
                 if self._free_log is not None:
                     self._log_free()
@@ -612,6 +599,51 @@ class Simulation:
             if self.op_ticks is not None:
                 self._tick_ops()
             yield self._wake  # the next relevant moment (``_relevant``)
+
+    def _batch(self):
+        """`get_next_batch_to_run` and `run_batch` on this request state: the prefill
+        batch, else a decode step, else the last batch's results. True when the
+        iteration took its step; False when there was nothing to run."""
+        sr = self.steprec
+        if self._stash is not None:
+            # `get_next_batch_to_run`: after the HiCache poll, the continuing chunk's
+            # progress is inserted (`stash_chunked_request` -> `cache_unfinished_req`)
+            self._checkpoint(self._stash, None)
+            self._stash = None
+        self._compare()
+        if self.waiting or self.chunked is not None:
+            plan = self._admit()
+            if plan is not None:
+                if sr is not None:
+                    self._record_extend(plan)
+                self._process_pending()  # the last batch's results, this one launched
+                yield from self._result_scan_time()
+                yield from self._prefill(plan)
+                # `process_batch_result` ends with `flush_pending_backups`: the
+                # step's backups leave with its results
+                self._flush_writes()
+                self._batch_ran = True
+                return True
+        if self.running and self.cfg.decode:
+            ran = yield from self._decode()
+            self._flush_writes()
+            if ran is not False:
+                self._batch_ran = True
+                return True
+        if self._pending:
+            # no batch this step: the last batch's results are processed, and the
+            # step is spent (the next one schedules with them)
+            self._inflight = []
+            self._process_pending()
+            self._flush_writes()
+            self._compare()
+            yield from self._result_scan_time()
+            if self._steps:
+                yield self.env.timeout(1)
+            return True
+        self._inflight = []
+        self._compare()
+        return False
 
     def _log_free(self) -> None:
         """The ranks' device and host free space at the end of the step just run (the
@@ -646,6 +678,8 @@ class Simulation:
             yield self._gpu_hold
 
     def _release_gpu(self) -> None:
+        for lane in self._lanes or ():
+            lane._release_gpu()
         if self._gpu_hold is not None:
             self.gpu.release(self._gpu_hold)
             self._gpu_hold = None
@@ -886,8 +920,9 @@ class Simulation:
                 if prefix + extend < rq.fill_len:
                     chunked = rid
             sr.extend(c, p, chunked)
-        for rq in plans[0][1].reqs:
-            sr.first_sched(rq.r.rid, step)
+        if self._reports:
+            for rq in plans[0][1].reqs:
+                sr.first_sched(rq.r.rid, step)
 
     def _orders(self) -> dict[int, list[int]]:
         """Request-order jitter: each perturbed rank's order over the first waiting
@@ -896,6 +931,8 @@ class Simulation:
         n = min(ORDER_WINDOW, len(self.waiting))
         orders = {}
         for r in self.jitter.order_ranks:
+            if self._root is not None and not self._holds(r):
+                continue  # another lane's rank: its own scheduler orders its queue
             order = self.jitter.admission_order(r, self.batch_no, n)
             if order is not None:
                 self.jitter.perturbations.fire("request_order")
@@ -903,8 +940,14 @@ class Simulation:
                 orders[r] = order
         return orders
 
+    def _holds(self, rank: int) -> bool:
+        """Whether ``rank``'s replica is one of this request state's (sim.lanes)."""
+        return any(rank in c.ranks for c in self.group.cohorts)
+
     def _id_drift(self) -> None:
         j = self.cfg.jitter
+        if self._root is not None and not self._holds(j.id_drift_rank):
+            return  # another lane's rank
         for rq in itertools.chain([self.chunked] if self.chunked else [], self.waiting):
             if rq.r.rid == j.id_drift_after and not rq.slots:
                 c = self._fork(j.id_drift_rank, "id_drift",
@@ -1146,12 +1189,23 @@ class Simulation:
         self._forward(numels)
         rids = [rq.r.rid for rq in plans[0][1].reqs]
         if any([rq.r.rid for rq in p.reqs] != rids for _, p in plans[1:]):
-            # Equal token totals, different requests: no collective fails, and the
-            # ranks now run different batches, which this engine cannot follow.
-            self.obs.untracked(env.now, self.step_no, "ranks admitted different requests "
-                               "with equal token totals")
-            self.halted = "untracked"
-            raise _Halt()
+            # Equal token totals (or no forward collective), different requests: no
+            # collective fails, and each rank goes on with its own batch, from here on
+            # with its own request state (sim.lanes).
+            from sim import lanes
+            if not lanes.can_split(self):
+                self.obs.untracked(env.now, self.step_no, "ranks admitted different requests "
+                                   "with equal token totals")
+                self.halted = "untracked"
+                raise _Halt()
+            yield from lanes.split_prefill(self, plans, now)
+            return
+        yield from self._prefill_run(plans, now)
+
+    def _prefill_run(self, plans, now: float):
+        """The batch's forward time and its results, every plan of ``plans`` having
+        admitted the same requests."""
+        env, cost = self.env, self.cost
         c0, p0 = plans[0]
         if self._gpu_hold is None:
             yield from self._hold_gpu()
@@ -1164,7 +1218,9 @@ class Simulation:
                   for _, p in plans) + self._sync_s
         self.busy_s += dur
         yield env.timeout(dur)
-        self._trace("prefill", "forward", list(range(self.cfg.tp)), now, env.now - now,
+        ranks = (list(range(self.cfg.tp)) if self._root is None
+                 else sorted(r for c, _ in plans for r in c.ranks))
+        self._trace("prefill", "forward", ranks, now, env.now - now,
                     requests=len(p0.reqs), tokens=sum(e for _, _, e in p0.shape))
         self._after_prefill(plans, now)
         yield from self._result_scan_time()
@@ -1197,11 +1253,31 @@ class Simulation:
             self._trace("blocking_backups", "transfer", c.ranks, t0, env.now - t0,
                         backups=len(p.backups))
         if p.loads:
+            self._update_producer(c)
             ack = self.group.make_ack(c, "load", list(p.loads), p.load_tokens)
             self._count_delays(ack)
             c.load_q.append(ack)
+            c.producers[c.producer_index] = ack
             p.started = env.event()
             env.process(self._copy(c, c.h2d, c.d2h, ack, cost.h2d_time, p.started))
+
+    def _update_producer(self, c: Cohort) -> None:
+        """`LayerDoneCounter.update_producer` (cache_controller.py), as `start_loading`
+        calls it for the batch's merged load op: the next of the producer slots, whose
+        last load must have finished on every rank (its event's `query()`); a rank
+        where it has not raises (a slow ack with more loads in flight than slots)."""
+        i = c.producer_index = (c.producer_index + 1) % C.LAYER_DONE_COUNTERS
+        prev = c.producers[i]
+        if prev is None:
+            return  # an event never recorded is complete
+        now = self.env.now
+        late = [r for r in c.ranks if not prev.ready(r, now)]
+        if late:
+            self.obs.rank_assertion(now, self.step_no, late, "AssertionError",
+                                    C.PRODUCER_REUSE_MESSAGE, "LayerDoneCounter.update_producer")
+            self.obs.compare(now, self.step_no, self.group.cohorts, full=True)
+            self.halted = "assertion"
+            raise _Halt()
 
     def _forward(self, numels: dict[int, int] | int) -> None:
         """The forward's TP all_reduce: per-rank token counts, or one count for all."""
@@ -1343,6 +1419,9 @@ class Simulation:
                 plans = self._decode_memory()
                 if plans is None:
                     return False  # `update_running_batch` skips decode this step
+                if not isinstance(plans, list):
+                    yield from plans  # the ranks' request states split (sim.lanes)
+                    return
                 if plans:
                     yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
                 self._process_pending()
@@ -1364,6 +1443,9 @@ class Simulation:
             plans = self._decode_memory()
             if plans is None:
                 return False
+            if not isinstance(plans, list):
+                yield from plans  # the ranks' request states split (sim.lanes)
+                return
             stalled_at = env.now
             if plans:
                 yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
@@ -1534,12 +1616,24 @@ class Simulation:
         ref = kept_by[id(self.group.cohorts[0])]
         aborted = abort_by[id(self.group.cohorts[0])]
         if any(k != ref for k in kept_by.values()) or any(a != aborted for a in abort_by.values()):
+            from sim import lanes
+            if lanes.can_split(self):
+                # each rank goes on with its own retraction, from here with its own
+                # request state: the rest of this step runs in the lanes (a generator)
+                return lanes.split_decode(self, plans, kept_by, abort_by)
             sizes = {r: len(kept_by[id(c)]) for c in self.group.cohorts for r in c.ranks}
             self.obs.untracked(self.env.now, self.step_no,
                                "ranks retracted different requests")
             self._forward(sizes)
             self.halted = "untracked"
             raise _Halt()
+        return self._retract(batch, plans, ref, aborted)
+
+    def _retract(self, batch, plans, ref: list[int], aborted: int | None) -> list:
+        """The retraction every replica of ``plans`` agreed on (``ref``: the indices of
+        ``batch`` kept; ``aborted``: the one aborted, or None), then each replica's
+        `alloc_for_decode` eviction. Returns the plans with blocking work."""
+        ps = self._ps
         if len(ref) < len(batch):
             self._retracted_now = True
             kept = [batch[i] for i in ref]
@@ -1604,7 +1698,7 @@ class Simulation:
         the request's lock and leftover pages released."""
         self._checkpoint(rq, rq.kv, final=True)
         rq.finish = self.env.now
-        if self.steprec is not None:
+        if self.steprec is not None and self._reports:
             self.steprec.finished(rq, self.steprec.step)
         self.metrics.request_done(rq)
         if self.progress is not None:
@@ -1718,6 +1812,10 @@ class Simulation:
     def _fork(self, rank: int, cause: str, detail: str = "") -> Cohort:
         """Copy-on-divergence, plus the requests' per-replica state: their lock nodes
         are found in the clone by path (the trees are identical at this instant)."""
+        if self._lanes is not None:
+            # the request state the rank's slots live in is its lane's
+            lane = next(x for x in self._lanes if any(rank in c.ranks for c in x.group.cohorts))
+            return lane._fork(rank, cause, detail)
         src = self.group.cohort_of(rank)
         c = self.group.fork(rank, cause, self.env.now, detail)
         if c is src:

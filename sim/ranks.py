@@ -22,6 +22,7 @@ from collections import deque
 import simpy
 
 from sim.config import SimConfig
+from sim.constants import LAYER_DONE_COUNTERS
 from sim.hybrid.replica import HybridReplica
 from sim.jitter import Jitter
 from sim.scheduler import SchedState
@@ -57,7 +58,8 @@ class Cohort:
     """Ranks with identical history: one tree, FIFO ack queues, copy engines."""
 
     __slots__ = ("ranks", "tree", "write_q", "load_q", "ops", "acks_issued", "h2d", "d2h",
-                 "alloc_attempts", "frees", "late_free_tokens", "sched", "st", "consensus")
+                 "alloc_attempts", "frees", "late_free_tokens", "sched", "st", "consensus",
+                 "producers", "producer_index")
 
     def __init__(self, env: simpy.Environment, ranks: list[int], tree: Tree, ops=None,
                  sched: SchedState | None = None):
@@ -76,6 +78,10 @@ class Cohort:
         self.late_free_tokens = 0  # device KV freed but not yet back in the allocator
         self.st = None  # the L3 tier's per-replica state (sim.events.StorageState), or None
         self.consensus = None  # the rank consensus checker's event log (sim.consensus), or None
+        # LayerDoneCounter's producer slots: the load ack that last used each, and the
+        # slot the last load took (`producer_index`, -1 before the first)
+        self.producers: list[Ack | None] = [None] * LAYER_DONE_COUNTERS
+        self.producer_index = -1
 
     def ready_count(self, q: deque, rank: int, now: float) -> int:
         """`_count_ready_acks`: ready acks from the front, up to the first that is not."""
@@ -178,6 +184,7 @@ class RankGroup:
         new.acks_issued = dict(c.acks_issued)
         new.alloc_attempts, new.frees = c.alloc_attempts, c.frees
         new.late_free_tokens = c.late_free_tokens
+        new.producers, new.producer_index = list(c.producers), c.producer_index
         if c.consensus is not None:
             new.consensus = list(c.consensus)
         for old_e, new_e in ((c.h2d, new.h2d), (c.d2h, new.d2h)):
@@ -196,6 +203,31 @@ class RankGroup:
         if delays is not None:
             delays = {r: d for r, d in delays.items() if d > 0 and r in c.ranks} or None
         return Ack(kind, ids, tokens, n, delays)
+
+
+class GroupView:
+    """One lane's share of the TP group (sim.lanes): its own cohorts; everything else,
+    forks included, is the whole group's, so a replica forked in a lane is both."""
+
+    def __init__(self, whole: RankGroup, cohorts: list[Cohort]):
+        self.whole = whole
+        self.cohorts = cohorts
+
+    def __getattr__(self, name):
+        return getattr(self.whole, name)
+
+    def cohort_of(self, rank: int) -> Cohort:
+        for c in self.cohorts:
+            if rank in c.ranks:
+                return c
+        raise KeyError(rank)
+
+    def fork(self, rank: int, cause: str, now: float, detail: str = "") -> Cohort:
+        new = self.whole.fork(rank, cause, now, detail)
+        if new not in self.cohorts:
+            self.cohorts.append(new)
+            self.cohorts.sort(key=lambda x: x.ranks[0])
+        return new
 
 
 def _shadow(old: simpy.Resource, new: simpy.Resource):

@@ -90,6 +90,8 @@ class Observations:
         self.shape: dict | None = None
         self.untracked_at: dict | None = None
         self.rank_consensus: dict | None = None  # the consensus checker's first divergence
+        self.request_split_at: dict | None = None  # the ranks' request states split (sim.lanes)
+        self.rank_assert: dict | None = None  # an assertion on some ranks only (not the digest's)
 
     # ------------------------------------------------------------ ground truth
     def compare(self, now: float, step: int, cohorts, full: bool = False) -> None:
@@ -153,6 +155,22 @@ class Observations:
             self.first_true_divergence = {"t": now, "step": step, "what": why,
                                           "ranks": [], "state": {}}
 
+    def request_split(self, now: float, step: int, lanes: list[list[int]], why: str) -> None:
+        """The ranks took different decisions on requests (``why``: "admission" into a
+        prefill batch, "retraction" from a decode step) and go on, each group of ranks
+        with its own request state (``lanes``: their ranks); the first time."""
+        if self.request_split_at is None:
+            self.request_split_at = {"t": now, "step": step, **self._clock(), "lanes": lanes,
+                                     "why": why}
+
+    def rank_assertion(self, now: float, step: int, ranks: list[int], exc: str, message: str,
+                       where: str) -> None:
+        """SGLang raised on ``ranks`` (``where``: the function), not on the others: they
+        die on the closed connection at their next collective."""
+        if self.rank_assert is None:
+            self.rank_assert = {"t": now, "step": step, **self._clock(), "ranks": list(ranks),
+                                "exc": exc, "message": message, "where": where}
+
     # ------------------------------------------------------------ SGLang's checks
     def digest_mismatch(self, now, step, lo, hi, digests: dict, message: str) -> bool:
         """The digest assertion failed on some rank; True the first time."""
@@ -197,6 +215,11 @@ class Observations:
             e = self.collective
             failures.append((e["t"], e["step"], 0, e["kind"],
                              f"{e['site']} collective: {e['detail']}"))
+        ra = self.rank_assert
+        if ra:
+            real = true_div is not None and (true_div["step"], true_div["t"]) <= (ra["step"], ra["t"])
+            failures.append((ra["t"], ra["step"], 1, "detected" if real else "false_alarm",
+                             f"ranks {ra['ranks']} raised in {ra['where']}: {ra['message']}"))
         if mismatch:
             real = true_div is not None and (true_div["step"], true_div["t"]) <= (mismatch["step"], mismatch["t"])
             failures.append((mismatch["t"], mismatch["step"], 1,
@@ -243,6 +266,9 @@ class Observations:
             "rank_consensus": self.rank_consensus,
             **({"faults": self.faults.report()} if self.faults is not None and self.faults.faults
                else {}),
+            # only where it happened: every other run's divergence.json is unchanged
+            **({"request_split": self.request_split_at} if self.request_split_at else {}),
+            **({"rank_assertion": self.rank_assert} if self.rank_assert else {}),
         }
 
 
@@ -281,6 +307,9 @@ def outcome(rep: dict, tp: int, free_diff: dict | None, halted: str | None) -> d
     ce = rep.get("collective_error")
     if ce:
         fails.append((ce["t"], ce["step"], 0, "collective"))
+    ra = rep.get("rank_assertion")
+    if ra:
+        fails.append((ra["t"], ra["step"], 1, "rank"))
     base = {"first_free_difference": free_diff}
     if fails:
         kind = min(fails)[3]
@@ -289,6 +318,17 @@ def outcome(rep: dict, tp: int, free_diff: dict | None, halted: str | None) -> d
             return {"class": ce["kind"], "step": at(ce), "site": ce["site"],
                     "message": ce["message"],
                     "ranks": {str(r): {"pending": pend.get(str(r))} for r in range(tp)}, **base}
+        if kind == "rank":
+            # the others finish the step and die in their next call, on the connection
+            # the raising rank closed (gloo's line)
+            from sim.collectives import LINES
+            step = at(ra)
+            return {"class": "assertion", "step": step,
+                    "ranks": {str(r): ({"step": step, "exc": ra["exc"], "msg": ra["message"]}
+                                       if r in ra["ranks"] else
+                                       {"step": step + 1, "exc": "RuntimeError",
+                                        "msg": LINES["gloo_peer_reset"]})
+                              for r in range(tp)}, **base}
         ev, msg = (d, d["message"]) if kind == "digest" else (rc, rc["message"])
         raising = sorted(int(r) for r in d["digests"]) if kind == "digest" else list(range(tp))
         return {"class": "assertion", "step": at(ev),

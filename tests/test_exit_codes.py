@@ -22,13 +22,12 @@ def run(tmp_path, scenario, *sets):
     return cli.main(args)
 
 
-# (bundle, its verdict, the code): one shipped bundle per verdict a server dies at,
-# and one where the engine cannot follow the ranks.
+# (bundle, its verdict, the code): one shipped bundle per verdict a server dies at.
 BUNDLES = [("ack_local", "detected", EXIT_SERVER_FAILED),
            ("id_drift", "false_alarm", EXIT_SERVER_FAILED),
            ("pre_26921", "hang", EXIT_SERVER_FAILED),
            ("device_free_delay", "size_mismatch", EXIT_SERVER_FAILED),
-           ("request_order", "missed", EXIT_UNTRACKED)]
+           ("request_order", "size_mismatch", EXIT_SERVER_FAILED)]
 
 
 @pytest.mark.parametrize("mode", ["halt", "record"])

@@ -169,15 +169,7 @@ def test_step_records_carry_each_ranks_free_space(tmp_path):
 # Groups whose engine outcome differs from the real one, and why (README "TP-2 under
 # faults"). Each must still differ: a fix that makes one identical removes it here.
 KNOWN_DIFFERENT = {
-    # the ranks go on to run different batches; the engine's ranks share one request
-    # state and stop there (outcome `untracked`), where SGLang's assert later
-    "t02_hostpress_ps16.host_alloc_fail_at40": "untracked",
-    "t02_hostpress_ps16.host_alloc_fail_at90": "untracked",
-    "t03_hostpress_ps4.host_alloc_fail_at40": "untracked",
-    "t10_hostpress_ps32.host_alloc_fail_at40": "untracked",
-    # LayerDoneCounter's 3 producer slots (cache_controller.py update_producer): a
-    # 4th load-back while the 1st is 6 steps late asserts on rank 1; not modelled
-    "t09_multiturn_ps16_overlap.ack_delay_at40_5": "producer_slots",
+    # (none: every vendored group is identical)
 }
 
 
@@ -203,6 +195,24 @@ def test_engine_outcome_matches_the_real_tp2_group(run, tmp_path):
         assert not diff, diff
 
 
+def test_a_late_load_whose_producer_slot_comes_round_again_asserts_on_its_rank_only(tmp_path):
+    """LayerDoneCounter's 3 producer slots: rank 1's 4th load-back reuses the slot of a
+    load 5 steps late; rank 1 raises, rank 0 dies a step later on the closed
+    connection. One step of delay less leaves the slot free in time."""
+    run = "t09_multiturn_ps16_overlap.clean"
+    d = _run(tmp_path, run=run, faults=[{"rank": 1, "kind": "ack_delay", "step": 40,
+                                          "extra_steps": 5}])
+    o = d["outcome"]
+    assert o["class"] == "assertion" and d["rank_assertion"]["ranks"] == [1]
+    assert o["ranks"]["1"]["msg"] == "Producer finish event should be ready before being reused."
+    assert o["ranks"]["0"]["exc"] == "RuntimeError" and o["ranks"]["0"]["step"] == o["step"] + 1
+    assert "Connection reset by peer" in o["ranks"]["0"]["msg"]
+    assert d["verdict"] == "false_alarm"  # the trees never differed
+    short = _run(tmp_path, run=run, faults=[{"rank": 1, "kind": "ack_delay", "step": 40,
+                                              "extra_steps": 1}])
+    assert "rank_assertion" not in short and short["outcome"]["class"] == "agree"
+
+
 def test_faults_are_refused_on_a_hybrid_model(tmp_path):
     p = _scenario(tmp_path, faults=[{"rank": 1, "kind": "host_alloc_fail", "step": 40}],
                   model={"hybrid_preset": "gpt-oss-20b"})
@@ -211,12 +221,15 @@ def test_faults_are_refused_on_a_hybrid_model(tmp_path):
 
 def test_the_forward_collective_knob_changes_the_run(tmp_path):
     """A model's forward all_reduce fails where the ranks' batches differ; the
-    harness's stub forward (`none`) lets them go on, here until the engine cannot
-    follow them."""
+    harness's stub forward (`none`) lets them go on, each with its own batches, until
+    the digest assertion stops them (as the real group does, step 102)."""
     f = [{"rank": 1, "kind": "host_alloc_fail", "step": 40}]
     stub = _run(tmp_path, run="t02_hostpress_ps16.clean", faults=f)
     model = _run(tmp_path, run="t02_hostpress_ps16.clean", faults=f,
                  collective={"forward": "all_reduce"})
-    assert stub["outcome"]["class"] == "untracked" and stub["collective_error"] is None
+    assert stub["outcome"]["class"] == "assertion" and stub["collective_error"] is None
+    split = stub["request_split"]
+    assert split["lanes"] == [[0], [1]] and split["clock_step"] < stub["outcome"]["step"]
+    assert "request_split" not in model  # it stopped in the forward, before any split
     assert model["outcome"]["class"] == "size_mismatch"
     assert model["outcome"]["site"] == "forward"

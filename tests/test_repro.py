@@ -25,7 +25,7 @@ SHIPPED = {
     "host_alloc_failure": ("detected", "alloc_failure", "UnifiedRadixCache._evict_components"),
     "host_capacity_skew": ("detected", "op", "UnifiedRadixCache._load_back_transfers"),
     "id_drift": ("false_alarm", "op", "UnifiedTreeNode.__init__"),
-    "request_order": ("missed", "op", "PrefillAdder.add_one_req"),
+    "request_order": ("size_mismatch", "op", "PrefillAdder.add_one_req"),
     "device_capacity_skew": ("detected", "op", "UnifiedRadixCache.evict_for_alloc"),
     "device_free_delay": ("size_mismatch", "op", "UnifiedRadixCache.evict_for_alloc"),
     "write_through_alloc_failure": ("hang", "alloc_failure",
