@@ -464,7 +464,7 @@ class Simulation:
         running requests hold outside the tree, which SGLang's allocator also
         excludes (an op-trace extension, docs/OPTRACE.md)."""
         if c.ops is not None:
-            op["reserved"] = c.tree.reserved
+            op["reserved"] = c.kv.reserved
             c.ops.append(op)
 
     # ------------------------------------------------------------ processes
@@ -486,7 +486,7 @@ class Simulation:
     def _check_over(self) -> None:
         """The group's work is over once its loop has finished and the last late free
         (device KV a rank returns to its allocator after a delay) has landed."""
-        if not self.over.triggered and not any(c.late_free_tokens for c in self.group.cohorts):
+        if not self.over.triggered and not any(c.kv.late for c in self.group.cohorts):
             self.over.succeed()
 
     def wrap_up(self) -> None:
@@ -1105,7 +1105,7 @@ class Simulation:
         plan.shape.append((req.rid, prefix, extend))
         plan.chunks.append((extend, prefix))
         adder.charge(extend, max_new_tokens)
-        if self.jitter.free_ranks and c.late_free_tokens and len(c.ranks) == 1:
+        if self.jitter.free_ranks and c.kv.late and len(c.ranks) == 1:
             self.jitter.perturbations.fire("device_free_delay")
         return adder.state()
 
@@ -1127,7 +1127,7 @@ class Simulation:
         if need > available(tree):
             self._out_of_memory(c, f"prefill out of memory on ranks {c.label}: {need} tokens "
                                    f"wanted, {available(tree)} free")
-        tree.reserved += need
+        c.kv.alloc(need)
 
     def _out_of_memory(self, c: Cohort, detail: str) -> None:
         self.obs.untracked(self.env.now, self.step_no, detail)
@@ -1525,7 +1525,7 @@ class Simulation:
                 if not rq.remaining:
                     done.append(rq)
         for c in self.group.cohorts:
-            c.tree.reserved += pages * ps
+            c.kv.alloc(pages * ps)
             if self._hyb is not None:
                 self._hyb.decoded(c, batch)
             st = c.sched
@@ -1727,7 +1727,7 @@ class Simulation:
                 hy_req = self._hyb.before_insert(c, rq, slot.in_tree, tokens, final)
             if tokens > slot.in_tree:
                 # the request's own pages pass to the tree (duplicates are freed)
-                tree.reserved -= tokens - slot.in_tree
+                c.kv.to_tree(tokens - slot.in_tree)
                 slot.in_tree = tokens
             if self._hyb is not None:
                 self._op(c, {"op": "insert", "key": key})
@@ -1792,18 +1792,16 @@ class Simulation:
             return
         j = self.jitter
         if len(c.ranks) == 1 and c.ranks[0] in j.free_ranks:
-            d = j.free_delay(c.ranks[0], c.frees)
-            c.frees += 1
+            d = j.free_delay(c.ranks[0], c.kv.issue_free())
             if d > 0:
-                c.late_free_tokens += tokens
+                c.kv.free_later(tokens)
                 self.env.process(self._late_free(c, tokens, d))
                 return
-        c.tree.reserved -= tokens
+        c.kv.free(tokens)
 
     def _late_free(self, c: Cohort, tokens: int, delay: float):
         yield self.env.timeout(delay)
-        c.tree.reserved -= tokens
-        c.late_free_tokens -= tokens
+        c.kv.late_freed(tokens)
         self._relevant()
         if self.finished:
             self._check_over()
@@ -1830,16 +1828,7 @@ class Simulation:
             if slot is None:
                 continue
             new = slot.copy()
-            if self._hyb is not None:
-                new.lock = c.tree.lock_in(slot.lock)
-                rq.slots[cid] = new
-                continue
-            path = src.tree.path_units(slot.lock)
-            x, pos = c.tree.root, 0
-            while pos < len(path):
-                x = x.children[path[pos]]
-                pos += len(x.key)
-            new.lock = x
+            new.lock = c.tree.lock_in(slot.lock)
             rq.slots[cid] = new
         self._trace("fork", "divergence", [rank], self.env.now, 0, cause=cause)
         return c

@@ -21,6 +21,7 @@ from collections import deque
 
 import simpy
 
+from sim.allocator import KVAllocator
 from sim.config import SimConfig
 from sim.constants import LAYER_DONE_COUNTERS
 from sim.hybrid.replica import HybridReplica
@@ -58,7 +59,7 @@ class Cohort:
     """Ranks with identical history: one tree, FIFO ack queues, copy engines."""
 
     __slots__ = ("ranks", "tree", "write_q", "load_q", "ops", "acks_issued", "h2d", "d2h",
-                 "alloc_attempts", "frees", "late_free_tokens", "sched", "st", "consensus",
+                 "alloc_attempts", "kv", "sched", "st", "consensus",
                  "producers", "producer_index")
 
     def __init__(self, env: simpy.Environment, ranks: list[int], tree: Tree, ops=None,
@@ -74,8 +75,9 @@ class Cohort:
         self.h2d = simpy.Resource(env, capacity=1)
         self.d2h = simpy.Resource(env, capacity=1)
         self.alloc_attempts = 0    # host allocation attempts (the key of their draws)
-        self.frees = 0             # finished-request device frees (late-free draws)
-        self.late_free_tokens = 0  # device KV freed but not yet back in the allocator
+        # the device KV running requests hold outside the tree, and the frees
+        # issued (late-free draws) and in flight (sim.allocator)
+        self.kv = KVAllocator(tree)
         self.st = None  # the L3 tier's per-replica state (sim.events.StorageState), or None
         self.consensus = None  # the rank consensus checker's event log (sim.consensus), or None
         # LayerDoneCounter's producer slots: the load ack that last used each, and the
@@ -182,8 +184,8 @@ class RankGroup:
         new.write_q = deque(c.write_q)  # the same Ack objects: one copy, per-rank readiness
         new.load_q = deque(c.load_q)
         new.acks_issued = dict(c.acks_issued)
-        new.alloc_attempts, new.frees = c.alloc_attempts, c.frees
-        new.late_free_tokens = c.late_free_tokens
+        new.alloc_attempts = c.alloc_attempts
+        new.kv = c.kv.fork(new.tree)
         new.producers, new.producer_index = list(c.producers), c.producer_index
         if c.consensus is not None:
             new.consensus = list(c.consensus)

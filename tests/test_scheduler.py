@@ -325,7 +325,7 @@ def test_every_replica_holds_exactly_its_running_requests_pages(seed, page, dev_
                 if slot is not None:
                     kv = rq.kv if rq in sim.running else slot.done
                     held += page_ceil(kv, page) - slot.in_tree
-            assert c.tree.reserved == held + c.late_free_tokens
+            assert c.tree.reserved == held + c.kv.late
             assert c.tree.reserved % page == 0
             assert c.tree.dev_used + c.tree.reserved <= c.tree.device_capacity
         checked[0] += 1

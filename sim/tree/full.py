@@ -1063,6 +1063,18 @@ class Tree(TreeCore):
         return None
 
     # ---------------------------------------------------------------- clone
+    def lock_in(self, node: Node) -> Node:
+        """The node of this tree, a clone, at the path of ``node`` (a lock held on the
+        tree it was cloned from): a fork moves a running request's lock with this.
+        The clone has the same nodes, so the walk lands on a node boundary."""
+        path = self.path_units(node)
+        x, pos = self.root, 0
+        while pos < len(path):
+            x = x.children[path[pos]]
+            pos += len(x.key)
+        return x
+
+    # ---------------------------------------------------------------- clone
     def clone(self, maps: dict | None = None) -> "Tree":
         """An independent copy (copy-on-divergence forks a rank off with this).
         ``maps``: if given, filled with ``node(old) -> new`` and ``holder(old) -> new``
