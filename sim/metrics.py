@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sim.fmt import duration
+from sim.hybrid.replica import HybridReplica
 
 REQUEST_COLUMNS = [
     "rid", "session", "arrival", "start", "first_token", "finish", "input_tokens",
@@ -362,7 +363,7 @@ def summarize(metrics: list[Metrics], trees: list, busy_s: list[float] | None = 
         "sim_time_s": sim_time,
     }
     out.update(_load(metrics, df, busy_s, sim_time))
-    if getattr(trees[0], "kind", None) in ("mamba", "swa"):
+    if isinstance(trees[0], HybridReplica):
         out["hybrid"] = _hybrid([t.summary() for t in trees], bpt)
     if metrics[0].storage is not None:
         out.update(_storage(metrics, inp, dev_hit, host_hit))

@@ -141,7 +141,8 @@ class RankGroup:
         r = c.ranks[0]
         if r in j.host_skew:
             c.tree.host_capacity = max(0, self.cfg.host_tokens + j.host_skew[r])
-            if c.tree.host_capacity != self.cfg.host_tokens and hasattr(c.tree, "host_skew_fired"):
+            if (c.tree.host_capacity != self.cfg.host_tokens
+                    and not isinstance(c.tree, HybridReplica)):
                 c.tree.host_nominal = self.cfg.host_tokens
                 c.tree.host_skew_fired = lambda p=j.perturbations: p.fire("host_capacity_skew")
         if r in j.device_skew:
