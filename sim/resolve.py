@@ -12,6 +12,7 @@ from sim.config import HybridConfig, JitterConfig, SimConfig, StorageConfig
 from sim.constants import MLA_DEDUP_CHUNK_TOKENS, SENTINEL_IDS_PER_COMPONENT
 from sim.costs import CostModel, load_profile
 from sim.hybrid import pools
+from sim.hybrid.kinds import HYBRID_KINDS
 from sim.scenario import Scenario, hybrid_pools, resolve_capacities
 from sim.storage.backends import backend
 from sim.storage.collectives import unwritten_ranks
@@ -122,14 +123,14 @@ def resolve_hybrid(s: Scenario, max_running: int):
     # A bare core's two components draw their LRU sentinels' ids first (ids 1-8,
     # docs/HYBRID.md §1); op-trace numbering moves them out (first node 1).
     offset = 0 if s.cache.ids == "optrace" else 2 * SENTINEL_IDS_PER_COMPONENT
-    if h.kind == "swa":
-        return HybridConfig(kind="swa", aux_capacity=p["aux"], window=h.sliding_window,
+    if HYBRID_KINDS[h.kind].windowed:
+        return HybridConfig(kind=h.kind, aux_capacity=p["aux"], window=h.sliding_window,
                             id_offset=offset, aux_host=p["host_aux"], host_tokens=p["host_full"],
                             swa_bytes=p["aux_bytes"] if p["host_full"] else 0,
                             full_bytes=p["full_bytes_per_token"] if p["host_full"] else 0,
                             release_prefill_swa=bool(s.cache.release_prefill_swa)), max_running
     state_b = p["aux_bytes"]
-    hc = HybridConfig(kind="mamba", aux_capacity=p["aux"], aux_host=p["host_aux"],
+    hc = HybridConfig(kind=h.kind, aux_capacity=p["aux"], aux_host=p["host_aux"],
                       host_tokens=p["host_full"], mamba_chunk=1,
                       state_tokens=-(-state_b // p["full_bytes_per_token"]),
                       state_bytes=state_b, id_offset=offset)

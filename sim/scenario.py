@@ -74,6 +74,7 @@ from sim.costs import (
 from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
 from sim.errors import UserError, suggest
 from sim.hybrid import pools
+from sim.hybrid.kinds import HYBRID_KINDS
 from sim.optrace_check import MAX_PAGE_SIZE
 from sim.paths import (
     PathRejected,
@@ -1320,41 +1321,25 @@ def host_copies_per_node(s: "Scenario") -> int:
     return max(1, ranks // s.tp) if s.host.mla_dedup else ranks
 
 
-# Per hybrid kind: its host pool key (and what it holds), its device keys, and the
-# reason a load-back threshold cannot refuse its loads (docs/HYBRID.md §5.7, §5.8).
-_HYBRID_KINDS = {
-    "swa": dict(name="an SWA hybrid", host_key="swa_tokens",
-                host_what="the host SWA pool, tokens", host_off="a host tier for host SWA",
-                device_keys=("swa_full_tokens_ratio",),
-                threshold_why="SGLang's threshold never refuses an SWA load-back with its "
-                              "window on host"),
-    "mamba": dict(name="a Mamba hybrid", host_key="mamba_states",
-                  host_what="the host Mamba state slots", host_off="a host tier for host states",
-                  device_keys=("mamba_full_memory_ratio", "max_mamba_cache_size"),
-                  threshold_why="SGLang's threshold never refuses a Mamba load-back: each "
-                                "carries a state"),
-}
-
-
 def _hybrid_check(s: "Scenario") -> None:
     """What the hybrid engine models (docs/HYBRID.md §10): each combination it does
     not is refused, naming the key."""
     h = s.model.hybrid()
-    own = _HYBRID_KINDS[h.kind]
-    for kind, other in _HYBRID_KINDS.items():  # the other kind's keys
+    own = HYBRID_KINDS[h.kind]
+    for kind, other in HYBRID_KINDS.items():  # the other kind's keys
         if kind == h.kind:
             continue
-        for k in other["device_keys"]:
+        for k in other.device_keys:
             if getattr(s.device, k) is not None:
-                raise _err(f"device.{k} for {own['name']}", f"it only with {other['name']}",
+                raise _err(f"device.{k} for {own.label}", f"it only with {other.label}",
                            f"device.{k}")
-        if getattr(s.host, other["host_key"]) is not None:
-            raise _err(f"host.{other['host_key']} for {own['name']}",
-                       f"it only with {other['name']}", f"host.{other['host_key']}")
-    key = own["host_key"]
+        if getattr(s.host, other.host_key) is not None:
+            raise _err(f"host.{other.host_key} for {own.label}",
+                       f"it only with {other.label}", f"host.{other.host_key}")
+    key = own.host_key
     if s.host.off:
         if getattr(s.host, key) is not None:
-            raise _err(f"host.{key} with host: off", own["host_off"], f"host.{key}")
+            raise _err(f"host.{key} with host: off", own.host_off, f"host.{key}")
     else:
         mode = s.host.mode()[0]
         if mode in ("gib", "host_memory_fraction"):
@@ -1362,15 +1347,15 @@ def _hybrid_check(s: "Scenario") -> None:
                        f"host.tokens (with host.{key}), host.ratio or host.size_gb",
                        f"host.{mode}")
         if mode == "tokens" and getattr(s.host, key) is None:
-            raise _err(f"host.tokens without host.{key}", f"host.{key} ({own['host_what']}) "
+            raise _err(f"host.tokens without host.{key}", f"host.{key} ({own.host_what}) "
                        "with host.tokens", f"host.{key}")
         if s.cache.load_back_threshold != LOAD_BACK_THRESHOLD:
             # a load-back of an evicted anchor carries its window's SWA or its state:
             # only a spec emptied by another load's pin is below any threshold
             raise _err(f"cache.load_back_threshold {s.cache.load_back_threshold} for "
-                       f"{own['name']}", f"the default {LOAD_BACK_THRESHOLD} "
-                       f"({own['threshold_why']})", "cache.load_back_threshold")
-    if h.kind == "mamba":
+                       f"{own.label}", f"the default {LOAD_BACK_THRESHOLD} "
+                       f"({own.threshold_why})", "cache.load_back_threshold")
+    if own.request_state:
         if s.page_size != 1:
             raise _err(f"page_size {s.page_size} for a Mamba hybrid",
                        "1 (--enable-mamba-extra-buffer's state tracking is not modelled)",
@@ -1380,7 +1365,7 @@ def _hybrid_check(s: "Scenario") -> None:
                        "one of them (the state count overrides the ratio)",
                        "device.mamba_full_memory_ratio")
     c = s.cache
-    if c.release_prefill_swa and h.kind != "swa":
+    if c.release_prefill_swa and not own.windowed:
         raise _err("cache.release_prefill_swa for a Mamba hybrid", "it only with an SWA hybrid",
                    "cache.release_prefill_swa")
     sp = s.scheduler.schedule_policy
@@ -1434,7 +1419,8 @@ def hybrid_pools(s: "Scenario") -> dict:
             if budget <= 0:
                 raise _CapacityError("device.mem_fraction_static", f"{value:g}",
                                      "a fraction leaving GPU memory for the KV cache")
-        if h.kind == "swa":
+        kind = HYBRID_KINDS[h.kind]
+        if kind.windowed:
             swa_b = h.swa_bytes_per_token(tp)
             ratio = (d.swa_full_tokens_ratio if d.swa_full_tokens_ratio is not None
                      else C_SWA_RATIO)
@@ -1483,11 +1469,11 @@ def hybrid_pools(s: "Scenario") -> dict:
                 host_full, host_aux = pools.hybrid_host_pools(
                     h.kind, full, aux, page, full_b, aux_b,
                     **({"hicache_gb": hval} if hmode == "size_gb" else {"ratio": hval}))
-            key = "swa_tokens" if h.kind == "swa" else "mamba_states"
+            key = kind.host_key
             if getattr(s.host, key) is not None:
                 host_aux = getattr(s.host, key)
-                if h.kind == "swa" and host_aux % page:  # SWA host slots are token pages
-                    raise _CapacityError("host.swa_tokens", f"{host_aux} tokens",
+                if kind.host_units_are_pages and host_aux % page:  # SWA host slots: token pages
+                    raise _CapacityError(f"host.{key}", f"{host_aux} tokens",
                                          f"a multiple of page_size {page}")
     except UserError as e:
         raise _CapacityError("device", str(e).split(": ", 1)[-1], "pools SGLang can build") from None

@@ -110,3 +110,23 @@ def test_the_engine_uses_only_the_replica_interface(name):
     # the proxy changes nothing: the same summary as an unguarded run
     assert res.summary == run_scenario(load_scenario(S / name, ["workload.num_requests=40"]),
                                        None).summary
+
+
+def test_every_hybrid_kind_is_registered_and_says_what_differs():
+    from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
+    from sim.hybrid.kinds import HYBRID_KINDS
+
+    assert {p.kind for p in HYBRID_MODEL_PRESETS.values()} == set(HYBRID_KINDS)
+    for name, k in HYBRID_KINDS.items():
+        assert k.name == name
+        assert k.windowed != k.request_state  # a kind is one or the other
+    # what the engine's replicas are built from: the kind's own tree, and the
+    # kind's host units priced in FULL-pool tokens
+    for path, cls in (("hybrid_mamba.yaml", "MambaTree"), ("hybrid_swa_host.yaml", "SWATree")):
+        res = run_scenario(load_scenario(S / path, ["workload.num_requests=4"]), None)
+        rep = res.sim.instances[0].group.cohorts[0].tree
+        assert type(rep.t).__name__ == cls and rep.k is HYBRID_KINDS[rep.kind]
+        h = rep.h
+        want = (3 * h.state_tokens if rep.kind == "mamba"
+                else -(-3 * h.swa_bytes // h.full_bytes))
+        assert rep.k.host_equiv(h, 3) == want > 0

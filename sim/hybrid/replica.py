@@ -44,8 +44,7 @@ from __future__ import annotations
 import copy
 
 from sim.errors import InvariantError
-from sim.tree.components.mamba import MambaTree
-from sim.tree.components.swa import SWATree
+from sim.hybrid.kinds import HYBRID_KINDS
 from sim.scheduler import NO_TOKEN
 from sim.tree import NO_HOST_EVICTION, Eviction, HostEviction
 from sim.tree.results import HybridCow
@@ -169,6 +168,7 @@ class HybridReplica:
     def __init__(self, h, cfg, tree=None):
         self.h = h
         self.kind = h.kind
+        self.k = HYBRID_KINDS[h.kind]  # what differs per kind (sim.hybrid.kinds)
         self.page_size = cfg.page_size
         self._cap = cfg.device_tokens
         self._reserved = 0
@@ -189,25 +189,7 @@ class HybridReplica:
 
     @staticmethod
     def _build(h, cfg):
-        ps = cfg.page_size
-        if h.kind == "mamba":
-            host = h.host_tokens if h.host_tokens else None
-            t = MambaTree(device_capacity=cfg.device_tokens, mamba_capacity=h.aux_capacity,
-                          mamba_chunk=h.mamba_chunk, page_size=ps,
-                          max_states=h.max_states, extra_buffer=ps != 1,
-                          record=True, host_capacity=host,
-                          mamba_host_capacity=h.aux_host if host else 0,
-                          load_back_threshold=cfg.load_back_threshold,
-                          write_policy=cfg.write_policy if host else "write_back",
-                          host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy)
-        else:
-            host = h.host_tokens if h.host_tokens else None
-            t = SWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
-                        sliding_window=h.window, page_size=ps, record=True,
-                        host_capacity=host, swa_host_capacity=h.aux_host if host else 0,
-                        load_back_threshold=cfg.load_back_threshold,
-                        write_policy=cfg.write_policy if host else "write_back",
-                        host_policy=cfg.host_policy, eviction_policy=cfg.eviction_policy)
+        t = HYBRID_KINDS[h.kind].build(h, cfg)
         t.skip_ids(h.id_offset)
         return t
 
@@ -315,7 +297,7 @@ class HybridReplica:
         tree may use during the op."""
         self._flush()
         op["reserved"] = self._reserved
-        if self.kind == "swa":
+        if self.k.windowed:
             op["swa_reserved"] = self.swa_reserved
         self.ops.append(op)
 
@@ -335,7 +317,7 @@ class HybridReplica:
         out = {"op": "header", "components": ["full", self.kind],
                "device_capacity": cfg.device_tokens // cfg.page_size * cfg.page_size,
                "page_size": cfg.page_size}
-        if self.kind == "swa":
+        if self.k.windowed:
             out.update(swa_capacity=h.aux_capacity, sliding_window=h.window)
             if self.t.hicache:
                 out.update(hicache=True, host_capacity=h.host_tokens,
@@ -388,10 +370,7 @@ class HybridReplica:
         """The component's ``aux`` host units as FULL-pool tokens of the same bytes:
         Mamba ``aux`` states of ``state_tokens`` each; SWA ceil(aux x SWA bytes /
         FULL bytes per token)."""
-        h = self.h
-        if self.kind == "mamba":
-            return aux * h.state_tokens
-        return -(-aux * h.swa_bytes // (h.full_bytes or 1)) if aux else 0
+        return self.k.host_equiv(self.h, aux)
 
     def match_prefix(self, key: list) -> _Match:
         if self.ops is not None:
@@ -481,7 +460,7 @@ class HybridReplica:
         rid, prev, final = req.rid, req.prev, req.final
         t = self.t
         host = req.host  # the scans and frees of the Mamba fork's eviction, if any
-        if self.kind == "mamba":
+        if self.k.request_state:
             st = self.reqs.pop(rid, None) if final else self.reqs.get(rid)
             donated = final and st is not None and st.holds
             # InsertParams.inserted_len (req.kv.cache_inserted_len): gates only
@@ -530,7 +509,7 @@ class HybridReplica:
         request without a slot gets one for a host-only state, ``prepare_load_back``)."""
         t = self.t
         st = self.reqs.get(rid)
-        holds = bool(st and st.holds) if self.kind == "mamba" else None
+        holds = bool(st and st.holds) if self.k.request_state else None
         if self.ops is not None:
             op = {"op": "load_back", "tokens": self._units_tokens(match.key), "id": lid}
             if holds is not None:
@@ -547,7 +526,7 @@ class HybridReplica:
         n, restored = r.loaded, r.aux_loaded
         t.stats.load_tokens += n
         gain = len(t.path_units(anchor)) * self.page_size - match.device_len
-        if self.kind == "swa":
+        if self.k.windowed:
             # restored: the SWA tokens the window's restore carries
             t.hy.swa_load_tokens += restored
             moved = n + self._equiv(restored)
@@ -587,7 +566,7 @@ class HybridReplica:
         t = self.t
         out = {"kind": self.kind, "aux_capacity": self.h.aux_capacity,
                "aux_used": t.aux_used}
-        if self.kind == "mamba":
+        if self.k.request_state:
             out["held_slots"] = t.held
             out["host_states"] = self.h.aux_host if t.hicache else 0
             out["host_states_used"] = t.aux_host_used if t.hicache else 0
@@ -595,10 +574,10 @@ class HybridReplica:
             out["host_swa_tokens"] = self.h.aux_host
             out["host_swa_used"] = t.aux_host_used
         out.update(t.hy.as_dict(self.kind, t.hicache))
-        if self.kind == "swa" and t.hicache:
+        if self.k.windowed and t.hicache:
             out["swa_backup_bytes"] = t.hy.swa_backup_tokens * self.h.swa_bytes
             out["swa_load_bytes"] = t.hy.swa_load_tokens * self.h.swa_bytes
-        if self.kind == "mamba":
+        if self.k.request_state:
             out["state_backup_bytes"] = t.hy.state_backups * self.h.state_bytes
             out["state_load_bytes"] = t.hy.state_loads * self.h.state_bytes
         return out
@@ -611,6 +590,7 @@ class HybridHooks:
     def __init__(self, sim):
         self.sim = sim
         self.h = sim.cfg.hybrid
+        self.k = HYBRID_KINDS[self.h.kind]
         self.ps = sim.cfg.page_size
         self._pass = None      # the prefill pass whose SWA offset ``_swa_offset`` is
         self._swa_offset = 0
@@ -623,7 +603,7 @@ class HybridHooks:
         state copies it into a slot of its own, allocated (evicting one state if
         the pool is full) unless it holds one."""
         tree = c.tree
-        if tree.kind != "mamba":
+        if not tree.k.request_state:
             self._swa_host_hit = m.aux_host_len
             return
         st = tree.reqs.get(rq.r.rid)
@@ -672,7 +652,7 @@ class HybridHooks:
         otherwise, when it could never fit the pool (``swa_never_fits``) and prefill
         is chunked, a chunk cut to what fits (``_chunk_cap``); else ``NO_TOKEN``."""
         tree = c.tree
-        if tree.kind != "swa":
+        if not tree.k.windowed:
             return sel
         if self._pass is not plan:
             self._pass, self._swa_offset = plan, 0
@@ -715,7 +695,7 @@ class HybridHooks:
         below what the SWA pool has free or evictable, less a page; 0 or less: no
         room, the chunk waits for decode to free some."""
         tree = c.tree
-        if tree.kind != "swa":
+        if not tree.k.windowed:
             return room
         if self._pass is not plan:
             self._pass, self._swa_offset = plan, 0
@@ -731,7 +711,7 @@ class HybridHooks:
         """Without chunked prefill, a request whose peak SWA reaches the whole SWA
         pool can never be admitted (``swa_never_fits`` and no chunk to cut): it is
         aborted as one too long for the FULL pool is."""
-        if self.h.kind != "swa" or self.sim.cfg.chunked_prefill_tokens is not None:
+        if not self.k.windowed or self.sim.cfg.chunked_prefill_tokens is not None:
             return False
         max_new = min(max(rq.r.output_len - rq.generated, 0), self.sim.cfg.clip_max_new_tokens)
         return self._swa_tokens(rq.fill_len, max_new) >= self.h.aux_capacity
@@ -745,7 +725,7 @@ class HybridHooks:
         tree = c.tree
         t = tree.t
         ps = self.ps
-        if tree.kind == "mamba":
+        if tree.k.request_state:
             for rq in plan.reqs:
                 st = tree.reqs.get(rq.r.rid)
                 if st is not None and st.gap:
@@ -791,7 +771,7 @@ class HybridHooks:
         ``insert`` takes for this request."""
         tree = c.tree
         req = InsertFor(rq.r.rid, prev, final)
-        if tree.kind == "mamba":
+        if tree.k.request_state:
             st = tree.reqs.get(rq.r.rid)
             t = tree.t
             if not (final and st is not None and st.holds) and not t._free_slot():
@@ -832,7 +812,7 @@ class HybridHooks:
         st = tree.reqs.pop(rq.r.rid, None)
         if st is None:
             return
-        if tree.kind == "mamba":
+        if tree.k.request_state:
             if st.holds:
                 tree.release_slot(rq.r.rid)
         else:
@@ -848,7 +828,7 @@ class HybridHooks:
         request a step) may not be free; a step never takes more, so the steps of a
         run of this length would not have evicted one by one either."""
         tree = c.tree
-        if tree.kind != "swa":
+        if not tree.k.windowed:
             return limit
         per = len(batch) * self.ps
         return min(limit, max(0, self._swa_room(tree)) // per)
@@ -858,7 +838,7 @@ class HybridHooks:
         at a page boundary, as FULL's) fit after evicting the SWA shortfall; when
         they do not, the engine retracts as for FULL."""
         tree = c.tree
-        if tree.kind != "swa":
+        if not tree.k.windowed:
             return True
         short = need - self._swa_room(tree)
         if short > 0 and tree.t.aux_evictable:
@@ -869,7 +849,7 @@ class HybridHooks:
         """``alloc_for_decode``'s SWA half for one step: evict the SWA shortfall of a
         page per request."""
         tree = c.tree
-        if tree.kind != "swa":
+        if not tree.k.windowed:
             return
         short = len(batch) * self.ps - self._swa_room(tree)
         if short > 0 and tree.t.aux_evictable:
@@ -885,7 +865,7 @@ class HybridHooks:
         root); it only makes SWA evictable, which nothing reads within a run of
         steps, so releasing at the run's end is what releasing at the step does."""
         tree = c.tree
-        if tree.kind != "swa":
+        if not tree.k.windowed:
             return
         ps = self.ps
         total = tree.swa_reserved
