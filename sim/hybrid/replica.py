@@ -1,14 +1,16 @@
 """A hybrid tree as one TP rank's replica in the engine (docs/HYBRID.md §10).
 
-The TP engine (``sim.events``) drives ``sim.tree.Tree`` through a small interface:
+The TP engine (``sim.events``) drives ``sim.tree.Tree`` through a small interface
+(``sim.replica_api.Replica``; tests/test_replica_api.py holds the engine to it):
 ``match_prefix`` -> ``last_device``/``device_len``/``host_len``, ``inc_lock``/``dec_lock``
 on what the match (or an insert, or a load-back) handed out, ``insert(key, priority,
 resident)`` -> ``node``/``host.scanned``/``writes``, ``evict_device(n)`` ->
 ``backups``/``reclaim_scanned``/``host.freed``, ``load_back``/``finish_load_back``,
-the ledgers ``available()`` reads (``device_capacity``, ``dev_used``, ``reserved``,
-``evictable``), ``digest``, ``stats``, ``clone``, ``skip_ids``. ``HybridReplica``
-gives a ``MambaTree`` or an ``SWATree`` that interface, so the engine's scheduler,
-syncs, forks, collectives and verdicts run unchanged on a hybrid model.
+the ledgers ``available()`` reads (``device_capacity``, ``dev_used``, ``reserved``
+(written by ``sim.allocator.KVAllocator`` only), ``evictable``), ``digest``,
+``stats``, ``clone``, ``lock_in``, ``skip_ids``. ``HybridReplica`` gives a
+``MambaTree`` or an ``SWATree`` that interface, so the engine's scheduler, syncs,
+forks, collectives and verdicts run unchanged on a hybrid model.
 
 What a hybrid needs beyond it (a running request holds a Mamba state slot and SWA
 tokens outside the tree; evictions per component; Mamba's copy on write) is in
