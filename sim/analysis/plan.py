@@ -114,8 +114,18 @@ def plan_trace(scenario) -> PlanTrace:
     from sim.workloads import build_workload
 
     ps = scenario.page_size
+    stream = build_workload(scenario)
+    arr = stream.arrays()  # a whole Mooncake trace at once, or None: then request by request
+    if arr is not None:
+        if not len(arr):
+            raise UserError("found no requests; expected a workload with at least one",
+                            where=scenario.source)
+        units, starts = page_units(arr.blocks, arr.counts, np.full(len(arr), arr.block_size),
+                                   ps, arr.input_len)
+        return PlanTrace(units, starts, arr.input_len.astype(np.int64),
+                         arr.output_len.astype(np.int64), arr.arrival.astype(float), ps)
     blocks, counts, sizes, lens, outs, arrivals = [], [], [], [], [], []
-    for r in build_workload(scenario):
+    for r in stream:
         blocks += r.blocks
         counts.append(len(r.blocks))
         sizes.append(r.block_size)
