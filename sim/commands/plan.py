@@ -201,8 +201,9 @@ def _writer_process(conn) -> None:
 class PlanWriter:
     """The plan's figures off the critical path: a forked process imports what drawing
     them takes (matplotlib: about half a second) while the parent loads the scenario
-    and computes the plan, then draws and saves them while the parent writes the
-    table and the JSON (pandas, pyarrow). The same functions write the same bytes as
+    and computes the plan, then draws and saves them (the SVG in a forked copy of
+    its own: ``write_figures_forked``) while the parent writes the table and the JSON
+    (pandas, pyarrow: imported only then, so they load while the figures draw). The same functions write the same bytes as
     ``write_plan``; the parent waits for the figures, so every file is there when
     ``plan`` returns. Where fork is not the platform's way, ``start`` returns None and
     the parent writes everything itself."""
