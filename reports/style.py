@@ -48,26 +48,3 @@ def save_figure(fig, target, fmt: str) -> None:
     metadata = PNG_METADATA if fmt == "png" else SVG_METADATA
     with matplotlib.rc_context(STYLE):
         fig.savefig(target, format=fmt, metadata=metadata)
-
-
-def lay_out_as_saved(fig, fmt: str = "png") -> None:
-    """Leave ``fig`` as saving it as ``fmt`` would, without writing or rendering it.
-
-    Each save runs the figure's layout again from where the last one left the axes,
-    and an SVG's element ids hash those positions to the last bit, so the SVG saved
-    after the PNG differs from one saved first. A process that saves only the SVG runs
-    the PNG's layout pass first (same canvas, dpi and style, drawing disabled) and
-    writes the bytes the one after the PNG writes."""
-    if fmt != "png":
-        raise ValueError(f"format {fmt!r}; expected 'png' (the format saved first)")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    with matplotlib.rc_context(STYLE):
-        canvas, dpi = fig.canvas, fig.dpi
-        FigureCanvasAgg(fig)  # what savefig switches to for a PNG
-        try:
-            fig.dpi = matplotlib.rcParams["savefig.dpi"]
-            fig.draw_without_rendering()
-        finally:
-            fig.dpi = dpi
-            fig.set_canvas(canvas)

@@ -202,7 +202,7 @@ def _writer_process(conn) -> None:
         if job is not None:
             plan, out, hybrid = job
             draw, save = _figure_writers(hybrid)
-            conn.send([str(p) for p in write_figures_forked(plan, out, draw, save)])
+            conn.send([str(p) for p in write_figures(plan, out, draw, save)])
         else:
             conn.send(None)
     except BaseException:  # noqa: BLE001 - handed to the parent, which raises it
@@ -212,9 +212,9 @@ def _writer_process(conn) -> None:
 class PlanWriter:
     """The plan's figures off the critical path: a forked process imports what drawing
     them takes (matplotlib: about half a second) while the parent loads the scenario
-    and computes the plan, then draws and saves them (the SVG in a forked copy of
-    its own: ``write_figures_forked``) while the parent writes the table and the JSON
-    (pandas, pyarrow: imported only then, so they load while the figures draw). The same functions write the same bytes as
+    and computes the plan, then draws and saves them while the parent writes the
+    table and the JSON (pandas, pyarrow: imported only then, so they load while the
+    figures draw). The same functions write the same bytes as
     ``write_plan``; the parent waits for the figures, so every file is there when
     ``plan`` returns. Where fork is not the platform's way, ``start`` returns None and
     the parent writes everything itself."""
@@ -279,56 +279,6 @@ def write_figures(plan, out, draw, save_figure) -> list:
         p = out / f"plan.{fmt}"
         save_figure(fig, p, fmt)
         paths.append(p)
-    return paths
-
-
-def write_figures_forked(plan, out, draw, save_figure) -> list:
-    """``write_figures``, each format after the first saved by a forked copy of this
-    process: saving is most of a figure's time (the layout and the text run again for
-    each format), and the formats do not depend on each other, so they run side by
-    side. The copy first lays the figure out as the saves before its own would
-    (``reports.style.lay_out_as_saved``), so it writes the bytes ``write_figures``
-    writes; it reports an error as text on its pipe."""
-    import os
-    import traceback
-    from pathlib import Path
-
-    from reports.style import lay_out_as_saved
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    fig = draw(plan)
-    paths = [out / f"plan.{fmt}" for fmt in FIGURE_FORMATS]
-    copies = []
-    for i, (p, fmt) in enumerate(zip(paths[1:], FIGURE_FORMATS[1:]), 1):
-        there, here = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the copy: save one format, say how it went, end without cleanup
-            os.close(there)
-            code = 0
-            try:
-                for before in FIGURE_FORMATS[:i]:
-                    lay_out_as_saved(fig, before)
-                save_figure(fig, p, fmt)
-            except BaseException:  # noqa: BLE001 - reported to the process that waits
-                os.write(here, traceback.format_exc().encode())
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(here)
-        copies.append((pid, there))
-    errors = []
-    try:
-        save_figure(fig, paths[0], FIGURE_FORMATS[0])
-    finally:
-        for pid, there in copies:  # every copy is waited for, even after an error here
-            with os.fdopen(there, "rb") as f:
-                msg = f.read().decode(errors="replace")
-            _, status = os.waitpid(pid, 0)
-            if msg or status:
-                errors.append(msg or f"a figure process ended with status {status}")
-    if errors:
-        raise RuntimeError("\n".join(errors))
     return paths
 
 
