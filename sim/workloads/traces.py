@@ -6,6 +6,12 @@ malformed record raises :class:`InputFormatError` naming the file, the line and 
 was expected; with ``skip_bad_lines=True`` it is skipped instead, and counted in the
 reader's ``skipped`` (the first message is kept in ``first_skip``).
 
+The planner, which wants the whole trace as arrays, has one exception:
+``MooncakeReader.arrays`` reads a Mooncake file whole (msgspec's typed decoder, ids
+renumbered with ``np.unique``) and gives exactly what iterating gives, or None where
+a record needs the record-by-record reader's judgement (its errors, its skips, the
+forms only it reads); tests compare the two on the shipped traces and random ones.
+
 Block ids are made unique across the whole stream through an :class:`IdSpace`, so a
 trace can be mixed with other sources without accidental sharing.
 
