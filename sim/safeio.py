@@ -89,7 +89,15 @@ def read_bytes(path, what: str, limit: int = LIMIT_YAML) -> bytes:
     fh, raw = _open(path, what)
     try:
         with raw, fh:
-            data = fh.read(limit + 1)
+            # In chunks: one read of ``limit + 1`` bytes allocates that much up front.
+            parts, size = [], 0
+            while size <= limit:
+                chunk = fh.read(min(limit + 1 - size, 16 * MIB))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+            data = b"".join(parts)
     except (OSError, EOFError, zlib.error) as err:
         if is_gzip(path):
             raise _gzip_error(path, what, err) from None

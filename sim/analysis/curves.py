@@ -92,25 +92,25 @@ def compress_units(flat: np.ndarray, starts: np.ndarray) -> Compressed:
     parent[dense] = prev  # prefix ids: every access of a unit has the same parent
     has_parent = parent >= 0
     children = np.bincount(parent[has_parent], minlength=n)
-    merge = np.zeros(n, dtype=bool)
-    p = parent[has_parent]
-    merge[has_parent] = (children[p] == 1) & (counts[p] == counts[has_parent])
+    p = np.maximum(parent, 0)  # where there is no parent, has_parent masks the row out
+    merge = has_parent & (children[p] == 1) & (counts[p] == counts)
     head = np.where(merge, parent, np.arange(n))
     while True:  # pointer jumping to each chain's top unit
         nxt = head[head]
         if np.array_equal(nxt, head):
             break
         head = nxt
-    g = head[dense]
-    new_run = np.ones(total, dtype=bool)
-    new_run[1:] = g[1:] != g[:-1]
+    # An access starts a new group run where its path starts or its unit is not merged
+    # into its parent's chain (the previous access is that parent: prefix ids); then
+    # its group (the chain's top) differs from the previous access's.
+    new_run = ~merge[dense]
     new_run |= first
     idx = np.flatnonzero(new_run)
     weight = np.diff(np.append(idx, total))
-    req_of_unit = np.repeat(np.arange(n_req, dtype=np.int64), lens)
-    request = req_of_unit[idx]
+    request = np.searchsorted(starts, idx, side="right") - 1  # the request holding each run
     gstarts = np.searchsorted(idx, starts)
-    return Compressed(g[idx], weight.astype(np.int64), request, gstarts.astype(np.int64), total)
+    return Compressed(head[dense[idx]], weight.astype(np.int64), request.astype(np.int64),
+                      gstarts.astype(np.int64), total)
 
 
 @dataclass(frozen=True)

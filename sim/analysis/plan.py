@@ -61,13 +61,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.analysis import curves
-from sim.diagnostics import diagnose
 from sim.errors import UserError
-from sim.runner import run_scenario
-from sim.scenario import Device, Host, _ranks_per_node, host_copies_per_node, resolve_sizing
 from sim.sizing import host_tokens_for_gb
-from sim.workloads import build_workload
-from sim.workloads.keys import page_key, page_units
+from sim.workloads.keys import page_units
+
+# Imported where they are used, not here: the figure-writing process unpickles a Plan
+# with this module and should load only numpy for it, and a model-only plan
+# (``--check-points 0``) never runs the engine, whose import (``sim.runner``: the
+# cluster, the metrics, pandas) costs about a second.
 
 KNEE_FRACTION = 0.10
 GRID_POINTS = 50
@@ -110,9 +111,21 @@ class PlanTrace:
 
 
 def plan_trace(scenario) -> PlanTrace:
+    from sim.workloads import build_workload
+
     ps = scenario.page_size
+    stream = build_workload(scenario)
+    arr = stream.arrays()  # a whole Mooncake trace at once, or None: then request by request
+    if arr is not None:
+        if not len(arr):
+            raise UserError("found no requests; expected a workload with at least one",
+                            where=scenario.source)
+        units, starts = page_units(arr.blocks, arr.counts, np.full(len(arr), arr.block_size),
+                                   ps, arr.input_len)
+        return PlanTrace(units, starts, arr.input_len.astype(np.int64),
+                         arr.output_len.astype(np.int64), arr.arrival.astype(float), ps)
     blocks, counts, sizes, lens, outs, arrivals = [], [], [], [], [], []
-    for r in build_workload(scenario):
+    for r in stream:
         blocks += r.blocks
         counts.append(len(r.blocks))
         sizes.append(r.block_size)
@@ -137,6 +150,8 @@ def _instance_parts(scenario, n: int) -> list[np.ndarray]:
     dp = scenario.dp
     if dp <= 1:
         return [np.arange(n)]
+
+    from sim.runner import run_scenario
 
     df = run_scenario(scenario, None).sim.requests_df()
     inst = np.arange(n) % dp
@@ -223,6 +238,9 @@ class EnginePoint:
 def engine_point(scenario, write_policy: str, host_policy: str, host_tokens: int,
                  warm: int, bpt: int, tier: str = "host") -> EnginePoint:
     """One engine run of ``scenario`` with this size of ``tier`` (tokens) and policy pair."""
+    from sim.runner import run_scenario
+    from sim.scenario import Device, Host
+
     update = {
         "node": None,  # the plan reports the node limit itself, per size
         "cache": scenario.cache.model_copy(update={"write_policy": write_policy,
@@ -275,6 +293,9 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
               grid_points: int = GRID_POINTS, policies=None, jobs: int = 1,
               target_hit_rate: float | None = None, target_ttft_p99_s: float | None = None,
               progress=None) -> Plan:
+    from sim.diagnostics import diagnose
+    from sim.scenario import _ranks_per_node, host_copies_per_node, resolve_sizing
+
     if not 0.0 <= warmup < 1.0:
         raise UserError(f"found {warmup!r}; expected a fraction in [0, 1)", where="--warmup")
     info = resolve_sizing(scenario)

@@ -128,6 +128,30 @@ class WorkloadStream:
             yield r
 
 
+    def arrays(self):
+        """The whole stream at once as ``traces.TraceArrays`` (limits applied), exactly
+        the requests iterating it gives, for a Mooncake trace; None for any other
+        source, or where its reader must read record by record (``MooncakeReader.arrays``):
+        then iterate."""
+        cfg = self.cfg
+        if cfg.kind != "trace" or cfg.format != "mooncake" or self.clock != "time":
+            return None
+        src = WORKLOADS[cfg.kind](cfg, self.seed, IdSpace())
+        arr = src.arrays()
+        if arr is None:
+            return None
+        ps = self.page_size
+        if ps is not None and arr.block_size % ps and ps % arr.block_size:
+            return None  # iterating names the record
+        n = len(arr)
+        if self.max_requests is not None:
+            n = min(n, self.max_requests)
+        if self.duration_s is not None:  # arrivals are non-decreasing: the first one past it
+            n = min(n, int(np.searchsorted(arr.arrival, self.duration_s, side="right")))
+        self._source = src
+        return arr if n == len(arr) else arr.head(n)
+
+
 def build_workload(scenario) -> WorkloadStream:
     """The request stream a validated scenario describes (``sim.scenario.Scenario``)."""
     return WorkloadStream(scenario.workload, _sub_seed(scenario.seed, 0),

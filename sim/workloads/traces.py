@@ -6,6 +6,12 @@ malformed record raises :class:`InputFormatError` naming the file, the line and 
 was expected; with ``skip_bad_lines=True`` it is skipped instead, and counted in the
 reader's ``skipped`` (the first message is kept in ``first_skip``).
 
+The planner, which wants the whole trace as arrays, has one exception:
+``MooncakeReader.arrays`` reads a Mooncake file whole (msgspec's typed decoder, ids
+renumbered with ``np.unique``) and gives exactly what iterating gives, or None where
+a record needs the record-by-record reader's judgement (its errors, its skips, the
+forms only it reads); tests compare the two on the shipped traces and random ones.
+
 Block ids are made unique across the whole stream through an :class:`IdSpace`, so a
 trace can be mixed with other sources without accidental sharing.
 
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import csv
 import heapq
+import itertools
 import json
 import math
 import re
@@ -91,6 +98,79 @@ def _remap(hs, remap: dict, ids) -> list[int]:
                 out[i] = v
         ids.next_id = nid
     return out
+
+class TraceArrays:
+    """A whole trace as arrays: request ``i`` has ``counts[i]`` block ids, back to back
+    in ``blocks``, of ``block_size`` tokens, ``input_len[i]`` / ``output_len[i]``
+    tokens and its ``arrival`` in seconds (``Request``'s fields, column by column)."""
+
+    __slots__ = ("blocks", "counts", "block_size", "input_len", "output_len", "arrival")
+
+    def __init__(self, blocks, counts, block_size, input_len, output_len, arrival):
+        self.blocks, self.counts, self.block_size = blocks, counts, block_size
+        self.input_len, self.output_len, self.arrival = input_len, output_len, arrival
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def head(self, n: int) -> "TraceArrays":
+        """The first ``n`` requests."""
+        k = int(self.counts[:n].sum())
+        return TraceArrays(self.blocks[:k], self.counts[:n], self.block_size, self.input_len[:n],
+                           self.output_len[:n], self.arrival[:n])
+
+
+_MOONCAKE_DEC = None
+
+
+def _mooncake_decoder():
+    """msgspec's typed decoder of one Mooncake record (None without msgspec): the
+    record's fields only in the forms the plain reader reads as they are (a number,
+    an integer, a list of integers); anything else fails it."""
+    global _MOONCAKE_DEC
+    if _MOONCAKE_DEC is None:
+        try:
+            import msgspec
+        except ImportError:
+            return None
+
+        class MooncakeRecord(msgspec.Struct):
+            timestamp: float
+            input_length: int
+            output_length: int
+            hash_ids: list[int]
+
+        _MOONCAKE_DEC = msgspec.json.Decoder(MooncakeRecord)
+    return _MOONCAKE_DEC
+
+
+def _first_seen_ids(hs: np.ndarray, counts: np.ndarray, tail: np.ndarray, ids: IdSpace) -> np.ndarray:
+    """``_remap`` over the whole trace at once, with ``_fit_blocks``'s fresh id after
+    the hashes of each ``tail`` record: ids of ``ids`` in the order the trace ids (and
+    the fresh tails) first appear."""
+    n = len(counts)
+    out_counts = counts + tail
+    out_starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(out_counts, out=out_starts[1:])
+    total = int(out_starts[-1])
+    rec = np.repeat(np.arange(n, dtype=np.int64), counts)
+    in_starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=in_starts[1:])
+    real_pos = np.arange(len(hs), dtype=np.int64) + (out_starts[:-1] - in_starts[:-1])[rec]
+    tail_pos = (out_starts[1:] - 1)[tail]
+    new = np.zeros(total, dtype=bool)
+    if len(hs):
+        _, first, inv = np.unique(hs, return_index=True, return_inverse=True)
+        new[real_pos[first]] = True
+    new[tail_pos] = True
+    fresh = np.cumsum(new) - 1 + ids.next_id  # at a new position: the id it takes
+    out = np.empty(total, dtype=np.int64)
+    if len(hs):
+        out[real_pos] = fresh[real_pos[first]][inv.reshape(-1)]
+    out[tail_pos] = fresh[tail_pos]
+    ids.next_id += int(new.sum())
+    return out
+
 
 class _Bad(Exception):
     """A malformed record: what was found and what was expected."""
@@ -287,6 +367,51 @@ class MooncakeReader(_LineReader):
                 continue
             last = ts / 1000.0
             yield last / self.rate_scale, blocks, bs, n_in, n_out, -1
+
+
+    def arrays(self) -> "TraceArrays | None":
+        """The whole trace at once as arrays (for the planner: no Request per record),
+        exactly what iterating this reader gives; None where only the record-by-record
+        reader can say what the trace holds (a record it would refuse or skip, a field
+        in a form only it reads), so the caller iterates instead. Bounded as the plain
+        reader is (``safeio.LIMIT_STREAM``, ``safeio.LIMIT_LINE``)."""
+        dec = _mooncake_decoder()
+        if dec is None:
+            return None
+        try:
+            data = safeio.read_bytes(self.path, "a trace file", safeio.LIMIT_STREAM)
+        except UserError:
+            return None  # the plain reader reports it, naming the line
+        lines = data.split(b"\n")
+        if len(data) > safeio.LIMIT_LINE and max(map(len, lines)) >= safeio.LIMIT_LINE:
+            return None
+        try:
+            recs = [dec.decode(line) for line in lines if line.strip()]
+        except (ValueError, RecursionError):  # msgspec.ValidationError and DecodeError
+            return None
+        if not recs:
+            return None
+        ts = np.array([r.timestamp for r in recs], dtype=float)
+        try:
+            n_in = np.array([r.input_length for r in recs], dtype=np.int64)
+            n_out = np.array([r.output_length for r in recs], dtype=np.int64)
+            hs = np.array(list(itertools.chain.from_iterable(r.hash_ids for r in recs)), dtype=np.int64)
+        except OverflowError:
+            return None
+        counts = np.array([len(r.hash_ids) for r in recs], dtype=np.int64)
+        secs = ts / 1000.0
+        bs = self.block_size
+        if not (np.isfinite(ts).all() and (ts >= 0).all() and (ts <= 1e12).all()
+                and (n_in >= 1).all() and (n_in <= MAX_TOKENS).all()
+                and (n_out >= 0).all() and (n_out <= MAX_TOKENS).all()
+                and (secs[1:] >= secs[:-1]).all()):
+            return None
+        n_all = -(-n_in // bs)
+        tail = (counts == n_in // bs) & (counts != n_all)  # only full blocks hashed
+        if not ((counts == n_all) | tail).all():
+            return None
+        blocks = _first_seen_ids(hs, counts, tail, self.ids)
+        return TraceArrays(blocks, counts + tail, bs, n_in, n_out, secs / self.rate_scale)
 
 
 class GenericReader(_LineReader):
