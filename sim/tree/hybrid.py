@@ -475,8 +475,11 @@ class HybridTree(TreeCore):
             self.ht.dups.pop(node.id, None)
 
     def _refresh(self, node: HNode) -> None:
-        """core ``_update_evictable_leaf_sets`` (the device half)."""
-        if self._is_dleaf(node):
+        """core ``_update_evictable_leaf_sets`` (the device half, HiCache off):
+        ``_is_dleaf`` inline, this being the device tier's hottest call (``check``
+        holds the set to the predicate)."""
+        if (node.lock == 0 and node.aux_lock == 0 and not node.children
+                and node is not self.root):
             self.d_leaves.add(node)
         else:
             self.d_leaves.discard(node)
@@ -597,8 +600,11 @@ class HybridTree(TreeCore):
             child = node.children.get(key[pos])
             if child is None:
                 break
-            p = self._common(key, pos, child.key)
-            if p < len(child.key):
+            ckey = child.key
+            m = len(ckey)
+            # most steps match the whole node: one slice compare, no call
+            p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
+            if p < m:
                 node = self._split(child, p)
                 pos += p
                 # FULL's validator holds (FULL on device); every validator runs.
@@ -711,8 +717,10 @@ class HybridTree(TreeCore):
             if child is None:
                 break
             child.last_access = self._tick()  # _touch_node
-            p = self._common(key, pos, child.key)
-            if p < len(child.key):
+            ckey = child.key
+            m = len(ckey)
+            p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
+            if p < m:
                 child = self._split(child, p)
             if not child.dev:
                 self._unevict(child)
