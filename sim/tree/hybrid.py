@@ -62,9 +62,11 @@ _LRU = EVICTION_POLICIES["lru"]
 
 
 class _Discard:
-    """Where a host eviction's internal steps add what they freed (``freed``/``aux``:
-    the tombstones ``_sweep`` leaves), which no op reports (SGLang's
-    ``drive_host_eviction`` counts only the host tokens it returns)."""
+    """The tally a host eviction hands its internal steps (``_release_layers``,
+    ``_sweep``), which add device frees and component tombstones to ``freed`` and
+    ``aux``; nobody reads it back: a host eviction reports only the host values it
+    freed (core ``drive_host_eviction``). Two slots, so it costs less to build than
+    an ``Eviction``."""
 
     __slots__ = ("freed", "aux")
 
