@@ -46,6 +46,7 @@ from sim.policies.write import WRITE_POLICIES
 from sim.tree.core import Stats, TreeCore
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     NO_HOST_EVICTION,
+    NO_ITEMS,
     HostEviction,
     HostLockReceipt,
     HybridCow,
@@ -1107,7 +1108,10 @@ class HybridTree(TreeCore):
         if w is None or not (w[0] or w[1]):
             self.stats.backup_failures += 1
             return 0
-        res.backups.append(w)
+        if res.backups is NO_ITEMS:
+            res.backups = [w]
+        else:
+            res.backups.append(w)
         return w[0]
 
     def _try_backup(self, x: HNode, res: HybridInsert):
@@ -1118,7 +1122,10 @@ class HybridTree(TreeCore):
         if w is None:
             self.stats.backup_failures += 1
         elif w[0] or w[1]:
-            res.writes.append((x.id, w[0], w[1]))
+            if res.writes is NO_ITEMS:
+                res.writes = [(x.id, w[0], w[1])]
+            else:
+                res.writes.append((x.id, w[0], w[1]))
         return w
 
     def _write_backup(self, x: HNode, res):
@@ -1308,7 +1315,11 @@ class HybridTree(TreeCore):
         to the op's summed ``Eviction``."""
         into.freed += ev.freed
         into.aux += ev.aux
-        into.backups.extend(ev.backups)
+        if ev.backups:
+            if into.backups is NO_ITEMS:
+                into.backups = list(ev.backups)
+            else:
+                into.backups.extend(ev.backups)
         if ev.host is not NO_HOST_EVICTION:
             he = cls._host_of(into)
             he.freed += ev.host.freed
