@@ -64,53 +64,61 @@ class DuplicateFirst(HostPolicy):
 
     def reclaim(self, tree, n: int) -> Reclaim:
         # The map does not change during the walk (releases are forgotten after it),
-        # so both passes walk the same entries.
+        # so every pass walks the same entries.
         entries = tree.duplicates()
         if not entries:
             return self.nothing
         if self.by_id:
             entries = sorted(entries, key=_node_id)
+        # The tree's API, looked up once per reclaim (on the tree, so that a test's or
+        # a fault's patch of it is seen): the walk calls them once per entry.
+        is_evictable_dleaf = tree.is_evictable_dleaf
+        reclaimable = tree.reclaimable
+        release = tree.release_duplicate
         freed = pass1 = pass2 = scanned = 0
         # Built on first use: most reclaims release nothing and meet no stale entry.
-        stale: dict | None = None  # node id -> (map position, node): swept after the walk
+        # A later pass runs only when the first walked every entry, and then meets
+        # the same stale entries again plus the ones it released, so the first pass
+        # alone collects them, in map order.
+        stale: list | None = None  # swept after the walk
         released: list | None = None
+        first = True
         for pass_no in self.passes:
             if freed >= n:
                 break
             spare = self.spare_dleaves and pass_no == 1
             before = freed
-            for pos, node in enumerate(entries):
+            for node in entries:
                 if freed >= n:
                     break
                 scanned += 1
                 if not (node.dev and node.host):
-                    if stale is None:
-                        stale = {node.id: (pos, node)}
-                    elif node.id not in stale:
-                        stale[node.id] = (pos, node)
+                    if first:
+                        if stale is None:
+                            stale = [node]
+                        else:
+                            stale.append(node)
                     continue
-                if spare and tree.is_evictable_dleaf(node):
+                if spare and is_evictable_dleaf(node):
                     continue
-                if not tree.reclaimable(node):
+                if not reclaimable(node):
                     continue  # live re-check: pinned or host-locked entries stay
-                freed += tree.release_duplicate(node, pass_no)
+                freed += release(node, pass_no)
                 if released is None:
                     released = [node]
                 else:
                     released.append(node)
+            first = False
             if pass_no == 1:  # release_duplicate books any other pass as pass 2
                 pass1 += freed - before
             else:
                 pass2 += freed - before
         # The map must not change under the walk: forget and sweep after it.
         if released is not None:
+            forget = tree.forget_duplicate
             for node in released:
-                tree.forget_duplicate(node)
-                if stale is not None:  # released in pass 1, seen again as stale in pass 2
-                    stale.pop(node.id, None)
-        swept = 0
-        if stale:
-            swept = tree.sweep_stale(node for _, node in sorted(stale.values(), key=lambda e: e[0]))
+                forget(node)
+        swept = tree.sweep_stale(stale) if stale is not None else 0
         r = self.result
         r.freed = freed
         r.pass1 = pass1

@@ -33,8 +33,10 @@ class TreeCore:
         (``last_access_time``, then ``creation_time``)."""
         nid = self._next_id
         self._next_id = nid + 1
-        t_access = self._tick()
-        return self._node_cls(nid, key, parent, t_access, self._tick())
+        t = self._clock  # two draws of ``_tick``, inline
+        t_create = t + 1.0
+        self._clock = t_create + 1.0
+        return self._node_cls(nid, key, parent, t, t_create)
 
     def skip_ids(self, k: int) -> None:
         """Consume ``k`` node ids, as any other node object built in an SGLang
@@ -138,10 +140,11 @@ class TreeCore:
         """Drop the map entries of stale ``nodes``, in the order given (each is an
         event); returns how many entries were removed."""
         swept = 0
+        dups, rec = self.dups, self.rec
         for node in nodes:
-            if self.dups.pop(node.id, None) is not None:
+            if dups.pop(node.id, None) is not None:
                 swept += 1
-                if self.rec is not None:
+                if rec is not None:
                     self._ev("dup_sweep", node)
         self.stats.swept += swept
         return swept

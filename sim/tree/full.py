@@ -43,6 +43,7 @@ from sim.tree.core import Stats, TreeCore  # noqa: F401  (Stats: part of this mo
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     _REJECTED,
     NO_HOST_EVICTION,
+    NO_ITEMS,
     Backup,
     Eviction,
     HostEviction,
@@ -631,7 +632,10 @@ class Tree(TreeCore):
             x.wt_pending = x.id
             pw = PendingWrite(x.id, x, k)
             self.pending_writes[x.id] = pw
-            res.writes.append(pw)
+            if res.writes is NO_ITEMS:
+                res.writes = [pw]
+            else:
+                res.writes.append(pw)
             self.stats.backups += 1
             self.stats.backup_tokens += k
             if self.rec is not None:
@@ -710,7 +714,10 @@ class Tree(TreeCore):
                 self._delete(x)
                 res.deleted += k
             elif self._backup_write_back(x, res):
-                res.backups.append(k)
+                if res.backups is NO_ITEMS:
+                    res.backups = [k]
+                else:
+                    res.backups.append(k)
                 self._demote(x)
                 demoted += k
             else:

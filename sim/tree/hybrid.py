@@ -46,6 +46,7 @@ from sim.policies.write import WRITE_POLICIES
 from sim.tree.core import Stats, TreeCore
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     NO_HOST_EVICTION,
+    NO_ITEMS,
     HostEviction,
     HostLockReceipt,
     HybridCow,
@@ -56,6 +57,23 @@ from sim.tree.results import (  # noqa: F401  (part of this module's API)
     LockReceipt,
 )
 
+
+# The default eviction priority, which the leaf heaps read inline (``_leaf_heap``).
+_LRU = EVICTION_POLICIES["lru"]
+
+
+class _Discard:
+    """The tally a host eviction hands its internal steps (``_release_layers``,
+    ``_sweep``), which add device frees and component tombstones to ``freed`` and
+    ``aux``; nobody reads it back: a host eviction reports only the host values it
+    freed (core ``drive_host_eviction``). Two slots, so it costs less to build than
+    an ``Eviction``."""
+
+    __slots__ = ("freed", "aux")
+
+    def __init__(self):
+        self.freed = 0
+        self.aux = 0
 
 class HNode:
     """A radix node: FULL's device value (always, with HiCache off) and host value;
@@ -426,15 +444,27 @@ class HybridTree(TreeCore):
                 and not (node.lock or node.aux_lock or node.host_lock or node.aux_host_lock))
 
     def _refresh_ht(self, node: HNode) -> None:
-        """core ``_update_evictable_leaf_sets``, both tiers."""
-        if self._is_dleaf(node):
-            self.d_leaves.add(node)
+        """core ``_update_evictable_leaf_sets``, both tiers: ``_is_dleaf_ht`` and
+        ``_is_hleaf`` folded into one pass over the node (the hottest call of the host
+        tier; ``check`` holds both sets to those two predicates). A node with FULL
+        on device is never a host leaf, one without it never a device leaf."""
+        if node.lock or node.aux_lock or node is self.root:
+            self.d_leaves.discard(node)
+            self.ht.h_leaves.discard(node)
+        elif node.dev:
+            for c in node.children.values():
+                if c.dev:
+                    self.d_leaves.discard(node)
+                    break
+            else:
+                self.d_leaves.add(node)
+            self.ht.h_leaves.discard(node)
         else:
             self.d_leaves.discard(node)
-        if self._is_hleaf(node):
-            self.ht.h_leaves.add(node)
-        else:
-            self.ht.h_leaves.discard(node)
+            if node.host and not node.children and not (node.host_lock or node.aux_host_lock):
+                self.ht.h_leaves.add(node)
+            else:
+                self.ht.h_leaves.discard(node)
 
     def _track(self, node: HNode) -> None:
         """core ``_update_duplicate_tracking``: a settled FULL duplicate (both tiers,
@@ -448,8 +478,11 @@ class HybridTree(TreeCore):
             self.ht.dups.pop(node.id, None)
 
     def _refresh(self, node: HNode) -> None:
-        """core ``_update_evictable_leaf_sets`` (the device half)."""
-        if self._is_dleaf(node):
+        """core ``_update_evictable_leaf_sets`` (the device half, HiCache off):
+        ``_is_dleaf`` inline, this being the device tier's hottest call (``check``
+        holds the set to the predicate)."""
+        if (node.lock == 0 and node.aux_lock == 0 and not node.children
+                and node is not self.root):
             self.d_leaves.add(node)
         else:
             self.d_leaves.discard(node)
@@ -570,8 +603,11 @@ class HybridTree(TreeCore):
             child = node.children.get(key[pos])
             if child is None:
                 break
-            p = self._common(key, pos, child.key)
-            if p < len(child.key):
+            ckey = child.key
+            m = len(ckey)
+            # most steps match the whole node: one slice compare, no call
+            p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
+            if p < m:
                 node = self._split(child, p)
                 pos += p
                 # FULL's validator holds (FULL on device); every validator runs.
@@ -606,29 +642,24 @@ class HybridTree(TreeCore):
         dbest_units = 0
         valid = self._aux_validator(device_only=False)
         dvalid = self._aux_validator(device_only=True)
-
-        def update(x):
-            nonlocal best, dbest, dbest_units
-            a = x.dev or x.host
-            if valid(x) and a:
-                best = x
-            b = dvalid(x)
-            if x.dev and b:
-                dbest, dbest_units = x, pos
-
         while pos < n:
             child = node.children.get(key[pos])
             if child is None or not (child.dev or child.host):
                 break
-            p = self._common(key, pos, child.key)
-            if p < len(child.key):
-                node = self._split(child, p)
-                pos += p
-                update(node)
-                break
+            ckey = child.key
+            m = len(ckey)
+            # most steps match the whole node: one slice compare, no call
+            p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
+            split = p < m
+            node = self._split(child, p) if split else child
             pos += p
-            node = child
-            update(node)
+            # both validators run at every node, the host-accepting one first
+            if valid(node) and (node.dev or node.host):
+                best = node
+            if dvalid(node) and node.dev:
+                dbest, dbest_units = node, pos
+            if split:
+                break
         self._aux_match_end(best)
         t = self._tick()
         x = best
@@ -689,8 +720,10 @@ class HybridTree(TreeCore):
             if child is None:
                 break
             child.last_access = self._tick()  # _touch_node
-            p = self._common(key, pos, child.key)
-            if p < len(child.key):
+            ckey = child.key
+            m = len(ckey)
+            p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
+            if p < m:
                 child = self._split(child, p)
             if not child.dev:
                 self._unevict(child)
@@ -884,14 +917,13 @@ class HybridTree(TreeCore):
         (``_delete_leaf`` with HiCache off; ``_evict_dleaf`` with it on)."""
         act = self._delete_leaf if victim is None else victim
         prio = self._prio
-        heap = [(prio(n), n.id, n) for n in self.d_leaves]
-        heapq.heapify(heap)
         d_leaves = self.d_leaves
+        heap = self._leaf_heap(d_leaves)
         last = None
         while True:
             if last is not None and last.parent is not None and last.parent in d_leaves:
                 p = last.parent
-                heapq.heappush(heap, (prio(p), p.id, p))
+                heapq.heappush(heap, (p.last_access if prio is _LRU else prio(p), p.id, p))
             last = None
             x = None
             while res.freed < request and heap:
@@ -903,6 +935,19 @@ class HybridTree(TreeCore):
                 return
             last = x
             act(x, res)
+
+    def _leaf_heap(self, leaves) -> list:
+        """A heap of ``leaves`` by the eviction policy's priority, ties by node id
+        (``eviction_strategy.get_priority``): rebuilt at the start of each walk, so
+        it costs one entry per leaf; ``lru``'s priority (the default) is read inline,
+        a slot read being cheaper than a getter's call."""
+        prio = self._prio
+        if prio is _LRU:
+            heap = [(n.last_access, n.id, n) for n in leaves]
+        else:
+            heap = [(prio(n), n.id, n) for n in leaves]
+        heapq.heapify(heap)
+        return heap
 
     def _evict_aux(self, request: int, res: Eviction) -> None:
         """swa.py / mamba.py ``_evict_device_next_node`` (no sessions, no HiCache):
@@ -1063,8 +1108,10 @@ class HybridTree(TreeCore):
         if w is None or not (w[0] or w[1]):
             self.stats.backup_failures += 1
             return 0
-        self._count_backup(*w)
-        res.backups.append(w)
+        if res.backups is NO_ITEMS:
+            res.backups = [w]
+        else:
+            res.backups.append(w)
         return w[0]
 
     def _try_backup(self, x: HNode, res: HybridInsert):
@@ -1075,17 +1122,11 @@ class HybridTree(TreeCore):
         if w is None:
             self.stats.backup_failures += 1
         elif w[0] or w[1]:
-            self._count_backup(*w)
-            res.writes.append((x.id, w[0], w[1]))
+            if res.writes is NO_ITEMS:
+                res.writes = [(x.id, w[0], w[1])]
+            else:
+                res.writes.append((x.id, w[0], w[1]))
         return w
-
-    def _count_backup(self, full: int, aux: int) -> None:
-        self.stats.backups += 1
-        self.stats.backup_tokens += full
-        if self.AUX == "mamba":
-            self.hy.state_backups += aux
-        else:
-            self.hy.swa_backup_tokens += aux
 
     def _write_backup(self, x: HNode, res):
         """One node's D->H backup (cache ``_execute_and_commit_kv_backup``): FULL's
@@ -1127,6 +1168,14 @@ class HybridTree(TreeCore):
                 self._ev("host_set", y, c=self.AUX, n=k)
         if self.rec is not None:
             self._ev("backup", x, n=t)
+        if t or written:  # a backup that wrote something, counted once here
+            st = self.stats
+            st.backups += 1
+            st.backup_tokens += t
+            if self.AUX == "mamba":
+                self.hy.state_backups += written
+            else:
+                self.hy.swa_backup_tokens += written
         if self.ht.wt:
             receipt = self.inc_lock(x)
             # mark_write_through_pending: the component's nodes (SWA: the window's
@@ -1266,7 +1315,11 @@ class HybridTree(TreeCore):
         to the op's summed ``Eviction``."""
         into.freed += ev.freed
         into.aux += ev.aux
-        into.backups.extend(ev.backups)
+        if ev.backups:
+            if into.backups is NO_ITEMS:
+                into.backups = list(ev.backups)
+            else:
+                into.backups.extend(ev.backups)
         if ev.host is not NO_HOST_EVICTION:
             he = cls._host_of(into)
             he.freed += ev.host.freed
@@ -1310,18 +1363,20 @@ class HybridTree(TreeCore):
         policy = self.ht.host_policy
         if not self.ht.wt and policy.reclaims:
             freed = policy.reclaim(self, n).freed
-        prio = self._prio
-        heap = [(prio(x), x.id, x) for x in self.ht.h_leaves]
-        heapq.heapify(heap)
-        res = Eviction()
-        while freed < n and heap:
-            _, _, x = heapq.heappop(heap)
-            if x not in self.ht.h_leaves:
-                continue
-            freed += self._evict_hleaf(x, res)[0]
-            p = x.parent
-            if p is not None and p in self.ht.h_leaves:
-                heapq.heappush(heap, (prio(p), p.id, p))
+        if freed < n:
+            # the leaf walk, when the reclaim left some to free
+            prio = self._prio
+            h_leaves = self.ht.h_leaves
+            heap = self._leaf_heap(h_leaves)
+            res = _Discard()
+            while freed < n and heap:
+                _, _, x = heapq.heappop(heap)
+                if x not in h_leaves:
+                    continue
+                freed += self._evict_hleaf(x, res)[0]
+                p = x.parent
+                if p is not None and p in h_leaves:
+                    heapq.heappush(heap, (p.last_access if prio is _LRU else prio(p), p.id, p))
         if freed:
             self._host_of(op).freed += freed
         return freed
@@ -1361,7 +1416,7 @@ class HybridTree(TreeCore):
         freed = 0
         hlru = self.ht.hlru
         x = hlru.lru_no_host_lock()
-        res = Eviction()
+        res = _Discard()
         while freed < n and x is not None and x.hlp is not None:
             nxt = hlru.prev_no_host_lock(x)
             if x in self.ht.h_leaves:

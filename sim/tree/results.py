@@ -76,6 +76,23 @@ class _NoHostEviction(HostEviction):
 NO_HOST_EVICTION = _NoHostEviction()
 
 
+class _NoItems(list):
+    """The one shared, read-only empty list: the ``backups`` / ``writes`` of every op
+    that issued none (most of them), which saves a list per op (and the collector's
+    visits to it). An op swaps in its own list with its first item."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise AttributeError("NO_ITEMS is shared and read-only")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+
+NO_ITEMS = _NoItems()
+
+
 class Insert:
     """Result of ``insert`` (sem §3.1).
 
@@ -97,7 +114,7 @@ class Insert:
         self.prefix_tokens = 0
         self.new_device_tokens = 0
         self.node = node
-        self.writes: list[PendingWrite] = []
+        self.writes: list[PendingWrite] = NO_ITEMS
         self.backups_failed = 0
         self.host: HostEviction = NO_HOST_EVICTION
         self.split = False
@@ -140,7 +157,7 @@ class Eviction:
         self.dropped = 0
         self.dropped_host = 0
         self.declined = 0
-        self.backups: list[int] = []
+        self.backups: list[int] = NO_ITEMS
         self.backups_failed = 0
         self.host: HostEviction = NO_HOST_EVICTION
 
@@ -289,7 +306,7 @@ class HybridInsert:
         self.aux_new = 0
         self.mamba_exist = False
         self.node = None
-        self.writes: list = []
+        self.writes: list = NO_ITEMS
         self.host: HostEviction = NO_HOST_EVICTION
 
 
