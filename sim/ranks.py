@@ -30,6 +30,14 @@ from sim.scheduler import SchedState
 from sim.tree import Tree
 
 
+
+def cohort_of(cohorts, rank: int) -> Cohort:
+    """The cohort among ``cohorts`` whose replica stands for ``rank``."""
+    for c in cohorts:
+        if rank in c.ranks:
+            return c
+    raise KeyError(rank)
+
 class Ack:
     """One merged transfer's acknowledgement: the tree ack ids it completes."""
 
@@ -161,10 +169,7 @@ class RankGroup:
             c.tree.host_alloc_fail = fail
 
     def cohort_of(self, rank: int) -> Cohort:
-        for c in self.cohorts:
-            if rank in c.ranks:
-                return c
-        raise KeyError(rank)
+        return cohort_of(self.cohorts, rank)
 
     def fork(self, rank: int, cause: str, now: float, detail: str = "") -> Cohort:
         """Copy-on-divergence: give ``rank`` its own replica from here on. Its copy
@@ -220,10 +225,7 @@ class GroupView:
         return getattr(self.whole, name)
 
     def cohort_of(self, rank: int) -> Cohort:
-        for c in self.cohorts:
-            if rank in c.ranks:
-                return c
-        raise KeyError(rank)
+        return cohort_of(self.cohorts, rank)
 
     def fork(self, rank: int, cause: str, now: float, detail: str = "") -> Cohort:
         new = self.whole.fork(rank, cause, now, detail)

@@ -31,6 +31,7 @@ from sim.policies import resolve
 from sim.ranks import Cohort
 from sim.scheduler import available
 from sim.storage.policy import PREFETCH_POLICIES
+from sim.storage.replica import StorageOp
 
 if TYPE_CHECKING:
     from sim.events import Req, Simulation
@@ -260,10 +261,12 @@ class StorageEngine:
             self.buf_hit_result(c, pid, res)
 
     def buf_hit_result(self, c: Cohort, pid, res) -> None:
-        from sim.storage.replica import StorageOp
+        self.start_read(c, pid, c.st.qkeys.pop(pid, None), res)
 
+    def start_read(self, c: Cohort, pid, keys, res) -> None:
+        """A prefetch's hit result: the staged pages' read starts on the replica's
+        read engine, or, with nothing staged, the prefetch is revoked."""
         st = c.st
-        keys = st.qkeys.pop(pid, None)
         if res.staged:
             op = StorageOp("read", pid, keys, pages=res.staged // self.ps)
             st.xfers[pid] = op
@@ -404,7 +407,6 @@ class StorageEngine:
     def arrive(self, rq: Req) -> None:
         """`_prefetch_kvcache` at arrival, on every replica: match, `prefetch_from_storage`;
         an issued prefetch queries each rank's storage (`batch_exists`)."""
-        from sim.storage.replica import StorageOp
         from sim.storage.view import page_keys
 
         key = self.sim._seq_key(rq, rq.fill_len - 1)
@@ -496,8 +498,6 @@ class StorageEngine:
         """`write_backup_storage(node)` after a D->H ack (``Tree.on_host_backup``): the
         node is host-locked until its storage ack; its pages become visible to this
         rank's `batch_exists` when the write finishes."""
-        from sim.storage.replica import StorageOp
-
         if self.rc:
             consensus.record(self.sim, c, "write_backup_storage", "<no check>", "<no check>")
         st = c.st
@@ -586,23 +586,13 @@ class StorageEngine:
             self.drain(c, qs[0], qs[1], qs[2])
 
     def drain(self, c: Cohort, n_hit: int, n_ack: int, n_backup: int) -> None:
-        st, book, ps = c.st, c.st.book, self.ps
+        st, book = c.st, c.st.book
         if self.buf:
             self.buf_drain_hits(c, n_hit)
             n_hit = 0
-        if n_hit:
-            from sim.storage.replica import StorageOp
         for pid, keys, hit in self.agreed_hits(c, n_hit):
             self.op(c, {"op": "prefetch_hit", "id": pid, "n": hit})
-            res = book.hit(pid, hit)
-            if res.staged:
-                op = StorageOp("read", pid, keys, pages=res.staged // ps)
-                st.xfers[pid] = op
-                st.inflight.add(op)
-                self.env.process(self.read(c, op))
-            else:
-                st.waits.pop(pid, None)
-                self.count(c, "prefetch_revoked", res.reason)
+            self.start_read(c, pid, keys, book.hit(pid, hit))
         for _ in range(n_ack):
             pid = st.ack_q.popleft()
             op = st.xfers.get(pid)
