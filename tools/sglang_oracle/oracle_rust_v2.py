@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import oracle_rust as R  # noqa: E402
 from oracle import InsertParams, OpError, torch  # noqa: E402
+from write_acks import ExplicitAcks  # noqa: E402
 
 RUST_SERVER_ROOT = 1
 ID_SCHEMES = ("optrace", "rust", "rust_server")
@@ -60,7 +61,7 @@ def _unfold(t: int) -> int:
     return t // 2 if t % 2 == 0 else -(t + 1) // 2
 
 
-class RustV2Oracle(R.RustOracle):
+class RustV2Oracle(ExplicitAcks, R.RustOracle):
     def __init__(self, header: dict, reserved_mode: str = "tokens"):
         ids = header.get("ids", "optrace")
         if ids not in ID_SCHEMES:
@@ -162,19 +163,7 @@ class RustV2Oracle(R.RustOracle):
     def _finish_writes(self) -> None:
         if not self.explicit_acks:
             return super()._finish_writes()
-        for ack_id in [a for a, (_, lock, _) in self.writes.items() if lock is None]:
-            node_id, lock, ids = self.writes.pop(ack_id)
-            self.core.finish_write_through(ids, ack_id)
-
-    def op_write_ack(self, ack_id: int) -> dict:
-        """UnifiedRadixCache._finish_write_through_ack: publish, then drop the lock."""
-        if not self.explicit_acks or ack_id not in self.writes:
-            raise OpError("unknown_write_id")
-        node_id, lock, ids = self.writes.pop(ack_id)
-        self.core.finish_write_through(ids, ack_id)
-        if lock is not None:
-            self.core.dec_lock_ref(node_id, lock)
-        return {}
+        self._finish_unlocked_writes()
 
     def op_insert(self, tokens):
         """The shared Rust insert, with v2's ``priority`` as InsertParams.priority and

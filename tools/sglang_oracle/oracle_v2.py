@@ -49,6 +49,7 @@ import oracle as base  # noqa: E402
 import oracle_ext as ext  # noqa: E402
 from oracle import OpError  # noqa: E402
 from oracle_ext import ExtOracle  # noqa: E402
+from write_acks import ExplicitAcks  # noqa: E402
 from oracle import InsertParams, torch  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeNode  # noqa: E402
 
@@ -67,7 +68,7 @@ def build_core_server(page_size: int, write_back: bool, eviction_policy: str):
     return core
 
 
-class V2Oracle(ExtOracle):
+class V2Oracle(ExplicitAcks, ExtOracle):
     def __init__(self, header: dict, reserved_mode: str = "tokens"):
         self.version = int(header.get("version", 1))
         if self.version not in (1, 2):
@@ -75,6 +76,7 @@ class V2Oracle(ExtOracle):
         self.write_acks = header.get("write_acks", "op" if self.version >= 2 else "end_of_op")
         if self.write_acks not in ("op", "end_of_op"):
             raise ValueError(f"unsupported write_acks {self.write_acks!r}")
+        self.explicit_acks = self.write_acks == "op"
         if header.get("ids") == "server":
             ev = header.get("eviction_policy", "lru")
             orig = base.build_core
@@ -97,19 +99,7 @@ class V2Oracle(ExtOracle):
         if self.write_acks == "end_of_op":
             super()._finish_writes()
             return
-        for ack_id in [a for a, (_, lock, _) in self.writes.items() if lock is None]:
-            node_id, lock, ids = self.writes.pop(ack_id)
-            self.core.finish_write_through(ids, ack_id)
-
-    def op_write_ack(self, ack_id):
-        """UnifiedRadixCache._finish_write_through_ack for one agreed ack."""
-        if self.write_acks != "op" or ack_id not in self.writes:
-            raise OpError("unknown_write_id")
-        node_id, lock, ids = self.writes.pop(ack_id)
-        self.core.finish_write_through(ids, ack_id)
-        if lock is not None:
-            self.core.dec_lock_ref(node_id, lock)
-        return {}
+        self._finish_unlocked_writes()
 
     def op_insert(self, tokens):
         """The shared oracle's insert, with the v2 ``priority`` field passed to SGLang
