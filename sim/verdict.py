@@ -297,42 +297,36 @@ def outcome(rep: dict, tp: int, free_diff: dict | None, halted: str | None) -> d
     def at(ev):
         return ev.get("clock_step", ev["step"])
 
-    fails = []
-    d = rep.get("digest_mismatch")
-    if d:
-        fails.append((d["t"], d["step"], 1, "digest"))
-    rc = rep.get("rank_consensus")
-    if rc:
-        fails.append((rc["t"], rc["step"], 1, "consensus"))
-    ce = rep.get("collective_error")
-    if ce:
-        fails.append((ce["t"], ce["step"], 0, "collective"))
-    ra = rep.get("rank_assertion")
-    if ra:
-        fails.append((ra["t"], ra["step"], 1, "rank"))
+    # each way a run can fail, with its rank among failures at the same time and step
+    # (a collective's error comes first: the ranks block in it before they check)
+    fails = [(ev["t"], ev["step"], order, kind, ev)
+             for key, order, kind in (("digest_mismatch", 1, "digest"),
+                                      ("rank_consensus", 1, "consensus"),
+                                      ("collective_error", 0, "collective"),
+                                      ("rank_assertion", 1, "rank"))
+             if (ev := rep.get(key))]
     base = {"first_free_difference": free_diff}
     if fails:
-        kind = min(fails)[3]
+        _, _, _, kind, ev = min(fails)  # kinds differ: the events are never compared
         if kind == "collective":
-            pend = ce.get("pending") or {}
-            return {"class": ce["kind"], "step": at(ce), "site": ce["site"],
-                    "message": ce["message"],
+            pend = ev.get("pending") or {}
+            return {"class": ev["kind"], "step": at(ev), "site": ev["site"],
+                    "message": ev["message"],
                     "ranks": {str(r): {"pending": pend.get(str(r))} for r in range(tp)}, **base}
         if kind == "rank":
             # the others finish the step and die in their next call, on the connection
             # the raising rank closed (gloo's line)
             from sim.collectives import LINES
-            step = at(ra)
+            step = at(ev)
             return {"class": "assertion", "step": step,
-                    "ranks": {str(r): ({"step": step, "exc": ra["exc"], "msg": ra["message"]}
-                                       if r in ra["ranks"] else
+                    "ranks": {str(r): ({"step": step, "exc": ev["exc"], "msg": ev["message"]}
+                                       if r in ev["ranks"] else
                                        {"step": step + 1, "exc": "RuntimeError",
                                         "msg": LINES["gloo_peer_reset"]})
                               for r in range(tp)}, **base}
-        ev, msg = (d, d["message"]) if kind == "digest" else (rc, rc["message"])
-        raising = sorted(int(r) for r in d["digests"]) if kind == "digest" else list(range(tp))
+        raising = sorted(int(r) for r in ev["digests"]) if kind == "digest" else list(range(tp))
         return {"class": "assertion", "step": at(ev),
-                "ranks": {str(r): ({"step": at(ev), "exc": "AssertionError", "msg": msg}
+                "ranks": {str(r): ({"step": at(ev), "exc": "AssertionError", "msg": ev["message"]}
                                    if r in raising else None) for r in range(tp)}, **base}
     if halted == "untracked":
         # the ranks went on to run different batches, which the engine cannot follow
