@@ -88,7 +88,8 @@ class FullReplica(Replica, Protocol):
 
     root: Any
     write: Any             # the write policy (``hit_threshold``: write_through's hit counts)
-    host_reserved: int     # host slots staged prefetches hold (sim.storage.prefetch)
+    host_reserved: int     # host slots staged prefetches hold (read only: stage_host)
+    host_free: int         # host slots neither in the tree nor staged
     host_nominal: int
     host_skew_fired: Any
     buffer_walk: Any
@@ -96,6 +97,8 @@ class FullReplica(Replica, Protocol):
     on_backup_intent: Any
     on_host_backup: Any
 
+    def stage_host(self, n: int) -> None: ...
+    def unstage_host(self, n: int) -> None: ...
     def host_lock(self, node: Any) -> Any: ...
     def host_unlock(self, lock: Any) -> None: ...
     def insert_host(self, *a, **kw) -> Any: ...

@@ -13,7 +13,7 @@ What SGLang 0.5.23's cache mode does to the tree around a prefetch
   occupied count.
 * ``hit``: the drain of ``prefetch_hit_queue`` gets the rank-agreed (MIN) hit; below
   the threshold it revokes; else ``allocate_storage_hit`` stages host slots outside
-  the tree (``Tree.host_reserved``), evicting the whole hit from host first when they
+  the tree (``Tree.stage_host``), evicting the whole hit from host first when they
   do not fit, or revokes (``host_capacity``).
 * ``done``: ``_handle_prefetch_result`` with the rank-agreed completed tokens:
   ``Tree.insert_host(anchor, key[:completed])``, the first ``prefix_len`` staged
@@ -140,7 +140,7 @@ class PrefetchBook:
         he = HostEviction()
         if reason is None:
             def free():
-                return tree.host_capacity - tree.host_used - tree.host_reserved
+                return tree.host_free
 
             def evict(n):
                 r = tree.evict_host(n)
@@ -151,7 +151,7 @@ class PrefetchBook:
             staged = policy.storage_hit_alloc(hit_tokens, free, evict, tree.page_size, self.threshold)
             if staged:
                 p.staged = staged
-                tree.host_reserved += staged
+                tree.stage_host(staged)
                 return Hit(staged, None, he)
             reason = "host_capacity"
         self._retire(p)
@@ -167,7 +167,7 @@ class PrefetchBook:
         tree = self.tree
         if completed < 0 or completed % tree.page_size or completed > p.staged:
             raise PrefetchError("bad_done")
-        tree.host_reserved -= p.staged
+        tree.unstage_host(p.staged)
         res = tree.insert_host(p.anchor, p.key[:completed // tree.page_size])
         tree.host_unlock(p.holder)
         self.occupied -= p.requested
@@ -181,7 +181,7 @@ class PrefetchBook:
 
     def _retire(self, p: Prefetch) -> None:
         if p.staged:
-            self.tree.host_reserved -= p.staged
+            self.tree.unstage_host(p.staged)
         self.tree.host_unlock(p.holder)
         self.occupied -= p.requested
         del self.prefetches[p.pid]

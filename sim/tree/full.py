@@ -668,11 +668,30 @@ class Tree(TreeCore):
             for x in pw.nodes:  # each fragment is written to storage
                 self.on_host_backup(x)
 
+    @property
+    def host_free(self) -> int:
+        """Host slots neither in the tree nor staged for a prefetch."""
+        return self.host_capacity - self.host_used - self.host_reserved
+
+    def stage_host(self, n: int) -> None:
+        """Hold ``n`` host slots outside the tree for a storage prefetch's pages
+        (`allocate_storage_hit`'s `mem_pool_host.alloc`); the caller has made room."""
+        if n < 0 or n > self.host_free:
+            raise TreeError(f"stage_host({n}) with {self.host_free} host slots free")
+        self.host_reserved += n
+
+    def unstage_host(self, n: int) -> None:
+        """Give back ``n`` staged host slots: the prefetch landed (its pages are
+        inserted through ``insert_host``, which allocates them again) or was dropped."""
+        if n < 0 or n > self.host_reserved:
+            raise TreeError(f"unstage_host({n}) with {self.host_reserved} staged")
+        self.host_reserved -= n
+
     def _host_room(self, k: int, res) -> bool:
         """Make room for ``k`` host tokens: evict exactly the shortfall, and fail if
         that frees less than asked (sem §3.3 step 1.2). The host eviction is added to
         ``res.host`` (``res``: the public op's result, an Insert, Eviction or Backup)."""
-        avail = self.host_capacity - self.host_used - self.host_reserved
+        avail = self.host_free
         if self.host_skew_fired is not None:
             # Fired only where the skew changed this rank's action: it evicts on the
             # host where an unskewed pool would not, or a different amount.
