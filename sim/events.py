@@ -309,6 +309,21 @@ def feed(env, requests, instances, choose, fail):
         inst.end_arrivals()
 
 
+class _GpuRun:
+    """Consecutive decode steps of one batch, launched as one forward (pipelined):
+    the batch size, the context its first step attends, when the GPU took it
+    (``started``) and how many steps it keeps (``steps``, known by the loop)."""
+
+    __slots__ = ("b", "ctx", "ranks", "start", "started", "steps")
+
+    def __init__(self, env, b: int, ctx: int, ranks: list[int], steps: int | None = None):
+        self.b, self.ctx, self.ranks, self.start = b, ctx, ranks, math.nan
+        self.started = env.event()
+        self.steps = env.event()
+        if steps is not None:
+            self.steps.succeed(steps)
+
+
 class Simulation:
     """A TP group serving a request stream with HiCache, in simulated time."""
 
@@ -326,6 +341,13 @@ class Simulation:
         # scheduler.overlap (`event_loop_overlap`): the last launched batch's results,
         # processed in the next iteration once it has scheduled its own batch
         self._overlap = cfg.overlap
+        # Under overlap on a timed clock the forward is a process of its own on the GPU
+        # resource: the loop launches batch N, then waits for batch N-1's forward before
+        # it processes that batch's results (`pop_and_process` after `run_batch`), so
+        # the next iteration's CPU work runs while the GPU computes. The step clock
+        # counts iterations, not time, and keeps one forward per iteration in line.
+        self._pipelined = self._overlap and not self._steps
+        self._fwd_last = None  # the last launched forward's process (pipelined)
         self._batch_ran = False  # the loop's last iteration ran a batch
         self._pending: list = []          # deferred result work, in order
         self._finishing: list[Req] = []   # last tokens launched, results pending
@@ -547,7 +569,8 @@ class Simulation:
     def _drained(self) -> bool:
         return (self.arrivals_done and all(not s.waiting and not s.running and s.chunked is None
                                            and not s._pending for s in self._lanes or (self,))
-                and not self._in_flight())
+                and not self._in_flight()
+                and (self._fwd_last is None or not self._fwd_last.is_alive))
 
     def _loop(self):
         """`event_loop_normal`: one iteration per relevant moment."""
@@ -616,8 +639,9 @@ class Simulation:
             if plan is not None:
                 if sr is not None:
                     self._record_extend(plan)
-                self._process_pending()  # the last batch's results, this one launched
-                yield from self._result_scan_time()
+                if not self._pipelined:
+                    self._process_pending()  # the last batch's results, this one launched
+                    yield from self._result_scan_time()
                 yield from self._prefill(plan)
                 # `process_batch_result` ends with `flush_pending_backups`: the
                 # step's backups leave with its results
@@ -634,6 +658,7 @@ class Simulation:
             # no batch this step: the last batch's results are processed, and the
             # step is spent (the next one schedules with them)
             self._inflight = []
+            yield from self._forward_done(self._fwd_last)
             self._process_pending()
             self._flush_writes()
             self._compare()
@@ -683,6 +708,52 @@ class Simulation:
         if self._gpu_hold is not None:
             self.gpu.release(self._gpu_hold)
             self._gpu_hold = None
+
+    def _forward_done(self, fwd):
+        """Wait for ``fwd``, a forward launched earlier (pipelined): its results can
+        be processed once the GPU has computed them (`copy_done.synchronize`)."""
+        if fwd is not None and fwd.is_alive:
+            yield fwd
+
+    def _launch(self, gen):
+        """Start the forward ``gen`` on the GPU; returns the forward launched before
+        it, whose results the caller processes next."""
+        prev, self._fwd_last = self._fwd_last, self.env.process(gen)
+        return prev
+
+    def _on_gpu(self, dur: float, starts: list, span: tuple):
+        """One prefill forward: it queues behind the forward before it on the GPU,
+        begins once its batch's loads have started (layer-wise overlap), and holds
+        the GPU for ``dur``."""
+        env = self.env
+        with self.gpu.request() as req:
+            yield req
+            if starts:
+                yield simpy.AllOf(env, starts)
+            t0 = env.now
+            yield env.timeout(dur)
+        name, ranks, args = span
+        self._trace(name, "forward", ranks, t0, env.now - t0, **args)
+        self._kick()  # an idle loop may be waiting for the group's last forward
+
+    def _on_gpu_decode(self, run: "_GpuRun", delay: float):
+        """Consecutive decode steps of one batch on the GPU, back to back: the loop
+        says how many once it knows (``run.steps``), at the latest when the last of
+        them begins. ``delay``: the CPU work of the iteration that launches it."""
+        env = self.env
+        if delay:
+            yield env.timeout(delay)
+        with self.gpu.request() as req:
+            yield req
+            run.start = env.now
+            run.started.succeed()
+            steps = yield run.steps
+            t, _, self.busy_s = self.cost.decode_run(run.b, run.ctx, steps, run.start, 0.0,
+                                                     math.inf, self.busy_s)
+            yield from until(env, t)
+        self._trace("decode", "forward", run.ranks, run.start, env.now - run.start,
+                    requests=run.b, steps=steps)
+        self._kick()
 
     def _sample(self, final: bool = False) -> None:
         now = self.env.now
@@ -1178,6 +1249,9 @@ class Simulation:
         """Charge each replica's scheduler-thread stall, run the forward, insert."""
         env, cost = self.env, self.cost
         now = env.now
+        if self._pipelined and self._sync_s:
+            # the scheduler thread's cache sync, while the GPU runs the last batch
+            yield env.timeout(self._sync_s)
         stalls = [env.process(self._stall(c, p)) for c, p in plans
                   if p.scanned or p.backups or p.loads]
         if stalls:
@@ -1198,6 +1272,8 @@ class Simulation:
                                    "with equal token totals")
                 self.halted = "untracked"
                 raise _Halt()
+            # lanes keep their forwards in line: the one in flight ends first
+            yield from self._forward_done(self._fwd_last)
             yield from lanes.split_prefill(self, plans, now)
             return
         yield from self._prefill_run(plans, now)
@@ -1207,6 +1283,25 @@ class Simulation:
         admitted the same requests."""
         env, cost = self.env, self.cost
         c0, p0 = plans[0]
+        ranks = (list(range(self.cfg.tp)) if self._root is None
+                 else sorted(r for c, _ in plans for r in c.ranks))
+        if self._pipelined:
+            # `run_batch` launches the forward, then `pop_and_process` handles the last
+            # batch's results once its forward has ended
+            dur = max(cost.prefill_batch_time(p.chunks)
+                      + (cost.batch_load_stall(p.load_tokens, p.chunks) if p.load_tokens else 0.0)
+                      for _, p in plans)
+            self.busy_s += dur
+            starts = [p.started for _, p in plans if p.started is not None]
+            span = ("prefill", ranks, {"requests": len(p0.reqs),
+                                       "tokens": sum(e for _, _, e in p0.shape)})
+            prev = self._launch(self._on_gpu(dur, starts, span))
+            yield from self._forward_done(prev)
+            self._process_pending()
+            yield from self._result_scan_time()
+            self._after_prefill(plans, now)
+            yield from self._result_scan_time()
+            return
         if self._gpu_hold is None:
             yield from self._hold_gpu()
         starts = [p.started for _, p in plans if p.started is not None]
@@ -1218,8 +1313,6 @@ class Simulation:
                   for _, p in plans) + self._sync_s
         self.busy_s += dur
         yield env.timeout(dur)
-        ranks = (list(range(self.cfg.tp)) if self._root is None
-                 else sorted(r for c, _ in plans for r in c.ranks))
         self._trace("prefill", "forward", ranks, now, env.now - now,
                     requests=len(p0.reqs), tokens=sum(e for _, _, e in p0.shape))
         self._after_prefill(plans, now)
@@ -1370,7 +1463,12 @@ class Simulation:
             if math.isnan(rq.first_token):
                 rq.device_hit, rq.loaded = s0.device_hit, s0.loaded
                 rq.load_s = cost.h2d_time(s0.loaded) if s0.loaded else 0.0
-                rq.first_token = now
+                if self._pipelined:
+                    # the first token exists once the forward has ended and its
+                    # results are processed (`process_batch_result_prefill`)
+                    self._pending.append((self._first_token, rq))
+                else:
+                    rq.first_token = now
             rq.remaining = req.output_len - rq.generated
             if rq.remaining <= 0 or not self.cfg.decode:
                 if self._overlap:
@@ -1400,6 +1498,9 @@ class Simulation:
                 self.waiting = deque(rq for rq in w if rq.r.rid not in admitted)
         self._compare()
 
+    def _first_token(self, rq: Req) -> None:
+        rq.first_token = self.env.now
+
     def _checkpoint_filled(self, arg) -> None:
         self._checkpoint(*arg)
 
@@ -1409,6 +1510,10 @@ class Simulation:
         the next relevant time, the first finish, or the first step that must evict
         or retract on some replica; that step runs alone, its memory work first."""
         env, cost = self.env, self.cost
+        pipe = self._pipelined
+        began = env.now
+        first = None  # pipelined: this iteration's step, launched before the last results
+        synced = False  # pipelined: this iteration's cache sync has been paid
         limit = min([rq.remaining for rq in self.running])
         if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
             limit = 1  # admission is retried every step while the batch is not full
@@ -1420,10 +1525,14 @@ class Simulation:
                 if plans is None:
                     return False  # `update_running_batch` skips decode this step
                 if not isinstance(plans, list):
+                    yield from self._forward_done(self._fwd_last)
                     yield from plans  # the ranks' request states split (sim.lanes)
                     return
-                if plans:
-                    yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
+                yield from self._decode_stalls(plans)
+                synced = True
+                if pipe and self.running:
+                    first = self._launch_step()
+                yield from self._forward_done(first[1] if first else self._fwd_last)
                 self._process_pending()
                 yield from self._result_scan_time()
                 if not self.running:
@@ -1431,6 +1540,11 @@ class Simulation:
                 k_cap = 1  # its frees and inserts change the next step's headroom
             else:
                 # this step needs no memory work; the steps after it see the results
+                if pipe:
+                    yield from self._decode_stalls([])
+                    synced = True
+                    first = self._launch_step()
+                    yield from self._forward_done(first[1])
                 self._process_pending()
                 yield from self._result_scan_time()
                 limit = min([rq.remaining for rq in self.running])
@@ -1444,11 +1558,12 @@ class Simulation:
             if plans is None:
                 return False
             if not isinstance(plans, list):
+                yield from self._forward_done(self._fwd_last)
                 yield from plans  # the ranks' request states split (sim.lanes)
                 return
             stalled_at = env.now
-            if plans:
-                yield simpy.AllOf(env, [env.process(self._stall(c, p)) for c, p in plans])
+            yield from self._decode_stalls(plans)
+            synced = True
             if not self.running:
                 return
             # This step's memory work is done; the steps after it that need none join
@@ -1472,25 +1587,29 @@ class Simulation:
         # loop would sample it.
         stop = self._next_sample
         busy0, steps = self.busy_s, min(k_cap, limit)
-        t, k, busy = cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
-        self._forward(b)
-        if self._gpu_hold is None:
-            yield from self._hold_gpu()
-        while True:
-            self._run = run = [t, False, now]  # end, cut, start
-            try:
-                yield from until(env, t)
-            except simpy.Interrupt:
-                pass
-            self._run = None
-            if run[0] >= t:
-                break
-            # cut short by a relevant moment during the run (``_relevant``)
-            stop = run[0]
+        if pipe:
+            self._forward(b)
+            k = yield from self._decode_pipelined(first, b, ctx, steps, began, synced)
+        else:
             t, k, busy = cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
-            if t <= env.now:
-                break
-        self.busy_s = busy
+            self._forward(b)
+            if self._gpu_hold is None:
+                yield from self._hold_gpu()
+            while True:
+                self._run = run = [t, False, now]  # end, cut, start
+                try:
+                    yield from until(env, t)
+                except simpy.Interrupt:
+                    pass
+                self._run = None
+                if run[0] >= t:
+                    break
+                # cut short by a relevant moment during the run (``_relevant``)
+                stop = run[0]
+                t, k, busy = cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
+                if t <= env.now:
+                    break
+            self.busy_s = busy
         self.step_no += k - 1  # the first of these steps is this iteration
         self._iter_step += k - 1
         if self._overlap:
@@ -1547,6 +1666,71 @@ class Simulation:
                 self._finish(rq)
             self._compare()
             yield from self._result_scan_time()
+
+    def _decode_stalls(self, plans):
+        """A decode step's memory work on each replica's scheduler thread; pipelined,
+        after the iteration's cache sync (both run while the GPU computes)."""
+        if self._pipelined and self._sync_s:
+            yield self.env.timeout(self._sync_s)
+        if plans:
+            yield simpy.AllOf(self.env, [self.env.process(self._stall(c, p)) for c, p in plans])
+
+    def _launch_step(self):
+        """Pipelined: this iteration's decode step goes to the GPU before the last
+        batch's results are processed (`run_batch`, then `pop_and_process`). Returns
+        the step's run and the forward launched before it."""
+        batch = self.running
+        b = len(batch)
+        run = _GpuRun(self.env, b, sum([rq.kv for rq in batch]) + b, self._ranks(), 1)
+        return run, self._launch(self._on_gpu_decode(run, 0.0))
+
+    def _decode_pipelined(self, first, b: int, ctx: int, steps: int, began: float, synced: bool):
+        """Pipelined decode: ``steps`` steps of the batch, the first already on the GPU
+        when ``first`` is set. The steps after this iteration's each stand for an
+        iteration whose CPU work (its cache sync) the step before it hides; the loop
+        goes on at the start of the last of them, whose results the next iteration
+        processes, or earlier, at the first step boundary at or after a relevant
+        moment or the sample grid: there the next iteration looks, with one more
+        step already launched. Returns the steps taken."""
+        env, cost = self.env, self.cost
+        base = 0 if first is None else 1
+        n = steps - base
+        ctx_run = ctx + base * b
+        if n <= 0 or (first is not None and (self._last_relevant > began
+                                             or self._next_sample <= env.now)):
+            return base  # the next iteration has something to look at now
+        if n > 1 and self._sync_s >= cost.decode_step_time(b, ctx_run):
+            n = 1  # the CPU is the slower side: every iteration is a step of its own
+        if first is None and not synced and self._sync_s:
+            yield env.timeout(self._sync_s)
+        ref = env.now if first is not None else began
+        run = _GpuRun(env, b, ctx_run, self._ranks())
+        # a run after this iteration's step is the next iteration's: its sync first
+        self._launch(self._on_gpu_decode(run, self._sync_s if first is not None else 0.0))
+        yield run.started
+        b0 = run.start
+        stop = self._next_sample
+        m = 0
+        if self._last_relevant <= ref and stop > b0 and n > 1:
+            t, m, _ = cost.decode_run(b, ctx_run, n - 1, b0, 0.0, stop)
+            while True:
+                self._run = cut = [t, False, b0]
+                try:
+                    yield from until(env, t)
+                except simpy.Interrupt:
+                    pass
+                self._run = None
+                if cut[0] >= t:
+                    break
+                t, m, _ = cost.decode_run(b, ctx_run, n - 1, b0, 0.0, cut[0])
+                if t <= env.now:
+                    break
+        run.steps.succeed(m + 1)
+        return base + m + 1
+
+    def _ranks(self) -> list[int]:
+        return (list(range(self.cfg.tp)) if self._root is None
+                else sorted(r for c in self.group.cohorts for r in c.ranks))
 
     def _decode_headroom(self, limit: int) -> int:
         """Decode steps from now that neither evict nor retract on any replica."""

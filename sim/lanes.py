@@ -164,6 +164,7 @@ def _lane(sim: Simulation, cohorts: list, reqs: dict, own: bool):
     lane.running = [mine(rq) for rq in sim.running]
     lane.chunked = mine(sim.chunked)
     lane._stash = mine(sim._stash)
+    lane._pipelined = False  # a lane's forwards stay in line (its group's ended first)
     lane._finishing = [mine(rq) for rq in sim._finishing]
     lane._inflight = [mine(rq) for rq in sim._inflight]
     lane._pending = [(getattr(lane, fn.__name__), arg(a)) for fn, a in sim._pending]
