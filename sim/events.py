@@ -309,19 +309,29 @@ def feed(env, requests, instances, choose, fail):
         inst.end_arrivals()
 
 
-class _GpuRun:
-    """Consecutive decode steps of one batch, launched as one forward (pipelined):
-    the batch size, the context its first step attends, when the GPU took it
-    (``started``) and how many steps it keeps (``steps``, known by the loop)."""
+class _DecodeHold:
+    """The GPU, held by the loop's consecutive decode forwards (pipelined): its
+    request and when the last of them ends. It is handed back (``Simulation._arm``)
+    at that end once another forward needs the GPU or the loop goes idle."""
 
-    __slots__ = ("b", "ctx", "ranks", "start", "started", "steps")
+    __slots__ = ("req", "end")
 
-    def __init__(self, env, b: int, ctx: int, ranks: list[int], steps: int | None = None):
-        self.b, self.ctx, self.ranks, self.start = b, ctx, ranks, math.nan
-        self.started = env.event()
-        self.steps = env.event()
-        if steps is not None:
-            self.steps.succeed(steps)
+    def __init__(self, gpu):
+        self.req = gpu.request()
+        self.end = math.nan
+
+
+class _Segment:
+    """One decode forward on a hold: a step, or a run of steps of one batch; its
+    batch size, the context its first step attends, its start and end (NaN until
+    the GPU has taken it) and its steps."""
+
+    __slots__ = ("hold", "b", "ctx", "start", "end", "steps")
+
+    def __init__(self, hold: _DecodeHold, b: int, ctx: int, start: float):
+        self.hold, self.b, self.ctx, self.start = hold, b, ctx, start
+        self.end = math.nan
+        self.steps = 0
 
 
 class Simulation:
@@ -347,7 +357,8 @@ class Simulation:
         # the next iteration's CPU work runs while the GPU computes. The step clock
         # counts iterations, not time, and keeps one forward per iteration in line.
         self._pipelined = self._overlap and not self._steps
-        self._fwd_last = None  # the last launched forward's process (pipelined)
+        self._fwd_last = None  # the last launched forward (pipelined)
+        self._hold = None      # the GPU held by the loop's decode forwards (pipelined)
         self._batch_ran = False  # the loop's last iteration ran a batch
         self._pending: list = []          # deferred result work, in order
         self._finishing: list[Req] = []   # last tokens launched, results pending
@@ -570,7 +581,7 @@ class Simulation:
         return (self.arrivals_done and all(not s.waiting and not s.running and s.chunked is None
                                            and not s._pending for s in self._lanes or (self,))
                 and not self._in_flight()
-                and (self._fwd_last is None or not self._fwd_last.is_alive))
+                and self._forward_over(self._fwd_last))
 
     def _loop(self):
         """`event_loop_normal`: one iteration per relevant moment."""
@@ -617,6 +628,11 @@ class Simulation:
                 self.finished = True
                 self._check_over()
                 return
+            if not self._forward_over(self._fwd_last):
+                # nothing to run but the last forward still on the GPU: the group's
+                # work is over only once it has ended
+                yield from self._forward_done(self._fwd_last)
+                continue
             self._release_gpu()
             self._wake = self.env.event()
             if self.op_ticks is not None:
@@ -703,6 +719,7 @@ class Simulation:
             yield self._gpu_hold
 
     def _release_gpu(self) -> None:
+        self._arm()
         for lane in self._lanes or ():
             lane._release_gpu()
         if self._gpu_hold is not None:
@@ -712,12 +729,51 @@ class Simulation:
     def _forward_done(self, fwd):
         """Wait for ``fwd``, a forward launched earlier (pipelined): its results can
         be processed once the GPU has computed them (`copy_done.synchronize`)."""
-        if fwd is not None and fwd.is_alive:
+        if fwd is None:
+            return
+        if isinstance(fwd, _Segment):
+            if fwd.end != fwd.end:
+                yield fwd.hold.req  # its steps are fixed once the GPU takes it
+            if self.env.now < fwd.end:
+                yield from until(self.env, fwd.end)
+        elif not fwd.processed:
             yield fwd
 
+    def _forward_over(self, fwd) -> bool:
+        if fwd is None:
+            return True
+        if isinstance(fwd, _Segment):
+            return self.env.now >= fwd.end  # False while NaN
+        return fwd.processed
+
+    def _arm(self) -> None:
+        """Hand the decode hold's GPU back at its last forward's end: another
+        forward is about to ask for it, or the loop goes idle."""
+        h, self._hold = self._hold, None
+        if h is None:
+            return
+        env, t = self.env, h.end
+        if not t > env.now:
+            self.gpu.release(h.req)
+            return
+        d = t - env.now
+        while env.now + d < t:
+            d = math.nextafter(d, math.inf)
+        while env.now + d > t:
+            d = math.nextafter(d, -math.inf)
+        if env.now + d == t:
+            env.timeout(d).callbacks.append(lambda _ev: self.gpu.release(h.req))
+        else:  # rounding to even skips ``t``: a process lands there
+            env.process(self._release_at(h, t))
+
+    def _release_at(self, h: _DecodeHold, t: float):
+        yield from until(self.env, t)
+        self.gpu.release(h.req)
+
     def _launch(self, gen):
-        """Start the forward ``gen`` on the GPU; returns the forward launched before
-        it, whose results the caller processes next."""
+        """Start the prefill forward ``gen`` on the GPU; returns the forward launched
+        before it, whose results the caller processes next."""
+        self._arm()
         prev, self._fwd_last = self._fwd_last, self.env.process(gen)
         return prev
 
@@ -736,24 +792,41 @@ class Simulation:
         self._trace(name, "forward", ranks, t0, env.now - t0, **args)
         self._kick()  # an idle loop may be waiting for the group's last forward
 
-    def _on_gpu_decode(self, run: "_GpuRun", delay: float):
-        """Consecutive decode steps of one batch on the GPU, back to back: the loop
-        says how many once it knows (``run.steps``), at the latest when the last of
-        them begins. ``delay``: the CPU work of the iteration that launches it."""
+    def _decode_forward(self, b: int, ctx: int, steps: int | None = None):
+        """Launch a decode forward of the batch (``steps`` of them, or as many as the
+        loop fixes later with ``_fix_steps``). It follows the loop's last decode
+        forward on the same hold when nobody is queued for the GPU: a request
+        made now would be granted at that forward's end, or now if it has ended.
+        Returns the forward and the one launched before it."""
         env = self.env
-        if delay:
-            yield env.timeout(delay)
-        with self.gpu.request() as req:
-            yield req
-            run.start = env.now
-            run.started.succeed()
-            steps = yield run.steps
-            t, _, self.busy_s = self.cost.decode_run(run.b, run.ctx, steps, run.start, 0.0,
-                                                     math.inf, self.busy_s)
-            yield from until(env, t)
-        self._trace("decode", "forward", run.ranks, run.start, env.now - run.start,
-                    requests=run.b, steps=steps)
-        self._kick()
+        h = self._hold
+        if h is not None and not self.gpu.queue:
+            seg = _Segment(h, b, ctx, h.end if h.end > env.now else env.now)
+        else:
+            self._arm()
+            h = self._hold = _DecodeHold(self.gpu)
+            seg = _Segment(h, b, ctx, env.now if h.req.triggered else math.nan)
+            if seg.start != seg.start and steps is not None:
+                h.req.callbacks.append(lambda _ev: self._granted(seg, steps))
+        if steps is not None and seg.start == seg.start:
+            self._fix_steps(seg, steps, seg.start, 0, self.busy_s)
+        prev, self._fwd_last = self._fwd_last, seg
+        return seg, prev
+
+    def _granted(self, seg: _Segment, steps: int) -> None:
+        seg.start = self.env.now
+        self._fix_steps(seg, steps, seg.start, 0, self.busy_s)
+
+    def _fix_steps(self, seg: _Segment, steps: int, t: float, m: int, busy: float) -> None:
+        """``seg`` keeps ``steps`` steps; the first ``m`` of them end at ``t`` (their
+        share of ``busy`` counted): the last ones are priced from there, the GPU's
+        busy time grows by each, and the hold ends with them."""
+        seg.steps = steps
+        seg.end, _, self.busy_s = self.cost.decode_run(seg.b, seg.ctx + m * seg.b, steps - m,
+                                                       t, 0.0, math.inf, busy)
+        seg.hold.end = seg.end
+        self._trace("decode", "forward", self._ranks(), seg.start, seg.end - seg.start,
+                    requests=seg.b, steps=steps)
 
     def _sample(self, final: bool = False) -> None:
         now = self.env.now
@@ -1678,11 +1751,10 @@ class Simulation:
     def _launch_step(self):
         """Pipelined: this iteration's decode step goes to the GPU before the last
         batch's results are processed (`run_batch`, then `pop_and_process`). Returns
-        the step's run and the forward launched before it."""
+        the step's forward and the forward launched before it."""
         batch = self.running
         b = len(batch)
-        run = _GpuRun(self.env, b, sum([rq.kv for rq in batch]) + b, self._ranks(), 1)
-        return run, self._launch(self._on_gpu_decode(run, 0.0))
+        return self._decode_forward(b, sum([rq.kv for rq in batch]) + b, 1)
 
     def _decode_pipelined(self, first, b: int, ctx: int, steps: int, began: float, synced: bool):
         """Pipelined decode: ``steps`` steps of the batch, the first already on the GPU
@@ -1701,31 +1773,38 @@ class Simulation:
             return base  # the next iteration has something to look at now
         if n > 1 and self._sync_s >= cost.decode_step_time(b, ctx_run):
             n = 1  # the CPU is the slower side: every iteration is a step of its own
-        if first is None and not synced and self._sync_s:
-            yield env.timeout(self._sync_s)
+        # relevant moments after ``ref`` are the next iteration's to see: after this
+        # one began, or, for a run after this iteration's step, after the results
         ref = env.now if first is not None else began
-        run = _GpuRun(env, b, ctx_run, self._ranks())
-        # a run after this iteration's step is the next iteration's: its sync first
-        self._launch(self._on_gpu_decode(run, self._sync_s if first is not None else 0.0))
-        yield run.started
-        b0 = run.start
+        if self._sync_s and (first is not None or not synced):
+            # the cache sync of the iteration that launches the run's first step
+            yield env.timeout(self._sync_s)
+        seg, _ = self._decode_forward(b, ctx_run)
+        if seg.start != seg.start:
+            yield seg.hold.req  # the GPU takes it once the forward before it has ended
+            seg.start = env.now
+        b0 = seg.start
         stop = self._next_sample
-        m = 0
+        t, m, busy = b0, 0, self.busy_s
         if self._last_relevant <= ref and stop > b0 and n > 1:
-            t, m, _ = cost.decode_run(b, ctx_run, n - 1, b0, 0.0, stop)
-            while True:
-                self._run = cut = [t, False, b0]
-                try:
-                    yield from until(env, t)
-                except simpy.Interrupt:
-                    pass
-                self._run = None
-                if cut[0] >= t:
-                    break
-                t, m, _ = cost.decode_run(b, ctx_run, n - 1, b0, 0.0, cut[0])
-                if t <= env.now:
-                    break
-        run.steps.succeed(m + 1)
+            t, m, busy = cost.decode_run(b, ctx_run, n - 1, b0, 0.0, stop, busy)
+        while env.now < t:
+            # relevant moments after ``ref`` cut the run (``_relevant``); one at or
+            # before its start leaves it the step already launched
+            self._run = cut = [t, False, ref]
+            try:
+                yield from until(env, t)
+            except simpy.Interrupt:
+                pass
+            self._run = None
+            if cut[0] >= t:
+                break
+            if cut[0] <= b0:
+                t, m, busy = b0, 0, self.busy_s
+            else:
+                t, m, busy = cost.decode_run(b, ctx_run, n - 1, b0, 0.0, cut[0], self.busy_s)
+        # the run's last step, from the boundary where the loop goes on
+        self._fix_steps(seg, m + 1, t, m, busy)
         return base + m + 1
 
     def _ranks(self) -> list[int]:
