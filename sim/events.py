@@ -1557,7 +1557,10 @@ class Simulation:
             yield from self._result_scan_time()
 
     def _decode_headroom(self, limit: int) -> int:
-        """Decode steps from now that neither evict nor retract on any replica."""
+        """Decode steps from now that neither evict nor retract on any replica (0
+        under ``engine.decode_runs: false``: every step does its memory work)."""
+        if not self.cfg.decode_runs:
+            return 0
         batch, ps = self.running, self._ps
         b = len(batch)
         phases = None
@@ -1859,6 +1862,9 @@ class Simulation:
                 yield rq
 
     def _compare(self) -> None:
+        if self.cfg.check_invariants:
+            for c in self.group.cohorts:
+                c.tree.check()  # engine.check_invariants: raises InvariantError
         if len(self.group.cohorts) > 1:
             self.obs.compare(self.env.now, self.step_no, self.group.cohorts)
 

@@ -9,10 +9,9 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases, step_by_step,
+from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases, STEP_BY_STEP,
                       vendored_checksums_match)
 from sim.errors import UserError
-from sim.events import Simulation
 from sim.hybrid.replica import HybridReplica
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
@@ -159,30 +158,22 @@ def test_shared_and_eager_replicas_write_byte_identical_results(path, tmp_path):
 def test_decode_runs_write_what_a_step_by_step_loop_writes(path, extra, seed, tmp_path):
     sets = ("workload.num_requests=80", f"seed={seed}", *extra)
     run(path, *sets, out=tmp_path / "fast")
-    with step_by_step():
-        run(path, *sets, out=tmp_path / "plain")
+    run(path, *sets, STEP_BY_STEP, out=tmp_path / "plain")
     assert same_folders(tmp_path / "fast", tmp_path / "plain")
 
 
-_compare = Simulation._compare
+# Every replica's invariants (ledgers against nodes, leaf sets, LRUs, locks, host
+# tier, the requests' slots and SWA against the pools: ``HybridReplica.check``) at each
+# of the engine's compare points: every iteration, after each prefill and each batch
+# of finishes; a broken one stops the run with an InvariantError.
+CHECKED = "engine.check_invariants=true"
 
 
-def _checked_compare(self):
-    """Every replica's invariants (ledgers against nodes, leaf sets, LRUs, locks, host
-    tier, the requests' slots against the pools) at each of the engine's compare
-    points: every iteration, after each prefill and each batch of finishes."""
-    for c in self.group.cohorts:
-        t = c.tree
-        t.check()
-        inner = t.t
-        assert 0 <= t.reserved and inner.dev_used <= t.device_capacity - t.reserved
-        if t.kind == "mamba":
-            held = sum(1 for s in t.reqs.values() if s.holds)
-            assert held == inner.held and inner.aux_used + inner.held <= t.h.aux_capacity
-        else:
-            own = sum(s.swa_own for s in t.reqs.values())
-            assert own == t.swa_reserved and inner.aux_used + own <= t.h.aux_capacity
-    _compare(self)
+@pytest.mark.parametrize("path", [MAMBA, SWAH], ids=["mamba", "swa-host"])
+def test_checking_the_invariants_changes_no_result(path, tmp_path):
+    run(path, "workload.num_requests=60", out=tmp_path / "plain")
+    run(path, "workload.num_requests=60", CHECKED, out=tmp_path / "checked")
+    assert same_folders(tmp_path / "plain", tmp_path / "checked")
 
 
 @settings(max_examples=12, deadline=None)
@@ -202,8 +193,7 @@ def test_every_replica_stays_consistent_at_every_step(seed, mamba, tp, running, 
     else:
         sets += ["device.swa_full_tokens_ratio=" + ("0.15" if tight else "0.5"),
                  "jitter.request_order.ranks=[1]", "jitter.request_order.swap_probability=0.1"]
-    with patch.object(Simulation, "_compare", _checked_compare):
-        res = run(MAMBA if mamba else SWA, *sets)
+    res = run(MAMBA if mamba else SWA, *sets, CHECKED)
     assert res.summary["requests"] > 0
 
 
@@ -509,8 +499,7 @@ def test_a_write_through_run_is_deterministic(policy, tmp_path):
 def test_write_through_decode_runs_write_what_a_step_by_step_loop_writes(policy, seed, tmp_path):
     sets = ("workload.num_requests=80", f"seed={seed}", policy, "jitter.ack_delay.acks=both")
     run(MAMBA, *sets, out=tmp_path / "fast")
-    with step_by_step():
-        run(MAMBA, *sets, out=tmp_path / "plain")
+    run(MAMBA, *sets, STEP_BY_STEP, out=tmp_path / "plain")
     assert same_folders(tmp_path / "fast", tmp_path / "plain")
 
 
@@ -523,8 +512,7 @@ def test_every_write_through_replica_stays_consistent_at_every_step(seed, policy
             "device.max_mamba_cache_size=" + ("12" if tight else "48"),
             "host.tokens=" + ("6000" if tight else "40000"),
             "host.mamba_states=" + ("3" if tight else "40")]
-    with patch.object(Simulation, "_compare", _checked_compare):
-        res = run(MAMBA, *sets)
+    res = run(MAMBA, *sets, CHECKED)
     assert res.summary["requests"] > 0
     if res.sim.instances[0].halted is None:
         # a run that finished drained every insert-time write's ack (a halted one, e.g.

@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from conftest import ROOT, step_by_step
+from conftest import ROOT, STEP_BY_STEP
 from sim import constants as C
 from sim.config import SimConfig
 from sim.events import Simulation
@@ -281,9 +281,8 @@ def test_decode_runs_write_what_a_step_by_step_loop_writes(seed, name, tmp_path_
     scn = load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets)
     fast = tmp_path_factory.mktemp("fast") / "r"
     run_scenario(scn, fast)
-    with step_by_step():
-        plain = tmp_path_factory.mktemp("plain") / "r"
-        run_scenario(scn, plain)
+    plain = tmp_path_factory.mktemp("plain") / "r"
+    run_scenario(load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets + [STEP_BY_STEP]), plain)
     names = sorted(p.name for p in fast.iterdir())
     assert names == sorted(p.name for p in plain.iterdir())
     match, mismatch, errors = filecmp.cmpfiles(fast, plain, [n for n in names if (fast / n).is_file()],

@@ -271,7 +271,29 @@ class HybridReplica:
         return self.t.fingerprint()
 
     def check(self) -> None:
-        self.t.check()
+        """The tree's invariants (ledgers, leaf sets, LRUs, locks, host tier), then the
+        running requests' hold on the pools: the FULL pool's reservation, and the
+        Mamba slots (SWA tokens) the requests hold against what the ledgers say and
+        what the component's pool has. Raises ``InvariantError`` naming the first
+        one broken."""
+        t = self.t
+        t.check()
+        if not 0 <= self.reserved or t.dev_used > self.device_capacity - self.reserved:
+            raise InvariantError(f"FULL pool: {t.dev_used} tokens in the tree, {self.reserved} "
+                                 f"reserved by requests, capacity {self.device_capacity}")
+        cap = self.h.aux_capacity
+        if self.k.request_state:
+            held = sum(1 for s in self.reqs.values() if s.holds)
+            if held != t.held or t.aux_used + t.held > cap:
+                raise InvariantError(f"Mamba pool: {held} requests hold a slot, the pool "
+                                     f"counts {t.held} held and {t.aux_used} in the tree, "
+                                     f"capacity {cap}")
+        else:
+            own = sum(s.swa_own for s in self.reqs.values())
+            if own != self.swa_reserved or t.aux_used + own > cap:
+                raise InvariantError(f"SWA pool: requests own {own} tokens, "
+                                     f"{self.swa_reserved} reserved for them, {t.aux_used} "
+                                     f"in the tree, capacity {cap}")
 
     def path_units(self, handle) -> list:
         return self.t.path_units(handle.node)
