@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases, STEP_BY_STEP,
                       vendored_checksums_match)
 from sim.errors import UserError
-from sim.hybrid.replica import HybridReplica
+from sim.hybrid.replica import NOTHING, HookSettings, HybridHooks, HybridReplica
+from sim.resolve import from_scenario
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 from sim.tree import Tree
@@ -284,6 +285,52 @@ def test_mamba_full_memory_ratio_sizes_the_state_pool_from_the_full_pool():
     cfg = _m("device.max_mamba_cache_size=null", "device.mamba_full_memory_ratio=5").sim.instances[0].cfg
     full_b = 12 * 1 * 2 * 256 * 2  # 12 full layers, 1 KV head per rank at tp 2, K+V, bf16
     assert cfg.hybrid.aux_capacity == int((20000 * full_b * 5 - 38633472) // 38633472) == 30
+
+
+class _Pass:
+    """What the hooks read of a prefill pass: its requests and their (rid, done, extend)."""
+
+    def __init__(self, shape):
+        self.reqs = [type("rq", (), {"r": type("r", (), {"rid": rid})})() for rid, _, _ in shape]
+        self.shape = shape
+
+
+def _hooks(path):
+    """The hooks of ``path``'s run and a replica of its (empty) tree: the hooks are
+    built from the run's settings alone, no engine."""
+    cfg, _ = from_scenario(scn(path))
+    return HybridHooks(HookSettings.of(cfg)), type("c", (), {"tree": HybridReplica(cfg.hybrid, cfg)})()
+
+
+def test_an_swa_allocation_that_cannot_fit_returns_its_refusal_and_takes_nothing():
+    hooks, c = _hooks(SWA)
+    tree, ps = c.tree, hooks.ps
+    cap = tree.h.aux_capacity
+    want = -(-(cap + 1) // ps) * ps
+    res = hooks.alloc_extend(c, _Pass([(1, 0, cap + 1)]))
+    assert res.refused == f"SWA prefill out of memory: {want} tokens wanted"
+    assert res.eviction is None  # an empty tree has nothing to evict
+    assert tree.swa_reserved == 0 and not tree.reqs
+    assert hooks.alloc_extend(c, _Pass([(2, 0, ps)])) is NOTHING
+    assert tree.swa_reserved == ps and tree.reqs[2].swa_own == ps
+    # decode: no SWA room left and nothing evictable is "does not fit", nothing to charge
+    tree.set_swa_reserved(cap)
+    res = hooks.decode_fits(c, ps)
+    assert not res.fits and res.eviction is None and res.refused is None
+    assert hooks.decode_fits(c, 0).fits
+
+
+def test_a_mamba_allocation_short_of_slots_returns_its_refusal_and_takes_none():
+    hooks, c = _hooks(MAMBA)
+    tree = c.tree
+    n = tree.h.aux_capacity
+    res = hooks.alloc_extend(c, _Pass([(i, 0, 16) for i in range(n + 1)]))
+    assert res.refused == f"alloc_req_slots: {n + 1} Mamba state slots wanted, {n} free"
+    assert res.eviction is not None and not res.eviction.backups  # it tried to evict
+    assert tree.t.held == 0 and not any(s.holds for s in tree.reqs.values())
+    assert hooks.alloc_extend(c, _Pass([(i, 0, 16) for i in range(n)])) is NOTHING
+    assert tree.t.held == n
+    tree.check()
 
 
 def test_a_state_pool_too_small_for_its_locked_states_halts_as_sglang_asserts():
