@@ -167,6 +167,11 @@ class SimConfig:
     # "eager": every rank has its own tree from t=0. Bookkeeping only: both write
     # byte-identical results, which is how a user checks the optimisation.
     replicas: str = "shared"
+    # engine.decode_runs: False prices decode one step per iteration (the reference
+    # loop); engine.check_invariants: every replica's check() at each compare point.
+    # Both bookkeeping: results are byte-identical either way.
+    decode_runs: bool = True
+    check_invariants: bool = False
     # The L3 storage tier; None: no storage (the engine does no storage work at all).
     storage: StorageConfig | None = None
     # A hybrid model's tree; None: the FULL-only tree (sim.tree).

@@ -430,8 +430,8 @@ class Simulation:
         # for a FULL-only model, whose path is unchanged.
         self._hyb = None
         if cfg.hybrid is not None:
-            from sim.hybrid.replica import HybridHooks
-            self._hyb = HybridHooks(self)
+            from sim.hybrid.replica import HookSettings, HybridHooks
+            self._hyb = HybridHooks(HookSettings.of(cfg))
         # The L3 tier (docs/STORAGE.md §7, sim.storage.engine); None: no storage
         # work anywhere.
         self._st = None
@@ -1189,7 +1189,8 @@ class Simulation:
             self._consensus_match(c, key, m)
         hyb = self._hyb
         if hyb is not None:
-            hyb.matched(c, rq, m, plan)  # inside the match (copy on write), before the pin
+            # inside the match (copy on write), before the pin
+            self._hybrid_result(c, plan, hyb.matched(c, rq, m))
         lock = m.last_device
         tree.inc_lock(lock)
         dev = m.device_len
@@ -1260,7 +1261,7 @@ class Simulation:
         (`get_num_new_pages`)."""
         tree, ps = c.tree, self._ps
         if self._hyb is not None:
-            self._hyb.alloc_extend(c, plan)
+            self._hybrid_result(c, plan, self._hyb.alloc_extend(c, plan))
         demand = sum(e for _, _, e in plan.shape)
         if ps > 1:
             demand += len(plan.reqs) * ps
@@ -1298,8 +1299,15 @@ class Simulation:
                              "allocation_reclaim_satisfied is not None=False", f"<freed {ev.freed}>")
         plan.stall_first += self._charge(plan, ev)
 
-    def _charge_into(self, plan: _Plan, ev) -> None:
-        plan.stall_first += self._charge(plan, ev)
+    def _hybrid_result(self, c: Cohort, plan: _Plan, res) -> bool:
+        """Carry out what a hybrid hook returned (``sim.hybrid.replica.HookResult``):
+        its eviction's backups and scans booked on ``plan``, then its out-of-memory
+        refusal, which halts the run. Returns the hook's ``fits``."""
+        if res.eviction is not None:
+            plan.stall_first += self._charge(plan, res.eviction)
+        if res.refused is not None:
+            self._out_of_memory(c, res.refused)
+        return res.fits
 
     def _charge(self, plan: _Plan, ev) -> float:
         """Book an eviction's blocking backups and reclaim scans on ``plan``."""
@@ -1812,7 +1820,10 @@ class Simulation:
                 else sorted(r for c in self.group.cohorts for r in c.ranks))
 
     def _decode_headroom(self, limit: int) -> int:
-        """Decode steps from now that neither evict nor retract on any replica."""
+        """Decode steps from now that neither evict nor retract on any replica (0
+        under ``engine.decode_runs: false``: every step does its memory work)."""
+        if not self.cfg.decode_runs:
+            return 0
         batch, ps = self.running, self._ps
         b = len(batch)
         phases = None
@@ -1920,7 +1931,7 @@ class Simulation:
         for c, plan in plans:
             self._evict_for(c, len(self.running) * ps, plan)
             if self._hyb is not None:
-                self._hyb.decode_evict(c, self.running, plan)
+                self._hybrid_result(c, plan, self._hyb.decode_evict(c, self.running))
         if plans[0][1].stall_first and self.running:
             self.running[0].stall_s += plans[0][1].stall_first
         return [(c, p) for c, p in plans if p.backups or p.scanned]
@@ -1930,7 +1941,8 @@ class Simulation:
         ps = self._ps
         need = ps * sum(1 for i in order if batch[i].kv % ps == 0)
         self._evict_for(c, need, plan)
-        if self._hyb is not None and not self._hyb.decode_fits(c, need, plan):
+        if (self._hyb is not None
+                and not self._hybrid_result(c, plan, self._hyb.decode_fits(c, need))):
             return False
         return available(c.tree) >= need
 
@@ -1988,6 +2000,8 @@ class Simulation:
             tokens = len(key) * ps
             if self._hyb is not None:
                 hy_req = self._hyb.before_insert(c, rq, slot.in_tree, tokens, final)
+                if hy_req.refused is not None:
+                    self._out_of_memory(c, hy_req.refused)
             if tokens > slot.in_tree:
                 # the request's own pages pass to the tree (duplicates are freed)
                 c.kv.to_tree(tokens - slot.in_tree)
@@ -2111,6 +2125,9 @@ class Simulation:
                 yield rq
 
     def _compare(self) -> None:
+        if self.cfg.check_invariants:
+            for c in self.group.cohorts:
+                c.tree.check()  # engine.check_invariants: raises InvariantError
         if len(self.group.cohorts) > 1:
             self.obs.compare(self.env.now, self.step_no, self.group.cohorts)
 

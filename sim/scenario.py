@@ -603,10 +603,15 @@ class AckDelaySteps(_Model):
 class Engine(_Model):
     """How the simulator keeps the ranks' replicas. ``shared``: ranks share one tree
     until a rank-specific event forks one off; ``eager``: one tree per rank from the
-    start. Both give byte-identical results (the option exists to check that)."""
+    start. Both give byte-identical results (the option exists to check that), as do
+    both settings of ``decode_runs`` and ``check_invariants``."""
 
     replicas: Literal["shared", "eager"] = "shared"
     """`shared`: ranks share one tree until a rank-specific event forks one; `eager`: one tree per rank."""
+    decode_runs: bool = True
+    """`true` (default): decode steps that need no memory work on any replica run together, priced at once; `false`: one decode step per iteration, each doing its memory work (the reference loop the runs must match byte for byte)."""
+    check_invariants: bool = False
+    """`true`: every replica's invariants (the tree's ledgers, leaf sets, LRUs, locks, host tier; a hybrid's request slots and SWA against its pools) are recomputed at each compare point (every iteration, after each prefill and each batch of finishes); a broken one stops the run with an InvariantError naming it. Slow: whole-tree walks."""
     clock: Literal["time", "steps"] = "time"
     """`time` (default): iterations cost what the cost model says. `steps`: one scheduler iteration is one step (the SGLang server harness's clock, for step-by-step comparison with it); arrivals are a generic trace's `arrival_step`."""
     ack_delay_steps: AckDelaySteps | None = None
@@ -1158,7 +1163,7 @@ class Scenario(_Model):
     router: Router = Field(default_factory=Router)
     """How requests are spread over the dp instances."""
     engine: Engine = Field(default_factory=Engine)
-    """How the simulator keeps the ranks' replicas (results are the same either way)."""
+    """How the simulator keeps the ranks' replicas and prices decode, and whether it checks them (results are the same either way)."""
     storage: Storage | None = None
     """The L3 storage tier below the host (absent: no L3)."""
     jitter: Jitter = Field(default_factory=Jitter)

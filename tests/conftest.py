@@ -2,9 +2,7 @@
 
 import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from unittest.mock import patch
 
 from hypothesis import HealthCheck, settings
 
@@ -96,14 +94,7 @@ def case_id(p: Path) -> str:
     return p.name.split(".")[0]
 
 
-@contextmanager
-def step_by_step():
-    """Runs inside price decode one step per iteration: the engine's reference loop,
-    against which the decode fast path (runs of steps priced at once) must write
-    byte-identical results. The fast path has no public switch (it changes no result,
-    which is what the tests using this check), so this is the one place tests reach
-    into the loop: a step-ahead headroom of 0 (``Simulation._decode_headroom``)."""
-    from sim.events import Simulation
-
-    with patch.object(Simulation, "_decode_headroom", lambda self, limit: 0):
-        yield
+# The scenario setting that prices decode one step per iteration
+# (``engine.decode_runs: false``): the engine's reference loop, against which the
+# decode fast path (runs of steps priced at once) must write byte-identical results.
+STEP_BY_STEP = "engine.decode_runs=false"

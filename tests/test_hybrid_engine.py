@@ -9,11 +9,11 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases, step_by_step,
+from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_cases, STEP_BY_STEP,
                       vendored_checksums_match)
 from sim.errors import UserError
-from sim.events import Simulation
-from sim.hybrid.replica import HybridReplica
+from sim.hybrid.replica import NOTHING, HookSettings, HybridHooks, HybridReplica
+from sim.resolve import from_scenario
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 from sim.tree import Tree
@@ -159,30 +159,22 @@ def test_shared_and_eager_replicas_write_byte_identical_results(path, tmp_path):
 def test_decode_runs_write_what_a_step_by_step_loop_writes(path, extra, seed, tmp_path):
     sets = ("workload.num_requests=80", f"seed={seed}", *extra)
     run(path, *sets, out=tmp_path / "fast")
-    with step_by_step():
-        run(path, *sets, out=tmp_path / "plain")
+    run(path, *sets, STEP_BY_STEP, out=tmp_path / "plain")
     assert same_folders(tmp_path / "fast", tmp_path / "plain")
 
 
-_compare = Simulation._compare
+# Every replica's invariants (ledgers against nodes, leaf sets, LRUs, locks, host
+# tier, the requests' slots and SWA against the pools: ``HybridReplica.check``) at each
+# of the engine's compare points: every iteration, after each prefill and each batch
+# of finishes; a broken one stops the run with an InvariantError.
+CHECKED = "engine.check_invariants=true"
 
 
-def _checked_compare(self):
-    """Every replica's invariants (ledgers against nodes, leaf sets, LRUs, locks, host
-    tier, the requests' slots against the pools) at each of the engine's compare
-    points: every iteration, after each prefill and each batch of finishes."""
-    for c in self.group.cohorts:
-        t = c.tree
-        t.check()
-        inner = t.t
-        assert 0 <= t.reserved and inner.dev_used <= t.device_capacity - t.reserved
-        if t.kind == "mamba":
-            held = sum(1 for s in t.reqs.values() if s.holds)
-            assert held == inner.held and inner.aux_used + inner.held <= t.h.aux_capacity
-        else:
-            own = sum(s.swa_own for s in t.reqs.values())
-            assert own == t.swa_reserved and inner.aux_used + own <= t.h.aux_capacity
-    _compare(self)
+@pytest.mark.parametrize("path", [MAMBA, SWAH], ids=["mamba", "swa-host"])
+def test_checking_the_invariants_changes_no_result(path, tmp_path):
+    run(path, "workload.num_requests=60", out=tmp_path / "plain")
+    run(path, "workload.num_requests=60", CHECKED, out=tmp_path / "checked")
+    assert same_folders(tmp_path / "plain", tmp_path / "checked")
 
 
 @settings(max_examples=12, deadline=None)
@@ -202,8 +194,7 @@ def test_every_replica_stays_consistent_at_every_step(seed, mamba, tp, running, 
     else:
         sets += ["device.swa_full_tokens_ratio=" + ("0.15" if tight else "0.5"),
                  "jitter.request_order.ranks=[1]", "jitter.request_order.swap_probability=0.1"]
-    with patch.object(Simulation, "_compare", _checked_compare):
-        res = run(MAMBA if mamba else SWA, *sets)
+    res = run(MAMBA if mamba else SWA, *sets, CHECKED)
     assert res.summary["requests"] > 0
 
 
@@ -294,6 +285,52 @@ def test_mamba_full_memory_ratio_sizes_the_state_pool_from_the_full_pool():
     cfg = _m("device.max_mamba_cache_size=null", "device.mamba_full_memory_ratio=5").sim.instances[0].cfg
     full_b = 12 * 1 * 2 * 256 * 2  # 12 full layers, 1 KV head per rank at tp 2, K+V, bf16
     assert cfg.hybrid.aux_capacity == int((20000 * full_b * 5 - 38633472) // 38633472) == 30
+
+
+class _Pass:
+    """What the hooks read of a prefill pass: its requests and their (rid, done, extend)."""
+
+    def __init__(self, shape):
+        self.reqs = [type("rq", (), {"r": type("r", (), {"rid": rid})})() for rid, _, _ in shape]
+        self.shape = shape
+
+
+def _hooks(path):
+    """The hooks of ``path``'s run and a replica of its (empty) tree: the hooks are
+    built from the run's settings alone, no engine."""
+    cfg, _ = from_scenario(scn(path))
+    return HybridHooks(HookSettings.of(cfg)), type("c", (), {"tree": HybridReplica(cfg.hybrid, cfg)})()
+
+
+def test_an_swa_allocation_that_cannot_fit_returns_its_refusal_and_takes_nothing():
+    hooks, c = _hooks(SWA)
+    tree, ps = c.tree, hooks.ps
+    cap = tree.h.aux_capacity
+    want = -(-(cap + 1) // ps) * ps
+    res = hooks.alloc_extend(c, _Pass([(1, 0, cap + 1)]))
+    assert res.refused == f"SWA prefill out of memory: {want} tokens wanted"
+    assert res.eviction is None  # an empty tree has nothing to evict
+    assert tree.swa_reserved == 0 and not tree.reqs
+    assert hooks.alloc_extend(c, _Pass([(2, 0, ps)])) is NOTHING
+    assert tree.swa_reserved == ps and tree.reqs[2].swa_own == ps
+    # decode: no SWA room left and nothing evictable is "does not fit", nothing to charge
+    tree.set_swa_reserved(cap)
+    res = hooks.decode_fits(c, ps)
+    assert not res.fits and res.eviction is None and res.refused is None
+    assert hooks.decode_fits(c, 0).fits
+
+
+def test_a_mamba_allocation_short_of_slots_returns_its_refusal_and_takes_none():
+    hooks, c = _hooks(MAMBA)
+    tree = c.tree
+    n = tree.h.aux_capacity
+    res = hooks.alloc_extend(c, _Pass([(i, 0, 16) for i in range(n + 1)]))
+    assert res.refused == f"alloc_req_slots: {n + 1} Mamba state slots wanted, {n} free"
+    assert res.eviction is not None and not res.eviction.backups  # it tried to evict
+    assert tree.t.held == 0 and not any(s.holds for s in tree.reqs.values())
+    assert hooks.alloc_extend(c, _Pass([(i, 0, 16) for i in range(n)])) is NOTHING
+    assert tree.t.held == n
+    tree.check()
 
 
 def test_a_state_pool_too_small_for_its_locked_states_halts_as_sglang_asserts():
@@ -509,8 +546,7 @@ def test_a_write_through_run_is_deterministic(policy, tmp_path):
 def test_write_through_decode_runs_write_what_a_step_by_step_loop_writes(policy, seed, tmp_path):
     sets = ("workload.num_requests=80", f"seed={seed}", policy, "jitter.ack_delay.acks=both")
     run(MAMBA, *sets, out=tmp_path / "fast")
-    with step_by_step():
-        run(MAMBA, *sets, out=tmp_path / "plain")
+    run(MAMBA, *sets, STEP_BY_STEP, out=tmp_path / "plain")
     assert same_folders(tmp_path / "fast", tmp_path / "plain")
 
 
@@ -523,8 +559,7 @@ def test_every_write_through_replica_stays_consistent_at_every_step(seed, policy
             "device.max_mamba_cache_size=" + ("12" if tight else "48"),
             "host.tokens=" + ("6000" if tight else "40000"),
             "host.mamba_states=" + ("3" if tight else "40")]
-    with patch.object(Simulation, "_compare", _checked_compare):
-        res = run(MAMBA, *sets)
+    res = run(MAMBA, *sets, CHECKED)
     assert res.summary["requests"] > 0
     if res.sim.instances[0].halted is None:
         # a run that finished drained every insert-time write's ack (a halted one, e.g.

@@ -16,7 +16,7 @@ from unittest.mock import patch
 
 import pandas as pd
 import pytest
-from conftest import ROOT, step_by_step
+from conftest import ROOT, STEP_BY_STEP
 from test_optrace_v2 import main
 
 from sim.errors import UserError
@@ -503,8 +503,7 @@ def test_the_hybrid_regressions_decode_fast_path_is_exact(tmp_path):
         scn = load_scenario(REG / f"{name}.yaml")
         fast, plain = tmp_path / f"{name}_fast", tmp_path / f"{name}_plain"
         run_scenario(scn, fast)
-        with step_by_step():
-            run_scenario(scn, plain)
+        run_scenario(load_scenario(REG / f"{name}.yaml", [STEP_BY_STEP]), plain)
         names = sorted(p.name for p in fast.iterdir() if p.is_file())
         assert names == sorted(p.name for p in plain.iterdir() if p.is_file())
         _, mismatch, errors = filecmp.cmpfiles(fast, plain, names, shallow=False)

@@ -2,13 +2,14 @@
 SGLang 0.5.23's scheduler does them, observed through the engine's op-traces and trees."""
 
 import filecmp
+import json
 from unittest.mock import patch
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from conftest import ROOT, step_by_step
+from conftest import ROOT, STEP_BY_STEP
 from sim import constants as C
 from sim.config import SimConfig
 from sim.events import Simulation
@@ -16,6 +17,7 @@ from sim.runner import run_scenario
 from sim.scenario import load_scenario
 from sim.scheduler import (SchedState, page_ceil, ratio_after_retract, retraction_order,
                            steps_without_event)
+from sim.steprec import StepRecorder, read_records
 from sim.workloads.base import Request
 
 from test_engine import chat_stream
@@ -185,39 +187,118 @@ def pressured(*extra):
     return load_scenario(ROOT / "scenarios" / "quickstart.yaml", PRESSURED + list(extra))
 
 
-def test_retraction_requeues_the_fewest_outputs_and_everything_still_finishes():
-    """`retract_decode` under decode memory pressure: the requests it releases are the
-    least preferred of the batch (fewest outputs, then longest input), they go to the
-    back of the queue keeping their outputs, and every request still finishes. Under
-    the overlap loop (the default) a request's token still in flight is not among its
-    outputs yet (`output_ids`), and a retracted request loses it."""
-    seen = []
-    orig = Simulation._decode_memory
-
-    def spy(self):
-        before = list(self.running)
-        lag = self._inflight_rids()
-        outs = {id(rq): rq.generated - (rq.r.rid in lag) for rq in before}
-        plans = orig(self)
-        kept = set(map(id, self.running))
-        gone = [rq for rq in before if id(rq) not in kept]
-        if gone:
-            seen.append(gone)
-            key = lambda rq: (outs[id(rq)], -rq.r.input_len)  # noqa: E731
-            assert max(map(key, gone)) <= min(key(rq) for rq in self.running)
-            assert list(self.waiting)[-len(gone):] == sorted(gone, key=key)  # popped last first
-            assert all(rq.retractions >= 1 and not rq.slots for rq in gone)
-            assert all(rq.generated == outs[id(rq)] for rq in gone)
-            for c in self.group.cohorts:
-                assert c.sched.ratio == ratio_after_retract(self.running, lag)
-        return plans
-
-    with patch.object(Simulation, "_decode_memory", spy):
-        res = run_scenario(pressured(), None)
+def test_retraction_under_pressure_still_finishes_everything():
+    """Decode memory pressure on the time clock: requests are retracted, every one of
+    them still finishes (none aborted), and no reservation is left behind."""
+    res = run_scenario(pressured(), None)
     s = res.summary
-    assert seen and s["retracted_requests"] == sum(map(len, seen))
+    assert s["retracted_requests"] > 0
     assert s["requests"] == 150 and s["aborted_requests"] == 0
     for c in res.sim.instances[0].group.cohorts if hasattr(res.sim, "instances") else res.sim.group.cohorts:
+        assert c.tree.reserved == 0
+
+
+# The server harness's retraction cases (tests/test_server_engine.py), whose step
+# records the engine reproduces step for step: 64 requests, retracting only under
+# SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION=64.
+SERVER = ROOT / "data" / "conformance" / "server_engine"
+
+
+class _RatioRecorder(StepRecorder):
+    """The run's step recorder, also noting the new-token ratio of each replica as a
+    retracting step's batch decodes (what `retract_decode` recalibrated it to; these
+    cases set ignore_eos, under which no admission reads it)."""
+
+    made: list = []
+
+    def __init__(self, tp: int):
+        super().__init__(tp)
+        self.ratios: dict[int, set] = {}
+        _RatioRecorder.made.append(self)
+
+    def decode(self, cohorts, batch) -> None:
+        super().decode(cohorts, batch)
+        for c in cohorts:
+            if self.rec(c).get("retracted"):
+                self.ratios.setdefault(self.step, set()).add(c.sched.ratio)
+
+
+class _Kept:
+    """A kept request as `ratio_after_retract` reads it: its outputs, its lengths."""
+
+    def __init__(self, outputs: int, input_len: int, output_len: int):
+        self.generated = outputs
+        self.r = type("r", (), {"input_len": input_len, "output_len": output_len})
+
+
+@pytest.mark.parametrize("case", ["w3_wt_clip64", "w3_wt_clip64_overlap"])
+def test_retraction_requeues_the_fewest_outputs_and_everything_still_finishes(case, tmp_path):
+    """`retract_decode`, read from the run's step records (``--record-steps``): the
+    requests a step releases are the least preferred of its batch (fewest outputs,
+    then longest input); each goes to the back of the queue (until it is admitted
+    again, no request that was already waiting is tried after it) keeping its outputs
+    (its next prefill ends at its input plus those outputs), the new-token ratio is
+    recalibrated over the requests kept (`estimate_new_token_ratio_after_retract`),
+    and every request still finishes. A request's outputs are its steps that made a
+    token: each decode step and the prefill that completes it. Under the overlap loop the previous step's
+    token is still in flight, not among its outputs yet (`output_ids`), and a
+    retracted request loses it."""
+    scn = load_scenario(str(SERVER / f"{case}.yaml"))
+    rows = [json.loads(line) for line in (SERVER / "w3_retract.jsonl").read_text().splitlines()]
+    inp = {f"r{i}": r["input_len"] for i, r in enumerate(rows)}
+    arrived = {f"r{i}": r["arrival_step"] for i, r in enumerate(rows)}
+    out_len = {f"r{i}": r["output_len"] for i, r in enumerate(rows)}
+    with patch("sim.runner.StepRecorder", _RatioRecorder):
+        res = run_scenario(scn, None, record_steps=str(tmp_path / "steps.jsonl"))
+    ratios = _RatioRecorder.made.pop().ratios
+    steps, reqs = read_records(tmp_path / "steps.jsonl")
+    overlap = scn.scheduler.overlap
+    order = sorted(steps)
+    made, last, refill, retracted = {}, set(), {}, []
+    for s in order:
+        d = steps[s]
+        gone = [r for g in d["retracted"] for r in g]
+        if gone:
+            kept = d.get("rids", [])
+            outs = {r: made[r] - (overlap and r in last) for r in gone + kept}
+            key = lambda r: (outs[r], -inp[r])  # noqa: E731
+            assert not kept or max(map(key, gone)) <= min(map(key, kept)), s
+            if kept:
+                stand_ins = [_Kept(outs[r], inp[r], out_len[r]) for r in kept]
+                assert ratios.pop(s) == {ratio_after_retract(stand_ins)}, s
+            for r in gone:
+                made[r] = outs[r]  # the token in flight is dropped
+                refill[r] = inp[r] + outs[r]
+                retracted.append((s, r))
+        now = set()
+        if d.get("mode") == "decode":
+            now = set(d["rids"])
+        elif d.get("mode") == "extend":
+            for r, prefix, extend in zip(d["rids"], d["prefix"], d["extend"]):
+                if r != d["chunked"]:
+                    now.add(r)
+                    if r in refill:
+                        assert prefix + extend == refill.pop(r), (s, r)
+        for r in now:
+            made[r] = made.get(r, 0) + 1
+        last = now
+    assert retracted and not refill  # each retracted request was prefilled again
+    assert not ratios
+    for s, r in retracted:
+        waiting = {q for q in reqs if arrived[q] <= s < reqs[q]["first_sched_step"]}
+        for s2 in order[order.index(s) + 1:]:
+            d = steps[s2]
+            tried = [a[0] for a in d["adds"]]
+            if r in tried:
+                behind = tried[tried.index(r) + 1:]
+                assert not [q for q in behind if q in waiting
+                            and reqs[q]["first_sched_step"] >= s2], (s, s2, r)
+            if d.get("mode") == "extend" and r in d["rids"]:
+                break
+    s = res.summary
+    assert s["retracted_requests"] == len(retracted)
+    assert s["requests"] == len(rows) and s["aborted_requests"] == 0
+    for c in res.sim.group.cohorts if hasattr(res.sim, "group") else res.sim.instances[0].group.cohorts:
         assert c.tree.reserved == 0
 
 
@@ -281,9 +362,8 @@ def test_decode_runs_write_what_a_step_by_step_loop_writes(seed, name, tmp_path_
     scn = load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets)
     fast = tmp_path_factory.mktemp("fast") / "r"
     run_scenario(scn, fast)
-    with step_by_step():
-        plain = tmp_path_factory.mktemp("plain") / "r"
-        run_scenario(scn, plain)
+    plain = tmp_path_factory.mktemp("plain") / "r"
+    run_scenario(load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets + [STEP_BY_STEP]), plain)
     names = sorted(p.name for p in fast.iterdir())
     assert names == sorted(p.name for p in plain.iterdir())
     match, mismatch, errors = filecmp.cmpfiles(fast, plain, [n for n in names if (fast / n).is_file()],

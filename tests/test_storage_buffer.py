@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, step_by_step
+from conftest import ROOT, STEP_BY_STEP
 from sim.resolve import from_scenario
 from sim.errors import UserError
 from sim.runner import run_scenario
@@ -86,8 +86,7 @@ def test_same_scenario_and_seed_write_byte_identical_results(tmp_path):
                                    "jitter.storage_latency={ranks: [1], factor: 4.0}")])
 def test_decode_runs_write_what_a_step_by_step_loop_writes(sets, tmp_path):
     run(*sets, out=tmp_path / "fast")
-    with step_by_step():
-        run(*sets, out=tmp_path / "plain")
+    run(*sets, STEP_BY_STEP, out=tmp_path / "plain")
     same_folders(tmp_path / "fast", tmp_path / "plain")
 
 

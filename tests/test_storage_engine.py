@@ -10,7 +10,7 @@ from unittest.mock import patch
 
 import pytest
 
-from conftest import ROOT, step_by_step
+from conftest import ROOT, STEP_BY_STEP
 from sim.errors import UserError
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
@@ -79,8 +79,7 @@ def test_decode_runs_with_storage_write_what_a_step_by_step_loop_writes(sets, tm
     """The decode fast path stops at every storage completion and timeout deadline."""
     fast, plain = tmp_path / "fast", tmp_path / "plain"
     run(*sets, out=fast)
-    with step_by_step():
-        run(*sets, out=plain)
+    run(*sets, STEP_BY_STEP, out=plain)
     names = sorted(p.name for p in fast.iterdir())
     assert names == sorted(p.name for p in plain.iterdir())
     for f in names:
@@ -222,8 +221,7 @@ def test_three_tier_trace_scenario_fast_path_and_storage_size(tmp_path):
     sets = ["limits.max_requests=300"]
     fast, plain = tmp_path / "fast", tmp_path / "plain"
     run_scenario(load_scenario(TRACE_SCN, sets), fast)
-    with step_by_step():
-        run_scenario(load_scenario(TRACE_SCN, sets), plain)
+    run_scenario(load_scenario(TRACE_SCN, sets + [STEP_BY_STEP]), plain)
     for f in sorted(p.name for p in fast.iterdir()):
         assert (fast / f).read_bytes() == (plain / f).read_bytes(), f
     sized = json.loads((fast / "summary.json").read_text())

@@ -18,7 +18,10 @@ tokens outside the tree; evictions per component; Mamba's copy on write) is in
 ``rejected``, ``fit``, ``chunk_room``, ``never_admissible``, ``alloc_extend``,
 ``before_insert``, ``released``, ``headroom``, ``decode_fits``, ``decode_evict``,
 ``decoded``). Each cites the SGLang 0.5.23 function it follows (files under
-``sglang/srt/``).
+``sglang/srt/``). The hooks hold no engine: what they read of the run's
+configuration is a ``HookSettings`` fixed at construction, and a hook that evicts or
+cannot allocate returns it (a ``HookResult``: the eviction to charge, the
+out-of-memory refusal) for the engine to charge and refuse.
 
 Recording (``run --record-ops``), each replica writes its own hybrid op-trace
 (docs/HYBRID.md §6.2, §10.5): every op as the replica applies it, with the KV held
@@ -44,6 +47,7 @@ ceil(k x SWA bytes / FULL bytes per token) tokens (``HybridConfig.swa_bytes`` /
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from sim.errors import InvariantError
 from sim.hybrid.kinds import HYBRID_KINDS
@@ -127,9 +131,10 @@ class InsertFor:
     """The request an insert is made for (``HybridHooks.before_insert`` prepares it,
     ``HybridReplica.insert`` takes it): its id, the prefix it reused
     (``cache_protected_len``, tokens), whether it finished, and what preparing it
-    evicted from host."""
+    evicted from host. ``refused``: the out-of-memory message when the Mamba fork's
+    slot could not be allocated (the engine halts the run), else None."""
 
-    __slots__ = ("rid", "prev", "final", "host")
+    __slots__ = ("rid", "prev", "final", "host", "refused")
 
     def __init__(self, rid, prev: int, final: bool):
         self.rid = rid
@@ -139,6 +144,7 @@ class InsertFor:
         # slot, which the insert's result carries (its reclaim scans are charged as
         # result processing; a blocking backup it made is counted, not timed)
         self.host = NO_HOST_EVICTION
+        self.refused = None
 
 
 class ReqState:
@@ -265,7 +271,29 @@ class HybridReplica:
         return self.t.fingerprint()
 
     def check(self) -> None:
-        self.t.check()
+        """The tree's invariants (ledgers, leaf sets, LRUs, locks, host tier), then the
+        running requests' hold on the pools: the FULL pool's reservation, and the
+        Mamba slots (SWA tokens) the requests hold against what the ledgers say and
+        what the component's pool has. Raises ``InvariantError`` naming the first
+        one broken."""
+        t = self.t
+        t.check()
+        if not 0 <= self.reserved or t.dev_used > self.device_capacity - self.reserved:
+            raise InvariantError(f"FULL pool: {t.dev_used} tokens in the tree, {self.reserved} "
+                                 f"reserved by requests, capacity {self.device_capacity}")
+        cap = self.h.aux_capacity
+        if self.k.request_state:
+            held = sum(1 for s in self.reqs.values() if s.holds)
+            if held != t.held or t.aux_used + t.held > cap:
+                raise InvariantError(f"Mamba pool: {held} requests hold a slot, the pool "
+                                     f"counts {t.held} held and {t.aux_used} in the tree, "
+                                     f"capacity {cap}")
+        else:
+            own = sum(s.swa_own for s in self.reqs.values())
+            if own != self.swa_reserved or t.aux_used + own > cap:
+                raise InvariantError(f"SWA pool: requests own {own} tokens, "
+                                     f"{self.swa_reserved} reserved for them, {t.aux_used} "
+                                     f"in the tree, capacity {cap}")
 
     def path_units(self, handle) -> list:
         return self.t.path_units(handle.node)
@@ -585,29 +613,87 @@ class HybridReplica:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class HookSettings:
+    """What the hybrid hooks read of the run's configuration, fixed for the run:
+    the hybrid tree's config, the page size, whether prefill is chunked
+    (``scheduler.chunked_prefill_tokens`` set) and ``clip_max_new_tokens``."""
+
+    hybrid: "HybridConfig"
+    page_size: int
+    chunked: bool
+    clip_max_new_tokens: int
+
+    @classmethod
+    def of(cls, cfg) -> "HookSettings":
+        """The settings of ``cfg`` (a ``SimConfig`` with ``hybrid`` set)."""
+        return cls(cfg.hybrid, cfg.page_size, cfg.chunked_prefill_tokens is not None,
+                   cfg.clip_max_new_tokens)
+
+
+class HookResult:
+    """What a hybrid hook asks the engine to do, in this order: charge ``eviction``
+    (an ``Eviction`` priced as the engine reads one: its blocking backups and reclaim
+    scans go on the pass's plan; None: nothing to charge), then, when ``refused`` is
+    set, halt the run out of memory with that message. ``fits``: ``decode_fits``'s
+    answer (True elsewhere)."""
+
+    __slots__ = ("eviction", "refused", "fits")
+
+    def __init__(self, eviction: "Eviction | None" = None, refused: "str | None" = None,
+                 fits: bool = True):
+        self.eviction = eviction
+        self.refused = refused
+        self.fits = fits
+
+    def __repr__(self) -> str:
+        return f"HookResult(eviction={self.eviction!r}, refused={self.refused!r}, fits={self.fits})"
+
+
+class _FixedResult(HookResult):
+    """A shared, read-only ``HookResult`` (``NOTHING``, ``NO_ROOM``): the answer of
+    a hook that evicted nothing, which saves an allocation per call (``decode_evict``
+    runs every decode step)."""
+
+    __slots__ = ()
+
+    def __init__(self, fits: bool):
+        for name, v in (("eviction", None), ("refused", None), ("fits", fits)):
+            object.__setattr__(self, name, v)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a shared HookResult is read-only")
+
+
+NOTHING = _FixedResult(True)   # nothing to charge, nothing refused; fits
+NO_ROOM = _FixedResult(False)  # decode_fits: nothing charged, the step does not fit
+
+
 class HybridHooks:
     """The engine's hybrid admission and allocation rules, per replica. Each hook
-    is a no-op where the component has nothing to do."""
+    is a no-op where the component has nothing to do. A hook never calls into the
+    engine: one that evicts or cannot allocate returns a ``HookResult``."""
 
-    def __init__(self, sim):
-        self.sim = sim
-        self.h = sim.cfg.hybrid
+    def __init__(self, settings: HookSettings):
+        self.cfg = settings
+        self.h = settings.hybrid
         self.k = HYBRID_KINDS[self.h.kind]
-        self.ps = sim.cfg.page_size
+        self.ps = settings.page_size
         self._pass = None      # the prefill pass whose SWA offset ``_swa_offset`` is
         self._swa_offset = 0
         self._swa_host_hit = 0  # SWA: the last match's swa_host_hit_length
 
     # ------------------------------------------------------------ admission
-    def matched(self, c, rq, m, plan) -> None:
+    def matched(self, c, rq, m) -> HookResult:
         """``init_next_round_input`` -> ``match_kv_cache(cow_mamba=True)`` ->
         mamba ``finalize_match_result_in_cache``: a candidate matching a device
         state copies it into a slot of its own, allocated (evicting one state if
-        the pool is full) unless it holds one."""
+        the pool is full) unless it holds one. Returns that eviction to charge when
+        it backed up or evicted from host."""
         tree = c.tree
         if not tree.k.request_state:
             self._swa_host_hit = m.aux_host_len
-            return
+            return NOTHING
         st = tree.reqs.get(rq.r.rid)
         holds = bool(st and st.holds)
         t = tree.t
@@ -621,12 +707,13 @@ class HybridHooks:
         r = tree.cow(m, rq.r.rid, holds)
         copied = r.copied
         t.rec.clear()
-        if tree._moved(r.eviction):
-            self.sim._charge_into(plan, tree._priced(r.eviction))
         if copied:
             t.hy.cows += 1
             if not holds:
                 tree.reqs.setdefault(rq.r.rid, ReqState()).holds = True
+        if tree._moved(r.eviction):
+            return HookResult(tree._priced(r.eviction))
+        return NOTHING
 
     def rejected(self, c, rq) -> None:
         """A candidate ``add_one_req`` refused: its slot from the copy on write is
@@ -667,7 +754,7 @@ class HybridHooks:
         if need < remaining:
             self._swa_offset += need
             return sel
-        if self.sim.cfg.chunked_prefill_tokens is None or need < self.h.aux_capacity:
+        if not self.cfg.chunked or need < self.h.aux_capacity:
             return NO_TOKEN
         cap = max(0, (remaining - self._swa_tokens(0, max_new, hit)) // ps * ps)
         ext = (prefix + min(extend, cap)) // ps * ps - prefix
@@ -689,7 +776,7 @@ class HybridHooks:
         extend = min(extend, fill - prefix)
         still = chunked and prefix + extend < fill
         if chunked and not still:
-            max_new = min(out_len, self.sim.cfg.clip_max_new_tokens)
+            max_new = min(out_len, self.cfg.clip_max_new_tokens)
         return extend, max_new, still
 
     def chunk_room(self, c, plan, room: int) -> int:
@@ -713,17 +800,19 @@ class HybridHooks:
         """Without chunked prefill, a request whose peak SWA reaches the whole SWA
         pool can never be admitted (``swa_never_fits`` and no chunk to cut): it is
         aborted as one too long for the FULL pool is."""
-        if not self.k.windowed or self.sim.cfg.chunked_prefill_tokens is not None:
+        if not self.k.windowed or self.cfg.chunked:
             return False
-        max_new = min(max(rq.r.output_len - rq.generated, 0), self.sim.cfg.clip_max_new_tokens)
+        max_new = min(max(rq.r.output_len - rq.generated, 0), self.cfg.clip_max_new_tokens)
         return self._swa_tokens(rq.fill_len, max_new) >= self.h.aux_capacity
 
     # ------------------------------------------------------------ allocation
-    def alloc_extend(self, c, plan) -> None:
+    def alloc_extend(self, c, plan) -> HookResult:
         """``alloc_for_extend``'s hybrid half, before the batch's FULL eviction:
         ``alloc_req_slots`` -> ``ensure_mamba_capacity`` (a slot for every request
         without one, evicting the shortfall of states first); SWA: the batch's new
-        SWA pages (``SWATokenToKVPoolAllocator.alloc``, the SWA shortfall evicted)."""
+        SWA pages (``SWATokenToKVPoolAllocator.alloc``, the SWA shortfall evicted).
+        Returns the shortfall's eviction to charge and, when even after it the
+        pool cannot take the batch, the refusal (nothing is then allocated)."""
         tree = c.tree
         t = tree.t
         ps = self.ps
@@ -737,30 +826,33 @@ class HybridHooks:
             need = [rq for rq in plan.reqs
                     if not (tree.reqs.get(rq.r.rid) and tree.reqs[rq.r.rid].holds)]
             if not need:
-                return
+                return NOTHING
+            ev = None
             free = t.aux_capacity - t.aux_used - t.held
             if free < len(need):
-                self.sim._charge_into(plan, tree.evict(0, len(need) - free))
+                ev = tree.evict(0, len(need) - free)
                 free = t.aux_capacity - t.aux_used - t.held
             if free < len(need):
-                self.sim._out_of_memory(c, f"alloc_req_slots: {len(need)} Mamba state slots "
-                                           f"wanted, {free} free")
+                return HookResult(ev, f"alloc_req_slots: {len(need)} Mamba state slots "
+                                      f"wanted, {free} free")
             for rq in need:
                 tree.reqs.setdefault(rq.r.rid, ReqState()).holds = True
                 tree.alloc_slot(rq.r.rid)
-            return
+            return NOTHING if ev is None else HookResult(ev)
         new = 0
         for rq, (_, done, extend) in zip(plan.reqs, plan.shape):
             new += -(-(done + extend) // ps) * ps - -(-done // ps) * ps
+        ev = None
         short = new - (self.h.aux_capacity - tree.swa_reserved - t.aux_used)
         if short > 0 and t.aux_evictable:
-            self.sim._charge_into(plan, tree.evict(0, short))
+            ev = tree.evict(0, short)
         if new > self.h.aux_capacity - tree.swa_reserved - t.aux_used:
-            self.sim._out_of_memory(c, f"SWA prefill out of memory: {new} tokens wanted")
+            return HookResult(ev, f"SWA prefill out of memory: {new} tokens wanted")
         for rq, (_, done, extend) in zip(plan.reqs, plan.shape):
             st = tree.reqs.setdefault(rq.r.rid, ReqState())
             st.swa_own += -(-(done + extend) // ps) * ps - -(-done // ps) * ps
         tree.set_swa_reserved(tree.swa_reserved + new)
+        return NOTHING if ev is None else HookResult(ev)
 
     # ------------------------------------------------------------ results
     def before_insert(self, c, rq, prev: int, up_to: int, final: bool) -> "InsertFor":
@@ -770,7 +862,8 @@ class HybridHooks:
         ``free_out_of_window_slots`` (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS,
         on by default) moves the cursor to a page-aligned window below the insert's
         end, and the request's own SWA passes to the tree. Returns what the replica's
-        ``insert`` takes for this request."""
+        ``insert`` takes for this request (``refused`` set when the fork's slot
+        could not be allocated: the engine halts the run out of memory)."""
         tree = c.tree
         req = InsertFor(rq.r.rid, prev, final)
         if tree.k.request_state:
@@ -787,9 +880,8 @@ class HybridHooks:
                     tree._rec({"op": "evict", "mamba": 1})
                 req.host = t.evict(0, 1).host
                 if not t._free_slot():
-                    self.sim._out_of_memory(c, f"Can not alloc mamba cache: {t.aux_capacity} "
-                                               f"state slots, {t.held} held by requests, every "
-                                               f"cached state locked")
+                    req.refused = (f"Can not alloc mamba cache: {t.aux_capacity} state slots, "
+                                   f"{t.held} held by requests, every cached state locked")
             return req
         st = tree.reqs.setdefault(rq.r.rid, ReqState())
         if not final:
@@ -835,27 +927,30 @@ class HybridHooks:
         per = len(batch) * self.ps
         return min(limit, max(0, self._swa_room(tree)) // per)
 
-    def decode_fits(self, c, need: int, plan) -> bool:
+    def decode_fits(self, c, need: int) -> HookResult:
         """``check_decode_mem``'s SWA half: the step's new SWA pages (one per request
         at a page boundary, as FULL's) fit after evicting the SWA shortfall; when
-        they do not, the engine retracts as for FULL."""
+        they do not (``fits`` False), the engine retracts as for FULL. Returns the
+        shortfall's eviction to charge."""
         tree = c.tree
         if not tree.k.windowed:
-            return True
+            return NOTHING
         short = need - self._swa_room(tree)
         if short > 0 and tree.t.aux_evictable:
-            self.sim._charge_into(plan, tree.evict(0, short))
-        return self._swa_room(tree) >= need
+            ev = tree.evict(0, short)
+            return HookResult(ev, fits=self._swa_room(tree) >= need)
+        return NOTHING if self._swa_room(tree) >= need else NO_ROOM
 
-    def decode_evict(self, c, batch, plan) -> None:
+    def decode_evict(self, c, batch) -> HookResult:
         """``alloc_for_decode``'s SWA half for one step: evict the SWA shortfall of a
-        page per request."""
+        page per request. Returns that eviction to charge."""
         tree = c.tree
         if not tree.k.windowed:
-            return
+            return NOTHING
         short = len(batch) * self.ps - self._swa_room(tree)
         if short > 0 and tree.t.aux_evictable:
-            self.sim._charge_into(plan, tree.evict(0, short))
+            return HookResult(tree.evict(0, short))
+        return NOTHING
 
     def decoded(self, c, batch) -> None:
         """After decode steps: each request's own SWA is its committed KV past its
@@ -890,4 +985,5 @@ class HybridHooks:
         tree.set_swa_reserved(total)
 
 
-__all__ = ["Handle", "HybridHooks", "HybridReplica", "InsertFor"]
+__all__ = ["NOTHING", "NO_ROOM", "Handle", "HookResult", "HookSettings", "HybridHooks",
+           "HybridReplica", "InsertFor"]
