@@ -753,6 +753,8 @@ class Simulation:
         if h is None:
             return
         env, t = self.env, h.end
+        if t != t:
+            raise AssertionError("the GPU hold's last forward has no end yet")
         if not t > env.now:
             self.gpu.release(h.req)
             return
@@ -1787,6 +1789,10 @@ class Simulation:
         if self._sync_s and (first is not None or not synced):
             # the cache sync of the iteration that launches the run's first step
             yield env.timeout(self._sync_s)
+        h = self._hold
+        if h is not None and h.end != h.end:
+            # this iteration's step got the GPU just now: its grant fixes its end first
+            yield h.req
         seg, _ = self._decode_forward(b, ctx_run)
         if seg.start != seg.start:
             yield seg.hold.req  # the GPU takes it once the forward before it has ended
