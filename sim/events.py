@@ -351,12 +351,13 @@ class Simulation:
         # scheduler.overlap (`event_loop_overlap`): the last launched batch's results,
         # processed in the next iteration once it has scheduled its own batch
         self._overlap = cfg.overlap
-        # Under overlap on a timed clock the forward is a process of its own on the GPU
-        # resource: the loop launches batch N, then waits for batch N-1's forward before
-        # it processes that batch's results (`pop_and_process` after `run_batch`), so
-        # the next iteration's CPU work runs while the GPU computes. The step clock
-        # counts iterations, not time, and keeps one forward per iteration in line.
-        self._pipelined = self._overlap and not self._steps
+        # scheduler.overlap_timing "pipelined" (overlap loop, time clock): each forward
+        # holds the GPU resource on its own; the loop launches batch N, then waits for
+        # batch N-1's forward before it processes that batch's results
+        # (`pop_and_process` after `run_batch`), so the next iteration's CPU work runs
+        # while the GPU computes. The step clock counts iterations, not time.
+        self._pipelined = (self._overlap and not self._steps
+                           and cfg.overlap_timing == "pipelined")
         self._fwd_last = None  # the last launched forward (pipelined)
         self._hold = None      # the GPU held by the loop's decode forwards (pipelined)
         self._batch_ran = False  # the loop's last iteration ran a batch

@@ -72,7 +72,7 @@ def from_scenario(scn: Scenario) -> tuple[SimConfig, CostModel]:
         schedule_policy=scn.scheduler.schedule_policy,
         clip_max_new_tokens=scn.scheduler.clip_max_new_tokens,
         decode=scn.scheduler.decode, ignore_eos=scn.scheduler.ignore_eos,
-        overlap=scn.scheduler.overlap,
+        overlap=scn.scheduler.overlap, overlap_timing=scn.scheduler.overlap_timing,
         collective=scn.collective.backend, collective_device=scn.collective.device,
         collective_timeout_s=scn.collective.timeout_s, discipline=scn.collective.discipline,
         forward_collective=scn.collective.forward == "all_reduce",

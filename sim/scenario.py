@@ -1088,9 +1088,15 @@ class Scheduler(_Model):
     """SGLang's sampling param `ignore_eos` on every request (the server harness sets it: its stub forward never emits EOS). Admission then charges running requests' remaining decode in full instead of times the new-token ratio (schedule_policy.py `_get_running_request_total_token_offset`)."""
     overlap: bool = True
     """SGLang's default loop, `event_loop_overlap`: each batch's results are processed in the next iteration, after it has scheduled and launched its own batch (false: `event_loop_normal`, SGLang's --disable-overlap-schedule)."""
+    overlap_timing: Literal["serial", "pipelined"] = "serial"
+    """How the overlap loop spends time. `pipelined`: each forward holds the GPU resource while the scheduler goes on with the next iteration's CPU work (its cache sync, admission, the last batch's results), as `event_loop_overlap` runs; decode steps follow one another on the GPU while the CPU keeps up. `serial`: the CPU work is added to the forwards, as under `event_loop_normal`. Overlap loop and time clock only."""
 
     @model_validator(mode="after")
     def _preset(self):
+        if self.overlap_timing == "pipelined" and not self.overlap:
+            raise _err("overlap_timing 'pipelined' with overlap false",
+                       "overlap true (event_loop_normal runs its CPU work and forwards in "
+                       "turn) or overlap_timing 'serial'", "overlap_timing")
         if self.mode == "cache_replay":
             given = self.model_fields_set
             if "max_running_requests" in given and self.max_running_requests != 1:
@@ -1205,6 +1211,10 @@ class Scenario(_Model):
                 raise _err(f"page_size {self.page_size} with block_size {bs} ({path})",
                            "one of them to divide the other", "page_size")
         if self.engine.clock == "steps":
+            if self.scheduler.overlap_timing == "pipelined":
+                raise _err("scheduler.overlap_timing 'pipelined' with clock 'steps'",
+                           "clock 'time' (the step clock counts iterations, not time) or "
+                           "overlap_timing 'serial'", "scheduler.overlap_timing")
             w = self.workload
             if not (w.kind == "trace" and w.format == "generic"):
                 raise _err(f"clock 'steps' with workload kind {w.kind!r}"

@@ -1,22 +1,32 @@
-"""The GPU under `event_loop_overlap`: every forward holds the TP group's GPU
-resource, one at a time, while the scheduler's CPU work for the next batch runs
-beside it (docs/SCHEDULER.md, "The overlap loop in time")."""
+"""The GPU under `event_loop_overlap` with `scheduler.overlap_timing: pipelined`:
+every forward holds the TP group's GPU resource, one at a time, while the
+scheduler's CPU work for the next batch runs beside it (docs/SCHEDULER.md, "The
+overlap loop in time")."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import filecmp
+import subprocess
+import sys
+
+import pytest
+
 from sim.cluster import Cluster
-from sim.runner import prepare
+from sim.runner import prepare, run_scenario
 from sim.scenario import load_scenario
+
+from conftest import STEP_BY_STEP
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS_US = 0.002  # trace times are rounded to 1 ns
+PIPELINED = "scheduler.overlap_timing=pipelined"
 
 
 def _forwards(*sets, requests=80):
     scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml",
-                        [f"workload.num_requests={requests}", *sets])
+                        [f"workload.num_requests={requests}", PIPELINED, *sets])
     _, cfg, cost, workload = prepare(scn)
     events: list = []
     sim = Cluster(cfg, workload, cost, trace_events=events)
@@ -55,3 +65,45 @@ def test_the_next_iterations_cache_sync_runs_while_the_gpu_decodes():
     gaps = [s1 - e0 for e0, s1 in pairs if s1 - e0 > EPS_US]
     # the rest follow an idle GPU: the loop had nothing to run in between
     assert all(g >= sync_us - EPS_US for g in gaps)
+
+
+@pytest.mark.parametrize("name,seed", [("quickstart", 0), ("quickstart", 3), ("capacity_wb_vs_wt", 0),
+                                       ("capacity_wb_vs_wt", 5), ("storage_mooncake", 1),
+                                       ("hybrid_swa", 2), ("hybrid_mamba", 4),
+                                       ("jitter_ack_delay", 1), ("host_pressure_reclaim", 2)])
+def test_pipelined_decode_runs_write_what_a_step_by_step_loop_writes(name, seed, tmp_path):
+    """Runs of decode steps launched as one forward (the steps after the first stand
+    for iterations whose sync the step before hides) against one step per iteration,
+    each a forward of its own on the GPU: byte-identical results."""
+    sets = ["workload.num_requests=60", f"seed={seed}", PIPELINED]
+    run_scenario(load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets), tmp_path / "fast")
+    run_scenario(load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets + [STEP_BY_STEP]),
+                 tmp_path / "plain")
+    names = sorted(p.name for p in (tmp_path / "fast").iterdir())
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path / "fast", tmp_path / "plain", names,
+                                           shallow=False)
+    assert not mismatch and not errors
+
+
+def test_pipelined_timing_changes_the_run():
+    serial = run_scenario(load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+                                        ["workload.num_requests=120"]), None).summary
+    piped = run_scenario(load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+                                       ["workload.num_requests=120", PIPELINED]), None).summary
+    assert serial["requests"] == piped["requests"] == 120
+    assert piped["ttft_p50_s"] != serial["ttft_p50_s"]
+    assert piped["sim_time_s"] != serial["sim_time_s"]
+
+
+@pytest.mark.parametrize("sets,key", [(["scheduler.overlap=false"], "scheduler.overlap_timing"),
+                                      (["engine.clock=steps"], "scheduler.overlap_timing")])
+def test_pipelined_timing_needs_the_overlap_loop_on_the_time_clock(sets, key, tmp_path):
+    args = [sys.executable, str(ROOT / "cli.py"), "run", str(ROOT / "scenarios" / "quickstart.yaml"),
+            "-o", str(tmp_path / "r"), "--set", PIPELINED]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    line = out.stderr.strip().splitlines()
+    assert len(line) == 1 and key in line[0] and "pipelined" in line[0], out.stderr
+    assert "Traceback" not in out.stderr
