@@ -96,15 +96,20 @@ def until(env: simpy.Environment, t: float):
     (``now``'s bits below ``t``'s last place are exactly half of it, and rounding to
     even skips ``t``), the wait lands on the last time before ``t`` it can reach and
     covers the rest from there, where ``t - now`` is exact."""
-    now = env.now
+    yield env.timeout(delay_to(env.now, t))
+    if env.now != t:
+        yield env.timeout(t - env.now)
+
+
+def delay_to(now: float, t: float) -> float:
+    """The delay whose sum with ``now`` is ``t`` (``until``), or, where rounding to
+    even skips ``t``, the largest whose sum falls short of it."""
     d = t - now
     while now + d < t:
         d = math.nextafter(d, math.inf)
     while now + d > t:
         d = math.nextafter(d, -math.inf)
-    yield env.timeout(d)
-    if env.now != t:
-        yield env.timeout(t - env.now)
+    return d
 
 
 def run_until(env: simpy.Environment, over: simpy.Event) -> None:
@@ -759,11 +764,7 @@ class Simulation:
         if not t > env.now:
             self.gpu.release(h.req)
             return
-        d = t - env.now
-        while env.now + d < t:
-            d = math.nextafter(d, math.inf)
-        while env.now + d > t:
-            d = math.nextafter(d, -math.inf)
+        d = delay_to(env.now, t)
         if env.now + d == t:
             env.timeout(d).callbacks.append(lambda _ev: self.gpu.release(h.req))
         else:  # rounding to even skips ``t``: a process lands there
@@ -1679,20 +1680,10 @@ class Simulation:
             self._forward(b)
             if self._gpu_hold is None:
                 yield from self._hold_gpu()
-            while True:
-                self._run = run = [t, False, now]  # end, cut, start
-                try:
-                    yield from until(env, t)
-                except simpy.Interrupt:
-                    pass
-                self._run = None
-                if run[0] >= t:
-                    break
-                # cut short by a relevant moment during the run (``_relevant``)
-                stop = run[0]
-                t, k, busy = cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
-                if t <= env.now:
-                    break
+
+            def recut(stop):  # cut short by a relevant moment during the run
+                return cost.decode_run(b, ctx, steps, now, self._sync_s, stop, busy0)
+            t, k, busy = yield from self._run_to(t, now, (t, k, busy), recut)
             self.busy_s = busy
         self.step_no += k - 1  # the first of these steps is this iteration
         self._iter_step += k - 1
@@ -1751,6 +1742,26 @@ class Simulation:
             self._compare()
             yield from self._result_scan_time()
 
+    def _run_to(self, t: float, lo: float, priced: tuple, recut):
+        """Wait until ``t``, the end ``priced`` (time, steps, busy) of a run of decode
+        steps; a relevant moment after ``lo`` and before ``t`` (``_relevant``)
+        interrupts the wait and ``recut(moment)`` prices the run again. Returns the
+        pricing the run ends with."""
+        env = self.env
+        while True:
+            self._run = cut = [t, False, lo]  # end, cut, after
+            try:
+                yield from until(env, t)
+            except simpy.Interrupt:
+                pass
+            self._run = None
+            if cut[0] >= t:
+                return priced
+            priced = recut(cut[0])
+            t = priced[0]
+            if t <= env.now:
+                return priced
+
     def _decode_stalls(self, plans):
         """A decode step's memory work on each replica's scheduler thread; pipelined,
         after the iteration's cache sync (both run while the GPU computes)."""
@@ -1803,21 +1814,15 @@ class Simulation:
         t, m, busy = b0, 0, self.busy_s
         if self._last_relevant <= ref and stop > b0 and n > 1:
             t, m, busy = cost.decode_run(b, ctx_run, n - 1, b0, 0.0, stop, busy)
-        while env.now < t:
-            # relevant moments after ``ref`` cut the run (``_relevant``); one at or
-            # before its start leaves it the step already launched
-            self._run = cut = [t, False, ref]
-            try:
-                yield from until(env, t)
-            except simpy.Interrupt:
-                pass
-            self._run = None
-            if cut[0] >= t:
-                break
-            if cut[0] <= b0:
-                t, m, busy = b0, 0, self.busy_s
-            else:
-                t, m, busy = cost.decode_run(b, ctx_run, n - 1, b0, 0.0, cut[0], self.busy_s)
+
+        def recut(stop):
+            # a relevant moment after ``ref``: one at or before the run's start leaves
+            # it the step already launched
+            if stop <= b0:
+                return b0, 0, self.busy_s
+            return cost.decode_run(b, ctx_run, n - 1, b0, 0.0, stop, self.busy_s)
+        if env.now < t:
+            t, m, busy = yield from self._run_to(t, ref, (t, m, busy), recut)
         # the run's last step, from the boundary where the loop goes on
         self._fix_steps(seg, m + 1, t, m, busy)
         return base + m + 1
