@@ -2165,15 +2165,21 @@ def _tags_first(v):
     return v
 
 
+# Engine keys that by construction change no result (class Engine's docstring).
+_ENGINE_BOOKKEEPING = ("replicas", "decode_runs", "check_invariants")
+
+
 def dump_resolved(scenario: Scenario) -> str:
     """The validated scenario as YAML: defaults filled in, paths absolute, keys in
     schema order (deterministic). Loading it again gives the same scenario. The
-    resolved capacities head the file as comments. ``engine`` is left out: it is
-    bookkeeping that by construction does not change results, and leaving it out
-    keeps a shared and an eager run's folders byte-identical."""
+    resolved capacities head the file as comments. ``engine``'s bookkeeping keys
+    (``replicas``, ``decode_runs``, ``check_invariants``) are left out: by construction
+    they change no result, and leaving them out keeps the folders of a run and its
+    check byte-identical. Its clock stays: it changes the run."""
     info = resolve_sizing(scenario)
     dev, host, bpt = info["device_tokens"], info["host_tokens"], info["bytes_per_token"]
-    data = _tags_first(scenario.model_dump(mode="python", exclude_none=True, exclude={"engine"}))
+    data = _tags_first(scenario.model_dump(mode="python", exclude_none=True,
+                                           exclude={"engine": set(_ENGINE_BOOKKEEPING)}))
     if scenario.router.policy != "cache_aware":  # its thresholds would not load back
         data["router"] = {"policy": scenario.router.policy}
     head = (f"# resolved by hicache-sim {__version__}\n"
