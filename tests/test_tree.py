@@ -379,3 +379,30 @@ def test_a_default_tree_loads_back_from_sglangs_threshold(tokens, ok):
     t.evict_device(t.dev_used)  # write_back: backed up, demoted to host
     res = t.load_back(t.match_prefix(list(range(tokens))), "lb")
     assert res.ok is ok and (ok or res.reason == "below_threshold")
+
+
+def test_content_hash_summed_at_the_first_ask_equals_the_one_kept_from_the_start():
+    """A replica sums its content hash only once it is compared (after a fork), then
+    keeps it: that sum, and every update after it, equals a hash kept from the start."""
+    import random
+
+    rng = random.Random(5)
+    late, early = (Tree(device_capacity=200, host_capacity=300) for _ in range(2))
+    assert early.content_hash == 0  # asked at once: kept from the start
+    for i in range(400):
+        key = [rng.randrange(40) * 1000 + j for j in range(rng.randrange(1, 12))]
+        dev_n, host_n = rng.randrange(1, 30), rng.randrange(1, 20)
+        for t in (late, early):
+            t.match_prefix(key)
+            try:
+                t.insert(key)
+            except TreeError:
+                t.evict_device(len(key))
+            if i % 7 == 0:
+                t.evict_device(dev_n)
+            if i % 11 == 0 and t.host_used:
+                t.evict_host(host_n)
+        if i == 200:
+            assert late.content_hash == early.content_hash  # summed here, at the first ask
+    assert late.content_hash == early.content_hash != 0
+    late.check()

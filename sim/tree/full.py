@@ -307,7 +307,10 @@ class Tree(TreeCore):
         # A hash of every node's (first unit, length, tiers), summed: updated where a
         # node's residency or extent changes, so two replicas compare in O(1). With
         # the engine's prefix-unique page ids a node's first unit names its path.
-        self.content_hash = 0
+        # Only replicas that are compared need it (a TP group whose ranks have
+        # forked): it is summed once at the first ask, and kept from then on.
+        self._hash = 0
+        self._hashing = False
         self.dheap = _LeafHeap(prio, "dtok")
         self.hheap = _LeafHeap(prio, "htok")
         self.d_leaves = self.dheap.members
@@ -322,9 +325,12 @@ class Tree(TreeCore):
     # ---------------------------------------------- the one place for each count
     def _set_dev(self, node: Node, on: bool) -> None:
         t = len(node.key) * self.page_size
-        old = _content(node)
-        node.dev = on
-        self.content_hash = (self.content_hash - old + _content(node)) & _M64
+        if self._hashing:
+            old = _content(node)
+            node.dev = on
+            self._hash = (self._hash - old + _content(node)) & _M64
+        else:
+            node.dev = on
         sign = 1 if on else -1
         self.dev_used += sign * t
         if node.host:
@@ -336,9 +342,12 @@ class Tree(TreeCore):
         node.parent.n_dev_children += sign
 
     def _set_host(self, node: Node, on: bool) -> None:
-        old = _content(node)
-        node.host = on
-        self.content_hash = (self.content_hash - old + _content(node)) & _M64
+        if self._hashing:
+            old = _content(node)
+            node.host = on
+            self._hash = (self._hash - old + _content(node)) & _M64
+        else:
+            node.host = on
         t = (1 if on else -1) * len(node.key) * self.page_size
         self.host_used += t
         if node.dev:
@@ -434,7 +443,7 @@ class Tree(TreeCore):
         """`_split_node(child, p)`: a new upper fragment takes the new id and becomes
         the parent; the original keeps its id, its lower key and its map position."""
         parent = child.parent
-        old = _content(child)
+        old = _content(child) if self._hashing else 0
         up = self._new_node(child.key[:p], parent)
         up.creation = child.creation
         up.hit_count = child.hit_count
@@ -451,7 +460,8 @@ class Tree(TreeCore):
         child.parent = up
         up.children[child.key[0]] = child
         up.n_dev_children = 1 if child.dev else 0
-        self.content_hash = (self.content_hash - old + _content(up) + _content(child)) & _M64
+        if self._hashing:
+            self._hash = (self._hash - old + _content(up) + _content(child)) & _M64
         self.n_nodes += 1
         self.stats.splits += 1
         self._set_time(child, self._tick())
@@ -686,6 +696,16 @@ class Tree(TreeCore):
         if n < 0 or n > self.host_reserved:
             raise TreeError(f"unstage_host({n}) with {self.host_reserved} staged")
         self.host_reserved -= n
+
+    @property
+    def content_hash(self) -> int:
+        """Every node's (first unit, length, tiers) hashed and summed (ids left out):
+        equal contents give equal sums. Summed over the tree at the first ask, then
+        kept up to date where a node's residency or extent changes."""
+        if not self._hashing:
+            self._hash = sum(_content(node) for node in self.iter_nodes()) & _M64
+            self._hashing = True
+        return self._hash
 
     def _host_room(self, k: int, res) -> bool:
         """Make room for ``k`` host tokens: evict exactly the shortfall, and fail if
