@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import gc
 import math
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -538,6 +537,8 @@ def _run_jobs(jobs_args, jobs: int, progress):
             if progress:
                 progress(i + 1, len(jobs_args))
         return out
+
+    from concurrent.futures import ProcessPoolExecutor, as_completed  # here: a model-only plan runs none
 
     out = [None] * len(jobs_args)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
