@@ -1,7 +1,7 @@
 """Do two checkouts' ``plan`` commands write the same bytes? For a speed change to plan's
 process layout (who imports, draws and saves what): every file it writes (plan.png,
 plan.svg, plan.parquet, plan.json) must stay byte for byte what the other revision
-writes, for the FULL-only plan (host and device tier, storage, targets, engine checks)
+writes, for the FULL-only plan (host and device tier, storage, targets, engine checks, the offline optimum)
 and the hybrid ones.
 
 Usage: python tools/plan_outputs_identical.py --base /path/to/other/checkout [--only NAME,...]
@@ -30,6 +30,8 @@ CASES = {
     "target": ["scenarios/mooncake_conversation.yaml", "--check-points", "0", "--grid-points", "12",
                "--opt-points", "0", "--quiet", "--target-hit-rate", "0.3",
                "--set", "node={host_ram_gb: 2048}"],
+    "quickstart": ["scenarios/quickstart.yaml", "--check-points", "0", "--grid-points", "8",
+                   "--opt-points", "2", "--quiet", "--set", "workload.num_requests=200"],
     "engine": ["scenarios/quickstart.yaml", "--check-points", "2", "--grid-points", "8",
                "--opt-points", "2", "--quiet", "--target-ttft-p99", "5",
                "--set", "workload.num_requests=120"],

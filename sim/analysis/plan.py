@@ -308,7 +308,13 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         policies = [own]
     else:
         policies = list(policies or [(w, h) for w in WRITE_POLICIES for h in HOST_POLICIES])
-    trace = plan_trace(scenario)
+    was = gc.isenabled()
+    gc.disable()  # reading the trace: a record object per request, and none is garbage
+    try:
+        trace = plan_trace(scenario)
+    finally:
+        if was:
+            gc.enable()
     n = trace.requests
     warm = warm_requests(n, warmup)
     measured_input = int(trace.input_len[warm:].sum())

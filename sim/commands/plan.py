@@ -117,6 +117,22 @@ def _policies(text):
 
 
 def run(args) -> int:
+    import gc
+
+    # The command's imports (pydantic, numpy, matplotlib, pandas) and the scenario's
+    # load make objects that live to its end: a cyclic collection in the middle walks
+    # them and frees nothing. Collections run only while engine runs make garbage
+    # (make_plan pauses them for its own analysis of the trace).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(args, gc, collecting)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run(args, gc, collecting: bool) -> int:
     from pathlib import Path
 
     from sim.errors import UserError
@@ -146,6 +162,8 @@ def run(args) -> int:
         out = Path(args.out or f"results/{scenario.name}_plan")
         if out.exists() and not out.is_dir():
             raise UserError("found a file; expected a folder for the plan's outputs", where=str(out))
+        if collecting:
+            gc.enable()  # the plan's engine runs
         if scenario.model.hybrid_preset is not None:
             return _run_hybrid(args, scenario, out, warmup, jobs, max_gb, writer)
         for flag, key in HYBRID_ONLY:
@@ -160,6 +178,7 @@ def run(args) -> int:
         plan = make_plan(scenario, warmup=warmup, max_host_gb=max_gb, check_points=checks,
                          opt_points=opts, grid_points=grid, policies=policies, jobs=jobs,
                          target_hit_rate=target, target_ttft_p99_s=ttft, progress=progress)
+        gc.disable()  # writing: pandas' and pyarrow's imports
         written = writer.write(plan, out) if writer is not None else write_plan(plan, out)
     finally:
         if writer is not None:
@@ -184,10 +203,15 @@ FIGURE_FORMATS = ("png", "svg")
 
 
 def _preload() -> None:
-    """What drawing a plan figure imports: matplotlib (reports.plan), and what
-    unpickling the plan takes."""
+    """What drawing and saving a plan figure imports: matplotlib (reports.plan), the
+    Agg and SVG backends its first save of each format would load, the atomic writer,
+    and what unpickling the plan takes."""
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.backends.backend_svg  # noqa: F401
+
     import reports.plan  # noqa: F401
     import sim.analysis.plan  # noqa: F401
+    import sim.atomic  # noqa: F401
 
 
 def _writer_process(conn) -> None:
