@@ -190,13 +190,18 @@ def _run(args, gc, collecting: bool) -> int:
 
 
 def _skip_final_collection() -> None:
-    """Every file is written and closed: the interpreter's last garbage collection at
-    exit, a walk over every object pandas, pyarrow and pydantic made (about 0.2 s),
-    frees nothing the operating system does not take back anyway, so the objects are
-    frozen out of it (``gc.freeze``)."""
+    """Every file is written and closed, the writing process joined: the interpreter's
+    teardown at exit, its last garbage collection (a walk over every object pandas,
+    pyarrow and pydantic made: about 0.2 s) and the freeing of each object, frees
+    nothing the operating system does not take back anyway. So the objects are frozen
+    out of the collection (``gc.freeze``), and a script run ends without the teardown
+    (``sim.commands.end_without_teardown``)."""
     import gc
 
+    from sim.commands import end_without_teardown
+
     gc.freeze()
+    end_without_teardown()
 
 
 FIGURE_FORMATS = ("png", "svg")
@@ -338,10 +343,14 @@ def _figure_writers(hybrid: bool):
 
 
 def plan_table(plan):
-    """The FULL-only plan's rows (``sim.analysis.plan.plan_table``)."""
+    """The FULL-only plan's rows: built without pandas where it can be
+    (``sim.analysis.plan.plan_arrow_table``, the same bytes), else
+    ``sim.analysis.plan.plan_table``."""
+    from sim.analysis.plan import plan_arrow_table
     from sim.analysis.plan import plan_table as table
 
-    return table(plan)
+    arrow = plan_arrow_table(plan)
+    return table(plan) if arrow is None else arrow
 
 
 def hybrid_plan_table(plan):
