@@ -190,18 +190,13 @@ def _run(args, gc, collecting: bool) -> int:
 
 
 def _skip_final_collection() -> None:
-    """Every file is written and closed, the writing process joined: the interpreter's
-    teardown at exit, its last garbage collection (a walk over every object pandas,
-    pyarrow and pydantic made: about 0.2 s) and the freeing of each object, frees
-    nothing the operating system does not take back anyway. So the objects are frozen
-    out of the collection (``gc.freeze``), and a script run ends without the teardown
-    (``sim.commands.end_without_teardown``)."""
+    """Every file is written and closed: the interpreter's last garbage collection at
+    exit, a walk over every object pyarrow, numpy and pydantic made, frees nothing
+    the operating system does not take back anyway, so the objects are frozen out of
+    it (``gc.freeze``)."""
     import gc
 
-    from sim.commands import end_without_teardown
-
     gc.freeze()
-    end_without_teardown()
 
 
 FIGURE_FORMATS = ("png", "svg")
