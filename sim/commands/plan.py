@@ -119,10 +119,10 @@ def _policies(text):
 def run(args) -> int:
     import gc
 
-    # The command's imports (pydantic, numpy, matplotlib, pandas) and the scenario's
-    # load make objects that live to its end: a cyclic collection in the middle walks
-    # them and frees nothing. Collections run only while engine runs make garbage
-    # (make_plan pauses them for its own analysis of the trace).
+    # The command's imports (pydantic, numpy, pyarrow; matplotlib in the writer) and
+    # the scenario's load make objects that live to its end: a cyclic collection in
+    # the middle walks them and frees nothing. Collections run only while engine runs
+    # make garbage (make_plan pauses them for its own analysis of the trace).
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -162,8 +162,11 @@ def _run(args, gc, collecting: bool) -> int:
         out = Path(args.out or f"results/{scenario.name}_plan")
         if out.exists() and not out.is_dir():
             raise UserError("found a file; expected a folder for the plan's outputs", where=str(out))
-        if collecting:
-            gc.enable()  # the plan's engine runs
+        if collecting and (checks or scenario.model.hybrid_preset is not None):
+            # Engine runs make garbage: collect it, without walking what is there now
+            # (frozen: it lives to the end). A model-only plan runs none.
+            gc.freeze()
+            gc.enable()
         if scenario.model.hybrid_preset is not None:
             return _run_hybrid(args, scenario, out, warmup, jobs, max_gb, writer)
         for flag, key in HYBRID_ONLY:
