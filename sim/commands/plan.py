@@ -126,13 +126,14 @@ def run(args) -> int:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _run(args, gc, collecting)
+        return _run(args, collecting)
     finally:
         if collecting:
             gc.enable()
 
 
-def _run(args, gc, collecting: bool) -> int:
+def _run(args, collecting: bool) -> int:
+    import gc
     from pathlib import Path
 
     from sim.errors import UserError
@@ -181,7 +182,7 @@ def _run(args, gc, collecting: bool) -> int:
         plan = make_plan(scenario, warmup=warmup, max_host_gb=max_gb, check_points=checks,
                          opt_points=opts, grid_points=grid, policies=policies, jobs=jobs,
                          target_hit_rate=target, target_ttft_p99_s=ttft, progress=progress)
-        gc.disable()  # writing: pandas' and pyarrow's imports
+        gc.disable()  # writing: pyarrow's import (pandas' for a table only it can type)
         written = writer.write(plan, out) if writer is not None else write_plan(plan, out)
     finally:
         if writer is not None:
@@ -240,8 +241,8 @@ class PlanWriter:
     """The plan's figures off the critical path: a forked process imports what drawing
     them takes (matplotlib: about half a second) while the parent loads the scenario
     and computes the plan, then draws and saves them while the parent writes the
-    table and the JSON (pandas, pyarrow: imported only then, so they load while the
-    figures draw). The same functions write the same bytes as
+    table and the JSON (pyarrow, and pandas for a hybrid plan's table: imported only
+    then, so they load while the figures draw). The same functions write the same bytes as
     ``write_plan``; the parent waits for the figures, so every file is there when
     ``plan`` returns. Where fork is not the platform's way, ``start`` returns None and
     the parent writes everything itself."""
