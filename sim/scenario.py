@@ -2175,7 +2175,10 @@ def describe_fields() -> None:
         return
     import ast
 
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    try:
+        tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    except OSError:  # no source to read (as pydantic, which then describes nothing)
+        tree = ast.parse("")
     docs = {node.name: _field_docstrings(node) for node in tree.body
             if isinstance(node, ast.ClassDef)}
     models = [obj for obj in globals().values()
