@@ -59,17 +59,22 @@ def write_json(path, obj) -> None:
 def write_parquet(path, df, units: dict | None = None) -> None:
     """The one parquet writer: ``df`` without its index, ``df.attrs`` kept (as pandas
     keeps them), and with ``units`` (column -> unit, ``sim.units``) every column's unit
-    in the schema metadata under ``hicache_sim.units``."""
+    in the schema metadata under ``hicache_sim.units``. ``df`` may also be a pyarrow
+    Table already in the form ``from_pandas`` gives (``sim.analysis.plan.plan_arrow_table``:
+    a table built without pandas), written as it is."""
     # here, not at the top: cli.py loads this module at start-up, pyarrow is slow to load
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pandas(df, preserve_index=False)
+    if isinstance(df, pa.Table):
+        table = df
+    else:
+        table = pa.Table.from_pandas(df, preserve_index=False)
     meta = dict(table.schema.metadata or {})
-    if df.attrs:  # what pandas' own writer adds, so read_parquet restores them
+    if getattr(df, "attrs", None):  # what pandas' own writer adds, so read_parquet restores them
         meta[b"PANDAS_ATTRS"] = json.dumps(df.attrs).encode()
     if units is not None:
-        meta[UNITS_KEY] = json.dumps(units_for(list(df.columns), units)).encode()
+        meta[UNITS_KEY] = json.dumps(units_for(list(table.column_names), units)).encode()
     table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="snappy")

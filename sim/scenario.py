@@ -145,9 +145,11 @@ class _Model(BaseModel):
     """Every scenario section: unknown keys are errors, inf/nan are rejected."""
 
     # A field's docstring (the string below it) is its description: in the JSON Schema
-    # editors read and in docs/SCENARIO.md (sim.schema_doc).
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True,
-                              use_attribute_docstrings=True)
+    # editors read and in docs/SCENARIO.md (sim.schema_doc). Read on their demand
+    # (describe_fields), not at import: pydantic's use_attribute_docstrings reads and
+    # parses each class's source while building it, a tenth of a second that loading
+    # and validating a scenario (every run, every plan) does not need.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True)
 
 
 def _resolve_path(value: str, info: ValidationInfo, what: str, file: bool = False) -> str:
@@ -2148,6 +2150,69 @@ def _as_user_error(err: ValidationError, data, lines, overridden, where, labels=
                     + (f" ({at})" if at != place(line, via_set) else ""))
     return UserError(_flat(f"{key}: found {found}; expected {expected}{more_errors(rest)}"),
                      where=place(line, via_set))
+
+
+# ----------------------------------------------------------------------------------
+# Field descriptions (for the schema's readers)
+# ----------------------------------------------------------------------------------
+
+_DESCRIBED = False
+
+
+def _field_docstrings(node) -> dict[str, str]:
+    """The docstrings of a class body's fields: a string statement right after an
+    annotated name (``x: int = 1`` then a string literal), cleaned as pydantic's
+    use_attribute_docstrings cleans it (``inspect.cleandoc``)."""
+    import ast
+    import inspect
+
+    out, prev = {}, None
+    for stmt in node.body:
+        if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str) and isinstance(prev, ast.AnnAssign)
+                and isinstance(prev.target, ast.Name)):
+            out[prev.target.id] = inspect.cleandoc(stmt.value.value)
+        prev = stmt
+    return out
+
+
+def describe_fields() -> None:
+    """Give every section's fields their docstrings as ``description``, as pydantic's
+    ``use_attribute_docstrings`` would have while building the classes, and rebuild
+    the classes' schemas (leaves first: each is defined before the sections that hold
+    it) so ``model_json_schema`` has them; once per process. For the schema's readers
+    (``sim.schema_doc``): validation never reads a description.
+
+    A field declared in a class takes the docstring below it there; a field a class
+    inherits keeps its parent's description (pydantic copies the parent's field)."""
+    global _DESCRIBED
+    if _DESCRIBED:
+        return
+    import ast
+
+    try:
+        tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    except OSError:  # no source to read (as pydantic, which then describes nothing)
+        tree = ast.parse("")
+    docs = {node.name: _field_docstrings(node) for node in tree.body
+            if isinstance(node, ast.ClassDef)}
+    models = [obj for obj in globals().values()
+              if isinstance(obj, type) and issubclass(obj, _Model) and obj.__module__ == __name__]
+    for cls in models:
+        own = docs.get(cls.__name__, {})
+        declared = cls.__dict__.get("__annotations__", {})
+        for name, info in cls.__pydantic_fields__.items():
+            if info.description is not None:
+                continue
+            if name in own:
+                info.description = own[name]
+            elif name not in declared:
+                parent = next(b for b in cls.__mro__[1:]
+                              if name in (getattr(b, "__pydantic_fields__", None) or {}))
+                info.description = parent.__pydantic_fields__[name].description
+    for cls in models:
+        cls.model_rebuild(force=True)
+    _DESCRIBED = True
 
 
 # ----------------------------------------------------------------------------------

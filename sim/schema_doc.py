@@ -32,6 +32,8 @@ from sim.costs import MODEL_PRESETS, PROFILES, load_profile
 from sim.costs.hybrid_models import HYBRID_MODEL_PRESETS
 from sim.scenario import Scenario, _DistFields
 
+scenario.describe_fields()  # the fields' docstrings, read on demand
+
 DOC_PATH = "docs/SCENARIO.md"
 REGENERATE = "hicache-sim schema --markdown > docs/SCENARIO.md"
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"

@@ -306,3 +306,51 @@ def test_an_error_drawing_the_figure_is_raised_in_the_parent(tmp_path, monkeypat
     finally:
         writer.close()
     assert (tmp_path / "out" / "plan.json").is_file()  # the parent's part was written
+
+
+def _parquet_bytes(table_or_df, path) -> bytes:
+    from sim.atomic import write_parquet
+
+    write_parquet(path, table_or_df)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("sets,kw", [
+    ([], dict(check_points=0, opt_points=2, grid_points=8)),  # model, planning and optimum rows
+    ([], dict(check_points=2, opt_points=0, grid_points=6)),  # engine rows and their extras
+    (["host=off"], dict(check_points=2, opt_points=1, grid_points=5)),  # the device tier
+], ids=["model", "engine", "device_tier"])
+def test_the_table_built_without_pandas_is_the_pandas_one_byte_for_byte(tmp_path, sets, kw):
+    """plan.parquet is written from a pyarrow table built directly
+    (plan_arrow_table): its file is the one pandas' DataFrame gives (plan_table)."""
+    from sim.analysis.plan import make_plan, plan_arrow_table, plan_table
+    from sim.scenario import load_scenario
+
+    scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.num_requests=120", *sets])
+    plan = make_plan(scn, **kw)
+    arrow = plan_arrow_table(plan)
+    assert arrow is not None
+    assert _parquet_bytes(arrow, tmp_path / "a.parquet") == _parquet_bytes(plan_table(plan), tmp_path / "b.parquet")
+
+
+def test_a_column_is_typed_as_pandas_types_it_or_left_to_pandas():
+    """Each kind of column the plan's rows hold, typed as pd.DataFrame(rows) types it
+    and converted as Table.from_pandas converts it; mixes it does not mirror: None."""
+    import pyarrow as pa
+
+    from sim.analysis.plan import _ABSENT, _arrow_column
+
+    A = _ABSENT
+    cases = {"float+absent": [1.0, A, np.float64(2.5)], "int": [1, 2, 3], "int+absent": [1, A, 3],
+             "int+None": [1, None, 3], "float+None": [1.5, None, A], "None+absent": [None, A],
+             "None": [None, None], "nan": [float("nan"), 1.0], "int+float": [1, 2.5],
+             "str": ["a", "b"], "str+absent+None": ["a", A, None], "bool": [True, False]}
+    for name, values in cases.items():
+        df = pd.DataFrame([dict({"k": 0}, **({} if v is A else {"x": v})) for v in values])
+        want = pa.Table.from_pandas(df[["x"]], preserve_index=False).column("x").combine_chunks()
+        got, dtype = _arrow_column(values)
+        assert got.type == want.type and got.to_pylist() == want.to_pylist(), name
+        assert dtype == str(df["x"].dtype), name
+    assert _arrow_column([A, A])[0].type == pa.null()  # a column no row has: df[c] = None
+    for mix in ([True, A], ["a", 1.0], [True, 1], [2**64, 1]):
+        assert _arrow_column(mix) is None, mix

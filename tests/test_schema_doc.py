@@ -75,3 +75,40 @@ def test_the_json_schema_rejects_what_the_loader_rejects():
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
     jsonschema.validate({**doc, "workload": {**doc["workload"], "turns": 5}}, schema)  # bare number
+
+
+_DESCRIPTIONS = """
+import json, sys
+import pydantic
+if sys.argv[1] == "eager":  # pydantic's own reading of the docstrings, while building each class
+    plain = pydantic.ConfigDict
+    pydantic.ConfigDict = lambda **kw: plain(**kw, use_attribute_docstrings=True)
+import sim.scenario as s
+if sys.argv[1] == "lazy":
+    s.describe_fields()
+models = {n: c for n, c in vars(s).items()
+          if isinstance(c, type) and issubclass(c, s._Model) and c.__module__ == s.__name__}
+print(json.dumps({n: [{k: f.description for k, f in c.model_fields.items()},
+                      c.model_json_schema()] for n, c in models.items()}, sort_keys=True))
+"""
+
+
+def test_descriptions_read_on_demand_are_the_ones_pydantic_reads_at_import():
+    """sim.scenario does not read its fields' docstrings while building the classes
+    (describe_fields does, for the schema's readers): every field's description and
+    every section's JSON Schema are what pydantic's use_attribute_docstrings gives."""
+    import os
+    import subprocess
+    import sys
+
+    def dump(mode):
+        r = subprocess.run([sys.executable, "-c", _DESCRIPTIONS, mode], cwd=ROOT, check=True,
+                           capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        return json.loads(r.stdout)
+
+    eager, lazy, bare = dump("eager"), dump("lazy"), dump("bare")
+    assert lazy == eager
+    described = sum(d is not None for fields, _ in eager.values() for d in fields.values())
+    assert described > 100  # the docstrings are there to read
+    assert sum(d is not None for fields, _ in bare.values() for d in fields.values()) < described

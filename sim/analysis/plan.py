@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import gc
 import math
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -309,7 +308,13 @@ def make_plan(scenario, *, warmup: float = 0.0, max_host_gb: float | None = None
         policies = [own]
     else:
         policies = list(policies or [(w, h) for w in WRITE_POLICIES for h in HOST_POLICIES])
-    trace = plan_trace(scenario)
+    was = gc.isenabled()
+    gc.disable()  # reading the trace: a record object per request, and none is garbage
+    try:
+        trace = plan_trace(scenario)
+    finally:
+        if was:
+            gc.enable()
     n = trace.requests
     warm = warm_requests(n, warmup)
     measured_input = int(trace.input_len[warm:].sum())
@@ -539,6 +544,8 @@ def _run_jobs(jobs_args, jobs: int, progress):
                 progress(i + 1, len(jobs_args))
         return out
 
+    from concurrent.futures import ProcessPoolExecutor, as_completed  # here: a model-only plan runs none
+
     out = [None] * len(jobs_args)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(_engine_job, a): i for i, a in enumerate(jobs_args)}
@@ -552,13 +559,11 @@ def _run_jobs(jobs_args, jobs: int, progress):
     return out
 
 
-def plan_table(plan: Plan):
-    """The plan's rows as a DataFrame (plan.parquet); units in the column names."""
-    import pandas as pd  # here, not at the top: importing the module stays light (pandas is slow to load)
-
+def _plan_rows(plan: Plan) -> tuple[list[dict], list[str], str]:
+    """The plan's rows (a dict per row, without the columns computed from others),
+    plan.parquet's columns in order, and the tier the plan varies."""
     d = plan.doc
     rows = []
-    bpt = d["bytes_per_token"]
     for key, curve in plan.model.items():
         if key == "dev":
             continue
@@ -582,27 +587,149 @@ def plan_table(plan: Plan):
                      "requests_measured": e.requests, "is_bound": False,
                      **{k + ("" if k in ("backup_failures", "verdict") else ""): v
                         for k, v in e.extra.items()}})
-    df = pd.DataFrame(rows)
     # The tier the plan varies: the host, or the device when the host is off.
     tier = d["tier"]
-    df = df.rename(columns={"size_gb_per_rank": f"{tier}_gb_per_rank"})
-    if tier == "host":
-        df["host_tokens_per_rank"] = [_tokens(g, bpt, d["page_size"]) for g in df["host_gb_per_rank"]]
-    else:
-        df["device_tokens_per_rank"] = [int(g * 1e9 / bpt) // d["page_size"] * d["page_size"]
-                                        for g in df["device_gb_per_rank"]]
-    # Host copies per node: one per rank, or one per TP group under MLA host dedup.
-    copies = d.get("host_copies_per_node", d["ranks_per_node"]) if tier == "host" else d["ranks_per_node"]
-    df[f"{tier}_gb_per_node"] = df[f"{tier}_gb_per_rank"] * copies
     cols = ["series", "write_policy", "host_policy", f"{tier}_gb_per_rank", f"{tier}_tokens_per_rank",
             f"{tier}_gb_per_node", "hit_rate", "device_hit_rate", "host_hit_rate",
             *(["storage_hit_rate"] if d.get("storage") else []), "ttft_p50_s",
             "ttft_p99_s", "requests_measured", "device_pages_mean", "host_pages_mean",
             "duplicate_pages_mean", "unique_pages_mean", "backup_failures", "verdict", "is_bound"]
+    return rows, cols, tier
+
+
+def _size_columns(tier: str, d: dict):
+    """(tokens of a size, the size's copies per node) for the plan's tier."""
+    bpt, ps = d["bytes_per_token"], d["page_size"]
+    if tier == "host":
+        tokens = lambda g: _tokens(g, bpt, ps)  # noqa: E731
+    else:
+        tokens = lambda g: int(g * 1e9 / bpt) // ps * ps  # noqa: E731
+    # Host copies per node: one per rank, or one per TP group under MLA host dedup.
+    copies = d.get("host_copies_per_node", d["ranks_per_node"]) if tier == "host" else d["ranks_per_node"]
+    return tokens, copies
+
+
+def plan_table(plan: Plan):
+    """The plan's rows as a DataFrame (plan.parquet); units in the column names."""
+    import pandas as pd  # here, not at the top: importing the module stays light (pandas is slow to load)
+
+    rows, cols, tier = _plan_rows(plan)
+    tokens, copies = _size_columns(tier, plan.doc)
+    df = pd.DataFrame(rows)
+    df = df.rename(columns={"size_gb_per_rank": f"{tier}_gb_per_rank"})
+    df[f"{tier}_tokens_per_rank"] = [tokens(g) for g in df[f"{tier}_gb_per_rank"]]
+    df[f"{tier}_gb_per_node"] = df[f"{tier}_gb_per_rank"] * copies
     for c in cols:
         if c not in df.columns:
             df[c] = None
     return df[cols]
+
+
+_ABSENT = object()  # a row without the column's key
+
+
+def _arrow_column(values: list):
+    """One column of row dicts (``_ABSENT`` where a row lacks the key) as pandas types
+    it (``pd.DataFrame(rows)``) and pyarrow then converts it (``Table.from_pandas``:
+    NaN and None are nulls): (array, pandas dtype name), or None for a mix of kinds
+    whose typing this does not mirror."""
+    import pyarrow as pa
+
+    present = [v for v in values if v is not _ABSENT]
+    nulls = len(present) < len(values) or any(v is None for v in present)
+    vals = [v for v in present if v is not None]
+    if not vals:
+        if len(present) in (0, len(values)):  # in no row (``df[c] = None``), or None in every row
+            return pa.nulls(len(values)), "object"
+        return pa.nulls(len(values), type=pa.float64()), "float64"  # None and absent: NaN
+    if all(type(v) is str for v in vals):
+        return _array(pa.large_string(), [v if isinstance(v, str) else None for v in values]), "str"
+    if all(type(v) is bool for v in vals):
+        if nulls:  # pandas keeps an object column of bools and NaN
+            return None
+        return _array(pa.bool_(), vals), "bool"
+    if all(isinstance(v, (int, float, np.integer, np.floating))
+           and not isinstance(v, (bool, np.bool_)) for v in vals):
+        if not nulls and all(isinstance(v, (int, np.integer)) for v in vals):
+            if not all(-2**63 <= v < 2**63 for v in vals):
+                return None
+            return _array(pa.int64(), [int(v) for v in vals]), "int64"
+        out = [None if v is _ABSENT or v is None else float(v) for v in values]
+        return _array(pa.float64(), [None if x is not None and x != x else x for x in out]), "float64"
+    return None
+
+
+def _array(typ, values: list):
+    """An Arrow array of ``values`` (None: null) from its buffers. Not ``pa.array``:
+    that asks pandas whether a list is one of its objects, which imports pandas."""
+    import pyarrow as pa
+
+    n = len(values)
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+    nulls = n - int(valid.sum())
+    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    if typ == pa.large_string():
+        data = [v.encode("utf8") if v is not None else b"" for v in values]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in data], out=offsets[1:])
+        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
+    elif typ == pa.bool_():
+        buffers = [validity, pa.py_buffer(np.packbits(np.array(values, dtype=bool), bitorder="little"))]
+    else:
+        dtype = np.float64 if typ == pa.float64() else np.int64
+        zero = dtype(0)
+        buffers = [validity, pa.py_buffer(np.array([zero if v is None else v for v in values], dtype=dtype))]
+    return pa.Array.from_buffers(typ, n, buffers, null_count=nulls)
+
+
+# pyarrow's names of the types above in pandas' metadata (pandas_compat.get_logical_type)
+_LOGICAL = {"float64": "float64", "int64": "int64", "bool": "bool", "str": "object",
+            "object": "empty"}
+
+
+def plan_arrow_table(plan: Plan):
+    """``plan_table(plan)`` as ``pa.Table.from_pandas(df, preserve_index=False)`` makes
+    it (the same columns, types, nulls and ``pandas`` schema metadata: plan.parquet's
+    bytes), built without pandas, whose import is about 0.3 s of a model-only plan's
+    process. None where a column holds a mix of kinds whose pandas typing
+    ``_arrow_column`` does not mirror, or pandas' version cannot be read: the caller
+    then writes ``plan_table(plan)`` (tests compare the two files byte for byte)."""
+    import json
+    from importlib import metadata
+
+    import pyarrow as pa
+
+    try:
+        pandas_version = metadata.version("pandas")
+    except metadata.PackageNotFoundError:
+        return None
+    rows, cols, tier = _plan_rows(plan)
+    tokens, copies = _size_columns(tier, plan.doc)
+    gb = f"{tier}_gb_per_rank"
+    key = {gb: "size_gb_per_rank"}
+    arrays, dtypes = {}, {}
+    for c in cols:
+        if c in (f"{tier}_tokens_per_rank", f"{tier}_gb_per_node"):
+            continue
+        col = _arrow_column([r.get(key.get(c, c), _ABSENT) for r in rows])
+        if col is None:
+            return None
+        arrays[c], dtypes[c] = col
+    if dtypes[gb] not in ("float64", "int64") or arrays[gb].null_count:
+        return None
+    # what iterating the DataFrame's column gives
+    sizes = [(float if dtypes[gb] == "float64" else int)(r["size_gb_per_rank"]) for r in rows]
+    arrays[f"{tier}_tokens_per_rank"] = _array(pa.int64(), [tokens(g) for g in sizes])
+    dtypes[f"{tier}_tokens_per_rank"] = "int64"
+    arrays[f"{tier}_gb_per_node"] = _array(arrays[gb].type, [g * copies for g in sizes])
+    dtypes[f"{tier}_gb_per_node"] = dtypes[gb]
+    meta = {"index_columns": [], "column_indexes": [],
+            "columns": [{"name": c, "field_name": c, "pandas_type": _LOGICAL[dtypes[c]],
+                         "numpy_type": dtypes[c], "metadata": None} for c in cols],
+            "attributes": {}, "creator": {"library": "pyarrow", "version": pa.__version__},
+            "pandas_version": pandas_version}
+    table = pa.Table.from_arrays([arrays[c] for c in cols], names=cols)
+    return table.replace_schema_metadata({b"pandas": json.dumps(meta).encode("utf8")})
 
 
 def _tokens(g, bpt, ps) -> int:

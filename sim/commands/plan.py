@@ -117,6 +117,23 @@ def _policies(text):
 
 
 def run(args) -> int:
+    import gc
+
+    # The command's imports (pydantic, numpy, pyarrow; matplotlib in the writer) and
+    # the scenario's load make objects that live to its end: a cyclic collection in
+    # the middle walks them and frees nothing. Collections run only while engine runs
+    # make garbage (make_plan pauses them for its own analysis of the trace).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(args, collecting)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run(args, collecting: bool) -> int:
+    import gc
     from pathlib import Path
 
     from sim.errors import UserError
@@ -146,6 +163,11 @@ def run(args) -> int:
         out = Path(args.out or f"results/{scenario.name}_plan")
         if out.exists() and not out.is_dir():
             raise UserError("found a file; expected a folder for the plan's outputs", where=str(out))
+        if collecting and (checks or scenario.model.hybrid_preset is not None):
+            # Engine runs make garbage: collect it, without walking what is there now
+            # (frozen: it lives to the end). A model-only plan runs none.
+            gc.freeze()
+            gc.enable()
         if scenario.model.hybrid_preset is not None:
             return _run_hybrid(args, scenario, out, warmup, jobs, max_gb, writer)
         for flag, key in HYBRID_ONLY:
@@ -160,6 +182,7 @@ def run(args) -> int:
         plan = make_plan(scenario, warmup=warmup, max_host_gb=max_gb, check_points=checks,
                          opt_points=opts, grid_points=grid, policies=policies, jobs=jobs,
                          target_hit_rate=target, target_ttft_p99_s=ttft, progress=progress)
+        gc.disable()  # writing: pyarrow's import (pandas' for a table only it can type)
         written = writer.write(plan, out) if writer is not None else write_plan(plan, out)
     finally:
         if writer is not None:
@@ -172,9 +195,9 @@ def run(args) -> int:
 
 def _skip_final_collection() -> None:
     """Every file is written and closed: the interpreter's last garbage collection at
-    exit, a walk over every object pandas, pyarrow and pydantic made (about 0.2 s),
-    frees nothing the operating system does not take back anyway, so the objects are
-    frozen out of it (``gc.freeze``)."""
+    exit, a walk over every object pyarrow, numpy and pydantic made, frees nothing
+    the operating system does not take back anyway, so the objects are frozen out of
+    it (``gc.freeze``)."""
     import gc
 
     gc.freeze()
@@ -184,10 +207,15 @@ FIGURE_FORMATS = ("png", "svg")
 
 
 def _preload() -> None:
-    """What drawing a plan figure imports: matplotlib (reports.plan), and what
-    unpickling the plan takes."""
+    """What drawing and saving a plan figure imports: matplotlib (reports.plan), the
+    Agg and SVG backends its first save of each format would load, the atomic writer,
+    and what unpickling the plan takes."""
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.backends.backend_svg  # noqa: F401
+
     import reports.plan  # noqa: F401
     import sim.analysis.plan  # noqa: F401
+    import sim.atomic  # noqa: F401
 
 
 def _writer_process(conn) -> None:
@@ -213,8 +241,8 @@ class PlanWriter:
     """The plan's figures off the critical path: a forked process imports what drawing
     them takes (matplotlib: about half a second) while the parent loads the scenario
     and computes the plan, then draws and saves them while the parent writes the
-    table and the JSON (pandas, pyarrow: imported only then, so they load while the
-    figures draw). The same functions write the same bytes as
+    table and the JSON (pyarrow, and pandas for a hybrid plan's table: imported only
+    then, so they load while the figures draw). The same functions write the same bytes as
     ``write_plan``; the parent waits for the figures, so every file is there when
     ``plan`` returns. Where fork is not the platform's way, ``start`` returns None and
     the parent writes everything itself."""
@@ -314,10 +342,14 @@ def _figure_writers(hybrid: bool):
 
 
 def plan_table(plan):
-    """The FULL-only plan's rows (``sim.analysis.plan.plan_table``)."""
+    """The FULL-only plan's rows: built without pandas where it can be
+    (``sim.analysis.plan.plan_arrow_table``, the same bytes), else
+    ``sim.analysis.plan.plan_table``."""
+    from sim.analysis.plan import plan_arrow_table
     from sim.analysis.plan import plan_table as table
 
-    return table(plan)
+    arrow = plan_arrow_table(plan)
+    return table(plan) if arrow is None else arrow
 
 
 def hybrid_plan_table(plan):

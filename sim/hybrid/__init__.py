@@ -10,13 +10,28 @@ component beside FULL (docs/HYBRID.md). The trees themselves are in ``sim/tree/`
   engine's hybrid admission and allocation hooks (docs/HYBRID.md §10).
 """
 
-from sim.tree.hybrid import (  # noqa: F401
-    HybridInsert,
-    HybridInvariantError,
-    HybridMatch,
-    HybridTree,
-    HybridTreeError,
-    LockReceipt,
-)
-from sim.tree.components.mamba import MambaTree  # noqa: F401
-from sim.tree.components.swa import SWATree  # noqa: F401
+# The trees' names, imported on first use (PEP 562): ``sim.hybrid.pools`` sizes a
+# scenario's pools when it is loaded, and that should not load the trees themselves
+# (about 2,500 lines) for every command that only reads a scenario.
+_EXPORTS = {
+    "HybridInsert": "sim.tree.hybrid",
+    "HybridInvariantError": "sim.tree.hybrid",
+    "HybridMatch": "sim.tree.hybrid",
+    "HybridTree": "sim.tree.hybrid",
+    "HybridTreeError": "sim.tree.hybrid",
+    "LockReceipt": "sim.tree.hybrid",
+    "MambaTree": "sim.tree.components.mamba",
+    "SWATree": "sim.tree.components.swa",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

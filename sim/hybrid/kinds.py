@@ -12,8 +12,8 @@ summary.json ``hybrid.kind``).
 
 from __future__ import annotations
 
-from sim.tree.components.mamba import MambaTree
-from sim.tree.components.swa import SWATree
+# The trees are imported where a replica's tree is built (``build``): the scenario
+# reads these kinds while it is validated, and loading one should not load the trees.
 
 
 class HybridKind:
@@ -55,6 +55,8 @@ class SWAKind(HybridKind):
     threshold_why = "SGLang's threshold never refuses an SWA load-back with its window on host"
 
     def build(self, h, cfg):
+        from sim.tree.components.swa import SWATree
+
         host = h.host_tokens if h.host_tokens else None
         return SWATree(device_capacity=cfg.device_tokens, swa_capacity=h.aux_capacity,
                        sliding_window=h.window, page_size=cfg.page_size, record=True,
@@ -80,6 +82,8 @@ class MambaKind(HybridKind):
     threshold_why = "SGLang's threshold never refuses a Mamba load-back: each carries a state"
 
     def build(self, h, cfg):
+        from sim.tree.components.mamba import MambaTree
+
         ps = cfg.page_size
         host = h.host_tokens if h.host_tokens else None
         return MambaTree(device_capacity=cfg.device_tokens, mamba_capacity=h.aux_capacity,

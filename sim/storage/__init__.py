@@ -14,7 +14,31 @@ scheduler loop's named storage points and the storage I/O processes).
 * ``view.py``: one rank's storage view (the page keys it holds, ``batch_exists``).
 """
 
-from sim.storage.backends import BACKENDS, StorageBackend, backend  # noqa: F401
-from sim.storage.collectives import min_hits, sync_vector, unpack_sync_vector  # noqa: F401
-from sim.storage.prefetch import PrefetchBook, PrefetchError  # noqa: F401
-from sim.storage.view import StorageView, page_keys, rank_hits  # noqa: F401
+# The pieces' names, imported on first use (PEP 562): a scenario's validation reads
+# ``policy``'s host memory modes, and that should not load the prefetch book and the
+# tree under it for every command that only reads a scenario.
+_EXPORTS = {
+    "BACKENDS": "sim.storage.backends",
+    "StorageBackend": "sim.storage.backends",
+    "backend": "sim.storage.backends",
+    "min_hits": "sim.storage.collectives",
+    "sync_vector": "sim.storage.collectives",
+    "unpack_sync_vector": "sim.storage.collectives",
+    "PrefetchBook": "sim.storage.prefetch",
+    "PrefetchError": "sim.storage.prefetch",
+    "StorageView": "sim.storage.view",
+    "page_keys": "sim.storage.view",
+    "rank_hits": "sim.storage.view",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
