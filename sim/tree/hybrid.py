@@ -108,7 +108,11 @@ class _HostState:
 
 
 class HybridStats:
-    """Hybrid counters since the tree was built (summary.json ``hybrid``)."""
+    """Hybrid counters since the tree was built (summary.json ``hybrid``). The three
+    the component's shared walks count (``aux_evicted``: device units tombstoned or
+    deleted by eviction; ``aux_host_freed``: host units freed; ``aux_backups``: host
+    units backups wrote) are reported under the component's names (Mamba's
+    ``state_*``, SWA's ``swa_*``)."""
 
     MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
              "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
@@ -117,11 +121,19 @@ class HybridStats:
     # SWA with a host tier (reported only then)
     SWA_HOST = ("swa_backup_tokens", "swa_load_tokens", "swa_host_free_tokens",
                 "host_hits_with_swa", "host_hits_full_only_swa", "swa_host_hit_tokens")
-    __slots__ = MAMBA + SWA + SWA_HOST
+    # the component's names of the shared counters (properties below)
+    _SHARED = ("state_evictions", "swa_evicted_tokens", "state_host_frees",
+               "swa_host_free_tokens", "state_backups", "swa_backup_tokens")
+    __slots__ = tuple(sorted(set(MAMBA + SWA + SWA_HOST) - set(_SHARED))) + (
+        "aux_evicted", "aux_host_freed", "aux_backups")
 
     def __init__(self):
         for k in self.__slots__:
             setattr(self, k, 0)
+
+    state_evictions = swa_evicted_tokens = property(lambda self: self.aux_evicted)
+    state_host_frees = swa_host_free_tokens = property(lambda self: self.aux_host_freed)
+    state_backups = swa_backup_tokens = property(lambda self: self.aux_backups)
 
     def as_dict(self, kind: str, host: bool = False) -> dict:
         keys = self.MAMBA if kind == "mamba" else self.SWA + (self.SWA_HOST if host else ())
@@ -749,7 +761,7 @@ class HybridTree(TreeCore):
             st = self.stats
             st.backups += 1
             st.backup_tokens += t
-            comp.tally_backup(self.hy, written)
+            self.hy.aux_backups += written
         if self.ht.wt:
             receipt = self.inc_lock(x)
             # mark_write_through_pending: the component's nodes (SWA: the window's

@@ -208,7 +208,7 @@ class TreeComponent:
         t = self.tree
         t.aux_evictable -= n
         t.aux_used -= n
-        self.tally_device_free(t.hy, n)
+        t.hy.aux_evicted += n
         self.lru.remove(node)
         if node.aux_host and node.hlp is None:
             self.hlru.insert_mru(node)
@@ -222,7 +222,7 @@ class TreeComponent:
         node.aux_host = False
         t = self.tree
         t.ht.aux_host_used -= n
-        self.tally_host_free(t.hy, n)
+        t.hy.aux_host_freed += n
         if node.hlp is not None:
             self.hlru.remove(node)
         if t.rec is not None:
@@ -236,15 +236,6 @@ class TreeComponent:
         self.tree.ht.aux_host_used -= self.host_value_len(node)
         if node.hlp is not None:
             self.hlru.remove(node)
-
-    def tally_device_free(self, hy, n: int) -> None:
-        """Count ``n`` device units freed in the tree's ``HybridStats``."""
-
-    def tally_host_free(self, hy, n: int) -> None:
-        """Count ``n`` host units freed in the tree's ``HybridStats``."""
-
-    def tally_backup(self, hy, n: int) -> None:
-        """Count ``n`` host units a backup wrote in the tree's ``HybridStats``."""
 
     # ------------------------------------------------------------ split and match
     def split(self, up, child) -> None:

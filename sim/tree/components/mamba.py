@@ -52,15 +52,6 @@ class MambaComponent(TreeComponent):
     def value_len(self, node) -> int:
         return 1 if node.aux else 0
 
-    def tally_device_free(self, hy, n: int) -> None:
-        hy.state_evictions += n
-
-    def tally_host_free(self, hy, n: int) -> None:
-        hy.state_host_frees += 1
-
-    def tally_backup(self, hy, n: int) -> None:
-        hy.state_backups += n
-
     def free_slot(self) -> bool:
         """A state slot is free in the pool (the tree's states and the held ones)."""
         t = self.tree

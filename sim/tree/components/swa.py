@@ -79,15 +79,6 @@ class SWAComponent(TreeComponent):
     def host_value_len(self, node) -> int:
         return len(node.key) * self.ps
 
-    def tally_device_free(self, hy, n: int) -> None:
-        hy.swa_evicted_tokens += n
-
-    def tally_host_free(self, hy, n: int) -> None:
-        hy.swa_host_free_tokens += n
-
-    def tally_backup(self, hy, n: int) -> None:
-        hy.swa_backup_tokens += n
-
     def _next_uuid(self) -> int:
         self.uuid += 1
         return self.uuid
