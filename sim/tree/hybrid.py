@@ -399,16 +399,22 @@ class HybridTree(TreeCore):
             node = child
             if valid(node):
                 best, best_units = node, pos
-        aux.match_end(best)
+        self._match_end(best)
+        device_len = best_units * ps
+        full_len = pos * ps
+        return HybridMatch(device_len, full_len, best, aux.branch(device_len, full_len))
+
+    def _match_end(self, best: HNode) -> None:
+        """core ``_match_post_processor``'s start: the component's
+        ``refresh_lru(MATCH_END)`` at ``best``, then one clock draw stamped on
+        ``best``, each ancestor ``MATCH_ANCESTOR_STEP`` earlier than its child."""
+        self.aux.match_end(best)
         t = self._tick()
         x = best
         while x is not None:
             x.last_access = t
             t -= C.MATCH_ANCESTOR_STEP
             x = x.parent
-        device_len = best_units * ps
-        full_len = pos * ps
-        return HybridMatch(device_len, full_len, best, aux.branch(device_len, full_len))
 
     def _match_ht(self, key: list) -> HybridMatch:
         """``_match_prefix_helper`` with HiCache on: two validator sets, one that also
@@ -442,13 +448,7 @@ class HybridTree(TreeCore):
                 dbest, dbest_units = node, pos
             if split:
                 break
-        aux.match_end(best)
-        t = self._tick()
-        x = best
-        while x is not None:
-            x.last_access = t
-            t -= C.MATCH_ANCESTOR_STEP
-            x = x.parent
+        self._match_end(best)
         host = 0
         x = best
         while x is not dbest and x is not self.root:
@@ -579,10 +579,10 @@ class HybridTree(TreeCore):
                 self._track(y)
         self.dec_lock(receipt)
 
-    def _unevict(self, node: HNode) -> None:
-        """core ``_unevict_node_on_insert``: an evicted node the insert walks over
-        takes the request's fresh KV (a duplicate at once when it has a host copy);
-        the auxiliary ``recover_after_unevict`` does nothing for Mamba."""
+    def _restore_dev(self, node: HNode) -> int:
+        """FULL's device value back on an evicted node (an insert's fresh KV or a
+        load-back's): credited to protected when the node is locked (a load-back's
+        anchor path), else evictable. Returns its tokens."""
         t = len(node.key) * self.page_size
         node.dev = True
         self.dev_used += t
@@ -591,6 +591,13 @@ class HybridTree(TreeCore):
         else:
             self.evictable += t
         self._refresh(node)
+        return t
+
+    def _unevict(self, node: HNode) -> None:
+        """core ``_unevict_node_on_insert``: an evicted node the insert walks over
+        takes the request's fresh KV (a duplicate at once when it has a host copy);
+        the auxiliary ``recover_after_unevict`` does nothing for Mamba."""
+        t = self._restore_dev(node)
         self._track(node)
         self._refresh(node.parent)
         if self.rec is not None:
@@ -1034,14 +1041,7 @@ class HybridTree(TreeCore):
         for y in nodes:
             if pin:
                 y.lb = anchor
-            t = len(y.key) * ps
-            y.dev = True
-            self.dev_used += t
-            if y.lock > 0:
-                self.protected += t
-            else:
-                self.evictable += t
-            self._refresh(y)
+            self._restore_dev(y)
         restored = 0
         for y in aux_nodes:  # commit_hicache_transfer(LOAD_BACK), oldest first
             k = comp.value_len_of(y)

@@ -301,43 +301,19 @@ class TreeComponent:
 
     # ------------------------------------------------------------ device eviction
     def evict_device(self, request: int, res) -> None:
-        """swa.py / mamba.py ``_evict_device_next_node``, driven to ``request``:
-        the component's LRU from the tail, skipping locked entries."""
-        if self.tree.hicache:
-            self._evict_device_ht(request, res)
-        else:
-            self._evict_device(request, res)
-
-    def _evict_device(self, request: int, res) -> None:
-        """No HiCache: a device leaf is deleted whole (core ``evict_device_leaf``),
-        any other node loses only this component's value (a tombstone) and cascades
-        to lower priorities (none in a two-component tree)."""
+        """swa.py / mamba.py ``_evict_device_next_node``, driven to ``request``: the
+        component's LRU from the tail, skipping locked entries. A device leaf goes
+        whole, as FULL's victims do (core ``evict_device_leaf``: ``_delete_leaf``
+        with HiCache off, ``_evict_dleaf`` with it on); any other node loses only
+        this component's value (a tombstone, cascading to lower priorities: none in
+        a two-component tree), a host copy, if any, staying behind in the host LRU.
+        Under write_back an internal value with no host copy on a node whose FULL
+        has none either is first backed up (mamba ``InternalStateBackup``: host
+        room, ``backup_node_for_write_back``, then ``finish_mamba_state_eviction``)."""
         t = self.tree
-        lru = self.lru
-        cursor = lru.lru_no_lock()
-        d_leaves = t.d_leaves
-        while True:
-            if cursor is not None and cursor.lp is None:
-                cursor = lru.lru_no_lock()
-            if res.aux >= request or cursor is None:
-                return
-            x = cursor
-            cursor = lru.prev_no_lock(x)
-            if x in d_leaves:
-                t._delete_leaf(x, res)
-            else:
-                res.aux += self.evict_component(x)
-                t._refresh(x)
-
-    def _evict_device_ht(self, request: int, res) -> None:
-        """HiCache on (mamba ``_evict_device_next_node``): a device leaf goes to
-        ``_evict_dleaf``; an internal value with no host copy on a node whose FULL
-        has none either is first backed up (``InternalStateBackup``: host room,
-        ``backup_node_for_write_back``, then ``finish_mamba_state_eviction``); any
-        other internal value is tombstoned at once, a host copy, if any, staying
-        behind in the host LRU."""
-        t = self.tree
+        victim = t._evict_dleaf if t.hicache else t._delete_leaf
         ht = t.ht
+        backup_first = t.hicache and not ht.wt
         lru = self.lru
         cursor = lru.lru_no_lock()
         d_leaves = t.d_leaves
@@ -349,9 +325,9 @@ class TreeComponent:
             x = cursor
             cursor = lru.prev_no_lock(x)
             if x in d_leaves:
-                t._evict_dleaf(x, res)
+                victim(x, res)
                 continue
-            if not ht.wt and not x.aux_host and not x.host and x.dev:
+            if backup_first and not x.aux_host and not x.host and x.dev:
                 # InternalStateBackup: host room for every value the backup carries
                 # (Mamba: the state; SWA: the unbacked window, swa
                 # ``_collect_unbacked_swa_nodes``), reserved whole
