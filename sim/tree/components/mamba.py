@@ -89,7 +89,10 @@ class MambaComponent(TreeComponent):
 
     # ------------------------------------------------------------------ insert
     def prepare_insert(self, key, prev, res, args) -> None:
-        if not args["donated"] and not self.free_slot():
+        """core ``begin_insert``: a fresh state needs a free slot (``free_slot``,
+        inline: every insert asks); a donated one is the request's own."""
+        t = self.tree
+        if not args["donated"] and t.aux_used + self.held >= t.aux_capacity:
             raise HybridTreeError("mamba_full")
         res.aux_new = 1
 

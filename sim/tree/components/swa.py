@@ -28,17 +28,11 @@ LRU is evicted per slice (``drive_host_eviction``).
 
 from __future__ import annotations
 
-from operator import attrgetter
-
 from sim import constants as C
 from sim.tree.components.base import LRUList, TreeComponent
 from sim.tree.hybrid import HybridInvariantError, HybridTree, HybridTreeError
 
 _INF = float("inf")
-# The boundary marks a window lock's release walks up to: the device lock's
-# (swa ``metadata["uuid"]``) and the host lock's (``metadata["host_uuid"]``).
-_UUID = attrgetter("uuid")
-_HOST_UUID = attrgetter("huuid")
 
 
 class SWAComponent(TreeComponent):
@@ -46,11 +40,11 @@ class SWAComponent(TreeComponent):
     (``max(sliding_window_size, draft_swa_window)``), in tokens; ``tail_size``: the
     smallest page-aligned size covering it (``_maybe_split_leaf_for_swa_lock``);
     ``refresh_span``: how far the LRU refresh of a match or insert end reaches
-    (``refresh_lru``: window ancestors up to W + page_size); ``uuid``: the last
+    (``refresh_lru``: window ancestors up to W + page_size); ``last_uuid``: the last
     boundary mark handed out (``next_component_uuid(SWA)``); ``evicted``: the
     inserting request's ``swa_evicted_seqlen``."""
 
-    __slots__ = ("window", "tail_size", "refresh_span", "uuid", "evicted")
+    __slots__ = ("window", "tail_size", "refresh_span", "last_uuid", "evicted")
 
     name = "swa"
     priority = C.EVICTION_PRIORITY_INTERNAL["swa"]
@@ -61,7 +55,7 @@ class SWAComponent(TreeComponent):
         super().__init__()
         self.window = sliding_window
         self.tail_size = self.refresh_span = 0
-        self.uuid = C.SWA_UUID_START
+        self.last_uuid = C.SWA_UUID_START
         self.evicted = 0
 
     def attach(self, tree) -> None:
@@ -80,8 +74,8 @@ class SWAComponent(TreeComponent):
         return len(node.key) * self.ps
 
     def _next_uuid(self) -> int:
-        self.uuid += 1
-        return self.uuid
+        self.last_uuid += 1
+        return self.last_uuid
 
     # ------------------------------------------------------------------ split
     def split(self, up, child) -> None:
@@ -259,65 +253,83 @@ class SWAComponent(TreeComponent):
         self._refresh_window(node)
 
     # ------------------------------------------------------------------ locks
-    def _window(self, node) -> tuple[list, bool]:
-        """The lock walk of swa ``acquire_component_lock``: the nodes (tombstones
-        too) from ``node`` up until their span reaches the window, and whether it
-        does (False: the walk reached the root first)."""
-        out = []
-        covered, root, ps, window = 0, self.root, self.ps, self.window
+    def acquire_lock(self, node, host: bool = False):
+        """swa ``acquire_component_lock``: +1 on every node (tombstones too) from the
+        anchor up until the covered span reaches the window; the node where it does
+        is stamped with a boundary uuid (reused if it has one). None: the walk
+        reached the root. ``host`` (``lock_host=True``, ``acquire_host_lock``): the
+        host lock instead, host slices leaving the host LRU, the boundary a
+        ``host_uuid``. One walk for both, the device lock's being the hot one."""
+        covered, top, root, ps, window = 0, None, self.root, self.ps, self.window
+        t = self.tree
         cur = node
         while cur is not root and covered < window:
-            out.append(cur)
+            if host:
+                if cur.aux_host_lock == 0 and cur.aux_host and cur.hlp is not None:
+                    self.hlru.remove(cur)
+                cur.aux_host_lock += 1
+            else:
+                if cur.aux_lock == 0 and cur.aux:
+                    n = len(cur.key) * ps
+                    t.aux_evictable -= n
+                    t.aux_protected += n
+                cur.aux_lock += 1
             covered += len(cur.key) * ps
+            top = cur
             cur = cur.parent
-        return out, covered >= window
-
-    def _segment(self, node, uuid, mark) -> list:
-        """The release walk of swa ``release_component_lock``: the nodes from
-        ``node`` up to the one whose boundary ``mark`` is ``uuid`` (to the root when
-        the receipt has none)."""
-        out, root, cur = [], self.root, node
-        while cur is not root:
-            out.append(cur)
-            if uuid is not None and mark(cur) == uuid:
-                break
-            cur = cur.parent
-        return out
-
-    def acquire_lock(self, node):
-        """swa ``acquire_component_lock``: +1 on every node of the window walk; its
-        last node, when the window is covered, is stamped with a boundary uuid
-        (reused if it has one). None: the walk reached the root."""
-        nodes, closed = self._window(node)
-        t, ps = self.tree, self.ps
-        for cur in nodes:
-            if cur.aux_lock == 0 and cur.aux:
-                n = len(cur.key) * ps
-                t.aux_evictable -= n
-                t.aux_protected += n
-            cur.aux_lock += 1
-        if not closed:
+        if covered < window:
             return None
-        top = nodes[-1]
+        if host:
+            if top.huuid is None:
+                top.huuid = self._next_uuid()
+            return top.huuid
         if top.uuid is None:
             top.uuid = self._next_uuid()
         return top.uuid
 
-    def release_lock(self, node, uuid) -> None:
+    def release_lock(self, node, uuid, host: bool = False) -> None:
         """swa ``release_component_lock``: -1 up to the node carrying the receipt's
-        uuid (to the root when it has none)."""
-        t, ps = self.tree, self.ps
-        for cur in self._segment(node, uuid, _UUID):
-            ref = cur.aux_lock
-            if ref <= 0:
-                raise HybridInvariantError(f"SWA segment release hit lock_ref=0 on node {cur.id}")
-            if ref == 1 and cur.aux:
-                n = len(cur.key) * ps
-                t.aux_evictable += n
-                t.aux_protected -= n
-            cur.aux_lock = ref - 1
+        uuid (to the root when it has none). ``host`` (``release_host_lock``): the
+        host lock up to the ``host_uuid``; a host-only slice whose last host lock
+        this was rejoins the host LRU."""
+        t, root, ps = self.tree, self.root, self.ps
+        cur = node
+        while cur is not root:
+            if host:
+                ref = cur.aux_host_lock
+                if ref <= 0:
+                    raise HybridInvariantError(f"SWA segment release hit host_lock_ref=0 "
+                                               f"on node {cur.id}")
+                if ref == 1 and cur.aux_host and not cur.aux and cur.hlp is None:
+                    self.hlru.insert_mru(cur)
+                cur.aux_host_lock = ref - 1
+                mark = cur.huuid
+            else:
+                ref = cur.aux_lock
+                if ref <= 0:
+                    raise HybridInvariantError(f"SWA segment release hit lock_ref=0 "
+                                               f"on node {cur.id}")
+                if ref == 1 and cur.aux:
+                    n = len(cur.key) * ps
+                    t.aux_evictable += n
+                    t.aux_protected -= n
+                cur.aux_lock = ref - 1
+                mark = cur.uuid
             if ref == 1:
                 t._refresh(cur)
+            if uuid is not None and mark == uuid:
+                break
+            cur = cur.parent
+
+    def acquire_host_lock(self, anchor):
+        """swa ``acquire_component_lock(lock_host=True)``: ``acquire_lock``'s walk on
+        the host lock."""
+        return self.acquire_lock(anchor, True)
+
+    def release_host_lock(self, anchor, uuid) -> None:
+        """swa ``release_component_lock(lock_host=True)``: ``release_lock``'s walk on
+        the host lock."""
+        self.release_lock(anchor, uuid, True)
 
     def release_window_lock(self, receipt) -> None:
         """core ``dec_swa_lock_only`` -> swa ``release_window_lock``: drop the SWA part
@@ -327,8 +339,10 @@ class SWAComponent(TreeComponent):
         if receipt.swa_released:
             raise HybridTreeError("swa_already_released")
         receipt.swa_released = True
-        t, ps = self.tree, self.ps
-        for cur in self._segment(receipt.node, receipt.uuid, _UUID):
+        t, root, ps = self.tree, self.root, self.ps
+        uuid = receipt.uuid
+        cur = receipt.node
+        while cur is not root:
             if cur.aux_lock <= 0:
                 raise HybridInvariantError(f"SWA window release hit lock_ref=0 on node {cur.id}")
             cur.aux_lock -= 1
@@ -340,6 +354,9 @@ class SWAComponent(TreeComponent):
                     t.aux_evictable += n
                     if t._is_dleaf(cur):
                         self.evict_component(cur)
+            if uuid is not None and cur.uuid == uuid:
+                break
+            cur = cur.parent
 
     # ------------------------------------------------------------------ host tier
     def backup_nodes(self, x) -> list:
@@ -396,39 +413,6 @@ class SWAComponent(TreeComponent):
         if free < k:
             t._merge(ev, t.evict(0, k - free))
         return t.aux_capacity - t.aux_used >= k
-
-    def acquire_host_lock(self, anchor):
-        """swa ``acquire_component_lock(lock_host=True)``: +1 host lock on every node
-        of the window walk (host slices leave the host LRU), its last node, when
-        the window is covered, stamped with a ``host_uuid``."""
-        nodes, closed = self._window(anchor)
-        hlru = self.hlru
-        for cur in nodes:
-            if cur.aux_host_lock == 0 and cur.aux_host and cur.hlp is not None:
-                hlru.remove(cur)
-            cur.aux_host_lock += 1
-        if not closed:
-            return None
-        top = nodes[-1]
-        if top.huuid is None:
-            top.huuid = self._next_uuid()
-        return top.huuid
-
-    def release_host_lock(self, anchor, uuid) -> None:
-        """swa ``release_component_lock(lock_host=True)``: -1 up to the node with the
-        receipt's ``host_uuid``; a host-only slice whose last host lock this was
-        rejoins the host LRU."""
-        t = self.tree
-        for cur in self._segment(anchor, uuid, _HOST_UUID):
-            ref = cur.aux_host_lock
-            if ref <= 0:
-                raise HybridInvariantError(f"SWA segment release hit host_lock_ref=0 "
-                                           f"on node {cur.id}")
-            if ref == 1 and cur.aux_host and not cur.aux and cur.hlp is None:
-                self.hlru.insert_mru(cur)
-            cur.aux_host_lock = ref - 1
-            if ref == 1:
-                t._refresh(cur)
 
     def check(self) -> None:
         for n in self.tree.iter_nodes():
