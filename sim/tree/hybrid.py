@@ -369,65 +369,73 @@ class HybridTree(TreeCore):
 
     # ------------------------------------------------------------------ match
     def match_prefix(self, key: list) -> HybridMatch:
-        """core ``match_prefix`` / ``_match_prefix_helper`` / ``_match_post_processor``
-        (device only: ``match_device_only`` validators)."""
+        """core ``match_prefix`` / ``_match_prefix_helper`` (device only:
+        ``match_device_only`` validators; with HiCache on, ``_walk_ht``), then
+        ``_match_post_processor``: the component's ``refresh_lru(MATCH_END)`` at
+        ``best``, one clock draw stamped on ``best``, each ancestor
+        ``MATCH_ANCESTOR_STEP`` earlier than its child, and each component's
+        ``finalize_match_result_in_tree_core``."""
         if not key:
             return HybridMatch(0, 0, self.root, None)
-        if self.hicache:
-            return self._match_ht(key)
         ps = self.page_size
-        node, pos, n = self.root, 0, len(key)
-        best, best_units = self.root, 0
         aux = self.aux
-        valid = aux.match_validator()
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            ckey = child.key
-            m = len(ckey)
-            # most steps match the whole node: one slice compare, no call
-            p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
-            if p < m:
-                node = self._split(child, p)
+        hicache = self.hicache
+        if hicache:
+            best, dbest, best_units, pos = self._walk_ht(key, aux)
+        else:
+            node, pos, n = self.root, 0, len(key)
+            best, best_units = self.root, 0
+            valid = aux.match_validator()
+            while pos < n:
+                child = node.children.get(key[pos])
+                if child is None:
+                    break
+                ckey = child.key
+                m = len(ckey)
+                # most steps match the whole node: one slice compare, no call
+                p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
+                if p < m:
+                    node = self._split(child, p)
+                    pos += p
+                    # FULL's validator holds (FULL on device); every validator runs.
+                    if valid(node):
+                        best, best_units = node, pos
+                    break
                 pos += p
-                # FULL's validator holds (FULL on device); every validator runs.
+                node = child
                 if valid(node):
                     best, best_units = node, pos
-                break
-            pos += p
-            node = child
-            if valid(node):
-                best, best_units = node, pos
-        self._match_end(best)
-        device_len = best_units * ps
-        full_len = pos * ps
-        return HybridMatch(device_len, full_len, best, aux.branch(device_len, full_len))
-
-    def _match_end(self, best: HNode) -> None:
-        """core ``_match_post_processor``'s start: the component's
-        ``refresh_lru(MATCH_END)`` at ``best``, then one clock draw stamped on
-        ``best``, each ancestor ``MATCH_ANCESTOR_STEP`` earlier than its child."""
-        self.aux.match_end(best)
+        aux.match_end(best)
         t = self._tick()
         x = best
         while x is not None:
             x.last_access = t
             t -= C.MATCH_ANCESTOR_STEP
             x = x.parent
+        device_len = best_units * ps
+        full_len = pos * ps
+        if not hicache:
+            return HybridMatch(device_len, full_len, best, aux.branch(device_len, full_len))
+        # full finalize_match_result_in_tree_core: host_hit_length, the host tokens
+        # from best_match_node up to last_device_node
+        host = 0
+        x, root = best, self.root
+        while x is not dbest and x is not root:
+            if x.host:
+                host += len(x.key) * ps
+            x = x.parent
+        return HybridMatch(device_len, full_len, best,
+                           aux.branch(device_len + host, full_len), dbest, host,
+                           aux.host_hit(best))
 
-    def _match_ht(self, key: list) -> HybridMatch:
+    def _walk_ht(self, key: list, aux):
         """``_match_prefix_helper`` with HiCache on: two validator sets, one that also
         accepts host copies (``best_match_node``) and the device-only one
-        (``last_device_node``), every validator run at every node; then
-        ``_match_post_processor`` and each component's
-        ``finalize_match_result_in_tree_core`` (FULL's ``host_hit_length``: host
-        tokens from ``best_match_node`` up to ``last_device_node``)."""
-        ps = self.page_size
+        (``last_device_node``), every validator run at every node. Returns
+        (best_match_node, last_device_node, its units, the units FULL matched)."""
         node, pos, n = self.root, 0, len(key)
         best = dbest = self.root
         dbest_units = 0
-        aux = self.aux
         valid = aux.match_validator(device_only=False)
         dvalid = aux.match_validator(device_only=True)
         while pos < n:
@@ -448,18 +456,7 @@ class HybridTree(TreeCore):
                 dbest, dbest_units = node, pos
             if split:
                 break
-        self._match_end(best)
-        host = 0
-        x = best
-        while x is not dbest and x is not self.root:
-            if x.host:
-                host += len(x.key) * ps
-            x = x.parent
-        device_len = dbest_units * ps
-        full_len = pos * ps
-        return HybridMatch(device_len, full_len, best,
-                           aux.branch(device_len + host, full_len), dbest, host,
-                           aux.host_hit(best))
+        return best, dbest, dbest_units, pos
 
     # ------------------------------------------------------------------ insert
     def insert(self, key: list, prev: int = 0, inserted: int = 0, **aux_args) -> HybridInsert:
