@@ -370,7 +370,7 @@ class HybridTree(TreeCore):
     # ------------------------------------------------------------------ match
     def match_prefix(self, key: list) -> HybridMatch:
         """core ``match_prefix`` / ``_match_prefix_helper`` (device only:
-        ``match_device_only`` validators; with HiCache on, ``_walk_ht``), then
+        ``match_device_only`` validators; both sets with HiCache on), then
         ``_match_post_processor``: the component's ``refresh_lru(MATCH_END)`` at
         ``best``, one clock draw stamped on ``best``, each ancestor
         ``MATCH_ANCESTOR_STEP`` earlier than its child, and each component's
@@ -380,11 +380,34 @@ class HybridTree(TreeCore):
         ps = self.page_size
         aux = self.aux
         hicache = self.hicache
+        node, pos, n = self.root, 0, len(key)
+        best, best_units = self.root, 0
         if hicache:
-            best, dbest, best_units, pos = self._walk_ht(key, aux)
+            # Two validator sets, one that also accepts host copies (best_match_node)
+            # and the device-only one (last_device_node), every validator run at
+            # every node; best_units are last_device_node's.
+            dbest = self.root
+            valid = aux.match_validator(device_only=False)
+            dvalid = aux.match_validator(device_only=True)
+            while pos < n:
+                child = node.children.get(key[pos])
+                if child is None or not (child.dev or child.host):
+                    break
+                ckey = child.key
+                m = len(ckey)
+                # most steps match the whole node: one slice compare, no call
+                p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
+                split = p < m
+                node = self._split(child, p) if split else child
+                pos += p
+                # both validators run at every node, the host-accepting one first
+                if valid(node) and (node.dev or node.host):
+                    best = node
+                if dvalid(node) and node.dev:
+                    dbest, best_units = node, pos
+                if split:
+                    break
         else:
-            node, pos, n = self.root, 0, len(key)
-            best, best_units = self.root, 0
             valid = aux.match_validator()
             while pos < n:
                 child = node.children.get(key[pos])
@@ -427,36 +450,6 @@ class HybridTree(TreeCore):
         return HybridMatch(device_len, full_len, best,
                            aux.branch(device_len + host, full_len), dbest, host,
                            aux.host_hit(best))
-
-    def _walk_ht(self, key: list, aux):
-        """``_match_prefix_helper`` with HiCache on: two validator sets, one that also
-        accepts host copies (``best_match_node``) and the device-only one
-        (``last_device_node``), every validator run at every node. Returns
-        (best_match_node, last_device_node, its units, the units FULL matched)."""
-        node, pos, n = self.root, 0, len(key)
-        best = dbest = self.root
-        dbest_units = 0
-        valid = aux.match_validator(device_only=False)
-        dvalid = aux.match_validator(device_only=True)
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None or not (child.dev or child.host):
-                break
-            ckey = child.key
-            m = len(ckey)
-            # most steps match the whole node: one slice compare, no call
-            p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
-            split = p < m
-            node = self._split(child, p) if split else child
-            pos += p
-            # both validators run at every node, the host-accepting one first
-            if valid(node) and (node.dev or node.host):
-                best = node
-            if dvalid(node) and node.dev:
-                dbest, dbest_units = node, pos
-            if split:
-                break
-        return best, dbest, dbest_units, pos
 
     # ------------------------------------------------------------------ insert
     def insert(self, key: list, prev: int = 0, inserted: int = 0, **aux_args) -> HybridInsert:
@@ -576,10 +569,10 @@ class HybridTree(TreeCore):
                 self._track(y)
         self.dec_lock(receipt)
 
-    def _restore_dev(self, node: HNode) -> int:
-        """FULL's device value back on an evicted node (an insert's fresh KV or a
-        load-back's): credited to protected when the node is locked (a load-back's
-        anchor path), else evictable. Returns its tokens."""
+    def _unevict(self, node: HNode) -> None:
+        """core ``_unevict_node_on_insert``: an evicted node the insert walks over
+        takes the request's fresh KV (a duplicate at once when it has a host copy);
+        the auxiliary ``recover_after_unevict`` does nothing for Mamba."""
         t = len(node.key) * self.page_size
         node.dev = True
         self.dev_used += t
@@ -588,13 +581,6 @@ class HybridTree(TreeCore):
         else:
             self.evictable += t
         self._refresh(node)
-        return t
-
-    def _unevict(self, node: HNode) -> None:
-        """core ``_unevict_node_on_insert``: an evicted node the insert walks over
-        takes the request's fresh KV (a duplicate at once when it has a host copy);
-        the auxiliary ``recover_after_unevict`` does nothing for Mamba."""
-        t = self._restore_dev(node)
         self._track(node)
         self._refresh(node.parent)
         if self.rec is not None:
@@ -1038,7 +1024,14 @@ class HybridTree(TreeCore):
         for y in nodes:
             if pin:
                 y.lb = anchor
-            self._restore_dev(y)
+            t = len(y.key) * ps
+            y.dev = True
+            self.dev_used += t
+            if y.lock > 0:
+                self.protected += t
+            else:
+                self.evictable += t
+            self._refresh(y)
         restored = 0
         for y in aux_nodes:  # commit_hicache_transfer(LOAD_BACK), oldest first
             k = comp.value_len_of(y)

@@ -27,7 +27,11 @@ _LRU_PRIORITY = EVICTION_POLICIES["lru"]
 
 class FullComponent:
     """full ``FullComponent``: ``tree`` is the core; ``prio`` the eviction policy's
-    priority of a leaf (``eviction_strategy.get_priority``)."""
+    priority of a leaf (``eviction_strategy.get_priority``). Not a
+    ``TreeComponent``: FULL is the core's base component (core
+    ``BASE_COMPONENT_TYPE``), whose values, ledgers and leaf sets are the core's, with
+    no LRU list of its own (it evicts by ``last_access_time``), so it carries only
+    the hooks the core calls on it."""
 
     __slots__ = ("tree", "prio")
 
