@@ -328,7 +328,8 @@ class MambaTree(HybridTree):
         ev = None
         comp = self.aux
         if not holds:
-            if not comp.free_slot():
+            # free_slot, inline: every matching request asks
+            if self.aux_used + comp.held >= self.aux_capacity:
                 receipt = self.inc_lock(best)
                 ev = self.evict(0, 1)
                 self.dec_lock(receipt)
