@@ -13,6 +13,8 @@ from conftest import (ROOT, assert_replays_byte_for_byte, case_id, conformance_c
 from sim.errors import InputFormatError, UserError
 from sim.hybrid import HybridTreeError, MambaTree, SWATree
 from sim.hybrid.replay import HybridReplayer
+from sim.tree.components.mamba import MambaComponent
+from sim.tree.components.swa import SWAComponent
 from sim.optrace import read_trace, replay_lines
 
 HYBRID = ROOT / "data" / "conformance" / "hybrid"
@@ -535,6 +537,35 @@ def test_a_clone_replays_the_rest_of_a_case_exactly_and_independently(name):
     before = twin.tree.fingerprint()
     orig.tree.evict(10**6, 10**6)
     assert twin.tree.fingerprint() == before != orig.tree.fingerprint()
+
+
+def test_the_tree_holds_its_components_and_a_clone_holds_its_own():
+    """SWATree / MambaTree are the core with a component object (``tree.aux``; FULL's
+    is ``tree.full``) whose state lives on it: a clone's components are its own
+    (bound to the clone, their LRU lists over its nodes), so a window lock's uuid, a
+    held slot or an eviction on one tree leaves the other's component alone."""
+    s = SWATree(device_capacity=64, swa_capacity=64, sliding_window=4)
+    assert isinstance(s.aux, SWAComponent) and s.aux.tree is s and s.window == 4
+    s.insert(list(range(1, 9)))  # one window-capped leaf: two SWA fragments
+    c = s.clone()
+    assert c.aux is not s.aux and (c.aux.tree, c.full.tree) == (c, c)
+    assert [x.id for x in c.lru.order()] == [x.id for x in s.lru.order()] == [1, 2]
+    assert not set(c.lru.order()) & set(s.lru.order())
+    start = s.aux.last_uuid
+    assert c.inc_lock(c.match_prefix(list(range(1, 9))).dnode).uuid == start + 1
+    assert (s.aux.last_uuid, c.aux.last_uuid) == (start, start + 1)
+    assert s.evict(0, 64).aux == 8 and (s.aux_used, c.aux_used) == (0, 8)
+    assert (len(s.lru.order()), len(c.lru.order())) == (0, 2)
+    s.check()
+    c.check()
+    m = MambaTree(device_capacity=32, mamba_capacity=4, mamba_chunk=1)
+    assert isinstance(m.aux, MambaComponent)
+    m.insert([1, 2, 3])
+    mc = m.clone()
+    assert mc.cow(mc.match_prefix([1, 2, 3]), False).copied
+    assert (mc.held, m.held) == (1, 0)
+    m.check()
+    mc.check()
 
 
 def test_write_through_cases_cover_the_write_through_paths():

@@ -1,7 +1,8 @@
 """Hybrid models around SGLang 0.5.23's unified radix tree with an SWA or a Mamba
 component beside FULL (docs/HYBRID.md). The trees themselves are in ``sim/tree/``
-(``hybrid.py``: the core and FULL; ``components/swa.py``: ``SWATree``;
-``components/mamba.py``: ``MambaTree``); this package re-exports their names.
+(``hybrid.py``: the core, holding component objects; ``components/swa.py``:
+``SWAComponent``, ``SWATree``; ``components/mamba.py``: ``MambaComponent``,
+``MambaTree``); this package re-exports the trees' names.
 
 * ``gen.py``: generated hybrid op-traces;
 * ``pools.py``: per-component pool sizing;

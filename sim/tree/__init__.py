@@ -4,9 +4,11 @@
   comparison, paths, the event record (``TreeCore``);
 * ``full.py``: ``Tree``, the tree with the FULL component only, on device and host:
   the hot path of every FULL simulation (shared/reference/hicache-semantics.md);
-* ``hybrid.py``: ``HybridTree``, the core and FULL for a tree with one more
-  component (docs/HYBRID.md), whose hooks ``components/`` supply:
-  ``components/swa.py`` (``SWATree``) and ``components/mamba.py`` (``MambaTree``);
+* ``hybrid.py``: ``HybridTree``, the core of a tree with FULL and one more
+  component (docs/HYBRID.md), whose nodes are ``hnode.py``'s; it holds the
+  component objects of ``components/``: ``base.py`` (``TreeComponent``),
+  ``full.py`` (``FullComponent``), ``swa.py`` (``SWAComponent``; ``SWATree``) and
+  ``mamba.py`` (``MambaComponent``; ``MambaTree``);
 * ``results.py``: the result object each public op returns.
 """
 

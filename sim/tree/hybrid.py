@@ -1,19 +1,21 @@
-"""The tree core and the FULL component of SGLang 0.5.23's unified radix tree, for
-trees with one auxiliary component (SWA or Mamba), on device and, with a host pool,
+"""The core of SGLang 0.5.23's unified radix tree (``UnifiedTreeCore``) for trees with
+FULL and one auxiliary component (SWA or Mamba), on device and, with a host pool,
 on host (HiCache, under the write policies of ``sim/policies/write.py``).
 
 This is the component-generic half of ``docs/HYBRID.md``: splits, the device and
-host leaf sets, the FULL path and host locks, FULL leaf eviction on both tiers (by
-the eviction policy's priority), the auxiliary component's device and host LRU
-lists, the eviction driver, backups, demotes, drops, load-backs and the leaf
-deletion that cascades to every component. ``sim/tree/core.py`` (``TreeCore``, which
-the FULL-only tree ``sim/tree/full.py`` shares) holds the node ids and the clock,
-the key compare, paths, ``Stats`` and the host-policy API through which the host
-policy's duplicate reclaim runs. ``sim/tree/components/swa.py`` and
-``sim/tree/components/mamba.py`` add each component's hooks (``_aux_*`` methods
-below). Citations name SGLang files under ``sglang/srt/mem_cache/``: ``core`` is
-``unified_cache/unified_tree_core.py``, ``full``/``swa``/``mamba``/``base`` are
-``unified_cache/components/*.py``, and ``cache`` is ``unified_radix_cache.py``.
+host leaf sets, the ledgers, the eviction driver, backups, demotes, drops,
+load-backs and the leaf deletion that cascades to every component. The components
+are objects the core holds and calls, as SGLang's core loops over its components
+(``sim/tree/components/``): ``full`` (``FullComponent``: FULL's path and host
+locks, its leaf eviction on both tiers by the eviction policy's priority) and
+``aux`` (a ``TreeComponent``: ``SWAComponent`` or ``MambaComponent``, with its
+device and host LRU lists). ``sim/tree/core.py`` (``TreeCore``, which the FULL-only
+tree ``sim/tree/full.py`` shares) holds the node ids and the clock, the key
+compare, paths, ``Stats`` and the host-policy API through which the host policy's
+duplicate reclaim runs; ``sim/tree/hnode.py`` the node. Citations name SGLang files
+under ``sglang/srt/mem_cache/``: ``core`` is ``unified_cache/unified_tree_core.py``,
+``full``/``swa``/``mamba``/``base`` are ``unified_cache/components/*.py``, and
+``cache`` is ``unified_radix_cache.py``.
 
 Keys are lists of units (one unit per page); token counts are ``units * page_size``.
 Every node's slot counts stand in for SGLang's tensors:
@@ -33,17 +35,18 @@ the tree did since it was built.
 from __future__ import annotations
 
 import copy
-import heapq
 
 from sim import constants as C
 # The trees' shared refusals and invariant failures (sim/errors.py), by this package's names.
 from sim.errors import InvariantError as HybridInvariantError  # noqa: F401
 from sim.errors import TreeError as HybridTreeError  # noqa: F401
 from sim.policies import resolve
-from sim.policies.eviction import EVICTION_POLICIES
 from sim.policies.host import HOST_POLICIES
 from sim.policies.write import WRITE_POLICIES
+from sim.tree.components.base import LRUList, TreeComponent
+from sim.tree.components.full import FullComponent
 from sim.tree.core import Stats, TreeCore
+from sim.tree.hnode import HNode, HostHNode
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     NO_HOST_EVICTION,
     NO_ITEMS,
@@ -56,209 +59,6 @@ from sim.tree.results import (  # noqa: F401  (part of this module's API)
     HybridMatch,
     LockReceipt,
 )
-
-
-# The default eviction priority, which the leaf heaps read inline (``_leaf_heap``).
-_LRU = EVICTION_POLICIES["lru"]
-
-
-class _Discard:
-    """The tally a host eviction hands its internal steps (``_release_layers``,
-    ``_sweep``), which add device frees and component tombstones to ``freed`` and
-    ``aux``; nobody reads it back: a host eviction reports only the host values it
-    freed (core ``drive_host_eviction``). Two slots, so it costs less to build than
-    an ``Eviction``."""
-
-    __slots__ = ("freed", "aux")
-
-    def __init__(self):
-        self.freed = 0
-        self.aux = 0
-
-class HNode:
-    """A radix node: FULL's device value (always, with HiCache off) and host value;
-    the auxiliary component's device and host values maybe.
-
-    ``lock``: FULL ``lock_ref``; ``aux``/``aux_lock``: the auxiliary component's value
-    present / ``lock_ref``; ``uuid``: SWA's window-lock boundary mark
-    (``metadata["uuid"]``); ``lp``/``ln``: links in the auxiliary device LRU list
-    (``lru_prev``/``lru_next``), ``lp is None`` when not in it. Host tier (HiCache
-    on): ``dev``/``host``: FULL's device / host value present; ``host_lock``: FULL
-    ``host_lock_ref``, ``host_tops``: the host locks whose boundary (FULL's
-    ``metadata["host_uuid"]``) sits here; ``aux_host``/``aux_host_lock``: the
-    auxiliary host value / ``host_lock_ref``; ``hlp``/``hln``: links in its host LRU;
-    ``lb``: the anchor of the load-back pinning this node (``load_back_pending_id``);
-    write_through: ``hit_count`` and ``wp`` (``write_through_pending_id``); ``priority``:
-    SGLang's insert priority, 0 on every node here (the engine inserts a hybrid
-    request at priority 0), read only by the ``priority`` eviction policy."""
-
-    __slots__ = ("id", "parent", "children", "key", "lock", "aux", "aux_lock", "uuid",
-                 "last_access", "creation", "lp", "ln")
-    # The host tier's fields, at their HiCache-off values: class attributes, so a
-    # device-only node stays as small and as quick to build as before;
-    # ``HostHNode`` holds them per node.
-    dev = True
-    host = False
-    host_lock = 0
-    host_tops = None
-    aux_host = False
-    aux_host_lock = 0
-    hlp = None
-    hln = None
-    lb = None
-    hit_count = 0
-    priority = 0
-    wp = None
-    huuid = None
-
-    def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
-        self.id = nid
-        self.parent = parent
-        self.children: dict = {}
-        self.key = key
-        self.lock = 0
-        self.aux = False
-        self.aux_lock = 0
-        self.uuid = None
-        self.last_access = t_access
-        self.creation = t_create
-        self.lp = None
-        self.ln = None
-
-    def __repr__(self) -> str:
-        return f"HNode({self.id}, {len(self.key)}p{', aux' if self.aux else ''})"
-
-
-class HostHNode(HNode):
-    """A node of a tree with the host tier (HiCache on): the host fields per node."""
-
-    __slots__ = ("dev", "host", "host_lock", "host_tops", "aux_host", "aux_host_lock",
-                 "hlp", "hln", "lb", "hit_count", "wp", "huuid")
-
-    def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
-        super().__init__(nid, key, parent, t_access, t_create)
-        self.dev = True
-        self.host = False
-        self.host_lock = 0
-        self.host_tops = None
-        self.aux_host = False
-        self.aux_host_lock = 0
-        self.hlp = None
-        self.hln = None
-        self.lb = None
-        # write_through: core ``hit_count`` and ``write_through_pending_id`` (the ack
-        # id, the backed-up node's id, of the write in flight covering this node).
-        self.hit_count = 0
-        self.wp = None
-        # SWA: the host-lock window boundary (swa ``metadata["host_uuid"]``).
-        self.huuid = None
-
-
-class _LRU:
-    """``UnifiedLRUList`` without sessions: head (MRU) ... tail (LRU) sentinels."""
-
-    __slots__ = ("head", "tail")
-
-    def __init__(self):
-        self.head = HNode(-1, [], None, 0.0, 0.0)
-        self.tail = HNode(-2, [], None, 0.0, 0.0)
-        self.head.ln = self.tail
-        self.tail.lp = self.head
-
-    @staticmethod
-    def add_after(prev: HNode, node: HNode) -> None:
-        nxt = prev.ln
-        node.lp = prev
-        node.ln = nxt
-        nxt.lp = node
-        prev.ln = node
-
-    @staticmethod
-    def remove(node: HNode) -> None:
-        p, n = node.lp, node.ln
-        p.ln = n
-        n.lp = p
-        node.lp = node.ln = None
-
-    def insert_mru(self, node: HNode) -> None:
-        assert node.lp is None
-        self.add_after(self.head, node)
-
-    def reset_mru(self, node: HNode) -> None:
-        self.remove(node)
-        self.add_after(self.head, node)
-
-    def prev_no_lock(self, node: HNode):
-        """``get_prev_no_lock``: the next older entry whose ``lock_ref`` is 0."""
-        x = node.lp
-        while x.aux_lock > 0:
-            x = x.lp
-        return None if x is self.head else x
-
-    def lru_no_lock(self):
-        return self.prev_no_lock(self.tail)
-
-    def order(self) -> list:
-        out, x = [], self.head.ln
-        while x is not self.tail:
-            out.append(x)
-            x = x.ln
-        return out
-
-
-class _HostLRU:
-    """A component's host ``UnifiedLRUList`` (``use_host_ptr=True``): the nodes whose
-    value is host-only, linked through ``hlp``/``hln``."""
-
-    __slots__ = ("head", "tail")
-
-    def __init__(self):
-        self.head = HostHNode(-3, [], None, 0.0, 0.0)
-        self.tail = HostHNode(-4, [], None, 0.0, 0.0)
-        self.head.hln = self.tail
-        self.tail.hlp = self.head
-
-    def insert_mru(self, node: HNode) -> None:
-        assert node.hlp is None
-        h = self.head
-        nxt = h.hln
-        node.hlp = h
-        node.hln = nxt
-        nxt.hlp = node
-        h.hln = node
-
-    @staticmethod
-    def add_after(prev: HNode, node: HNode) -> None:
-        """``insert_after(prev, node)``: ``node`` just older than ``prev``."""
-        nxt = prev.hln
-        node.hlp = prev
-        node.hln = nxt
-        nxt.hlp = node
-        prev.hln = node
-
-    @staticmethod
-    def remove(node: HNode) -> None:
-        p, n = node.hlp, node.hln
-        p.hln = n
-        n.hlp = p
-        node.hlp = node.hln = None
-
-    def prev_no_host_lock(self, node: HNode):
-        """``get_prev_no_host_lock``: the next older entry whose host lock is 0."""
-        x = node.hlp
-        while x.aux_host_lock > 0:
-            x = x.hlp
-        return None if x is self.head else x
-
-    def lru_no_host_lock(self):
-        return self.prev_no_host_lock(self.tail)
-
-    def order(self) -> list:
-        out, x = [], self.head.hln
-        while x is not self.tail:
-            out.append(x)
-            x = x.hln
-        return out
 
 
 class LoadBack:
@@ -274,12 +74,12 @@ class LoadBack:
 
 
 class _HostState:
-    """A hybrid tree's host tier: pool capacities and use, the component's host LRU,
-    the host leaf set, ``full_host_duplicates`` (insertion-ordered), the reclaim
-    digest and the in-flight load-backs."""
+    """A hybrid tree's host tier: pool capacities and use, the host leaf set,
+    ``full_host_duplicates`` (insertion-ordered), the reclaim digest and the
+    in-flight load-backs (the component's host LRU is the component's own)."""
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
-                 "aux_host_used", "hlru", "h_leaves", "dups", "digest", "loads",
+                 "aux_host_used", "h_leaves", "dups", "digest", "loads",
                  "policy", "wt", "threshold", "writes", "host_policy")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
@@ -289,7 +89,6 @@ class _HostState:
         self.load_back_threshold = load_back_threshold
         self.host_used = 0       # FULL host tokens
         self.aux_host_used = 0   # the component's host values
-        self.hlru = _HostLRU()
         self.h_leaves: set = set()
         self.dups: dict = {}
         self.digest = 0
@@ -309,7 +108,11 @@ class _HostState:
 
 
 class HybridStats:
-    """Hybrid counters since the tree was built (summary.json ``hybrid``)."""
+    """Hybrid counters since the tree was built (summary.json ``hybrid``). The three
+    the component's shared walks count (``aux_evicted``: device units tombstoned or
+    deleted by eviction; ``aux_host_freed``: host units freed; ``aux_backups``: host
+    units backups wrote) are reported under the component's names (Mamba's
+    ``state_*``, SWA's ``swa_*``)."""
 
     MAMBA = ("state_backups", "state_loads", "host_hits_with_state", "host_hits_full_only",
              "host_hit_tokens", "state_host_frees", "cows", "state_evictions",
@@ -318,11 +121,19 @@ class HybridStats:
     # SWA with a host tier (reported only then)
     SWA_HOST = ("swa_backup_tokens", "swa_load_tokens", "swa_host_free_tokens",
                 "host_hits_with_swa", "host_hits_full_only_swa", "swa_host_hit_tokens")
-    __slots__ = MAMBA + SWA + SWA_HOST
+    # the component's names of the shared counters (properties below)
+    _SHARED = ("state_evictions", "swa_evicted_tokens", "state_host_frees",
+               "swa_host_free_tokens", "state_backups", "swa_backup_tokens")
+    __slots__ = tuple(sorted(set(MAMBA + SWA + SWA_HOST) - set(_SHARED))) + (
+        "aux_evicted", "aux_host_freed", "aux_backups")
 
     def __init__(self):
         for k in self.__slots__:
             setattr(self, k, 0)
+
+    state_evictions = swa_evicted_tokens = property(lambda self: self.aux_evicted)
+    state_host_frees = swa_host_free_tokens = property(lambda self: self.aux_host_freed)
+    state_backups = swa_backup_tokens = property(lambda self: self.aux_backups)
 
     def as_dict(self, kind: str, host: bool = False) -> dict:
         keys = self.MAMBA if kind == "mamba" else self.SWA + (self.SWA_HOST if host else ())
@@ -330,14 +141,14 @@ class HybridStats:
 
 
 class HybridTree(TreeCore):
-    """The unified tree with components ``("full", AUX)``; see the module docstring.
+    """The unified tree with components ``("full", aux.name)``; see the module
+    docstring. ``aux``: the auxiliary component (``sim/tree/components/``: an
+    ``SWAComponent`` or a ``MambaComponent``), whose hooks the core calls where
+    SGLang's core loops over its components; ``full``: FULL's ``FullComponent``.
+    ``SWATree`` and ``MambaTree`` build one with its component and add the
+    component's own public ops. ``record=True`` keeps an event list (``rec``) per
+    op, for op-trace replay."""
 
-    Subclasses set ``AUX`` and implement the ``_aux_*`` hooks. ``record=True`` keeps
-    an event list (``rec``) per op, for op-trace replay."""
-
-    AUX = ""
-    # base.py eviction_priority: internal nodes full=2 > swa=1 > mamba=0; leaves all 0.
-    AUX_PRIORITY = 0
     # HiCache off unless the constructor is given a host pool (instance overrides).
     hicache = False
     _node_cls = HNode
@@ -349,7 +160,9 @@ class HybridTree(TreeCore):
     host_used = property(lambda self: self.ht.host_used, doc="FULL host tokens")
     aux_host_used = property(lambda self: self.ht.aux_host_used,
                              doc="the component's host values (Mamba: states)")
-    hlru = property(lambda self: self.ht.hlru, doc="the component's host LRU")
+    AUX = property(lambda self: self.aux.name, doc="the auxiliary component's name")
+    lru = property(lambda self: self.aux.lru, doc="the component's device LRU")
+    hlru = property(lambda self: self.aux.hlru, doc="the component's host LRU")
     h_leaves = property(lambda self: self.ht.h_leaves, doc="evictable host leaves")
     dups = property(lambda self: self.ht.dups, doc="full_host_duplicates, in order")
     digest = property(lambda self: self.ht.digest,
@@ -359,7 +172,8 @@ class HybridTree(TreeCore):
     writes = property(lambda self: self.ht.writes,
                       doc="write_through backups in flight: ack id -> [receipt, nodes]")
 
-    def __init__(self, *, device_capacity: int, aux_capacity: int, page_size: int = 1,
+    def __init__(self, aux: TreeComponent, *, device_capacity: int, aux_capacity: int,
+                 page_size: int = 1,
                  record: bool = False, host_capacity: int | None = None,
                  aux_host_capacity: int = 0, load_back_threshold: int = 1,
                  write_policy: str = "write_back", host_policy: str = "duplicate_first",
@@ -371,11 +185,11 @@ class HybridTree(TreeCore):
         # The eviction priority of FULL's device and host leaf heaps
         # (``tree_core.eviction_strategy.get_priority``, full.py
         # ``_evict_device_start`` / ``drive_host_eviction``).
-        self._prio = resolve(EVICTION_POLICIES, eviction_policy, "eviction policy")
+        self.full = FullComponent(eviction_policy)
         # _cascade_evict from an internal auxiliary victim reaches only components of
         # lower or equal internal priority: none here, FULL's being higher. The walks
         # below rely on that (a three-component tree would need the cascade).
-        assert C.EVICTION_PRIORITY_INTERNAL["full"] > self.AUX_PRIORITY
+        assert C.EVICTION_PRIORITY_INTERNAL["full"] > aux.priority
         self.page_size = page_size
         self.device_capacity = device_capacity
         self.aux_capacity = aux_capacity
@@ -393,7 +207,6 @@ class HybridTree(TreeCore):
         for _ in range(C.SENTINEL_IDS_PER_COMPONENT * 2):
             self._tick()
             self._tick()
-        self.lru = _LRU()
         self.d_leaves: set = set()
         self.dev_used = 0          # FULL device tokens (all tree-held)
         self.aux_used = 0          # SWA tokens / Mamba states held by the tree
@@ -415,11 +228,18 @@ class HybridTree(TreeCore):
             self.hicache = True
             self._refresh = self._refresh_ht
             self._is_dleaf = self._is_dleaf_ht
+        self.aux = aux
+        aux.attach(self)
+        self.full.attach(self)
 
     # ------------------------------------------------------------------ basics
     def aux_value_len(self, node: HNode) -> int:
         """``value_len`` of the auxiliary component (0 for a tombstone)."""
-        raise NotImplementedError
+        return self.aux.value_len(node)
+
+    def aux_value_len_of(self, node: HNode) -> int:
+        """The size a device value on ``node`` would have (Mamba 1, SWA tokens)."""
+        return self.aux.value_len_of(node)
 
     def _is_dleaf(self, node: HNode) -> bool:
         """core ``_is_device_leaf``: not root, FULL on device (always, with HiCache
@@ -487,42 +307,6 @@ class HybridTree(TreeCore):
         else:
             self.d_leaves.discard(node)
 
-    # -------------------------------------------------- auxiliary value ledger
-    def _aux_set(self, node: HNode, n: int) -> None:
-        """core ``set_component_device_value``: store the value, MRU in the LRU,
-        credited to protected when the node is locked, else evictable."""
-        node.aux = True
-        if node.hlp is not None:
-            self.ht.hlru.remove(node)
-        self.lru.insert_mru(node)
-        self.aux_used += n
-        if node.aux_lock > 0:
-            self.aux_protected += n
-        else:
-            self.aux_evictable += n
-        if self.rec is not None:
-            self._ev("set", node, c=self.AUX, n=n)
-
-    def _aux_tomb(self, node: HNode, event: bool = True) -> int:
-        """``evict_component(DEVICE)`` of the auxiliary component plus
-        ``_evict_component_and_detach_lru``: free the value, debit evictable, leave
-        the LRU. Returns the freed count."""
-        n = self.aux_value_len(node)
-        node.aux = False
-        self.aux_evictable -= n
-        self.aux_used -= n
-        if self.AUX == "mamba":
-            self.hy.state_evictions += n
-        else:
-            self.hy.swa_evicted_tokens += n
-        self.lru.remove(node)
-        if node.aux_host and node.hlp is None:
-            # evict_component: a device tombstone over a host copy joins the host LRU.
-            self.ht.hlru.insert_mru(node)
-        if event and self.rec is not None:
-            self._ev("tomb", node, c=self.AUX, n=n)
-        return n
-
     # ------------------------------------------------------------------ walks
     def _split(self, child: HNode, p: int) -> HNode:
         """core ``_split_node(child, p units)``: the new upper fragment takes a new id
@@ -554,10 +338,10 @@ class HybridTree(TreeCore):
         child.key = child.key[p:]
         child.parent = up
         up.children[child.key[0]] = child
-        self._aux_split(up, child)
+        self.aux.split(up, child)
         # _for_each_component_lru(insert_after(child, new), skip_existing=True)
         if up.aux and up.lp is None:
-            _LRU.add_after(child, up)
+            LRUList.add_after(child, up)
         child.last_access = self._tick()
         self.n_nodes += 1
         self._refresh(up)
@@ -567,10 +351,6 @@ class HybridTree(TreeCore):
         if self.rec is not None:
             self._ev("split", up, child=child.id, n=len(up.key) * self.page_size)
         return up
-
-    def _aux_split(self, up: HNode, child: HNode) -> None:
-        """The auxiliary component's ``redistribute_on_node_split``."""
-        raise NotImplementedError
 
     def _at_boundary(self, key: list, units: int) -> bool:
         """Whether the tree holds ``key[:units]`` as whole nodes on device (a reused
@@ -589,36 +369,66 @@ class HybridTree(TreeCore):
 
     # ------------------------------------------------------------------ match
     def match_prefix(self, key: list) -> HybridMatch:
-        """core ``match_prefix`` / ``_match_prefix_helper`` / ``_match_post_processor``
-        (device only: ``match_device_only`` validators)."""
+        """core ``match_prefix`` / ``_match_prefix_helper`` (device only:
+        ``match_device_only`` validators; both sets with HiCache on), then
+        ``_match_post_processor``: the component's ``refresh_lru(MATCH_END)`` at
+        ``best``, one clock draw stamped on ``best``, each ancestor
+        ``MATCH_ANCESTOR_STEP`` earlier than its child, and each component's
+        ``finalize_match_result_in_tree_core``."""
         if not key:
             return HybridMatch(0, 0, self.root, None)
-        if self.hicache:
-            return self._match_ht(key)
         ps = self.page_size
+        aux = self.aux
+        hicache = self.hicache
         node, pos, n = self.root, 0, len(key)
         best, best_units = self.root, 0
-        valid = self._aux_validator()
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            ckey = child.key
-            m = len(ckey)
-            # most steps match the whole node: one slice compare, no call
-            p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
-            if p < m:
-                node = self._split(child, p)
+        if hicache:
+            # Two validator sets, one that also accepts host copies (best_match_node)
+            # and the device-only one (last_device_node), every validator run at
+            # every node; best_units are last_device_node's.
+            dbest = self.root
+            valid = aux.match_validator(device_only=False)
+            dvalid = aux.match_validator(device_only=True)
+            while pos < n:
+                child = node.children.get(key[pos])
+                if child is None or not (child.dev or child.host):
+                    break
+                ckey = child.key
+                m = len(ckey)
+                # most steps match the whole node: one slice compare, no call
+                p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
+                split = p < m
+                node = self._split(child, p) if split else child
                 pos += p
-                # FULL's validator holds (FULL on device); every validator runs.
+                # both validators run at every node, the host-accepting one first
+                if valid(node) and (node.dev or node.host):
+                    best = node
+                if dvalid(node) and node.dev:
+                    dbest, best_units = node, pos
+                if split:
+                    break
+        else:
+            valid = aux.match_validator()
+            while pos < n:
+                child = node.children.get(key[pos])
+                if child is None:
+                    break
+                ckey = child.key
+                m = len(ckey)
+                # most steps match the whole node: one slice compare, no call
+                p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
+                if p < m:
+                    node = self._split(child, p)
+                    pos += p
+                    # FULL's validator holds (FULL on device); every validator runs.
+                    if valid(node):
+                        best, best_units = node, pos
+                    break
+                pos += p
+                node = child
                 if valid(node):
                     best, best_units = node, pos
-                break
-            pos += p
-            node = child
-            if valid(node):
-                best, best_units = node, pos
-        self._aux_match_end(best)
+        aux.match_end(best)
         t = self._tick()
         x = best
         while x is not None:
@@ -627,69 +437,19 @@ class HybridTree(TreeCore):
             x = x.parent
         device_len = best_units * ps
         full_len = pos * ps
-        return HybridMatch(device_len, full_len, best, self._aux_branch(device_len, full_len))
-
-    def _match_ht(self, key: list) -> HybridMatch:
-        """``_match_prefix_helper`` with HiCache on: two validator sets, one that also
-        accepts host copies (``best_match_node``) and the device-only one
-        (``last_device_node``), every validator run at every node; then
-        ``_match_post_processor`` and each component's
-        ``finalize_match_result_in_tree_core`` (FULL's ``host_hit_length``: host
-        tokens from ``best_match_node`` up to ``last_device_node``)."""
-        ps = self.page_size
-        node, pos, n = self.root, 0, len(key)
-        best = dbest = self.root
-        dbest_units = 0
-        valid = self._aux_validator(device_only=False)
-        dvalid = self._aux_validator(device_only=True)
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None or not (child.dev or child.host):
-                break
-            ckey = child.key
-            m = len(ckey)
-            # most steps match the whole node: one slice compare, no call
-            p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
-            split = p < m
-            node = self._split(child, p) if split else child
-            pos += p
-            # both validators run at every node, the host-accepting one first
-            if valid(node) and (node.dev or node.host):
-                best = node
-            if dvalid(node) and node.dev:
-                dbest, dbest_units = node, pos
-            if split:
-                break
-        self._aux_match_end(best)
-        t = self._tick()
-        x = best
-        while x is not None:
-            x.last_access = t
-            t -= C.MATCH_ANCESTOR_STEP
-            x = x.parent
+        if not hicache:
+            return HybridMatch(device_len, full_len, best, aux.branch(device_len, full_len))
+        # full finalize_match_result_in_tree_core: host_hit_length, the host tokens
+        # from best_match_node up to last_device_node
         host = 0
-        x = best
-        while x is not dbest and x is not self.root:
+        x, root = best, self.root
+        while x is not dbest and x is not root:
             if x.host:
                 host += len(x.key) * ps
             x = x.parent
-        device_len = dbest_units * ps
-        full_len = pos * ps
         return HybridMatch(device_len, full_len, best,
-                           self._aux_branch(device_len + host, full_len), dbest, host,
-                           self._aux_host_hit(best))
-
-    def _aux_host_hit(self, best) -> int:
-        return 0
-
-    def _aux_validator(self, device_only: bool = True):
-        raise NotImplementedError
-
-    def _aux_match_end(self, best: HNode) -> None:
-        raise NotImplementedError
-
-    def _aux_branch(self, device_len: int, full_len: int):
-        raise NotImplementedError
+                           aux.branch(device_len + host, full_len), dbest, host,
+                           aux.host_hit(best))
 
     # ------------------------------------------------------------------ insert
     def insert(self, key: list, prev: int = 0, inserted: int = 0, **aux_args) -> HybridInsert:
@@ -706,12 +466,13 @@ class HybridTree(TreeCore):
         res.new = n_tok - prev
         if res.new > self.device_capacity - self.dev_used:
             raise HybridTreeError("device_full")
-        self._aux_prepare(key, prev, res, aux_args)
+        aux = self.aux
+        aux.prepare_insert(key, prev, res, aux_args)
         self._tick()  # _touch_node(root)
         if not key:
+            # begin_insert answers mamba_exist=True: the request's slot is freed
             res.node = self.root
             res.mamba_exist = True
-            self._aux_empty_insert(res)
             return res
         node, pos, n = self.root, 0, len(key)
         wt = self.hicache and self.ht.wt
@@ -727,9 +488,9 @@ class HybridTree(TreeCore):
                 child = self._split(child, p)
             if not child.dev:
                 self._unevict(child)
-                self._aux_unevict(child, p * ps, pos * ps, aux_args)
+                aux.recover_after_unevict(child, p * ps, pos * ps, aux_args)
             else:
-                self._aux_overlap(child, p * ps, pos * ps, prev, aux_args)
+                aux.insert_overlap(child, p * ps, pos * ps, prev, aux_args)
             # _finish_insert_walk_node: a walked node whose hit count reaches the
             # threshold is backed up at once (BackupKV is a barrier).
             if wt and (pos + p) * ps > inserted and self._inc_hit(child):
@@ -749,12 +510,12 @@ class HybridTree(TreeCore):
             if self.rec is not None:
                 self._ev("new", leaf, n=t)
             res.node = leaf
-            self._aux_commit(leaf, True, res, aux_args)
+            aux.commit_insert(leaf, True, res, aux_args)
         else:
             res.node = node
-            self._aux_commit(node, False, res, aux_args)
+            aux.commit_insert(node, False, res, aux_args)
         if res.node is not self.root:
-            self._aux_insert_end(res.node)
+            aux.insert_end(res.node)
         if wt:
             self._backup_after_insert(res.node, (n_tok > inserted) if pos < n else None, res)
         return res
@@ -780,7 +541,7 @@ class HybridTree(TreeCore):
         if new_leaf is not None:
             if new_leaf and self._inc_hit(target):
                 self._write_chain(target, res)
-        elif target.host and target.wp is None and self._aux_backup_needed(target):
+        elif target.host and target.wp is None and self.aux.needs_incremental_backup(target):
             self._write_chain(target, res)
 
     def _write_chain(self, node: HNode, res: HybridInsert) -> None:
@@ -825,44 +586,12 @@ class HybridTree(TreeCore):
         if self.rec is not None:
             self._ev("unevict", node, n=t)
 
-    def _aux_prepare(self, key, prev, res, aux_args) -> None:
-        raise NotImplementedError
-
-    def _aux_empty_insert(self, res) -> None:
-        raise NotImplementedError
-
-    def _aux_overlap(self, node, m_tok, start_tok, prev, aux_args) -> None:
-        pass
-
-    def _aux_unevict(self, node, m_tok, start_tok, aux_args) -> None:
-        """The component's ``recover_after_unevict`` (Mamba: nothing)."""
-
-    def _aux_commit(self, node, is_new_leaf, res, aux_args) -> None:
-        raise NotImplementedError
-
-    def _aux_insert_end(self, node) -> None:
-        pass
-
     # ------------------------------------------------------------------ locks
     def inc_lock(self, node: HNode, skip_aux: bool = False) -> LockReceipt:
         """core ``inc_lock_ref``: FULL's path lock, then the auxiliary lock unless
         ``skip_aux`` (``skip_lock_components``: the Mamba-less decode hold)."""
-        cur = node
-        root = self.root
-        # full.py acquire_component_lock: the bottom device-evicted segment is locked
-        # too, with no ledger move (host tier only: a load-back's anchor).
-        while cur is not root and not cur.dev:
-            cur.lock += 1
-            cur = cur.parent
-        while cur is not root:
-            if cur.lock == 0:
-                t = len(cur.key) * self.page_size
-                self.evictable -= t
-                self.protected += t
-            cur.lock += 1
-            self.d_leaves.discard(cur)
-            cur = cur.parent
-        receipt = LockReceipt(node, None if skip_aux else self._aux_acquire(node), skip_aux)
+        self.full.acquire_lock(node)
+        receipt = LockReceipt(node, None if skip_aux else self.aux.acquire_lock(node), skip_aux)
         self._refresh(node)
         return receipt
 
@@ -871,26 +600,9 @@ class HybridTree(TreeCore):
         walks the components in reverse), then FULL's path unlock."""
         node = receipt.node
         if not (receipt.swa_released or receipt.skip_aux):
-            self._aux_release(node, receipt.uuid)
-        cur, root = node, self.root
-        while cur is not root:  # full.py release_component_lock
-            if cur.lock <= 0:
-                raise HybridInvariantError(f"FULL release hit lock_ref=0 on node {cur.id}")
-            if cur.lock == 1 and cur.dev:
-                t = len(cur.key) * self.page_size
-                self.evictable += t
-                self.protected -= t
-            cur.lock -= 1
-            if cur.lock == 0:
-                self._refresh(cur)
-            cur = cur.parent
+            self.aux.release_lock(node, receipt.uuid)
+        self.full.release_lock(node)
         self._refresh(node)
-
-    def _aux_acquire(self, node):
-        raise NotImplementedError
-
-    def _aux_release(self, node, uuid) -> None:
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ eviction
     def evict(self, full: int = 0, aux: int = 0) -> Eviction:
@@ -898,78 +610,11 @@ class HybridTree(TreeCore):
         component in tree order walks its own victims until its running total, which
         includes what earlier cascades freed, reaches its request."""
         res = Eviction()
-        if self.hicache:
-            if res.freed < full:
-                self._evict_full_ht(full, res)
-            if res.aux < aux:
-                self._evict_aux_ht(aux, res)
-            return res
         if res.freed < full:
-            self._evict_full(full, res)
+            self.full.evict_device(full, res)
         if res.aux < aux:
-            self._evict_aux(aux, res)
+            self.aux.evict_device(aux, res)
         return res
-
-    def _evict_full(self, request: int, res: Eviction, victim=None) -> None:
-        """full.py ``_evict_device_start`` / ``_evict_device_next_node``: a heap of the
-        device leaves by ``last_access_time`` (the ``lru`` strategy); a deleted leaf's
-        parent joins when it becomes a leaf. ``victim``: what happens to each leaf
-        (``_delete_leaf`` with HiCache off; ``_evict_dleaf`` with it on)."""
-        act = self._delete_leaf if victim is None else victim
-        prio = self._prio
-        d_leaves = self.d_leaves
-        heap = self._leaf_heap(d_leaves)
-        last = None
-        while True:
-            if last is not None and last.parent is not None and last.parent in d_leaves:
-                p = last.parent
-                heapq.heappush(heap, (p.last_access if prio is _LRU else prio(p), p.id, p))
-            last = None
-            x = None
-            while res.freed < request and heap:
-                _, _, cand = heapq.heappop(heap)
-                if cand in d_leaves:
-                    x = cand
-                    break
-            if x is None:
-                return
-            last = x
-            act(x, res)
-
-    def _leaf_heap(self, leaves) -> list:
-        """A heap of ``leaves`` by the eviction policy's priority, ties by node id
-        (``eviction_strategy.get_priority``): rebuilt at the start of each walk, so
-        it costs one entry per leaf; ``lru``'s priority (the default) is read inline,
-        a slot read being cheaper than a getter's call."""
-        prio = self._prio
-        if prio is _LRU:
-            heap = [(n.last_access, n.id, n) for n in leaves]
-        else:
-            heap = [(prio(n), n.id, n) for n in leaves]
-        heapq.heapify(heap)
-        return heap
-
-    def _evict_aux(self, request: int, res: Eviction) -> None:
-        """swa.py / mamba.py ``_evict_device_next_node`` (no sessions, no HiCache):
-        walk the component's LRU from the tail skipping locked entries; a device leaf
-        is deleted whole (core ``evict_device_leaf``), any other node loses only this
-        component's value (a tombstone) and cascades to lower priorities (none in a
-        two-component tree)."""
-        lru = self.lru
-        cursor = lru.lru_no_lock()
-        d_leaves = self.d_leaves
-        while True:
-            if cursor is not None and cursor.lp is None:
-                cursor = lru.lru_no_lock()
-            if res.aux >= request or cursor is None:
-                return
-            x = cursor
-            cursor = lru.prev_no_lock(x)
-            if x in d_leaves:
-                self._delete_leaf(x, res)
-            else:
-                res.aux += self._aux_tomb(x)
-                self._refresh(x)
 
     def _delete_leaf(self, x: HNode, res: Eviction) -> None:
         """core ``_delete_unbacked_device_leaf``: ``_release_all_component_layers``
@@ -982,7 +627,7 @@ class HybridTree(TreeCore):
         self.evictable -= t
         self.dev_used -= t
         if x.aux:
-            res.aux += self._aux_tomb(x, event=False)
+            res.aux += self.aux.evict_component(x, event=False)
         self.d_leaves.discard(x)
         parent = x.parent
         if self.rec is not None:
@@ -995,55 +640,6 @@ class HybridTree(TreeCore):
     # HiCache on: write_back (docs/HYBRID.md §5) and the write_through policies
     # (§5.9; the write_through section above the locks). Citations: core =
     # unified_tree_core.py, cache = unified_radix_cache.py.
-
-    def _evict_full_ht(self, request: int, res: Eviction) -> None:
-        """The FULL walk (``full._evict_device_next_node``) with each victim handed
-        to ``_evict_dleaf`` (cache ``_evict_components``' write_back branch)."""
-        self._evict_full(request, res, self._evict_dleaf)
-
-    def _evict_aux_ht(self, request: int, res: Eviction) -> None:
-        """The auxiliary walk with HiCache on (mamba ``_evict_device_next_node``): a
-        device leaf goes to ``_evict_dleaf``; an internal state with no host copy on a
-        node whose FULL has none either is first backed up (``InternalStateBackup``:
-        host room, ``backup_node_for_write_back``, then
-        ``finish_mamba_state_eviction``); any other internal state is tombstoned at
-        once, a host copy, if any, staying behind in the host LRU."""
-        lru = self.lru
-        cursor = lru.lru_no_lock()
-        d_leaves = self.d_leaves
-        while True:
-            if cursor is not None and cursor.lp is None:
-                cursor = lru.lru_no_lock()
-            if res.aux >= request or cursor is None:
-                return
-            x = cursor
-            cursor = lru.prev_no_lock(x)
-            if x in d_leaves:
-                self._evict_dleaf(x, res)
-                continue
-            if not self.ht.wt and not x.aux_host and not x.host and x.dev:
-                # InternalStateBackup: host room for every value the backup carries
-                # (Mamba: the state; SWA: the unbacked window, swa
-                # ``_collect_unbacked_swa_nodes``), reserved whole
-                # (``evict_host(needed)``), then ``backup_node_for_write_back``.
-                needed = 0
-                for y in self._aux_backup_nodes(x):
-                    needed += self._aux_host_len(y)
-                if needed:
-                    if self.ht.aux_host_capacity - self.ht.aux_host_used < needed:
-                        self._evict_host_aux(needed)
-                    self._backup(x, res)
-                    # _finish_internal_component_eviction's re-checks (the
-                    # load-back pin and FULL's device value: Mamba only).
-                    mamba = self._MAMBA_RECHECK
-                    if (not self._alive(x) or not x.aux or x.aux_lock > 0
-                            or (mamba and x.lb is not None) or x.lp is None):
-                        continue
-                    if x in d_leaves or (mamba and not x.dev):
-                        cursor = x  # re-selected through the normal walk
-                        continue
-            res.aux += self._aux_tomb(x)
-            self._refresh(x)
 
     def _alive(self, x: HNode) -> bool:
         p = x.parent
@@ -1081,24 +677,6 @@ class HybridTree(TreeCore):
         self._unlink(x)
         self._refresh(parent)
         self._sweep(parent, res)
-
-    def _aux_backup_needed(self, x: HNode) -> bool:
-        """``_build_backup_spec``'s component transfer (``needs_incremental_backup`` /
-        ``build_hicache_transfers(BACKUP_HOST)``)."""
-        return False
-
-    def _aux_backup_nodes(self, x: HNode) -> list:
-        """The nodes whose component value a backup of ``x`` writes, oldest first
-        (Mamba: ``x``'s state; SWA: the unbacked window)."""
-        return [x] if self._aux_backup_needed(x) else []
-
-    def _aux_host_len(self, x: HNode) -> int:
-        """The component's host value size on ``x`` (Mamba: 1 state; SWA: tokens)."""
-        return 1
-
-    # _finish_internal_component_eviction: the load-back pin and FULL-evicted
-    # re-checks are Mamba's (unified_tree_core.py); SWATree turns them off.
-    _MAMBA_RECHECK = True
 
     def _backup(self, x: HNode, res: Eviction) -> int:
         """write_back's blocking backup of ``x`` (``_write_backup``), counted and
@@ -1140,19 +718,20 @@ class HybridTree(TreeCore):
         units written), (0, 0) when there was nothing to write, None when the host
         had no room."""
         t = 0 if x.host else len(x.key) * self.page_size
-        aux = self._aux_backup_nodes(x)
+        comp = self.aux
+        aux = comp.backup_nodes(x)
         if t == 0 and not aux:
             return 0, 0
         avail = self.ht.host_capacity - self.ht.host_used
-        if avail < t and self._evict_host_full(t - avail, res) < t - avail:
+        if avail < t and self.full.drive_host_eviction(t - avail, res) < t - avail:
             return None
         if aux:
             k = 0
             for y in aux:
-                k += self._aux_host_len(y)
+                k += comp.host_value_len(y)
             # HostPoolGroup.alloc(k, reclaim=host_evict_fn): reclaim k once, retry.
             if self.ht.aux_host_capacity - self.ht.aux_host_used < k:
-                self._evict_host_aux(k)
+                comp.drive_host_eviction(k)
                 if self.ht.aux_host_capacity - self.ht.aux_host_used < k:
                     return None
         if t:
@@ -1161,21 +740,18 @@ class HybridTree(TreeCore):
         written = 0
         for y in aux:
             y.aux_host = True
-            k = self._aux_host_len(y)
+            k = comp.host_value_len(y)
             self.ht.aux_host_used += k
             written += k
             if self.rec is not None:
-                self._ev("host_set", y, c=self.AUX, n=k)
+                self._ev("host_set", y, c=comp.name, n=k)
         if self.rec is not None:
             self._ev("backup", x, n=t)
         if t or written:  # a backup that wrote something, counted once here
             st = self.stats
             st.backups += 1
             st.backup_tokens += t
-            if self.AUX == "mamba":
-                self.hy.state_backups += written
-            else:
-                self.hy.swa_backup_tokens += written
+            self.hy.aux_backups += written
         if self.ht.wt:
             receipt = self.inc_lock(x)
             # mark_write_through_pending: the component's nodes (SWA: the window's
@@ -1207,11 +783,11 @@ class HybridTree(TreeCore):
         self.evictable -= t
         self.dev_used -= t
         if x.aux:
-            res.aux += self._aux_tomb(x)
+            res.aux += self.aux.evict_component(x)
         x.dev = False
         self._refresh(x)
         if x.aux_host and x.hlp is None:
-            self.ht.hlru.insert_mru(x)
+            self.aux.hlru.insert_mru(x)
         self._refresh(x.parent)
 
     def _locked_any(self, x: HNode) -> bool:
@@ -1259,12 +835,9 @@ class HybridTree(TreeCore):
             self.ht.host_used -= t
             host = t
         if x.aux:
-            res.aux += self._aux_tomb(x, event=False)
+            res.aux += self.aux.evict_component(x, event=False)
         if x.aux_host:
-            x.aux_host = False
-            self.ht.aux_host_used -= self._aux_host_len(x)
-            if x.hlp is not None:
-                self.ht.hlru.remove(x)
+            self.aux.release_host_value(x)
         self.d_leaves.discard(x)
         self.ht.h_leaves.discard(x)
         return host
@@ -1288,12 +861,12 @@ class HybridTree(TreeCore):
                 self._refresh(cur)
                 break
             if cur.aux:
-                res.aux += self._aux_tomb(cur)
+                res.aux += self.aux.evict_component(cur)
             if cur.host:
                 self._refresh(cur)
                 break
             if cur.aux_host:
-                res.aux += self._aux_host_tomb(cur)
+                res.aux += self.aux.evict_host_component(cur)
             self.ht.h_leaves.discard(cur)
             parent = cur.parent
             self._unlink(cur)
@@ -1325,61 +898,13 @@ class HybridTree(TreeCore):
             he.freed += ev.host.freed
             he.scanned += ev.host.scanned
 
-    def _aux_host_tomb(self, x: HNode) -> int:
-        """``evict_component(HOST)`` of the component: its host value only."""
-        n = self._aux_host_len(x)
-        x.aux_host = False
-        self.ht.aux_host_used -= n
-        if self.AUX == "mamba":
-            self.hy.state_host_frees += 1
-        else:
-            self.hy.swa_host_free_tokens += n
-        if x.hlp is not None:
-            self.ht.hlru.remove(x)
-        if self.rec is not None:
-            self._ev("host_tomb", x, c=self.AUX, n=n)
-        return n
-
     def evict_host(self, n: int, component: str = "full") -> int:
         """cache ``evict_host`` -> core ``drive_host_eviction``: FULL (duplicate
         reclaim first, then LRU host leaves) or the component (its host LRU).
         Returns what that component's tracker counted."""
         if component == "full":
-            return self._evict_host_full(n, Eviction())
-        return self._evict_host_aux(n)
-
-    def _evict_host_full(self, n: int, op) -> int:
-        """core ``drive_host_eviction`` for FULL: the host policy's duplicate reclaim
-        first (``_reclaim_full_host_duplicates`` by default: two passes, pass 1
-        sparing evictable D-leaves; only FULL's host copy goes, the component's
-        stays), then ``full.drive_host_eviction`` over the host leaves by the
-        eviction policy's priority, sharing one counter. ``op``: the result of the
-        op that needed the room, whose ``host`` it is added to; the engine charges a
-        scan of the whole map, as it stood, for each call."""
-        freed = 0
-        if self.ht.dups:
-            self._host_of(op).scanned += len(self.ht.dups)
-        # drive_host_eviction: the duplicate reclaim runs under write_back only.
-        policy = self.ht.host_policy
-        if not self.ht.wt and policy.reclaims:
-            freed = policy.reclaim(self, n).freed
-        if freed < n:
-            # the leaf walk, when the reclaim left some to free
-            prio = self._prio
-            h_leaves = self.ht.h_leaves
-            heap = self._leaf_heap(h_leaves)
-            res = _Discard()
-            while freed < n and heap:
-                _, _, x = heapq.heappop(heap)
-                if x not in h_leaves:
-                    continue
-                freed += self._evict_hleaf(x, res)[0]
-                p = x.parent
-                if p is not None and p in h_leaves:
-                    heapq.heappush(heap, (p.last_access if prio is _LRU else prio(p), p.id, p))
-        if freed:
-            self._host_of(op).freed += freed
-        return freed
+            return self.full.drive_host_eviction(n, Eviction())
+        return self.aux.drive_host_eviction(n)
 
     # The host-policy API (TreeCore's): the live re-check and one host copy's release.
     @staticmethod
@@ -1401,7 +926,7 @@ class HybridTree(TreeCore):
     def _evict_hleaf(self, x: HNode, res: Eviction) -> tuple[int, int]:
         """core ``_evict_host_leaf``: every component's values on the node go, and
         the node; returns (FULL host tokens, component host values) freed."""
-        aux = self._aux_host_len(x) if x.aux_host else 0
+        aux = self.aux.host_value_len(x) if x.aux_host else 0
         host = self._release_layers(x, res)
         self.stats.host_evict_tokens += host
         parent = x.parent
@@ -1409,80 +934,23 @@ class HybridTree(TreeCore):
         self._sweep(parent, res)
         return host, aux
 
-    def _evict_host_aux(self, n: int) -> int:
-        """mamba ``drive_host_eviction``: the host LRU from the tail, skipping
-        host-locked entries; a host leaf is evicted whole, any other node loses only
-        its host state."""
-        freed = 0
-        hlru = self.ht.hlru
-        x = hlru.lru_no_host_lock()
-        res = _Discard()
-        while freed < n and x is not None and x.hlp is not None:
-            nxt = hlru.prev_no_host_lock(x)
-            if x in self.ht.h_leaves:
-                freed += self._evict_hleaf(x, res)[1]
-            else:
-                freed += self._aux_host_tomb(x)
-                self._refresh(x)
-            x = nxt
-        return freed
-
     # -- host locks and load-back
     def inc_host_lock(self, anchor: HNode) -> HostLockReceipt:
         """core ``inc_host_lock_ref``: FULL pins the anchor (write_back pins a
         device-only anchor too) with a boundary mark; the component locks the
         anchor's host value, which leaves the host LRU."""
-        # full.py acquire_component_lock(lock_host): write_through pins only an
-        # anchor with a FULL host copy.
-        full = anchor.host or not self.ht.wt
-        holder = HostLockReceipt(anchor, full)
-        if full:
-            anchor.host_lock += 1
-            self._mark_host_top(anchor, holder)
-            self._refresh(anchor)
-        holder.aux_uuid = self._aux_host_acquire(anchor)
+        holder = self.full.acquire_host_lock(anchor)
+        holder.aux_uuid = self.aux.acquire_host_lock(anchor)
         self._refresh(anchor)
         return holder
-
-    def _aux_host_acquire(self, anchor: HNode):
-        """The component's ``acquire_component_lock(lock_host=True)`` (Mamba: the
-        anchor's host state, which leaves the host LRU)."""
-        if anchor is not self.root:
-            if anchor.aux_host_lock == 0 and anchor.aux_host and anchor.hlp is not None:
-                self.ht.hlru.remove(anchor)
-            anchor.aux_host_lock += 1
-        return None
-
-    def _aux_host_release(self, anchor: HNode, uuid) -> None:
-        """The component's ``release_component_lock(lock_host=True)`` (Mamba: a
-        host-only state rejoins the host LRU)."""
-        if anchor is not self.root:
-            anchor.aux_host_lock -= 1
-            if anchor.aux_host_lock == 0:
-                if not anchor.aux and anchor.aux_host and anchor.hlp is None:
-                    self.ht.hlru.insert_mru(anchor)
-                self._refresh(anchor)
 
     def dec_host_lock(self, holder: HostLockReceipt) -> None:
         """core ``dec_host_lock_ref``: the component first (a host-only value
         rejoins the host LRU), then FULL up to the boundary mark."""
         anchor = holder.anchor
-        self._aux_host_release(anchor, holder.aux_uuid)
-        if not holder.full:
-            self._refresh(anchor)
-            return
-        node = anchor
-        while True:
-            if self.ht.wt and not node.host:
-                # full.py release_component_lock: write_through stops at a node
-                # without a host copy.
-                break
-            node.host_lock -= 1
-            self._refresh(node)
-            if node is holder.top:
-                break
-            node = node.parent
-        self._unmark_host_top(holder)
+        self.aux.release_host_lock(anchor, holder.aux_uuid)
+        if holder.full:
+            self.full.release_host_lock(holder)
         self._refresh(anchor)
 
     def load_back(self, match: HybridMatch, lid, holds: bool | None = None) -> HybridLoad:
@@ -1497,15 +965,16 @@ class HybridTree(TreeCore):
         holder = self.inc_host_lock(anchor)
         lock = self.inc_lock(anchor)
         ev = Eviction()  # the evictions run for room, summed
-        slot = self._aux_prepare_load_back(anchor, holds, ev)
+        comp = self.aux
+        slot = comp.prepare_load_back(anchor, holds, ev)
         reason, n, aux = self._load_transfers(anchor, lock, holder, ev)
         if not (ev.freed or ev.aux or ev.backups or ev.host is not NO_HOST_EVICTION):
             ev = None
         if reason is not None:
-            self._aux_finalize_load_back(slot, False)
+            comp.finalize_load_back(slot, False)
             return HybridLoad(reason, eviction=ev)
         self.ht.loads[lid] = LoadBack(anchor, self.inc_lock(anchor), holder, n)
-        self._aux_finalize_load_back(slot, True)
+        comp.finalize_load_back(slot, True)
         return HybridLoad(None, n, aux, bool(slot), ev)
 
     def _load_transfers(self, anchor, lock, holder, ev: Eviction):
@@ -1520,7 +989,8 @@ class HybridTree(TreeCore):
             nodes.append(x)
             x = x.parent
         nodes.reverse()
-        aux_nodes = self._aux_load_nodes(anchor)
+        comp = self.aux
+        aux_nodes = comp.load_nodes(anchor)
         aux = bool(aux_nodes)
         pinned = any(y.lb is not None and y.lb is not anchor for y in nodes)
         if any(y.lb is not None and y.lb is not anchor for y in aux_nodes):
@@ -1542,11 +1012,11 @@ class HybridTree(TreeCore):
                 return "no_device_space", 0, 0
         # HybridCacheController.load: FULL rows first (outside the tree until the
         # commit; nothing below reads FULL room), then the component's device slot.
-        ok = self._aux_alloc_for_load(aux_nodes, ev) if aux else True
+        ok = comp.alloc_for_load(aux_nodes, ev) if aux else True
         self.dec_lock(lock)
         if not ok:
             self.dec_host_lock(holder)
-            return f"no_{self.AUX}_space", 0, 0
+            return f"no_{comp.name}_space", 0, 0
         for y in nodes:
             if self.rec is not None:
                 self._ev("load", y, n=len(y.key) * ps)
@@ -1564,8 +1034,8 @@ class HybridTree(TreeCore):
             self._refresh(y)
         restored = 0
         for y in aux_nodes:  # commit_hicache_transfer(LOAD_BACK), oldest first
-            k = self.aux_value_len_of(y)
-            self._aux_set(y, k)
+            k = comp.value_len_of(y)
+            comp.set_value(y, k)
             restored += k
         self._refresh(anchor)
         return None, n, restored
@@ -1587,30 +1057,6 @@ class HybridTree(TreeCore):
                 self._track(x)
             x = x.parent
 
-    def _aux_prepare_load_back(self, anchor, holds, ev: Eviction):
-        """The component's ``prepare_load_back``: a truthy value when it gave the
-        request a slot (handed back to ``_aux_finalize_load_back``); an eviction it
-        runs for the slot is added to ``ev``."""
-        return None
-
-    def _aux_finalize_load_back(self, slot, success: bool) -> None:
-        pass
-
-    def _aux_load_needed(self, anchor) -> bool:
-        return False
-
-    def _aux_load_nodes(self, anchor) -> list:
-        """The nodes whose host-only component value a load-back restores, oldest
-        first (Mamba: the anchor's state; SWA: the window's host-only slices)."""
-        return [anchor] if self._aux_load_needed(anchor) else []
-
-    def aux_value_len_of(self, node) -> int:
-        """The size a device value on ``node`` would have (Mamba 1, SWA tokens)."""
-        return 1
-
-    def _aux_alloc_for_load(self, nodes, ev: Eviction) -> bool:
-        return True
-
     # ------------------------------------------------------------------ replicas
     def clone(self) -> "HybridTree":
         """An independent copy (the engine forks a diverging rank off with this):
@@ -1630,22 +1076,19 @@ class HybridTree(TreeCore):
                 y.parent = nmap[id(y.parent)]
             y.children = {k: nmap[id(c)] for k, c in y.children.items()}
         new.root = nmap[id(self.root)]
-        new.lru = _LRU()
-        prev = new.lru.head
-        for x in self.lru.order():
-            _LRU.add_after(prev, nmap[id(x)])
-            prev = nmap[id(x)]
         new.d_leaves = {nmap[id(x)] for x in self.d_leaves}
         new.rec = None if self.rec is None else []
         new.stats = copy.copy(self.stats)
         new.hy = copy.copy(self.hy)
         if self.hicache:
             self._clone_host(new, nmap)
+        new.full = copy.copy(self.full)
+        new.full.attach(new)
+        new.aux = self.aux.clone_into(new, nmap)
         return new
 
     def _clone_host(self, new: "HybridTree", nmap: dict) -> None:
-        """The host tier's part of ``clone``: the host LRU in order, the host leaf
-        set, the duplicates map in order, in-flight load-backs with their receipts
+        """The host tier's part of ``clone``: the host leaf set, the duplicates map in order, in-flight load-backs with their receipts
         and pins, host-lock boundaries."""
         new._refresh = new._refresh_ht  # the instance's own bound methods, not ours
         new._is_dleaf = new._is_dleaf_ht
@@ -1655,9 +1098,6 @@ class HybridTree(TreeCore):
             y.hlp = y.hln = None
             if y.lb is not None:
                 y.lb = nmap[id(y.lb)]
-        new.ht.hlru = _HostLRU()
-        for x in reversed(self.ht.hlru.order()):
-            new.ht.hlru.insert_mru(nmap[id(x)])
         new.ht.h_leaves = {nmap[id(x)] for x in self.ht.h_leaves}
         new.ht.dups = {nid: nmap[id(x)] for nid, x in self.ht.dups.items()}
         new.ht.writes = {}
@@ -1753,7 +1193,7 @@ class HybridTree(TreeCore):
                 raise HybridInvariantError(f"node {n.id}: {self.AUX} tombstone in its LRU")
             if (n in self.d_leaves) != self._is_dleaf(n):
                 raise HybridInvariantError(f"node {n.id}: device leaf set disagrees")
-        order = self.lru.order()
+        order = self.aux.lru.order()
         if len(order) != len(set(order)) or not set(order) <= in_tree:
             raise HybridInvariantError(f"{self.AUX} LRU holds a node twice or a dead node")
         if not self.d_leaves <= in_tree:
@@ -1769,7 +1209,7 @@ class HybridTree(TreeCore):
             raise HybridInvariantError("a pool is over capacity")
         if self.hicache:
             self._check_host(in_tree)
-        self._aux_check()
+        self.aux.check()
 
     def _check_host(self, in_tree: set) -> None:
         """The host tier's invariants (sanity_check's leaf-set, LRU, host-size and
@@ -1788,7 +1228,7 @@ class HybridTree(TreeCore):
             if n.host:
                 host += t
             if n.aux_host:
-                ahost += self._aux_host_len(n)
+                ahost += self.aux.host_value_len(n)
             if n.host_lock < 0 or n.aux_host_lock < 0:
                 raise HybridInvariantError(f"node {n.id}: negative host lock")
             if n.hlp is not None and not (n.aux_host and not n.aux):
@@ -1818,7 +1258,7 @@ class HybridTree(TreeCore):
                 if n.aux_host and not n.host:
                     raise HybridInvariantError(f"node {n.id}: host {self.AUX} value "
                                                f"without FULL's host copy")
-        order = self.ht.hlru.order()
+        order = self.aux.hlru.order()
         if len(order) != len(set(order)) or not set(order) <= in_tree:
             raise HybridInvariantError(f"{self.AUX} host LRU holds a node twice or a dead node")
         if not self.ht.h_leaves <= in_tree:
@@ -1851,6 +1291,3 @@ class HybridTree(TreeCore):
                     return True
                 x = x.parent
         return False
-
-    def _aux_check(self) -> None:
-        pass

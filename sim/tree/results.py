@@ -45,12 +45,8 @@ class HostEviction:
     __slots__ = ("freed", "reclaimed_pass1", "reclaimed_pass2", "lru_evicted", "scanned", "swept")
 
     def __init__(self):
-        self.freed = 0
-        self.reclaimed_pass1 = 0
-        self.reclaimed_pass2 = 0
-        self.lru_evicted = 0
-        self.scanned = 0
-        self.swept = 0
+        self.freed = self.reclaimed_pass1 = self.reclaimed_pass2 = self.lru_evicted = 0
+        self.scanned = self.swept = 0
 
     def __repr__(self) -> str:
         return (f"HostEviction(freed={self.freed}, pass1={self.reclaimed_pass1}, "
@@ -150,15 +146,9 @@ class Eviction:
                  "backups", "backups_failed", "host")
 
     def __init__(self):
-        self.freed = 0
-        self.aux = 0
-        self.demoted = 0
-        self.deleted = 0
-        self.dropped = 0
-        self.dropped_host = 0
-        self.declined = 0
+        self.freed = self.aux = self.demoted = self.deleted = self.dropped = 0
+        self.dropped_host = self.declined = self.backups_failed = 0
         self.backups: list[int] = NO_ITEMS
-        self.backups_failed = 0
         self.host: HostEviction = NO_HOST_EVICTION
 
     @property

@@ -23,22 +23,227 @@ from __future__ import annotations
 import math
 
 from sim import constants as C
+from sim.tree.components.base import TreeComponent
 from sim.tree.hybrid import HybridInvariantError, HybridTree, HybridTreeError
 from sim.tree.results import HybridCow
 
 _NO_COW = HybridCow(False)  # nothing to copy: the match ends on no state
 
 
-class MambaTree(HybridTree):
-    """Components ``(FULL, MAMBA)``. ``mamba_chunk``: ``mamba_cache_chunk_size()``
-    (``max(the model's mamba chunk size, page_size)``, runtime_context.py), which with
-    the page size sets the checkpoint grid of ``branch``; ``mamba_capacity``: state
-    slots; ``max_states``: ``mamba_max_states_per_path`` (-1: unlimited);
-    ``extra_buffer``: ``--enable-mamba-extra-buffer`` (needed past page size 1; the
-    tree behaves the same, the request-side state bookkeeping differs)."""
+class MambaComponent(TreeComponent):
+    """mamba ``MambaComponent``. ``grid``: the checkpoint grid of ``branch``
+    (runtime_context.py ``mamba_checkpoint_grid``: lcm(mamba_cache_chunk_size,
+    page)); ``max_states``: ``mamba_max_states_per_path`` (-1: unlimited);
+    ``held``: the state slots running requests hold outside the tree (their copies
+    on write)."""
 
-    AUX = "mamba"
-    AUX_PRIORITY = C.EVICTION_PRIORITY_INTERNAL["mamba"]
+    __slots__ = ("grid", "max_states", "held")
+
+    name = "mamba"
+    priority = C.EVICTION_PRIORITY_INTERNAL["mamba"]
+    recheck_pin = True
+
+    def __init__(self, mamba_chunk: int, page_size: int, max_states: int):
+        super().__init__()
+        self.grid = math.lcm(mamba_chunk, page_size)
+        self.max_states = max_states
+        self.held = 0
+
+    def value_len(self, node) -> int:
+        return 1 if node.aux else 0
+
+    def free_slot(self) -> bool:
+        """A state slot is free in the pool (the tree's states and the held ones)."""
+        t = self.tree
+        return t.aux_used + self.held < t.aux_capacity
+
+    def split(self, up, child) -> None:
+        """mamba ``redistribute_on_node_split``: the new parent gets no state and no
+        lock; the state stays on the lower fragment."""
+        up.aux = False
+        up.aux_lock = 0
+
+    # ------------------------------------------------------------------ match
+    def match_validator(self, device_only: bool = True):
+        """mamba ``create_match_validator``: a state at the node (with HiCache, a
+        host copy also counts for ``best_match_node``)."""
+        if device_only:
+            return lambda node: node.aux
+        return lambda node: node.aux or node.aux_host
+
+    def host_hit(self, best) -> int:
+        """``finalize_match_result_in_tree_core``: ``mamba_host_hit_length`` is 1 when
+        the boundary's state is host-only (so a load-back is started for it)."""
+        return 1 if best.aux_host and not best.aux else 0
+
+    def match_end(self, best) -> None:
+        """mamba ``refresh_lru(MATCH_END)``: only the state the match uses."""
+        if best.aux:
+            self.lru.reset_mru(best)
+
+    def branch(self, device_len: int, full_len: int):
+        """mamba ``finalize_match_result_in_tree_core``: the grid-aligned FULL hit when
+        it passes the Mamba boundary."""
+        aligned = full_len // self.grid * self.grid
+        return aligned if aligned > device_len else None
+
+    # ------------------------------------------------------------------ insert
+    def prepare_insert(self, key, prev, res, args) -> None:
+        """core ``begin_insert``: a fresh state needs a free slot (``free_slot``,
+        inline: every insert asks); a donated one is the request's own."""
+        t = self.tree
+        if not args["donated"] and t.aux_used + self.held >= t.aux_capacity:
+            raise HybridTreeError("mamba_full")
+        res.aux_new = 1
+
+    def commit_insert(self, node, is_new_leaf, res, args) -> None:
+        """mamba ``commit_insert_component_data``."""
+        t = self.tree
+        if is_new_leaf:
+            node.aux = True
+            self.lru.insert_mru(node)
+            t.aux_used += 1
+            t.aux_evictable += 1
+            if t.rec is not None:
+                t._ev("set", node, c="mamba", n=1)
+            self._cap_path(node)
+        elif not node.aux:
+            self.set_value(node, 1)
+            node.last_access = t._tick()
+            self._cap_path(node)
+        else:
+            self.lru.reset_mru(node)
+            node.last_access = t._tick()
+            res.mamba_exist = True
+
+    def _cap_path(self, tail) -> None:
+        """mamba ``_evict_excess_path_states`` (the deferred
+        ``MambaEvictExcessPathStates`` action): past ``max_states`` states on the
+        tail's root path, tombstone the shallowest that are not the tail, locked, a
+        fork (children != 1) or a device leaf."""
+        cap = self.max_states
+        if cap < 0:
+            return
+        holders, node, root = [], tail, self.root
+        while node is not None and node is not root:
+            if node.aux:
+                holders.append(node)
+            node = node.parent
+        excess = len(holders) - cap
+        if excess <= 0:
+            return
+        t = self.tree
+        for node in reversed(holders):
+            if excess <= 0 or node is tail:
+                break
+            if node.aux_lock > 0 or len(node.children) != 1 or node in t.d_leaves:
+                continue
+            self.evict_component(node)
+            t._refresh(node)
+            excess -= 1
+
+    # ------------------------------------------------------------------ locks
+    def acquire_lock(self, node):
+        """mamba ``acquire_component_lock``: the anchor only."""
+        if node is self.root:
+            return None
+        if node.aux_lock == 0 and node.aux:
+            t = self.tree
+            t.aux_evictable -= 1
+            t.aux_protected += 1
+        node.aux_lock += 1
+        return None
+
+    def release_lock(self, node, uuid) -> None:
+        """mamba ``release_component_lock``: the anchor only."""
+        if node is self.root:
+            return
+        if node.aux_lock <= 0:
+            raise HybridInvariantError(f"Mamba release hit lock_ref=0 on node {node.id}")
+        t = self.tree
+        if node.aux_lock == 1 and node.aux:
+            t.aux_evictable += 1
+            t.aux_protected -= 1
+        node.aux_lock -= 1
+        if node.aux_lock == 0:
+            t._refresh(node)
+
+    def acquire_host_lock(self, anchor):
+        """mamba ``acquire_component_lock(lock_host=True)``: the anchor's host state,
+        which leaves the host LRU."""
+        if anchor is not self.root:
+            if anchor.aux_host_lock == 0 and anchor.aux_host and anchor.hlp is not None:
+                self.hlru.remove(anchor)
+            anchor.aux_host_lock += 1
+        return None
+
+    def release_host_lock(self, anchor, uuid) -> None:
+        """mamba ``release_component_lock(lock_host=True)``: a host-only state
+        rejoins the host LRU."""
+        if anchor is not self.root:
+            anchor.aux_host_lock -= 1
+            if anchor.aux_host_lock == 0:
+                if not anchor.aux and anchor.aux_host and anchor.hlp is None:
+                    self.hlru.insert_mru(anchor)
+                self.tree._refresh(anchor)
+
+    # ------------------------------------------------------------------ host tier
+    def needs_incremental_backup(self, x) -> bool:
+        """``needs_incremental_backup`` / ``build_hicache_transfers(BACKUP_HOST)``: the
+        device state, when it has no host copy yet."""
+        return x.aux and not x.aux_host
+
+    def load_needed(self, anchor) -> bool:
+        """``build_hicache_transfers(LOAD_BACK)``: the anchor's host-only state."""
+        return anchor.aux_host and not anchor.aux
+
+    def prepare_load_back(self, anchor, holds, ev):
+        """mamba ``prepare_load_back``: a request (``holds``: whether it holds a slot;
+        None: no request) loading a host-only state gets a slot of its own for the
+        copy, evicting one state for it when the pool is full
+        (``_alloc_request_state_slot``)."""
+        if holds is None or holds or not self.load_needed(anchor):
+            return None
+        if not self.free_slot():
+            t = self.tree
+            t._merge(ev, t.evict(0, 1))
+            if not self.free_slot():
+                raise HybridInvariantError("Cannot alloc mamba for load_back")
+        self.held += 1
+        return True
+
+    def finalize_load_back(self, slot, success: bool) -> None:
+        """mamba ``finalize_load_back``: a called-off load returns the slot (a load
+        that started keeps it: ``load_back``'s ``slot_granted``)."""
+        if slot and not success:
+            self.held -= 1
+
+    def alloc_for_load(self, nodes, ev) -> bool:
+        """The restore's device slot (``_resolve_device_transfers``, evicting once
+        through ``_evict_mamba_for_device_alloc``)."""
+        if not self.free_slot():
+            t = self.tree
+            t._merge(ev, t.evict(0, 1))
+        return self.free_slot()
+
+    def check(self) -> None:
+        t = self.tree
+        for n in t.iter_nodes():
+            if n.aux_lock > n.lock:
+                raise HybridInvariantError(f"node {n.id}: Mamba lock outside FULL's path lock")
+        if self.held < 0 or t.aux_used + self.held > t.aux_capacity:
+            raise HybridInvariantError(f"Mamba pool: {t.aux_used} in the tree + "
+                                       f"{self.held} held > {t.aux_capacity}")
+
+
+class MambaTree(HybridTree):
+    """The (FULL, MAMBA) tree: the core with a ``MambaComponent``. ``mamba_chunk``:
+    ``mamba_cache_chunk_size()`` (``max(the model's mamba chunk size, page_size)``,
+    runtime_context.py), which with the page size sets the checkpoint grid of
+    ``branch``; ``mamba_capacity``: state slots; ``max_states``:
+    ``mamba_max_states_per_path`` (-1: unlimited); ``extra_buffer``:
+    ``--enable-mamba-extra-buffer`` (needed past page size 1; the tree behaves the
+    same, the request-side state bookkeeping differs)."""
 
     def __init__(self, *, mamba_capacity: int, mamba_chunk: int, page_size: int = 1,
                  max_states: int = -1, extra_buffer: bool = False,
@@ -53,48 +258,25 @@ class MambaTree(HybridTree):
             raise ValueError("mamba_chunk must be >= 1")
         if max_states == 0 or max_states < -1:
             raise ValueError("max_states must be -1 or a positive integer")
-        super().__init__(aux_capacity=mamba_capacity, aux_host_capacity=mamba_host_capacity,
+        super().__init__(MambaComponent(mamba_chunk, page_size, max_states),
+                         aux_capacity=mamba_capacity, aux_host_capacity=mamba_host_capacity,
                          page_size=page_size, **core)
-        # runtime_context.py mamba_checkpoint_grid: lcm(mamba_cache_chunk_size, page).
-        self.grid = math.lcm(mamba_chunk, page_size)
-        self.max_states = max_states
-        # State slots running requests hold outside the tree (their copies on write).
-        self.held = 0
 
-    def aux_value_len(self, node) -> int:
-        return 1 if node.aux else 0
+    grid = property(lambda self: self.aux.grid)
+    max_states = property(lambda self: self.aux.max_states)
 
-    def _aux_split(self, up, child) -> None:
-        """mamba ``redistribute_on_node_split``: the new parent gets no state and no
-        lock; the state stays on the lower fragment."""
-        up.aux = False
-        up.aux_lock = 0
+    @property
+    def held(self) -> int:
+        """State slots running requests hold outside the tree (``MambaComponent.held``)."""
+        return self.aux.held
 
-    # ------------------------------------------------------------------ match
-    def _aux_validator(self, device_only: bool = True):
-        """mamba ``create_match_validator``: a state at the node (with HiCache, a
-        host copy also counts for ``best_match_node``)."""
-        if device_only:
-            return lambda node: node.aux
-        return lambda node: node.aux or node.aux_host
+    @held.setter
+    def held(self, n: int) -> None:
+        self.aux.held = n
 
-    def _aux_host_hit(self, best) -> int:
-        """``finalize_match_result_in_tree_core``: ``mamba_host_hit_length`` is 1 when
-        the boundary's state is host-only (so a load-back is started for it)."""
-        return 1 if best.aux_host and not best.aux else 0
+    def _free_slot(self) -> bool:
+        return self.aux.free_slot()
 
-    def _aux_match_end(self, best) -> None:
-        """mamba ``refresh_lru(MATCH_END)``: only the state the match uses."""
-        if best.aux:
-            self.lru.reset_mru(best)
-
-    def _aux_branch(self, device_len: int, full_len: int):
-        """mamba ``finalize_match_result_in_tree_core``: the grid-aligned FULL hit when
-        it passes the Mamba boundary."""
-        aligned = full_len // self.grid * self.grid
-        return aligned if aligned > device_len else None
-
-    # ------------------------------------------------------------------ insert
     def insert(self, key: list, prev: int = 0, donated: bool = False, inserted: int = 0):
         """Insert ``key`` with the request's state: a fresh slot (the fork of a running
         request), or, ``donated``, a finished request's own held slot, which the tree
@@ -102,13 +284,8 @@ class MambaTree(HybridTree):
         ``inserted``: ``InsertParams.inserted_len`` (write_through hit counts)."""
         res = super().insert(key, prev, inserted, donated=donated)
         if donated:
-            self.held -= 1
+            self.aux.held -= 1
         return res
-
-    def _aux_prepare(self, key, prev, res, aux_args) -> None:
-        if not aux_args["donated"] and self.aux_used + self.held >= self.aux_capacity:
-            raise HybridTreeError("mamba_full")
-        res.aux_new = 1
 
     # ------------------------------------------------------------------ requests
     def peek_best(self, key: list, host: bool = False):
@@ -133,7 +310,7 @@ class MambaTree(HybridTree):
         """Whether a copy on write for ``key`` would find no slot: the pool is full
         and evicting one state under a lock on the match frees none (SGLang asserts
         "Can not alloc mamba cache"; a trace refuses the op instead, unchanged)."""
-        if holds or self.aux_used + self.held < self.aux_capacity:
+        if holds or self.aux.free_slot():
             return False
         best = self.peek_best(key)
         return best.aux and self.aux_evictable - (best.aux_lock == 0) <= 0
@@ -149,144 +326,29 @@ class MambaTree(HybridTree):
         if not best.aux:
             return _NO_COW
         ev = None
+        comp = self.aux
         if not holds:
-            if self.aux_used + self.held >= self.aux_capacity:
+            # free_slot, inline: every matching request asks
+            if self.aux_used + comp.held >= self.aux_capacity:
                 receipt = self.inc_lock(best)
                 ev = self.evict(0, 1)
                 self.dec_lock(receipt)
                 if not ev.aux:
                     return HybridCow(False, True, ev)
-            self.held += 1
+            comp.held += 1
         return HybridCow(True, False, ev)
 
     def release(self) -> None:
         """A request leaving without caching frees its held slot."""
-        if self.held <= 0:
+        comp = self.aux
+        if comp.held <= 0:
             raise HybridInvariantError("no held Mamba slot to release")
-        self.held -= 1
-
-    def _aux_empty_insert(self, res) -> None:
-        pass  # begin_insert answers mamba_exist=True: the request's slot is freed
-
-    def _aux_commit(self, node, is_new_leaf, res, aux_args) -> None:
-        """mamba ``commit_insert_component_data``."""
-        if is_new_leaf:
-            node.aux = True
-            self.lru.insert_mru(node)
-            self.aux_used += 1
-            self.aux_evictable += 1
-            if self.rec is not None:
-                self._ev("set", node, c="mamba", n=1)
-            self._cap_path(node)
-        elif not node.aux:
-            self._aux_set(node, 1)
-            node.last_access = self._tick()
-            self._cap_path(node)
-        else:
-            self.lru.reset_mru(node)
-            node.last_access = self._tick()
-            res.mamba_exist = True
-
-    def _cap_path(self, tail) -> None:
-        """mamba ``_evict_excess_path_states`` (the deferred
-        ``MambaEvictExcessPathStates`` action): past ``max_states`` states on the
-        tail's root path, tombstone the shallowest that are not the tail, locked, a
-        fork (children != 1) or a device leaf."""
-        cap = self.max_states
-        if cap < 0:
-            return
-        holders, node, root = [], tail, self.root
-        while node is not None and node is not root:
-            if node.aux:
-                holders.append(node)
-            node = node.parent
-        excess = len(holders) - cap
-        if excess <= 0:
-            return
-        for node in reversed(holders):
-            if excess <= 0 or node is tail:
-                break
-            if node.aux_lock > 0 or len(node.children) != 1 or node in self.d_leaves:
-                continue
-            self._aux_tomb(node)
-            self._refresh(node)
-            excess -= 1
-
-    # ------------------------------------------------------------------ locks
-    def _aux_acquire(self, node):
-        """mamba ``acquire_component_lock``: the anchor only."""
-        if node is self.root:
-            return None
-        if node.aux_lock == 0 and node.aux:
-            self.aux_evictable -= 1
-            self.aux_protected += 1
-        node.aux_lock += 1
-        return None
-
-    def _aux_release(self, node, uuid) -> None:
-        if node is self.root:
-            return
-        if node.aux_lock <= 0:
-            raise HybridInvariantError(f"Mamba release hit lock_ref=0 on node {node.id}")
-        if node.aux_lock == 1 and node.aux:
-            self.aux_evictable += 1
-            self.aux_protected -= 1
-        node.aux_lock -= 1
-        if node.aux_lock == 0:
-            self._refresh(node)
-
-    # ------------------------------------------------------------------ host tier
-    def _aux_backup_needed(self, x) -> bool:
-        """``needs_incremental_backup`` / ``build_hicache_transfers(BACKUP_HOST)``: the
-        device state, when it has no host copy yet."""
-        return x.aux and not x.aux_host
-
-    def _aux_load_needed(self, anchor) -> bool:
-        """``build_hicache_transfers(LOAD_BACK)``: the anchor's host-only state."""
-        return anchor.aux_host and not anchor.aux
-
-    def _free_slot(self) -> bool:
-        return self.aux_used + self.held < self.aux_capacity
-
-    def _aux_prepare_load_back(self, anchor, holds, ev):
-        """mamba ``prepare_load_back``: a request (``holds``: whether it holds a slot;
-        None: no request) loading a host-only state gets a slot of its own for the
-        copy, evicting one state for it when the pool is full
-        (``_alloc_request_state_slot``)."""
-        if holds is None or holds or not self._aux_load_needed(anchor):
-            return None
-        if not self._free_slot():
-            self._merge(ev, self.evict(0, 1))
-            if not self._free_slot():
-                raise HybridInvariantError("Cannot alloc mamba for load_back")
-        self.held += 1
-        return True
-
-    def _aux_finalize_load_back(self, slot, success: bool) -> None:
-        """mamba ``finalize_load_back``: a called-off load returns the slot (a load
-        that started keeps it: ``load_back``'s ``slot_granted``)."""
-        if slot and not success:
-            self.held -= 1
-
-    def _aux_alloc_for_load(self, nodes, ev) -> bool:
-        """The restore's device slot (``_resolve_device_transfers``, evicting once
-        through ``_evict_mamba_for_device_alloc``)."""
-        if not self._free_slot():
-            self._merge(ev, self.evict(0, 1))
-        return self._free_slot()
+        comp.held -= 1
 
     def load_back_would_fail(self, key: list, holds: bool) -> bool:
         """Whether ``prepare_load_back`` would find no slot for a request loading the
         state ``key`` matches (SGLang asserts; a trace refuses the op first)."""
-        if holds or self._free_slot():
+        if holds or self.aux.free_slot():
             return False
         best = self.peek_best(key, host=True)
-        return self._aux_load_needed(best) and self.aux_evictable <= 0
-
-    def _aux_check(self) -> None:
-        for n in self.iter_nodes():
-            if n.aux_lock > n.lock:
-                raise HybridInvariantError(f"node {n.id}: Mamba lock outside FULL's path lock")
-        if self.held < 0 or self.aux_used + self.held > self.aux_capacity:
-            raise HybridInvariantError(f"Mamba pool: {self.aux_used} in the tree + "
-                                       f"{self.held} held > {self.aux_capacity}")
+        return self.aux.load_needed(best) and self.aux_evictable <= 0
