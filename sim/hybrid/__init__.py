@@ -11,6 +11,9 @@ component beside FULL (docs/HYBRID.md). The trees themselves are in ``sim/tree/`
   engine's hybrid admission and allocation hooks (docs/HYBRID.md §10).
 """
 
+from sim.lazy import lazy_exports
+
+
 # The trees' names, imported on first use (PEP 562): ``sim.hybrid.pools`` sizes a
 # scenario's pools when it is loaded, and that should not load the trees themselves
 # (about 2,500 lines) for every command that only reads a scenario.
@@ -27,12 +30,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

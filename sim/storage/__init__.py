@@ -14,6 +14,9 @@ scheduler loop's named storage points and the storage I/O processes).
 * ``view.py``: one rank's storage view (the page keys it holds, ``batch_exists``).
 """
 
+from sim.lazy import lazy_exports
+
+
 # The pieces' names, imported on first use (PEP 562): a scenario's validation reads
 # ``policy``'s host memory modes, and that should not load the prefetch book and the
 # tree under it for every command that only reads a scenario.
@@ -33,12 +36,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())
