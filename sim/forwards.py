@@ -23,6 +23,7 @@ import math
 import simpy
 
 from sim.clock import delay_to, until
+from sim.errors import InvariantError
 
 
 class _DecodeHold:
@@ -96,7 +97,8 @@ class Forwards:
             return
         env, t = self.env, h.end
         if t != t:
-            raise AssertionError("the GPU hold's last forward has no end yet")
+            # a hold is armed only after its last forward got the GPU and its steps
+            raise InvariantError("the GPU hold's last forward has no end yet")
         if not t > env.now:
             self.gpu.release(h.req)
             return
