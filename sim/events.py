@@ -615,8 +615,8 @@ class Simulation(Forwards):
                 if sr is not None:
                     self._record_extend(plan)
                 if not self._pipelined:
-                    self._process_pending()  # the last batch's results, this one launched
-                    yield from self._result_scan_time()
+                    # the last batch's results, this one scheduled (pipelined: launched)
+                    yield from self._results_of(None)
                 yield from self._prefill(plan)
                 # `process_batch_result` ends with `flush_pending_backups`: the
                 # step's backups leave with its results
@@ -1195,8 +1195,7 @@ class Simulation(Forwards):
                                    "with equal token totals")
                 self.halted = "untracked"
                 raise _Halt()
-            # lanes keep their forwards in line: the one in flight ends first
-            yield from self._forward_done(self._fwd_last)
+            yield from self._drain_gpu()
             yield from lanes.split_prefill(self, plans, now)
             return
         yield from self._prefill_run(plans, now)
@@ -1205,39 +1204,31 @@ class Simulation(Forwards):
         """The batch's forward time and its results, every plan of ``plans`` having
         admitted the same requests."""
         env, cost = self.env, self.cost
-        c0, p0 = plans[0]
-        ranks = (list(range(self.cfg.tp)) if self._root is None
-                 else sorted(r for c, _ in plans for r in c.ranks))
+        p0 = plans[0][1]
+        # lockstep: the slowest rank's compute (and its loads' visible stall)
+        dur = max(cost.prefill_batch_time(p.chunks)
+                  + (cost.batch_load_stall(p.load_tokens, p.chunks) if p.load_tokens else 0.0)
+                  for _, p in plans)
+        starts = [p.started for _, p in plans if p.started is not None]
+        span = ("prefill", self._ranks(), {"requests": len(p0.reqs),
+                                           "tokens": sum(e for _, _, e in p0.shape)})
         if self._pipelined:
             # `run_batch` launches the forward, then `pop_and_process` handles the last
             # batch's results once its forward has ended
-            dur = max(cost.prefill_batch_time(p.chunks)
-                      + (cost.batch_load_stall(p.load_tokens, p.chunks) if p.load_tokens else 0.0)
-                      for _, p in plans)
             self.busy_s += dur
-            starts = [p.started for _, p in plans if p.started is not None]
-            span = ("prefill", ranks, {"requests": len(p0.reqs),
-                                       "tokens": sum(e for _, _, e in p0.shape)})
-            prev = self._launch(self._on_gpu(dur, starts, span))
-            yield from self._forward_done(prev)
-            self._process_pending()
-            yield from self._result_scan_time()
+            yield from self._results_of(self._launch(self._on_gpu(dur, starts, span)))
             self._after_prefill(plans, now)
             yield from self._result_scan_time()
             return
         if self._gpu_hold is None:
             yield from self._hold_gpu()
-        starts = [p.started for _, p in plans if p.started is not None]
         if starts:
             yield simpy.AllOf(env, starts)
-        # lockstep: the slowest rank's compute (and its loads' visible stall)
-        dur = max(cost.prefill_batch_time(p.chunks)
-                  + (cost.batch_load_stall(p.load_tokens, p.chunks) if p.load_tokens else 0.0)
-                  for _, p in plans) + self._sync_s
+        dur += self._sync_s  # serial: the iteration's sync is part of its forward
         self.busy_s += dur
         yield env.timeout(dur)
-        self._trace("prefill", "forward", ranks, now, env.now - now,
-                    requests=len(p0.reqs), tokens=sum(e for _, _, e in p0.shape))
+        name, ranks, args = span
+        self._trace(name, "forward", ranks, now, env.now - now, **args)
         self._after_prefill(plans, now)
         yield from self._result_scan_time()
 
@@ -1448,16 +1439,14 @@ class Simulation(Forwards):
                 if plans is None:
                     return False  # `update_running_batch` skips decode this step
                 if not isinstance(plans, list):
-                    yield from self._forward_done(self._fwd_last)
+                    yield from self._drain_gpu()
                     yield from plans  # the ranks' request states split (sim.lanes)
                     return
                 yield from self._decode_stalls(plans)
                 synced = True
                 if pipe and self.running:
                     first = self._launch_step()
-                yield from self._forward_done(first[1] if first else self._fwd_last)
-                self._process_pending()
-                yield from self._result_scan_time()
+                yield from self._results_of(first[1] if first else self._fwd_last)
                 if not self.running:
                     return
                 k_cap = 1  # its frees and inserts change the next step's headroom
@@ -1467,9 +1456,7 @@ class Simulation(Forwards):
                     yield from self._decode_stalls([])
                     synced = True
                     first = self._launch_step()
-                    yield from self._forward_done(first[1])
-                self._process_pending()
-                yield from self._result_scan_time()
+                yield from self._results_of(first[1] if first else None)
                 limit = min([rq.remaining for rq in self.running])
                 if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
                     limit = 1
@@ -1481,7 +1468,7 @@ class Simulation(Forwards):
             if plans is None:
                 return False
             if not isinstance(plans, list):
-                yield from self._forward_done(self._fwd_last)
+                yield from self._drain_gpu()
                 yield from plans  # the ranks' request states split (sim.lanes)
                 return
             stalled_at = env.now

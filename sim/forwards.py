@@ -82,6 +82,20 @@ class Forwards:
         elif not fwd.processed:
             yield fwd
 
+    def _results_of(self, fwd):
+        """`pop_and_process`: the last batch's results, once ``fwd``, its forward (None:
+        in line, already ended), has ended; then the scans their inserts made."""
+        yield from self._forward_done(fwd)
+        self._process_pending()
+        yield from self._result_scan_time()
+
+    def _drain_gpu(self):
+        """Before the ranks' request states split (``sim.lanes``): the forward in flight
+        ends and the group's GPU is handed back; lanes keep their forwards in line,
+        each on its ranks' own GPU."""
+        yield from self._forward_done(self._fwd_last)
+        self._arm()
+
     def _forward_over(self, fwd) -> bool:
         if fwd is None:
             return True

@@ -128,7 +128,7 @@ def _lane(sim: Simulation, cohorts: list, reqs: dict, own: bool):
     lane.group = GroupView(root.group, list(cohorts))
     # each rank's own GPU, scheduler RNG and result scans
     lane.gpu = simpy.Resource(sim.env, capacity=1)
-    lane._gpu_hold = None
+    lane._gpu_hold = lane._hold = lane._fwd_last = None
     lane._run = None
     lane._result_scans = {}
     lane.shuffle = copy.deepcopy(sim.shuffle)
