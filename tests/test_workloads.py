@@ -77,6 +77,17 @@ def test_page_key_equal_sizes_and_large_pages():
     assert page_key((3, 5, 8, 13), 64, 128, 256) == [5, 13]
 
 
+@given(blocks=st.lists(st.integers(0, 2**40), min_size=1, max_size=12),
+       r=st.sampled_from([2, 4, 16, 64]), cut=st.integers(0, 64))
+def test_page_key_pages_of_blocks_are_each_block_id_times_r_plus_j(blocks, r, cut):
+    # page j of block b is b * r + j, in block order; the tail past input_len is cut
+    ps = 1
+    bs = r * ps
+    input_len = max(0, len(blocks) * bs - cut)
+    want = [b * r + j for b in blocks for j in range(r)][:input_len // ps]
+    assert page_key(blocks, bs, ps, input_len) == want
+
+
 @pytest.mark.parametrize("bs,ps", [(64, 48), (48, 64), (0, 16), (16, 0)])
 def test_page_key_rejects_sizes_that_do_not_divide(bs, ps):
     with pytest.raises(UserError) as e:

@@ -72,7 +72,13 @@ def page_key(blocks, block_size: int, page_size: int, input_len: int) -> list[in
         n_blocks = -(-n_pages // r)
         if len(blocks) < n_blocks:
             _short(blocks, block_size, input_len)
-        key = [b * r + j for b in blocks[:n_blocks] for j in range(r)]
+        # page j of block b is b * r + j: each block's pages are one C-level range
+        # extend, not r Python-level additions (at page size 1, one per token)
+        key: list[int] = []
+        extend = key.extend
+        for b in blocks[:n_blocks]:
+            start = b * r
+            extend(range(start, start + r))
         del key[n_pages:]
         return key
     if len(blocks) < n_pages * k:
