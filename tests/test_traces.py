@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import TRACES
+from conftest import ROOT, TRACES
 from sim.errors import InputFormatError, UserError
 from sim.workloads.base import IdSpace
 from sim.workloads.traces import (
@@ -321,6 +321,21 @@ def test_trace_timestamps(tmp_path, traces):
     with pytest.raises(InputFormatError, match=":3: "):
         list(trace_timestamps(p, "lines"))
     assert list(trace_timestamps(p, "lines", skip_bad_lines=True)) == [0.0, 1.0, 2.0]
+
+
+def test_a_generators_skipped_arrival_lines_reach_the_summary(tmp_path):
+    """A synthetic workload timed by a ``trace`` arrival file counts the lines it
+    skipped, as a trace reader does (summary.json ``skipped_trace_lines``)."""
+    from sim.runner import run_scenario
+    from sim.scenario import load_scenario
+
+    p = _write(tmp_path, "t.lines", ["0", "0.5", "x", "1.0", "-3", "2.0"])
+    for kind in ("multi_turn_chat", "few_shot"):
+        scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", [
+            f"workload={{kind: {kind}, num_requests: 6,"
+            f" arrival: {{process: trace, path: {p}, skip_bad_lines: true}}}}"],
+            trace_roots=[str(tmp_path)])
+        assert run_scenario(scn).summary["skipped_trace_lines"] == 2, kind
 
 
 # -- fuzzing: any input is either read or refused with one UserError line ----------------

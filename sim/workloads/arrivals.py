@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from sim.workloads.traces import trace_timestamps
+from sim.workloads.traces import Timestamps
 
 _BATCH = 1024
 
@@ -28,15 +28,26 @@ def _gaps(rng: np.random.Generator, process: str, rate: float, cv: float) -> Ite
         yield from g.tolist()
 
 
-def arrival_times(spec, rng: np.random.Generator) -> Iterator[float]:
-    """Non-decreasing arrival times for an arrival spec from the scenario schema.
+def arrivals(spec, rng: np.random.Generator) -> tuple[Iterator[float], Timestamps | None]:
+    """Non-decreasing arrival times for an arrival spec from the scenario schema, and
+    the reader of a ``trace`` spec's file (its ``skipped`` counts the malformed lines
+    it skipped; None for a synthetic process).
 
     Synthetic processes start at 0 (the first request arrives at t = 0) and never end;
     ``trace`` ends with its file.
     """
     if spec.process == "trace":
-        yield from trace_timestamps(spec.path, spec.format, skip_bad_lines=spec.skip_bad_lines)
-        return
+        reader = Timestamps(spec.path, spec.format, skip_bad_lines=spec.skip_bad_lines)
+        return iter(reader), reader
+    return _synthetic(spec, rng), None
+
+
+def arrival_times(spec, rng: np.random.Generator) -> Iterator[float]:
+    """``arrivals``' times alone."""
+    return arrivals(spec, rng)[0]
+
+
+def _synthetic(spec, rng: np.random.Generator) -> Iterator[float]:
     t = 0.0
     yield t
     for g in _gaps(rng, spec.process, spec.rate, getattr(spec, "cv", 1.0)):

@@ -35,7 +35,8 @@ class Workload(Protocol):
 
     Iterating twice yields the same stream (every builder here re-creates its seeded
     state in ``__iter__``). ``skipped`` counts malformed input lines that were skipped
-    (``skip_bad_lines``); generators report 0.
+    (``skip_bad_lines``): a trace reader's own, a generator's those of its ``trace``
+    arrival file (0 for a synthetic process).
     """
 
     def __iter__(self) -> Iterator[Request]: ...

@@ -36,7 +36,7 @@ from typing import Iterator
 
 import numpy as np
 
-from sim.workloads.arrivals import arrival_times
+from sim.workloads.arrivals import arrivals
 from sim.workloads.base import IdSpace, Request, register
 from sim.workloads.dists import Draws, ZipfChoice
 
@@ -65,18 +65,40 @@ def _extend(shared: tuple, n_tokens: int, block_size: int, ids: IdSpace) -> tupl
     return shared + tuple(ids.new_range(n_all - len(shared)))
 
 
+class _Stream:
+    """A generator's requests and the reader of its arrival times: ``skipped`` counts
+    the malformed lines a ``trace`` arrival file skipped (summary.json
+    ``skipped_trace_lines``), 0 for a synthetic process."""
+
+    __slots__ = ("_requests", "_times")
+
+    def __init__(self, requests: Iterator[Request], times):
+        self._requests, self._times = requests, times
+
+    def __iter__(self) -> Iterator[Request]:
+        return self._requests
+
+    @property
+    def skipped(self) -> int:
+        return self._times.skipped if self._times is not None else 0
+
+
 # -- independent requests ---------------------------------------------------------
-def _independent(cfg, rng, make) -> Iterator[Request]:
+def _independent(cfg, rng, make) -> _Stream:
     """Requests at the arrival process's times; ``make()`` -> (blocks, input, output)."""
-    scale = cfg.rate_scale
-    times = arrival_times(cfg.arrival, rng)
-    for rid, t in zip(range(cfg.num_requests), times):
-        blocks, n_in, n_out = make()
-        yield Request(rid, t / scale, blocks, cfg.block_size, n_in, n_out, -1)
+    times, reader = arrivals(cfg.arrival, rng)
+
+    def requests():
+        scale = cfg.rate_scale
+        for rid, t in zip(range(cfg.num_requests), times):
+            blocks, n_in, n_out = make()
+            yield Request(rid, t / scale, blocks, cfg.block_size, n_in, n_out, -1)
+
+    return _Stream(requests(), reader)
 
 
 @register("uniform")
-def uniform(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
+def uniform(cfg, seed: int, ids: IdSpace | None = None) -> _Stream:
     """No reuse: every block of every request is fresh (the control)."""
     ids = ids if ids is not None else IdSpace()
     r = _rngs(seed, 3)  # r[0]: arrivals, in every builder
@@ -91,7 +113,7 @@ def uniform(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
 
 
 @register("few_shot")
-def few_shot(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
+def few_shot(cfg, seed: int, ids: IdSpace | None = None) -> _Stream:
     """A few shared templates (uniform or Zipf popularity) + a unique suffix each."""
     ids = ids if ids is not None else IdSpace()
     r = _rngs(seed, 5)
@@ -109,7 +131,7 @@ def few_shot(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
 
 
 @register("zipf_documents")
-def zipf_documents(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
+def zipf_documents(cfg, seed: int, ids: IdSpace | None = None) -> _Stream:
     """RAG: shared instruction + a Zipf-popular document + a unique question.
 
     Document ranks are 0..n-1, rank 0 the most popular; a document's blocks get ids
@@ -139,8 +161,15 @@ def zipf_documents(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Reque
 
 
 # -- sessions -----------------------------------------------------------------------
-def _sessions(cfg, seed: int, ids: IdSpace | None, *, n_prefixes, prefix_tokens, first_tokens,
-              append_tokens, turns, gap_s) -> Iterator[Request]:
+def _sessions(cfg, seed: int, ids: IdSpace | None, **kw) -> _Stream:
+    """``_session_requests``' stream, with its arrival file's skipped lines."""
+    r = _rngs(seed, 8)
+    starts, reader = arrivals(cfg.arrival, r[0])
+    return _Stream(_session_requests(cfg, r, starts, ids, **kw), reader)
+
+
+def _session_requests(cfg, r, starts, ids: IdSpace | None, *, n_prefixes, prefix_tokens,
+                      first_tokens, append_tokens, turns, gap_s) -> Iterator[Request]:
     """Sessions whose context grows turn by turn, merged in arrival order.
 
     Turn 1: a shared prefix (one of ``n_prefixes``) + ``first_tokens``. Turn k+1:
@@ -148,7 +177,6 @@ def _sessions(cfg, seed: int, ids: IdSpace | None, *, n_prefixes, prefix_tokens,
     ends after ``turns`` turns or before its input would pass ``max_context_tokens``.
     """
     ids = ids if ids is not None else IdSpace()
-    r = _rngs(seed, 8)
     bs, scale = cfg.block_size, cfg.rate_scale
     pool = _prefix_pool(n_prefixes, _draws(r[1], prefix_tokens), bs, ids)
     pick = ZipfChoice(r[2], n_prefixes, 0.0)
@@ -156,7 +184,6 @@ def _sessions(cfg, seed: int, ids: IdSpace | None, *, n_prefixes, prefix_tokens,
     n_out = _draws(r[5], cfg.output_tokens, minimum=0)
     n_turns = _draws(r[6], turns)
     gap = _draws(r[7], gap_s, integer=False, minimum=0.0)
-    starts = arrival_times(cfg.arrival, r[0])
     max_ctx = cfg.max_context_tokens
 
     # heap of (next arrival, session, turns left, previous blocks, previous input, next input)
@@ -185,14 +212,14 @@ def _sessions(cfg, seed: int, ids: IdSpace | None, *, n_prefixes, prefix_tokens,
 
 
 @register("multi_turn_chat")
-def multi_turn_chat(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
+def multi_turn_chat(cfg, seed: int, ids: IdSpace | None = None) -> _Stream:
     return _sessions(cfg, seed, ids, n_prefixes=cfg.num_system_prompts,
                      prefix_tokens=cfg.system_prompt_tokens, first_tokens=cfg.user_tokens,
                      append_tokens=cfg.user_tokens, turns=cfg.turns, gap_s=cfg.think_time_s)
 
 
 @register("agentic_tool_loop")
-def agentic_tool_loop(cfg, seed: int, ids: IdSpace | None = None) -> Iterator[Request]:
+def agentic_tool_loop(cfg, seed: int, ids: IdSpace | None = None) -> _Stream:
     return _sessions(cfg, seed, ids, n_prefixes=cfg.num_shared_prefixes,
                      prefix_tokens=cfg.shared_prefix_tokens, first_tokens=cfg.task_tokens,
                      append_tokens=cfg.step_tokens, turns=cfg.steps, gap_s=cfg.tool_time_s)

@@ -717,21 +717,36 @@ def _intern_prefix(hs: list[int], stream, intern: dict, last: dict, ids: IdSpace
     return list(out)
 
 
-def trace_timestamps(path, fmt: str, *, skip_bad_lines: bool = False) -> Iterator[float]:
+class Timestamps:
     """Arrival times in seconds, streamed from a trace (for the ``trace`` arrival process).
 
     ``fmt``: ``mooncake``, ``generic`` (their request arrivals) or ``lines`` (one time
     in seconds per line; blank and ``#`` lines ignored). A file with no times at all is
-    an error (a run of 0 requests says nothing).
+    an error (a run of 0 requests says nothing). Under ``skip_bad_lines`` a malformed
+    line is skipped and counted in ``skipped``, which the generator reading these
+    times reports (summary.json ``skipped_trace_lines``), as a trace reader does.
     """
-    n = 0
-    for n, v in enumerate(_timestamps(path, fmt, skip_bad_lines=skip_bad_lines), 1):
-        yield v
-    if n == 0:
-        raise _empty(path, 0, "arrival times")
+
+    def __init__(self, path, fmt: str, *, skip_bad_lines: bool = False):
+        self.path, self.fmt, self.skip_bad_lines = path, fmt, skip_bad_lines
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[float]:
+        self.skipped = 0
+        n = 0
+        for n, v in enumerate(_timestamps(self.path, self.fmt, self), 1):
+            yield v
+        if n == 0:
+            raise _empty(self.path, self.skipped, "arrival times")
 
 
-def _timestamps(path, fmt: str, *, skip_bad_lines: bool = False) -> Iterator[float]:
+def trace_timestamps(path, fmt: str, *, skip_bad_lines: bool = False) -> Iterator[float]:
+    """``Timestamps``' times, for a caller that needs no skip count."""
+    return iter(Timestamps(path, fmt, skip_bad_lines=skip_bad_lines))
+
+
+def _timestamps(path, fmt: str, reader: Timestamps) -> Iterator[float]:
+    skip_bad_lines = reader.skip_bad_lines
     if fmt in ("mooncake", "generic"):
         key, scale = ("timestamp", 1e-3) if fmt == "mooncake" else ("arrival_s", 1.0)
         rows = GenericReader(path)._rows() if fmt == "generic" else (
@@ -748,6 +763,7 @@ def _timestamps(path, fmt: str, *, skip_bad_lines: bool = False) -> Iterator[flo
                     raise _Bad(f"{key} {v / scale:g} after {last / scale:g}", f"non-decreasing {key}")
             except _Bad as bad:
                 if skip_bad_lines:
+                    reader.skipped += 1
                     continue
                 raise InputFormatError(path, lineno, bad.found, bad.expected) from None
             last = v
@@ -768,6 +784,7 @@ def _timestamps(path, fmt: str, *, skip_bad_lines: bool = False) -> Iterator[flo
             err = InputFormatError(path, lineno, _short(s),
                                    "one finite, non-decreasing time in seconds per line")
             if skip_bad_lines:
+                reader.skipped += 1
                 continue
             raise err
         last = v
