@@ -15,7 +15,8 @@ from __future__ import annotations
 import simpy
 
 from sim.errors import UserError
-from sim.events import Simulation, _Halt, feed, run_until, within_limits
+from sim.events import Simulation, feed, run_until, within_limits
+from sim.request import _Halt
 from sim.metrics import requests_frame, summarize, timeseries_frame
 from sim.router import ROUTERS
 from sim.verdict import VERDICTS

@@ -29,6 +29,8 @@ key's repr: equal keys give equal strings either way).
 
 from __future__ import annotations
 
+from sim.request import _Halt
+
 
 def key_text(key, page_size: int) -> str:
     return f"<key {len(key) * page_size} tokens #{hash(tuple(key)) & 0xFFFFFFFFFFFF:012x}>"
@@ -53,8 +55,6 @@ def record(sim, c, name: str, params: str, result: str) -> None:
 
 
 def _diverged(sim, name: str, index: int, seen: dict) -> None:
-    from sim.events import _Halt  # here: sim.events imports this module
-
     events = {",".join(map(str, sorted(r))): e for e, r in seen.items()}
     first = sim.obs.rank_consensus is None
     sim.obs.consensus_divergence(sim.env.now, sim.step_no, name, index, events)

@@ -32,7 +32,8 @@ from collections import deque
 
 import simpy
 
-from sim.events import Req, Simulation
+from sim.events import Simulation
+from sim.request import Req
 from sim.metrics import Metrics
 from sim.ranks import GroupView
 

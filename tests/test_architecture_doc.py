@@ -31,8 +31,9 @@ WALK_TITLE = "## One request's path, file by file"
 UP_IMPORTS = {
     ("sim/policies/sync.py", "sim/collectives.py"),
     ("sim/events.py", "sim/lanes.py"),
+    ("sim/prefill.py", "sim/lanes.py"),
+    ("sim/decode.py", "sim/lanes.py"),
     ("sim/events.py", "sim/storage/engine.py"),
-    ("sim/consensus.py", "sim/events.py"),
     ("sim/hybrid/replay.py", "sim/optrace_check.py"),
     ("sim/census.py", "reports/census.py"),
     ("sim/repro/case.py", "sim/commands/run.py"),

@@ -245,7 +245,7 @@ def test_rank_local_device_state_fails_where_sglang_would(name, verdict):
 def test_skew_counters_fire_only_on_the_skewed_replica():
     """A capacity skew counts where it changed what the skewed rank did, never on the
     unskewed rank (so absorbed versus agree is observed)."""
-    from sim.events import _Plan
+    from sim.request import _Plan
     from sim.scheduler import available
     from sim.tree import Eviction
     cfg = SimConfig(tp=2, page_size=16, device_tokens=16 * 80, host_tokens=16 * 200,

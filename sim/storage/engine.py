@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from sim import consensus
 from sim.collectives import CollectiveError
-from sim.events import _Halt, until
+from sim.clock import until
+from sim.request import _Halt
 from sim.policies import resolve
 from sim.ranks import Cohort
 from sim.scheduler import available
@@ -34,7 +35,8 @@ from sim.storage.policy import PREFETCH_POLICIES
 from sim.storage.replica import StorageOp
 
 if TYPE_CHECKING:
-    from sim.events import Req, Simulation
+    from sim.events import Simulation
+    from sim.request import Req
 
 
 class StorageEngine:
