@@ -25,6 +25,13 @@ def _filo(node):
 
 _priority = attrgetter("priority", "last_access")
 
+# The policies whose priority reads a node's hit count, which a write_through insert
+# raises on the nodes it walks (unified_tree_core.py ``_inc_hit_count_and_check``):
+# a tree that keeps its leaf heaps across evictions re-pushes such a leaf then, as
+# SGLang's heap, built at each eviction's start (full.py ``_evict_device_start``),
+# sees the count it has by then.
+READS_HIT_COUNT = frozenset({"lfu"})
+
 EVICTION_POLICIES = {
     "lru": _lru,
     "lfu": _lfu,

@@ -36,7 +36,7 @@ from typing import Callable
 from sim import constants as C
 from sim.errors import InvariantError, TreeError  # noqa: F401  (part of this module's API)
 from sim.policies import resolve
-from sim.policies.eviction import EVICTION_POLICIES
+from sim.policies.eviction import EVICTION_POLICIES, READS_HIT_COUNT
 from sim.policies.host import HOST_POLICIES
 from sim.policies.write import WRITE_POLICIES
 from sim.tree.core import Stats, TreeCore  # noqa: F401  (Stats: part of this module's API)
@@ -232,6 +232,8 @@ class Tree(TreeCore):
         self._reclaims_dups = self.write.reclaims_duplicates
         self.host_policy = resolve(HOST_POLICIES, host_policy, "host policy")()
         prio = resolve(EVICTION_POLICIES, eviction_policy, "eviction policy")
+        # a hit count raised on a device leaf changes its priority: re-push it then
+        self._hits_prio = eviction_policy in READS_HIT_COUNT
         if ids not in ID_SCHEMES:
             raise ValueError(f"unknown id scheme {ids!r}")
         self.ids = ids
@@ -589,6 +591,8 @@ class Tree(TreeCore):
             pos += p
             if wt is not None and pos * ps > inserted:
                 child.hit_count += 1
+                if self._hits_prio and child in d_leaves:
+                    self.dheap.push(child)
                 if not child.host and child.hit_count >= wt:
                     self._write_through_chain(child, res)
         res.prefix_tokens = pos * ps
@@ -606,6 +610,8 @@ class Tree(TreeCore):
                 self._ev("new", leaf, n=len(leaf.key) * ps)
             if wt is not None and n * ps > inserted:
                 leaf.hit_count = 1
+                if self._hits_prio and leaf in d_leaves:
+                    self.dheap.push(leaf)
                 if leaf.hit_count >= wt:
                     self._write_through_chain(leaf, res)
         res.node = node
