@@ -11,7 +11,13 @@ Usage: python benchmarks/bench_anchors.py [--repeats 5] [--only replay,plan,engi
   cache, model curve only, figure and files included) against kvcache-simulator's
   C++ core (PyPI ``kvcache-simulator``, the ``bench`` extra; ``$KVCACHE_SIMULATOR``,
   the one on PATH, or the one next to this Python) on the same trace at the grid's sizes above 0, LRU; both whole
-  processes, wall clock; the ratio is theirs over ours.
+  processes, wall clock; the ratio is theirs over ours. Each side runs as installed:
+  kvcache-simulator's C++ core is compiled by an untimed first run, and our modules'
+  bytecode by ``compileall`` into the checkout's ``__pycache__`` folders (what pip
+  does at install and Python at a first import; under ``PYTHONDONTWRITEBYTECODE``
+  a checkout would otherwise compile every module from source at every run, about
+  0.15 s of CPU that an installed tool never spends). ``--source-each-run`` measures
+  that case instead (it removes those ``__pycache__`` folders first).
 * engine: the quickstart scenario at TP 2 (``--requests``) against a bare SimPy
   loop that processes the same number of events (one process yielding timeouts),
   each timed in a fresh process after its imports; the ratio is ours over the loop's
@@ -104,6 +110,26 @@ def plan_sizes_gib() -> list[float]:
     return [g * 8 * 1e9 / 2**30 for g in gb][:PLAN_POINTS]
 
 
+def compile_checkout() -> None:
+    """Bytecode for this checkout's modules in their ``__pycache__`` folders (ignored
+    by git), the ones an installed copy has: Python reads them even where
+    ``PYTHONDONTWRITEBYTECODE`` keeps it from writing them."""
+    import compileall
+
+    for pkg in ("sim", "reports"):
+        if not compileall.compile_dir(str(ROOT / pkg), quiet=1):
+            raise SystemExit(f"compileall {ROOT / pkg}: failed")
+
+
+def drop_bytecode() -> None:
+    """Remove what ``compile_checkout`` writes (the ``__pycache__`` folders under
+    sim/ and reports/), so that a run under ``PYTHONDONTWRITEBYTECODE`` compiles every
+    module of ours from source."""
+    for pkg in ("sim", "reports"):
+        for d in sorted((ROOT / pkg).rglob("__pycache__"), reverse=True):
+            shutil.rmtree(d)
+
+
 PLAN_ARGS = ["--check-points", "0", "--grid-points", str(PLAN_POINTS), "--opt-points", "0",
              "--quiet", "--set", "dp=1"]
 
@@ -114,6 +140,9 @@ def main() -> int:
     ap.add_argument("--only", default="replay,plan,engine")
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--ops", type=int, default=10_000)
+    ap.add_argument("--source-each-run", action="store_true",
+                    help="plan: our bytecode removed instead of compiled beforehand (under "
+                         "PYTHONDONTWRITEBYTECODE every run then compiles our modules from source)")
     args = ap.parse_args()
     todo = args.only.split(",")
     rows = []
@@ -151,6 +180,12 @@ def main() -> int:
                        "--block-size", "512", "--budgets-gib", budgets, "--policies", "lru",
                        "--no-progress", "--format", "json", "-o", str(tmp / "kvs.json")]
                 _wall(kvs)  # its C++ core is compiled on first use: not timed
+                if args.source_each_run:
+                    drop_bytecode()
+                    print("plan: ours compiling its modules from source at each run")
+                else:
+                    compile_checkout()  # ours, as an install has it: not timed either
+                    print("plan: ours with its bytecode compiled beforehand")
                 ours_cmd = [sys.executable, str(ROOT / "cli.py"), "plan", str(PLAN_SCENARIO),
                             "-o", str(tmp / "plan"), *PLAN_ARGS]
                 measures.append((f"plan, {PLAN_POINTS} points (whole process)", "kvcache-simulator",

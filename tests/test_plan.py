@@ -52,6 +52,17 @@ def test_compressed_lru_and_optimum_equal_the_references(seed):
         assert curves.optimum_units(comp, cap, nxt) == interval_upper_bound(paths, cap, ref_next)
 
 
+def test_a_chain_unit_that_also_starts_a_path_joins_its_chain_top():
+    """Ids that are not prefix ids: unit 2 follows 1 in one request and starts another,
+    and the two are accessed equally often, so 2 is merged into 1's chain; the run
+    that starts at 2 is then 1's group, as each chain's top is found by following
+    the merges up (the pointer jumping a run start needs only then)."""
+    comp = curves.compress([[1], [2], [1, 2]])
+    assert comp.group.tolist() == [1, 1, 1]
+    assert comp.weight.tolist() == [1, 1, 2]
+    assert comp.request.tolist() == [0, 1, 2]
+
+
 def test_warm_up_counts_only_the_later_requests():
     paths = random_prefix_trace(random.Random(11), 80)
     warm = 30

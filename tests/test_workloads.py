@@ -126,6 +126,25 @@ def test_page_units_is_page_key_of_each_request(reqs, ps, seed):
     assert [units[starts[i]:starts[i + 1]].tolist() for i in range(len(rows))] == want
 
 
+@given(reqs=st.lists(st.tuples(st.integers(0, 1100), st.integers(0, 3)), max_size=10),
+       bs_ps=st.sampled_from([(64, 16), (512, 64), (128, 16), (32, 16), (16, 16)]),
+       seed=st.integers(0, 2**16))
+def test_page_units_of_one_block_size_is_page_key_of_each_request(reqs, bs_ps, seed):
+    """One block size of several pages (the Mooncake traces), which page_units keys
+    block by block: page_key's ids request by request, with a request's last block
+    cut short, requests of no page, and more blocks than its pages use."""
+    bs, ps = bs_ps
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n_in, extra in reqs:
+        rows.append((rng.integers(0, 10**6, -(-n_in // bs) + extra).tolist(), n_in))
+    want = [page_key(blocks, bs, ps, n_in) for blocks, n_in in rows]
+    units, starts = page_units([b for blocks, _ in rows for b in blocks], [len(b) for b, _ in rows],
+                               [bs] * len(rows), ps, [n for _, n in rows])
+    assert units.dtype == np.int64 and starts.tolist()[-1] == len(units)
+    assert [units[starts[i]:starts[i + 1]].tolist() for i in range(len(rows))] == want
+
+
 @given(
     shared=st.integers(0, 6),
     tail_a=st.integers(0, 5),

@@ -147,15 +147,43 @@ def page_units(blocks, block_counts, block_sizes, page_size: int, input_lens):
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(n_pages, out=starts[1:])
     total = int(starts[-1])
+    one_size = len(r) and (r == r[0]).all() and (k == k[0]).all()
+    if one_size and int(k[0]) == 1 and int(r[0]) > 1:
+        # one block size of several pages (the Mooncake traces): by blocks, not pages
+        return _split_blocks(blocks, bstarts, n_pages, need, int(r[0])), starts
     req = np.repeat(np.arange(n, dtype=np.int64), n_pages)
     j = np.arange(total, dtype=np.int64) - starts[:-1][req]  # page index within its request
-    if len(r) and (r == r[0]).all() and (k == k[0]).all():
+    if one_size:
         r, k = int(r[0]), int(k[0])  # one block size (every trace but a generic one): scalars
     else:
         r, k = r[req], k[req]
     if isinstance(k, int) and k == 1:
-        units = blocks[bstarts[:-1][req] + j // r] * r + j % r if r > 1 else blocks[bstarts[:-1][req] + j]
+        units = blocks[bstarts[:-1][req] + j] if r == 1 else blocks[bstarts[:-1][req] + j // r] * r + j % r
     else:
         bidx = np.where(k == 1, j // r, (j + 1) * k - 1)
         units = blocks[bstarts[:-1][req] + bidx] * r + np.where(k == 1, j % r, 0)
     return units.astype(np.int64, copy=False), starts
+
+
+def _split_blocks(blocks, bstarts, n_pages, need, r: int):
+    """``page_units``' ids for one block size of ``r`` pages: each request's first
+    ``need`` blocks, block ``b`` as pages ``b * r .. b * r + r - 1``, the last one cut
+    to the request's remaining pages. The same ids in the same order as page by page
+    (page ``j`` of a request is page ``j % r`` of its block ``j // r``), with the
+    per-page work done once per block: a few passes over the pages instead of a
+    dozen (about 0.1 s of a Mooncake plan's CPU)."""
+    import numpy as np
+
+    nb = need * (n_pages > 0)  # blocks each request uses
+    bs = np.zeros(len(nb) + 1, dtype=np.int64)
+    np.cumsum(nb, out=bs[1:])
+    # the block ids in request order: request i's run starts at bstarts[i]
+    bidx = np.arange(int(bs[-1]), dtype=np.int64) + np.repeat(bstarts[:-1] - bs[:-1], nb)
+    pages = (blocks[bidx] * r)[:, None] + np.arange(r, dtype=np.int64)
+    used = nb > 0
+    tail = n_pages[used] - (nb[used] - 1) * r  # pages of each request's last block, 1..r
+    if (tail == r).all():
+        return pages.reshape(-1)
+    keep = np.ones(pages.shape, dtype=bool)
+    keep[bs[1:][used] - 1] = np.arange(r) < tail[:, None]
+    return pages[keep]
