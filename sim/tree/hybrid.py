@@ -201,10 +201,11 @@ class HybridTree(TreeCore):
         # reset(): root lock_ref 1 for every component; never a leaf, never evicted.
         self.root.lock = 1
         self.root.aux_lock = 1
-        # reset() then builds a device and a host UnifiedLRUList per component, each
+        # reset() then builds a device and a host UnifiedLRUList per component type
+        # (FULL's, and the auxiliary one's unless it is NoComponent's none), each
         # with a head and a tail sentinel node: clock draws, no tree ids (the op-trace
         # numbering moves sentinels out of the id space, as oracle.py does).
-        for _ in range(C.SENTINEL_IDS_PER_COMPONENT * 2):
+        for _ in range(C.SENTINEL_IDS_PER_COMPONENT * (1 + aux.lru_lists)):
             self._tick()
             self._tick()
         self.d_leaves: set = set()
@@ -460,7 +461,10 @@ class HybridTree(TreeCore):
         write_through counts no hit on nodes ending at or below it."""
         ps = self.page_size
         n_tok = len(key) * ps
-        if prev % ps or prev > n_tok or not self._at_boundary(key, prev // ps):
+        # SWA and Mamba need the reused prefix to end on a node boundary; FULL alone
+        # reads prev only to free the request's duplicate slots (components/none.py).
+        if prev % ps or prev > n_tok or (self.aux.prev_at_boundary
+                                         and not self._at_boundary(key, prev // ps)):
             raise HybridTreeError("bad_prev")
         res = HybridInsert()
         res.new = n_tok - prev
@@ -674,7 +678,7 @@ class HybridTree(TreeCore):
         self.stats.delete_tokens += len(x.key) * self.page_size
         self._release_layers(x, res)
         parent = x.parent
-        self._unlink(x)
+        self._unlink(x, "delete")
         self._refresh(parent)
         self._sweep(parent, res)
 
@@ -808,10 +812,10 @@ class HybridTree(TreeCore):
             stack.extend(y.children.values())
         for y in reversed(below):
             self._release_layers(y, res)
-            self._unlink(y)
+            self._unlink(y, "drop_host")
         self._release_layers(x, res)
         parent = x.parent
-        self._unlink(x)
+        self._unlink(x, "drop")
         self._refresh(parent)
         self._sweep(parent, res)
         return True
@@ -842,10 +846,16 @@ class HybridTree(TreeCore):
         self.ht.h_leaves.discard(x)
         return host
 
-    def _unlink(self, x: HNode) -> None:
-        """core ``_remove_leaf_from_parent``."""
+    def _unlink(self, x: HNode, why: str) -> None:
+        """core ``_remove_leaf_from_parent``. ``why``: the core method whose removal
+        this is, recorded as the event's kind (the FULL oracle names each:
+        ``delete`` for ``_delete_unbacked_device_leaf``, ``drop`` / ``drop_host`` for
+        ``drop_subtree_no_host``'s node / host-only subtree, ``host_evict`` for
+        ``_evict_host_leaf``, ``tombstone`` for
+        ``_iteratively_delete_tombstone_ancestors``; the hybrid oracle calls every
+        one ``delete``: ``sim/hybrid/replay.py`` renders it so)."""
         if self.rec is not None:
-            self._ev("delete", x, n=len(x.key) * self.page_size)
+            self._ev(why, x, n=len(x.key) * self.page_size)
         del x.parent.children[x.key[0]]
         self.ht.dups.pop(x.id, None)
         self.n_nodes -= 1
@@ -869,7 +879,7 @@ class HybridTree(TreeCore):
                 res.aux += self.aux.evict_host_component(cur)
             self.ht.h_leaves.discard(cur)
             parent = cur.parent
-            self._unlink(cur)
+            self._unlink(cur, "tombstone")
             self._refresh(parent)
             cur = parent
 
@@ -930,7 +940,7 @@ class HybridTree(TreeCore):
         host = self._release_layers(x, res)
         self.stats.host_evict_tokens += host
         parent = x.parent
-        self._unlink(x)
+        self._unlink(x, "host_evict")
         self._sweep(parent, res)
         return host, aux
 
