@@ -1,0 +1,293 @@
+"""FULL op-traces on the one unified core: ``HybridTree(NoComponent(), ...)``.
+
+SGLang 0.5.23 has one tree core (``UnifiedTreeCore``); a FULL-only tree is that core
+with ``components=(FULL,)``. ``sim/tree/hybrid.py``'s ``HybridTree`` is the
+simulator's component-generic core, and with ``NoComponent``
+(``sim/tree/components/none.py``) it is the FULL-only core. ``CoreReplayer`` drives
+a FULL op-trace (docs/OPTRACE.md) on it and writes the lines ``sim/optrace.py``'s
+``Replayer`` writes from ``Tree`` (the FULL-only engine path), which are the lines
+SGLang's core wrote (``data/conformance/``).
+
+What the core records and what the FULL oracle (``shared/oracle/oracle.py``
+``TracedCore``) reports are two observers of the same core methods; rendering maps
+one onto the other:
+
+* node removals: the core records each by the method that made it (``delete``,
+  ``drop``, ``drop_host``, ``host_evict``, ``tombstone``: ``HybridTree._unlink``);
+  the FULL oracle reports ``drop_subtree_no_host``'s host-only nodes sorted by path
+  before the dropped node (it builds that list before the method runs), where the
+  core records them in removal order, children first; a ``tombstone`` carries no
+  size;
+* ``split`` carries no size (the hybrid oracle adds the upper fragment's);
+* every event carries the node's path from the root.
+
+Traces that need what the core does not have yet are refused with
+``UnsupportedByCore`` naming the feature (``missing_features`` lists them up front):
+id schemes other than ``optrace``, rank-local host allocation failures, storage (L3)
+and buffer_only ops, insert priorities.
+"""
+
+from __future__ import annotations
+
+from sim.errors import TreeError
+from sim.optrace import Replayer, read_trace
+from sim.tree.components.none import NoComponent
+from sim.tree.hybrid import HybridTree
+
+# op -> the feature the core lacks for it
+_OPS_MISSING = {
+    "prefetch": "storage (L3) ops", "prefetch_hit": "storage (L3) ops",
+    "prefetch_done": "storage (L3) ops", "prefetch_revoke": "storage (L3) ops",
+    "storage_write": "storage (L3) ops", "storage_write_ack": "storage (L3) ops",
+    "buffer_stage": "buffer_only ops", "pin": "buffer_only ops", "unpin": "buffer_only ops",
+}
+
+
+class UnsupportedByCore(Exception):
+    """A trace needs a feature the unified core does not model yet."""
+
+    def __init__(self, feature: str):
+        super().__init__(f"the unified core (HybridTree with NoComponent) lacks {feature}")
+        self.feature = feature
+
+
+def header_missing(header: dict) -> list[str]:
+    out = []
+    ids = header.get("ids", "optrace")
+    if ids != "optrace":
+        out.append(f"ids {ids}")
+    if header.get("host_alloc_failures"):
+        out.append("host_alloc_failures")
+    if header.get("host_memory_mode", "cache") != "cache":
+        out.append(f"host_memory_mode {header['host_memory_mode']}")
+    if header.get("storage_writes", "op") != "op":
+        out.append(f"storage_writes {header['storage_writes']}")
+    return out
+
+
+def op_missing(op: dict) -> str | None:
+    kind = op["op"]
+    if kind in _OPS_MISSING:
+        return _OPS_MISSING[kind]
+    if kind == "insert" and op.get("priority", 0):
+        return "insert priority"
+    return None
+
+
+def missing_features(path, header_override: dict | None = None) -> list[str]:
+    """The features the trace at ``path`` needs that the core lacks, sorted (empty:
+    ``CoreReplayer`` replays it). ``header_override``: header fields replaced first
+    (a case replayed under another id scheme)."""
+    found: set = set()
+    for idx, _, op in read_trace(path):
+        if idx == 0:
+            if "components" in op:
+                return ["hybrid trace (sim/hybrid/replay.py)"]
+            found.update(header_missing({**op, **(header_override or {})}))
+        else:
+            f = op_missing(op)
+            if f is not None:
+                found.add(f)
+    return sorted(found)
+
+
+class CoreReplayer:
+    """Applies FULL op-trace operations to ``HybridTree(NoComponent())`` and renders
+    ``sim/optrace.py``'s output lines."""
+
+    # paths of nodes, as sim/optrace.py's Replayer keeps them
+    path = Replayer.path
+    units = Replayer.units
+    key_tokens = Replayer.key_tokens
+
+    def __init__(self, header: dict):
+        missing = header_missing(header)
+        if missing:
+            raise UnsupportedByCore(missing[0])
+        self.header = header
+        self.page_size = header.get("page_size", 1)
+        self.version = header.get("version", 1)
+        self.write_acks = header.get("write_acks", "op" if self.version >= 2 else "end_of_op")
+        self.device_capacity = header["device_capacity"]
+        self.tree = HybridTree(
+            NoComponent(), device_capacity=self.device_capacity, aux_capacity=0,
+            page_size=self.page_size, record=True, host_capacity=header["host_capacity"],
+            load_back_threshold=header.get("load_back_threshold", 1),
+            write_policy=header.get("write_policy", "write_back"),
+            host_policy=header.get("host_policy", "duplicate_first"),
+            eviction_policy=header.get("eviction_policy", "lru"))
+        self.locks: dict = {}
+        self._paths: dict = {}
+
+    def summary(self) -> dict:
+        t = self.tree
+        return {"digest": t.digest, "dev": t.dev_used, "host": t.host_used,
+                "evictable": t.evictable, "protected": t.protected, "nodes": t.n_nodes}
+
+    def header_output(self) -> dict:
+        return {"i": 0, "op": "header", "events": [], **self.summary()}
+
+    def apply(self, i: int, op: dict) -> dict:
+        kind = op["op"]
+        feature = op_missing(op)
+        if feature is not None:
+            raise UnsupportedByCore(feature)
+        tree = self.tree
+        tree.rec.clear()
+        out = {"i": i, "op": kind}
+        try:
+            # op-trace v2 §3: device KV running requests hold outside the tree, in
+            # every free-space check during the op (the core's room checks read
+            # device_capacity).
+            reserved = op.get("reserved", 0)
+            if tree.dev_used + reserved > self.device_capacity:
+                raise TreeError("reserved_overflow")
+            tree.device_capacity = self.device_capacity - reserved
+            out.update(getattr(self, f"_op_{kind}")(op))
+        except TreeError as err:
+            out = {"i": i, "op": kind, "error": err.code}
+            tree.rec.clear()
+        if self.write_acks == "end_of_op":
+            # v1: every write an op issued is acknowledged at its end, in issue order.
+            for ack in list(tree.writes):
+                tree.write_ack(ack)
+        out["events"] = self._events(tree.rec)
+        out.update(self.summary())
+        return out
+
+    def _events(self, rec: list) -> list:
+        out = []
+        drop_host: list = []
+        for kind, node, extra in rec:
+            ev = {"k": kind, "id": node.id, "path": self.path(node)}
+            if kind == "split":
+                ev["child"] = extra["child"]
+            elif kind != "tombstone":
+                ev.update(extra)
+            if kind == "drop_host":
+                drop_host.append(ev)
+                continue
+            if drop_host:
+                # drop_subtree_no_host's host-only subtree, reported by path before the
+                # dropped node (oracle.py TracedCore.drop_subtree_no_host)
+                drop_host.sort(key=lambda e: e["path"])
+                out.extend(drop_host)
+                drop_host = []
+            out.append(ev)
+        out.extend(drop_host)
+        return out
+
+    # -- ops
+    def _device_prefix_tokens(self, units: list) -> int:
+        """The tokens of ``units`` on device along the tree, a read (oracle.py
+        ``_device_prefix``): the request's own KV ends there (``prev_prefix_len``)."""
+        tree = self.tree
+        node, pos, n = tree.root, 0, len(units)
+        while pos < n:
+            child = node.children.get(units[pos])
+            if child is None or not child.dev:
+                break
+            p = tree._common(units, pos, child.key)
+            pos += p
+            if p < len(child.key):
+                break
+            node = child
+        return pos * self.page_size
+
+    def _op_insert(self, op):
+        units = self.units(op["tokens"])
+        r = self.tree.insert(units, self._device_prefix_tokens(units),
+                             inserted=op.get("inserted", 0))
+        return {"prefix_len": r.prefix_len, "new": r.new}
+
+    def _match(self, op):
+        m = self.tree.match_prefix(self.units(op["tokens"]))
+        return m, {"device_len": m.device_len, "host_len": m.host_len}
+
+    def _op_match(self, op):
+        return self._match(op)[1]
+
+    def _op_evict_device(self, op):
+        return {"freed": self.tree.evict(op["n"]).freed}
+
+    def _op_evict_host(self, op):
+        return {"freed": self.tree.evict_host(op["n"])}
+
+    def _op_load_back(self, op):
+        lid = op["id"]
+        if lid in self.tree.loads:
+            raise TreeError("duplicate_load_back_id")
+        m, out = self._match(op)
+        out.update(self.tree.load_back(m, lid).as_dict())
+        return out
+
+    def _op_load_back_ack(self, op):
+        if op["id"] not in self.tree.loads:
+            raise TreeError("unknown_load_back_id")
+        self.tree.finish_load_back(op["id"])
+        return {}
+
+    def _op_lock(self, op):
+        if op["id"] in self.locks:
+            raise TreeError("duplicate_lock_id")
+        m, out = self._match(op)
+        self.locks[op["id"]] = self.tree.inc_lock(m.dnode)
+        return out
+
+    def _op_unlock(self, op):
+        receipt = self.locks.pop(op["id"], None)
+        if receipt is None:
+            raise TreeError("unknown_lock_id")
+        self.tree.dec_lock(receipt)
+        return {}
+
+    def _op_write_ack(self, op):
+        if op["id"] not in self.tree.writes:
+            raise TreeError("unknown_write_id")
+        self.tree.write_ack(op["id"])
+        return {}
+
+    def _op_skip_ids(self, op):
+        self.tree.skip_ids(op["n"])
+        return {}
+
+    def _op_dump(self, op):
+        tree = self.tree
+        anchors = {lb.anchor.id: lid for lid, lb in tree.loads.items()}
+        nodes = []
+        stack = [(tree.root, 0)]
+        while stack:  # depth-first, children by key (oracle.py op_dump)
+            x, start = stack.pop()
+            if x is not tree.root:
+                nodes.append((x, start))
+                start += len(x.key) * self.page_size
+            kids = sorted(x.children.values(), key=lambda c: c.key[0], reverse=True)
+            stack.extend((c, start) for c in kids)
+        rank = {x.id: r for r, (x, _) in
+                enumerate(sorted(nodes, key=lambda e: (e[0].last_access, e[0].id)))}
+        rows = []
+        for x, start in nodes:
+            rows.append({
+                "id": x.id, "parent": x.parent.id, "start": start,
+                "key": self.key_tokens(x), "dev": x.dev, "host": x.host,
+                "lock": x.lock, "host_lock": x.host_lock,
+                "pinned_by": None if x.lb is None else anchors.get(x.lb.id, x.lb.id),
+                "recency": rank[x.id],
+            })
+        return {"tree": rows, "duplicates": list(tree.dups),
+                "d_leaves": sorted(x.id for x in tree.d_leaves),
+                "h_leaves": sorted(x.id for x in tree.h_leaves)}
+
+
+def replay(path, header_override: dict | None = None):
+    """Replay a FULL op-trace on the unified core; yields one output dict per line.
+    Raises ``UnsupportedByCore`` at the first line needing a missing feature."""
+    replayer = None
+    for idx, _, op in read_trace(path):
+        if replayer is None:
+            if "components" in op:
+                raise UnsupportedByCore("hybrid trace (sim/hybrid/replay.py)")
+            replayer = CoreReplayer({**op, **(header_override or {})})
+            yield replayer.header_output()
+        else:
+            yield replayer.apply(idx, op)
