@@ -23,8 +23,8 @@ one onto the other:
 
 Traces that need what the core does not have yet are refused with
 ``UnsupportedByCore`` naming the feature (``missing_features`` lists them up front):
-id schemes other than ``optrace``, rank-local host allocation failures, storage (L3)
-and buffer_only ops, insert priorities.
+rank-local host allocation failures, storage (L3) and buffer_only ops, insert
+priorities.
 """
 
 from __future__ import annotations
@@ -53,9 +53,6 @@ class UnsupportedByCore(Exception):
 
 def header_missing(header: dict) -> list[str]:
     out = []
-    ids = header.get("ids", "optrace")
-    if ids != "optrace":
-        out.append(f"ids {ids}")
     if header.get("host_alloc_failures"):
         out.append("host_alloc_failures")
     if header.get("host_memory_mode", "cache") != "cache":
@@ -115,7 +112,8 @@ class CoreReplayer:
             load_back_threshold=header.get("load_back_threshold", 1),
             write_policy=header.get("write_policy", "write_back"),
             host_policy=header.get("host_policy", "duplicate_first"),
-            eviction_policy=header.get("eviction_policy", "lru"))
+            eviction_policy=header.get("eviction_policy", "lru"),
+            ids=header.get("ids", "optrace"))
         self.locks: dict = {}
         self._paths: dict = {}
 

@@ -3,10 +3,12 @@
 SGLang 0.5.23's ``UnifiedTreeCore`` with ``components=(FULL,)`` is the hybrid core
 with no auxiliary component (sim/tree/components/none.py). ``sim/optrace_core.py``
 replays the FULL op-traces on it; every case it can replay must give SGLang's output
-lines byte for byte, and the cases it cannot replay yet are named here with the
+lines byte for byte (data/conformance/rust: the Rust core's, on what its API shows),
+and the cases it cannot replay yet are named here with the
 feature each needs (so a new case, or a feature added, changes this list on purpose).
 """
 
+import gzip
 import json
 
 import pytest
@@ -29,18 +31,14 @@ _STORAGE_OPS = "storage (L3) ops"
 # The cases the core cannot replay yet, and what each lacks (missing_features).
 NOT_YET = {
     **{f"storage/{p.name}": [_STORAGE_OPS] for p in STORAGE},
-    "storage/h12_ids_server.jsonl.gz": ["ids server", _STORAGE_OPS],
     **{f"storage/{name}.jsonl.gz": [_STORAGE_OPS, "storage_writes auto"] for name in (
         "g25_wb_ps1_auto", "g26_wb_ps1_auto", "g27_wb_ps2_auto", "g28_wb_ps4_auto",
         "g29_wt_acks_ps1_auto", "g30_wt_ps1_auto", "g31_wt_acks_ps2_auto",
         "g32_wt_acks_ps4_auto", "h13_wb_auto_writes_lock_demoted_nodes",
         "h14_wt_auto_writes_after_acks")},
-    **{f"buffer/{p.name}": ["buffer_only ops", "host_memory_mode buffer_only", "ids server",
+    **{f"buffer/{p.name}": ["buffer_only ops", "host_memory_mode buffer_only",
                             "insert priority"] for p in BUFFER},
-    "buffer/h01_ops_and_errors.jsonl.gz": ["buffer_only ops", "host_memory_mode buffer_only",
-                                           "ids server"],
-    # the Rust core's handles and digest fold (sem §4.6)
-    **{f"rust/{p.name}": ["ids rust_server"] for p in RUST},
+    "buffer/h01_ops_and_errors.jsonl.gz": ["buffer_only ops", "host_memory_mode buffer_only"],
 }
 
 
@@ -59,8 +57,11 @@ def test_exactly_these_cases_need_what_the_core_lacks():
         if miss:
             found[str(case.relative_to(CONFORMANCE))] = miss
     for out in RUST:
-        found[f"rust/{out.name}"] = missing_features(_rust_trace(out), {"ids": "rust_server"})
+        miss = missing_features(_rust_trace(out), {"ids": "rust_server"})
+        if miss:
+            found[f"rust/{out.name}"] = miss
     assert found == NOT_YET
+    assert not any(p.startswith("rust/") for p in found)
 
 
 @pytest.mark.parametrize("case", MAIN, ids=case_id)
@@ -86,8 +87,31 @@ def test_full_case_holds_the_core_invariants(case):
 def test_an_unsupported_case_is_refused_by_name():
     with pytest.raises(UnsupportedByCore, match="storage"):
         list(replay(STORAGE[0]))
-    with pytest.raises(UnsupportedByCore, match="ids rust_server"):
-        list(replay(_rust_trace(RUST[0]), {"ids": "rust_server"}))
+    with pytest.raises(UnsupportedByCore, match="buffer_only"):
+        list(replay(BUFFER[0]))
+
+
+@pytest.mark.parametrize("out", RUST, ids=lambda p: p.name.split(".")[0])
+def test_full_case_on_the_unified_core_is_the_rust_core(out):
+    """data/conformance/rust: the main cases on SGLang's Rust core as a started server
+    holds it (ids rust_server, the Rust digest), compared on what the Rust API shows
+    (sim/optrace_rust.py ``project_rust``, as tests/test_tree_core.py does for Tree)."""
+    from sim.optrace_rust import project_rust
+
+    theirs = [json.loads(line) for line in gzip.open(out, "rt")]
+    ours = list(replay(_rust_trace(out), {"ids": "rust_server"}))
+    assert len(ours) == len(theirs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert project_rust(a) == project_rust(b), f"line {i}"
+
+
+@pytest.mark.parametrize("ids", ["sglang", "server", "rust", "rust_server"])
+def test_id_schemes_number_as_tree_does(ids):
+    """Every id scheme gives Tree's lines on the main cases (ids and digests too)."""
+    from sim.optrace import replay as tree_replay
+
+    for case in MAIN:
+        assert list(replay(case, {"ids": ids})) == list(tree_replay(case, ids=ids)), case.name
 
 
 def test_the_null_component_holds_nothing():

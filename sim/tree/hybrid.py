@@ -46,6 +46,7 @@ from sim.policies.write import WRITE_POLICIES
 from sim.tree.components.base import LRUList, TreeComponent
 from sim.tree.components.full import FullComponent
 from sim.tree.core import Stats, TreeCore
+from sim.tree.full import ID_SCHEMES, RUST_ID_SCHEMES
 from sim.tree.hnode import HNode, HostHNode
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     NO_HOST_EVICTION,
@@ -152,6 +153,10 @@ class HybridTree(TreeCore):
     # HiCache off unless the constructor is given a host pool (instance overrides).
     hicache = False
     _node_cls = HNode
+    # The digest's event per released host copy: (id + 1) * stride + offset; a Rust
+    # core's carries its component index (sem §4.6; instance overrides, ``ids``).
+    _digest_stride = 1
+    _digest_offset = 0
 
     # The host tier's state, read-only from outside (``_HostState``).
     host_capacity = property(lambda self: self.ht.host_capacity)
@@ -177,7 +182,10 @@ class HybridTree(TreeCore):
                  record: bool = False, host_capacity: int | None = None,
                  aux_host_capacity: int = 0, load_back_threshold: int = 1,
                  write_policy: str = "write_back", host_policy: str = "duplicate_first",
-                 eviction_policy: str = "lru"):
+                 eviction_policy: str = "lru", ids: str = "optrace"):
+        """``ids``: the node-id scheme (sim/tree/full.py ``ID_SCHEMES``, docs/OPTRACE.md
+        §5): ``optrace`` (root 0, nodes from 1: the sentinels are clock draws only)
+        unless told otherwise."""
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         if write_policy not in WRITE_POLICIES:
@@ -195,19 +203,39 @@ class HybridTree(TreeCore):
         self.aux_capacity = aux_capacity
         self._clock = C.CLOCK_START
         self._next_id = 0
+        if ids not in ID_SCHEMES:
+            raise ValueError(f"unknown id scheme {ids!r}")
         if host_capacity is not None:
             self._node_cls = HostHNode
+        # reset() builds a device and a host UnifiedLRUList per component type
+        # (FULL's, and the auxiliary one's unless it is NoComponent's none), each
+        # with a head and a tail sentinel node (an id and two clock draws).
+        sentinels = C.SENTINEL_IDS_PER_COMPONENT * (1 + aux.lru_lists)
+        if ids == "server":
+            # a started server resets the core twice (UnifiedRadixCache.__init__):
+            # the first reset's root and sentinels take ids before this root
+            for _ in range(1 + sentinels):
+                self._new_node([], None)
+        elif ids == "rust_server":
+            # the Rust core's constructor root, replaced by the server's reset
+            for _ in range(C.RUST_SERVER_ROOTS_BEFORE):
+                self._new_node([], None)
+        if ids in RUST_ID_SCHEMES:
+            self._digest_stride = C.RUST_COMPONENT_TYPES
+            self._digest_offset = C.RUST_FULL_COMPONENT_INDEX
         self.root = self._new_node([], None)
         # reset(): root lock_ref 1 for every component; never a leaf, never evicted.
         self.root.lock = 1
         self.root.aux_lock = 1
-        # reset() then builds a device and a host UnifiedLRUList per component type
-        # (FULL's, and the auxiliary one's unless it is NoComponent's none), each
-        # with a head and a tail sentinel node: clock draws, no tree ids (the op-trace
-        # numbering moves sentinels out of the id space, as oracle.py does).
-        for _ in range(C.SENTINEL_IDS_PER_COMPONENT * (1 + aux.lru_lists)):
-            self._tick()
-            self._tick()
+        if ids in ("sglang", "server"):
+            for _ in range(sentinels):
+                self._new_node([], None)
+        elif ids == "optrace":
+            # the op-trace numbering moves sentinels out of the id space (oracle.py):
+            # clock draws, no tree ids; the Rust core has none
+            for _ in range(sentinels):
+                self._tick()
+                self._tick()
         self.d_leaves: set = set()
         self.dev_used = 0          # FULL device tokens (all tree-held)
         self.aux_used = 0          # SWA tokens / Mamba states held by the tree
@@ -930,7 +958,8 @@ class HybridTree(TreeCore):
         t = len(node.key) * self.page_size
         node.host = False
         self.ht.host_used -= t
-        self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + node.id + 1) & C.DIGEST_MASK
+        event = (node.id + 1) * self._digest_stride + self._digest_offset
+        self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + event) & C.DIGEST_MASK
         return t
 
     def _evict_hleaf(self, x: HNode, res: Eviction) -> tuple[int, int]:
