@@ -23,8 +23,7 @@ one onto the other:
 
 Traces that need what the core does not have yet are refused with
 ``UnsupportedByCore`` naming the feature (``missing_features`` lists them up front):
-rank-local host allocation failures, storage (L3) and buffer_only ops, insert
-priorities.
+rank-local host allocation failures and storage (L3) ops.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ _OPS_MISSING = {
     "prefetch": "storage (L3) ops", "prefetch_hit": "storage (L3) ops",
     "prefetch_done": "storage (L3) ops", "prefetch_revoke": "storage (L3) ops",
     "storage_write": "storage (L3) ops", "storage_write_ack": "storage (L3) ops",
-    "buffer_stage": "buffer_only ops", "pin": "buffer_only ops", "unpin": "buffer_only ops",
 }
 
 
@@ -55,8 +53,6 @@ def header_missing(header: dict) -> list[str]:
     out = []
     if header.get("host_alloc_failures"):
         out.append("host_alloc_failures")
-    if header.get("host_memory_mode", "cache") != "cache":
-        out.append(f"host_memory_mode {header['host_memory_mode']}")
     if header.get("storage_writes", "op") != "op":
         out.append(f"storage_writes {header['storage_writes']}")
     return out
@@ -66,8 +62,6 @@ def op_missing(op: dict) -> str | None:
     kind = op["op"]
     if kind in _OPS_MISSING:
         return _OPS_MISSING[kind]
-    if kind == "insert" and op.get("priority", 0):
-        return "insert priority"
     return None
 
 
@@ -114,7 +108,10 @@ class CoreReplayer:
             host_policy=header.get("host_policy", "duplicate_first"),
             eviction_policy=header.get("eviction_policy", "lru"),
             ids=header.get("ids", "optrace"))
+        # "host_memory_mode": "buffer_only" (docs/OPTRACE.md §15): no host values
+        self.tree.ht.buffer_only = header.get("host_memory_mode") == "buffer_only"
         self.locks: dict = {}
+        self.pins: dict = {}
         self._paths: dict = {}
 
     def summary(self) -> dict:
@@ -195,7 +192,7 @@ class CoreReplayer:
     def _op_insert(self, op):
         units = self.units(op["tokens"])
         r = self.tree.insert(units, self._device_prefix_tokens(units),
-                             inserted=op.get("inserted", 0))
+                             inserted=op.get("inserted", 0), priority=op.get("priority", 0))
         return {"prefix_len": r.prefix_len, "new": r.new}
 
     def _match(self, op):
@@ -243,6 +240,45 @@ class CoreReplayer:
         if op["id"] not in self.tree.writes:
             raise TreeError("unknown_write_id")
         self.tree.write_ack(op["id"])
+        return {}
+
+    # -- buffer_only, docs/OPTRACE.md §15 (as sim/optrace.py's Replayer)
+    def _node_at(self, units):
+        """The node whose path is exactly ``units`` (a read), or TreeError."""
+        node, pos = self.tree.root, 0
+        while pos < len(units):
+            node = node.children.get(units[pos])
+            if node is None or units[pos:pos + len(node.key)] != list(node.key):
+                raise TreeError("unknown_node")
+            pos += len(node.key)
+        if node is self.tree.root:
+            raise TreeError("unknown_node")
+        return node
+
+    def _op_buffer_stage(self, op):
+        tree = self.tree
+        if not tree.ht.buffer_only:
+            raise TreeError("not_buffer_only")
+        node = self._node_at(self.units(op["tokens"]))
+        if not node.dev or node.id in tree.writes:
+            raise TreeError("bad_buffer_stage")
+        tree.stage_buffer_backup(node)
+        return {"node": node.id}
+
+    def _op_pin(self, op):
+        if op["id"] in self.pins:
+            raise TreeError("duplicate_pin_id")
+        node = self._node_at(self.units(op["tokens"]))
+        if not node.dev:
+            raise TreeError("bad_pin")
+        self.pins[op["id"]] = self.tree.inc_lock(node)
+        return {"node": node.id}
+
+    def _op_unpin(self, op):
+        receipt = self.pins.pop(op["id"], None)
+        if receipt is None:
+            raise TreeError("unknown_pin_id")
+        self.tree.dec_lock(receipt)
         return {}
 
     def _op_skip_ids(self, op):

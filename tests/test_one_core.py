@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from conftest import CONFORMANCE, ROOT, case_id, conformance_cases, expected_lines
+from conftest import CONFORMANCE, ROOT, conformance_cases, expected_lines
 from sim import jsonl
 from sim.optrace import Replayer, read_trace
 from sim.optrace_core import CoreReplayer, UnsupportedByCore, missing_features, replay
@@ -36,9 +36,6 @@ NOT_YET = {
         "g29_wt_acks_ps1_auto", "g30_wt_ps1_auto", "g31_wt_acks_ps2_auto",
         "g32_wt_acks_ps4_auto", "h13_wb_auto_writes_lock_demoted_nodes",
         "h14_wt_auto_writes_after_acks")},
-    **{f"buffer/{p.name}": ["buffer_only ops", "host_memory_mode buffer_only",
-                            "insert priority"] for p in BUFFER},
-    "buffer/h01_ops_and_errors.jsonl.gz": ["buffer_only ops", "host_memory_mode buffer_only"],
 }
 
 
@@ -61,10 +58,10 @@ def test_exactly_these_cases_need_what_the_core_lacks():
         if miss:
             found[f"rust/{out.name}"] = miss
     assert found == NOT_YET
-    assert not any(p.startswith("rust/") for p in found)
+    assert all(p.startswith("storage/") for p in found)
 
 
-@pytest.mark.parametrize("case", MAIN, ids=case_id)
+@pytest.mark.parametrize("case", MAIN + BUFFER, ids=lambda p: str(p.relative_to(CONFORMANCE)))
 def test_full_case_on_the_unified_core_byte_for_byte(case):
     expected = expected_lines(case)
     got = [jsonl.dumps(out) for out in replay(case)]
@@ -73,7 +70,7 @@ def test_full_case_on_the_unified_core_byte_for_byte(case):
         assert g == e, f"line {json.loads(e)['i']} differs:\n core   {g[:300]}\n sglang {e[:300]}"
 
 
-@pytest.mark.parametrize("case", MAIN, ids=case_id)
+@pytest.mark.parametrize("case", MAIN + BUFFER, ids=lambda p: str(p.relative_to(CONFORMANCE)))
 def test_full_case_holds_the_core_invariants(case):
     replayer = None
     for idx, _, op in read_trace(case):
@@ -87,8 +84,6 @@ def test_full_case_holds_the_core_invariants(case):
 def test_an_unsupported_case_is_refused_by_name():
     with pytest.raises(UnsupportedByCore, match="storage"):
         list(replay(STORAGE[0]))
-    with pytest.raises(UnsupportedByCore, match="buffer_only"):
-        list(replay(BUFFER[0]))
 
 
 @pytest.mark.parametrize("out", RUST, ids=lambda p: p.name.split(".")[0])
@@ -148,7 +143,7 @@ def test_the_core_refuses_a_mid_node_prev_only_with_a_component_that_reads_it():
 # keeps a leaf's priority from its last push while an insert raises its hit_count
 # (full.py ``_LeafHeap``), where SGLang builds the heap at each eviction's start
 # (full.py ``_evict_device_start``); the core does as SGLang does.
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(10))
 def test_generated_traces_agree_with_tree(seed):
     ps = (1, 2, 4, 1)[seed % 4]
     wp = "write_through" if seed % 3 == 2 else "write_back"
@@ -156,12 +151,14 @@ def test_generated_traces_agree_with_tree(seed):
                    host_capacity=(16, 24, 64)[seed % 3] * ps, write_policy=wp,
                    mix={"insert": 500, "evict_device": 300, "evict_host": 270, "match": 230,
                         "load_back": 220, "dump": 40, "lock": 60})
-    header = dict(ops[0], eviction_policy=("lru", "fifo", "mru", "filo")[seed % 4],
+    header = dict(ops[0], eviction_policy=("lru", "fifo", "mru", "filo", "priority")[seed % 5],
                   host_policy=("duplicate_first", "lru")[seed % 2])
     a, b = Replayer(header), CoreReplayer(header)
     for i, op in enumerate(ops[1:], 1):
         if i % 37 == 0:
             op = dict(op, reserved=ps * (i % 5))
+        if op["op"] == "insert" and i % 3 == 0:
+            op = dict(op, priority=i % 4)
         assert a.apply(i, op) == b.apply(i, op), f"op {i} {op}"
 
 

@@ -81,7 +81,7 @@ class _HostState:
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "h_leaves", "dups", "digest", "loads",
-                 "policy", "wt", "threshold", "writes", "host_policy")
+                 "policy", "wt", "threshold", "writes", "host_policy", "buffer_only")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
                  write_policy: str = "write_back", host_policy: str = "duplicate_first"):
@@ -106,6 +106,10 @@ class _HostState:
         # every FULL host eviction under write_back.
         self.host_policy = resolve(HOST_POLICIES, host_policy, "host policy")()
         self.writes: dict = {}
+        # --hicache-host-memory-mode buffer_only (docs/STORAGE.md §9): no host values
+        # in the tree (``UnifiedTreeCore.set_host_memory_buffer_only``); set by the
+        # caller after construction.
+        self.buffer_only = False
 
 
 class HybridStats:
@@ -356,6 +360,7 @@ class HybridTree(TreeCore):
             # UpdatePendingBackupOnNodeSplit puts both fragments in the write's
             # publish list (cache ``_replace_pending_write_through_node``).
             up.hit_count = child.hit_count
+            up.priority = child.priority
             ack = child.wp
             if ack is not None:
                 up.wp = ack
@@ -481,12 +486,18 @@ class HybridTree(TreeCore):
                            aux.host_hit(best))
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: list, prev: int = 0, inserted: int = 0, **aux_args) -> HybridInsert:
+    def insert(self, key: list, prev: int = 0, inserted: int = 0, *, priority: int = 0,
+               **aux_args) -> HybridInsert:
         """``checkpoint``'s insert: the request holds fresh KV past ``prev`` tokens
         (core ``begin_insert`` / ``_insert_walk_step`` / ``_insert_overlap_step`` /
         ``_insert_commit_step`` / ``_insert_tail_step``). ``inserted``: what the request
         inserted before (``InsertParams.inserted_len``, ``req.kv.cache_inserted_len``):
-        write_through counts no hit on nodes ending at or below it."""
+        write_through counts no hit on nodes ending at or below it. ``priority``:
+        every node the walk enters or creates keeps the larger of its own and this
+        (``_insert_helper``), which only the ``priority`` eviction policy reads; host
+        tier only (its nodes hold the field)."""
+        if priority and not self.hicache:
+            raise ValueError("insert priority needs the host tier's nodes")
         ps = self.page_size
         n_tok = len(key) * ps
         # SWA and Mamba need the reused prefix to end on a node boundary; FULL alone
@@ -513,6 +524,8 @@ class HybridTree(TreeCore):
             if child is None:
                 break
             child.last_access = self._tick()  # _touch_node
+            if priority > child.priority:
+                child.priority = priority
             ckey = child.key
             m = len(ckey)
             p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
@@ -532,6 +545,8 @@ class HybridTree(TreeCore):
         res.prefix_len = pos * ps
         if pos < n:
             leaf = self._new_node(key[pos:], node)
+            if priority:
+                leaf.priority = priority
             node.children[key[pos]] = leaf
             t = (n - pos) * ps
             self.dev_used += t
@@ -581,6 +596,10 @@ class HybridTree(TreeCore):
         ancestors, ancestors first) run by cache ``_execute_and_commit_kv_backup``:
         top-down, skipping a node with nothing to write, stopping at the first
         failed backup."""
+        if self.ht.buffer_only:
+            # _build_backup_kv_action: the chain becomes storage write intents, none
+            # of them tree state (BufferModePipeline.enqueue_backup_intent)
+            return
         chain = [node]
         a, root = node.parent, self.root
         while a is not None and a is not root and not a.host:
@@ -589,6 +608,16 @@ class HybridTree(TreeCore):
         for y in reversed(chain):
             if self._try_backup(y, res) is None:
                 return
+
+    def stage_buffer_backup(self, x: HNode) -> None:
+        """buffer_only's D2H launch of ``x`` into host staging
+        (``BufferModePipeline._stage_backup_intent``): ``x`` holds a device lock until
+        its ack (``finish_backup_ack`` -> ``dec_lock_ref``, ``write_ack`` here), under
+        ack id ``x.id``; no host value is set. A split meanwhile publishes both pieces,
+        as a write_through backup's does."""
+        receipt = self.inc_lock(x)
+        x.wp = x.id
+        self.ht.writes[x.id] = [receipt, [x]]
 
     def write_ack(self, ack_id) -> None:
         """cache ``_finish_write_through_ack``: core ``finish_write_through`` (each
@@ -939,7 +968,10 @@ class HybridTree(TreeCore):
     def evict_host(self, n: int, component: str = "full") -> int:
         """cache ``evict_host`` -> core ``drive_host_eviction``: FULL (duplicate
         reclaim first, then LRU host leaves) or the component (its host LRU).
-        Returns what that component's tracker counted."""
+        Returns what that component's tracker counted (buffer_only: 0, as
+        ``UnifiedRadixCache.evict_host`` returns without evicting)."""
+        if self.ht.buffer_only:
+            return 0
         if component == "full":
             return self.full.drive_host_eviction(n, Eviction())
         return self.aux.drive_host_eviction(n)
@@ -1309,7 +1341,7 @@ class HybridTree(TreeCore):
             if receipt.node not in in_tree or receipt.node.lock <= 0:
                 raise HybridInvariantError(f"write {ack}: its node is gone or unlocked")
             for y in nodes:
-                if y not in in_tree or not y.host:
+                if y not in in_tree or not (y.host or self.ht.buffer_only):
                     raise HybridInvariantError(f"write {ack}: published node {y.id} gone "
                                                f"or without a host copy")
         if (host, ahost) != (self.ht.host_used, self.ht.aux_host_used):
