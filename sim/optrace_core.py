@@ -21,65 +21,68 @@ one onto the other:
 * ``split`` carries no size (the hybrid oracle adds the upper fragment's);
 * every event carries the node's path from the root.
 
-Traces that need what the core does not have yet are refused with
-``UnsupportedByCore`` naming the feature (``missing_features`` lists them up front):
-rank-local host allocation failures and storage (L3) ops.
+Every FULL trace feature of docs/OPTRACE.md plays on it: v1 and v2, ``reserved``,
+``host_alloc_failures``, every id scheme, ``skip_ids``, the host and eviction
+policies, storage (L3) ops with ``storage_writes``, buffer_only, insert priorities.
+A hybrid trace is refused with ``UnsupportedByCore`` (``missing_features`` says so
+up front).
 """
 
 from __future__ import annotations
 
 from sim.errors import TreeError
 from sim.optrace import Replayer, read_trace
+from sim.storage.prefetch import PrefetchBook, PrefetchError
+from sim.tree.results import HostEviction
 from sim.tree.components.none import NoComponent
 from sim.tree.hybrid import HybridTree
 
-# op -> the feature the core lacks for it
-_OPS_MISSING = {
-    "prefetch": "storage (L3) ops", "prefetch_hit": "storage (L3) ops",
-    "prefetch_done": "storage (L3) ops", "prefetch_revoke": "storage (L3) ops",
-    "storage_write": "storage (L3) ops", "storage_write_ack": "storage (L3) ops",
-}
-
-
 class UnsupportedByCore(Exception):
-    """A trace needs a feature the unified core does not model yet."""
+    """A trace the unified core does not replay (a hybrid one: sim/hybrid/replay.py)."""
 
     def __init__(self, feature: str):
-        super().__init__(f"the unified core (HybridTree with NoComponent) lacks {feature}")
+        super().__init__(f"the unified core (HybridTree with NoComponent) does not replay "
+                         f"a {feature}")
         self.feature = feature
 
 
-def header_missing(header: dict) -> list[str]:
-    out = []
-    if header.get("host_alloc_failures"):
-        out.append("host_alloc_failures")
-    if header.get("storage_writes", "op") != "op":
-        out.append(f"storage_writes {header['storage_writes']}")
-    return out
-
-
-def op_missing(op: dict) -> str | None:
-    kind = op["op"]
-    if kind in _OPS_MISSING:
-        return _OPS_MISSING[kind]
-    return None
-
-
-def missing_features(path, header_override: dict | None = None) -> list[str]:
-    """The features the trace at ``path`` needs that the core lacks, sorted (empty:
-    ``CoreReplayer`` replays it). ``header_override``: header fields replaced first
-    (a case replayed under another id scheme)."""
-    found: set = set()
+def missing_features(path) -> list[str]:
+    """What the trace at ``path`` needs that ``CoreReplayer`` lacks (empty: it replays
+    it). Every FULL trace feature of docs/OPTRACE.md is the core's now; a hybrid trace
+    is sim/hybrid/replay.py's."""
     for idx, _, op in read_trace(path):
-        if idx == 0:
-            if "components" in op:
-                return ["hybrid trace (sim/hybrid/replay.py)"]
-            found.update(header_missing({**op, **(header_override or {})}))
-        else:
-            f = op_missing(op)
-            if f is not None:
-                found.add(f)
-    return sorted(found)
+        if "components" in op:
+            return ["hybrid trace (sim/hybrid/replay.py)"]
+        break
+    return []
+
+
+class _BookTree:
+    """What ``PrefetchBook`` (sim/storage/prefetch.py, written against ``Tree``) reads
+    of its tree, on the unified core: the host locks are the core's
+    ``inc_host_lock`` / ``dec_host_lock``, a host eviction's result a
+    ``HostEviction`` with the tokens it freed."""
+
+    def __init__(self, tree: HybridTree):
+        self.t = tree
+        self.root = tree.root
+        self.page_size = tree.page_size
+        self.host_capacity = tree.host_capacity
+        self.stage_host = tree.stage_host
+        self.unstage_host = tree.unstage_host
+        self.insert_host = tree.insert_host
+        self.host_lock = tree.inc_host_lock
+        self.host_unlock = tree.dec_host_lock
+
+    @property
+    def host_free(self) -> int:
+        ht = self.t.ht
+        return ht.host_capacity - ht.host_used - ht.host_reserved
+
+    def evict_host(self, n: int) -> HostEviction:
+        res = HostEviction()
+        res.freed = self.t.evict_host(n) if n > 0 else 0
+        return res
 
 
 class CoreReplayer:
@@ -92,9 +95,8 @@ class CoreReplayer:
     key_tokens = Replayer.key_tokens
 
     def __init__(self, header: dict):
-        missing = header_missing(header)
-        if missing:
-            raise UnsupportedByCore(missing[0])
+        if "components" in header:
+            raise UnsupportedByCore("hybrid trace (sim/hybrid/replay.py)")
         self.header = header
         self.page_size = header.get("page_size", 1)
         self.version = header.get("version", 1)
@@ -113,6 +115,34 @@ class CoreReplayer:
         self.locks: dict = {}
         self.pins: dict = {}
         self._paths: dict = {}
+        # Storage (L3) prefetches and writes (docs/OPTRACE.md §14); SGLang's default
+        # threshold 256. "storage_writes": "auto": every acknowledged D->H backup is
+        # written to storage at once, host-locked under the next id "s1", "s2", ...
+        # "host_alloc_failures" (docs/OPTRACE.md §4): [op index, attempt] pairs that fail
+        self._alloc_failures = {(int(i), int(a)) for i, a in header.get("host_alloc_failures", ())}
+        self._op_index = self._attempt = 0
+        if self._alloc_failures:
+            self.tree.ht.host_alloc_fail = self._host_alloc_fails
+        self.storage = PrefetchBook(_BookTree(self.tree), header.get("prefetch_threshold", 256))
+        self._auto_writes: list = []
+        self._n_auto = 0
+        if header.get("storage_writes") == "auto":
+            self.tree.ht.on_host_backup = self._auto_write
+
+    def _host_alloc_fails(self) -> bool:
+        attempt = self._attempt
+        self._attempt += 1
+        return (self._op_index, attempt) in self._alloc_failures
+
+    def _auto_write(self, node) -> None:
+        if node is self.tree.root or not node.host:
+            return  # build_storage_backup_spec returns None: nothing written, no id
+        n = self._n_auto + 1
+        while f"s{n}" in self.storage.writes:  # an explicit write holds that id
+            n += 1
+        self._n_auto = n
+        self.storage.write(f"s{n}", node)
+        self._auto_writes.append(f"s{n}")
 
     def summary(self) -> dict:
         t = self.tree
@@ -124,11 +154,10 @@ class CoreReplayer:
 
     def apply(self, i: int, op: dict) -> dict:
         kind = op["op"]
-        feature = op_missing(op)
-        if feature is not None:
-            raise UnsupportedByCore(feature)
         tree = self.tree
         tree.rec.clear()
+        self._auto_writes = []
+        self._op_index, self._attempt = i, 0
         out = {"i": i, "op": kind}
         try:
             # op-trace v2 §3: device KV running requests hold outside the tree, in
@@ -139,13 +168,16 @@ class CoreReplayer:
                 raise TreeError("reserved_overflow")
             tree.device_capacity = self.device_capacity - reserved
             out.update(getattr(self, f"_op_{kind}")(op))
-        except TreeError as err:
+        except (TreeError, PrefetchError) as err:
             out = {"i": i, "op": kind, "error": err.code}
             tree.rec.clear()
         if self.write_acks == "end_of_op":
             # v1: every write an op issued is acknowledged at its end, in issue order.
             for ack in list(tree.writes):
                 tree.write_ack(ack)
+        if self._auto_writes:
+            out["storage_writes"] = self._auto_writes
+            self._auto_writes = []
         out["events"] = self._events(tree.rec)
         out.update(self.summary())
         return out
@@ -281,6 +313,52 @@ class CoreReplayer:
         self.tree.dec_lock(receipt)
         return {}
 
+    # -- storage (L3), docs/OPTRACE.md §14 (as sim/optrace.py's Replayer)
+    def _op_prefetch(self, op):
+        units = self.units(op["tokens"])
+        if op["id"] in self.storage.prefetches:
+            raise PrefetchError("duplicate_prefetch_id")
+        m = self.tree.match_prefix(units)
+        res = self.storage.issue(op["id"], m, units)
+        out = {"device_len": m.device_len, "host_len": m.host_len, "anchor": res.anchor.id,
+               "requested": res.requested, "issued": res.reason is None}
+        if res.reason is not None:
+            out["reason"] = res.reason
+        return out
+
+    def _op_prefetch_hit(self, op):
+        res = self.storage.hit(op["id"], op["n"])
+        out = {"staged": res.staged, "freed": res.host.freed}
+        if res.reason is not None:
+            out["reason"] = res.reason
+        out["held"] = self.tree.ht.host_reserved
+        return out
+
+    def _op_prefetch_done(self, op):
+        res, loaded = self.storage.done(op["id"], op["n"])
+        return {"prefix_len": res.prefix_tokens, "loaded": loaded,
+                "node": None if res.node is None else res.node.id, "dropped": res.dropped,
+                "held": self.tree.ht.host_reserved}
+
+    def _op_prefetch_revoke(self, op):
+        self.storage.revoke(op["id"])
+        return {"held": self.tree.ht.host_reserved}
+
+    def _op_storage_write(self, op):
+        if op["id"] in self.storage.writes:
+            raise PrefetchError("duplicate_storage_write_id")
+        nid = op["node"]
+        tree = self.tree
+        node = tree.root if nid == tree.root.id else next(
+            (x for x in tree.iter_nodes() if x.id == nid), None)
+        if node is None:
+            raise TreeError("unknown_node")
+        return {"written": self.storage.write(op["id"], node)}
+
+    def _op_storage_write_ack(self, op):
+        self.storage.write_ack(op["id"])
+        return {}
+
     def _op_skip_ids(self, op):
         self.tree.skip_ids(op["n"])
         return {}
@@ -314,8 +392,9 @@ class CoreReplayer:
 
 
 def replay(path, header_override: dict | None = None):
-    """Replay a FULL op-trace on the unified core; yields one output dict per line.
-    Raises ``UnsupportedByCore`` at the first line needing a missing feature."""
+    """Replay a FULL op-trace on the unified core; yields one output dict per line
+    (``header_override``: header fields replaced, e.g. another id scheme). Raises
+    ``UnsupportedByCore`` for a hybrid trace."""
     replayer = None
     for idx, _, op in read_trace(path):
         if replayer is None:

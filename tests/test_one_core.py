@@ -3,13 +3,14 @@
 SGLang 0.5.23's ``UnifiedTreeCore`` with ``components=(FULL,)`` is the hybrid core
 with no auxiliary component (sim/tree/components/none.py). ``sim/optrace_core.py``
 replays the FULL op-traces on it; every case it can replay must give SGLang's output
-lines byte for byte (data/conformance/rust: the Rust core's, on what its API shows),
-and the cases it cannot replay yet are named here with the
-feature each needs (so a new case, or a feature added, changes this list on purpose).
+lines byte for byte (data/conformance/rust: the Rust core's, on what its API shows):
+the main cases, storage (L3) and buffer_only. A case it could not replay would be
+named in NOT_YET with the feature it needs (none is today).
 """
 
 import gzip
 import json
+import random
 
 import pytest
 
@@ -27,16 +28,8 @@ BUFFER = conformance_cases(CONFORMANCE / "buffer")
 # data/conformance/rust: the main cases' outputs under ids rust_server (its README)
 RUST = sorted(CONFORMANCE.glob("rust/*.rust.out.jsonl.gz"))
 
-_STORAGE_OPS = "storage (L3) ops"
-# The cases the core cannot replay yet, and what each lacks (missing_features).
-NOT_YET = {
-    **{f"storage/{p.name}": [_STORAGE_OPS] for p in STORAGE},
-    **{f"storage/{name}.jsonl.gz": [_STORAGE_OPS, "storage_writes auto"] for name in (
-        "g25_wb_ps1_auto", "g26_wb_ps1_auto", "g27_wb_ps2_auto", "g28_wb_ps4_auto",
-        "g29_wt_acks_ps1_auto", "g30_wt_ps1_auto", "g31_wt_acks_ps2_auto",
-        "g32_wt_acks_ps4_auto", "h13_wb_auto_writes_lock_demoted_nodes",
-        "h14_wt_auto_writes_after_acks")},
-}
+# The cases the core cannot replay yet, and what each lacks (missing_features): none.
+NOT_YET: dict = {}
 
 
 def _rust_trace(out):
@@ -47,21 +40,17 @@ def test_the_cases_are_there():
     assert len(MAIN) == 33 and len(STORAGE) == 46 and len(BUFFER) == 4 and len(RUST) == 33
 
 
-def test_exactly_these_cases_need_what_the_core_lacks():
+def test_every_full_case_is_the_cores_to_replay():
     found = {}
     for case in MAIN + STORAGE + BUFFER:
         miss = missing_features(case)
         if miss:
             found[str(case.relative_to(CONFORMANCE))] = miss
-    for out in RUST:
-        miss = missing_features(_rust_trace(out), {"ids": "rust_server"})
-        if miss:
-            found[f"rust/{out.name}"] = miss
     assert found == NOT_YET
-    assert all(p.startswith("storage/") for p in found)
 
 
-@pytest.mark.parametrize("case", MAIN + BUFFER, ids=lambda p: str(p.relative_to(CONFORMANCE)))
+@pytest.mark.parametrize("case", MAIN + STORAGE + BUFFER,
+                         ids=lambda p: str(p.relative_to(CONFORMANCE)))
 def test_full_case_on_the_unified_core_byte_for_byte(case):
     expected = expected_lines(case)
     got = [jsonl.dumps(out) for out in replay(case)]
@@ -70,7 +59,8 @@ def test_full_case_on_the_unified_core_byte_for_byte(case):
         assert g == e, f"line {json.loads(e)['i']} differs:\n core   {g[:300]}\n sglang {e[:300]}"
 
 
-@pytest.mark.parametrize("case", MAIN + BUFFER, ids=lambda p: str(p.relative_to(CONFORMANCE)))
+@pytest.mark.parametrize("case", MAIN + STORAGE + BUFFER,
+                         ids=lambda p: str(p.relative_to(CONFORMANCE)))
 def test_full_case_holds_the_core_invariants(case):
     replayer = None
     for idx, _, op in read_trace(case):
@@ -81,9 +71,11 @@ def test_full_case_holds_the_core_invariants(case):
         replayer.tree.check()
 
 
-def test_an_unsupported_case_is_refused_by_name():
-    with pytest.raises(UnsupportedByCore, match="storage"):
-        list(replay(STORAGE[0]))
+def test_a_hybrid_trace_is_refused_by_name():
+    case = sorted((CONFORMANCE / "hybrid").glob("g01_swa*.jsonl.gz"))[0]
+    assert missing_features(case) == ["hybrid trace (sim/hybrid/replay.py)"]
+    with pytest.raises(UnsupportedByCore, match="hybrid trace"):
+        list(replay(case))
 
 
 @pytest.mark.parametrize("out", RUST, ids=lambda p: p.name.split(".")[0])
@@ -180,3 +172,25 @@ def test_tree_lfu_write_through_follows_sglang():
 
     case = ONE_CORE / "lfu_wt_s5.jsonl.gz"
     assert list(replay_lines(case)) == expected_lines(case)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_host_allocation_failures_agree_with_tree(seed):
+    """docs/OPTRACE.md §4 (no vendored case has them): a failed backup's drop
+    fallback, drop_host events sorted by path, a write_through chain cut short."""
+    rng = random.Random(seed)
+    ps = (1, 2, 4)[seed % 3]
+    ops = generate(300, seed=seed, page_size=ps, device_capacity=32 * ps,
+                   host_capacity=(16, 64, 128)[seed % 3] * ps,
+                   write_policy=("write_back", "write_through")[seed % 2],
+                   mix={"insert": 500, "evict_device": 300, "evict_host": 100, "match": 230,
+                        "load_back": 220, "dump": 40, "lock": 60})
+    fails = sorted({(rng.randint(1, 300), rng.randint(0, 1)) for _ in range(150)})
+    header = dict(ops[0], host_alloc_failures=[list(f) for f in fails])
+    a, b = Replayer(header), CoreReplayer(header)
+    kinds = set()
+    for i, op in enumerate(ops[1:], 1):
+        x = a.apply(i, op)
+        assert x == b.apply(i, op), f"op {i} {op}"
+        kinds.update(e["k"] for e in x["events"])
+    assert {"drop", "drop_host"} <= kinds or seed % 2

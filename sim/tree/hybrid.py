@@ -52,6 +52,7 @@ from sim.tree.results import (  # noqa: F401  (part of this module's API)
     NO_HOST_EVICTION,
     NO_ITEMS,
     HostEviction,
+    HostInsert,
     HostLockReceipt,
     HybridCow,
     Eviction,
@@ -81,7 +82,8 @@ class _HostState:
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "h_leaves", "dups", "digest", "loads",
-                 "policy", "wt", "threshold", "writes", "host_policy", "buffer_only")
+                 "policy", "wt", "threshold", "writes", "host_policy", "buffer_only",
+                 "host_reserved", "on_host_backup", "host_alloc_fail")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
                  write_policy: str = "write_back", host_policy: str = "duplicate_first"):
@@ -110,6 +112,16 @@ class _HostState:
         # in the tree (``UnifiedTreeCore.set_host_memory_buffer_only``); set by the
         # caller after construction.
         self.buffer_only = False
+        # Storage (L3): host slots staged outside the tree for prefetches
+        # (``allocate_storage_hit``), counted in every host room check; and the hook
+        # called with each node a D->H ack publishes (``_finish_write_through_ack`` ->
+        # ``write_backup_storage``), None without a storage tier.
+        self.host_reserved = 0
+        self.on_host_backup = None
+        # A rank-local host allocation failure (cache_controller.write's allocator
+        # returning None, sem §5.4.b): called once per backup whose room is made;
+        # True fails it. None: allocations never fail.
+        self.host_alloc_fail = None
 
 
 class HybridStats:
@@ -629,6 +641,10 @@ class HybridTree(TreeCore):
                 y.wp = None
                 self._track(y)
         self.dec_lock(receipt)
+        hook = self.ht.on_host_backup
+        if hook is not None:  # write_backup_storage for every published node
+            for y in nodes:
+                hook(y)
 
     def _unevict(self, node: HNode) -> None:
         """core ``_unevict_node_on_insert``: an evicted node the insert walks over
@@ -783,7 +799,7 @@ class HybridTree(TreeCore):
         aux = comp.backup_nodes(x)
         if t == 0 and not aux:
             return 0, 0
-        avail = self.ht.host_capacity - self.ht.host_used
+        avail = self.ht.host_capacity - self.ht.host_used - self.ht.host_reserved
         if avail < t and self.full.drive_host_eviction(t - avail, res) < t - avail:
             return None
         if aux:
@@ -795,6 +811,9 @@ class HybridTree(TreeCore):
                 comp.drive_host_eviction(k)
                 if self.ht.aux_host_capacity - self.ht.aux_host_used < k:
                     return None
+        fail = self.ht.host_alloc_fail
+        if fail is not None and fail():
+            return None
         if t:
             x.host = True
             self.ht.host_used += t
@@ -830,6 +849,12 @@ class HybridTree(TreeCore):
                 if y is not x:
                     self._track(y)
             self._track(x)
+            hook = self.ht.on_host_backup
+            if hook is not None:  # writing_check(write_back=True): acked before the demote
+                for y in aux:
+                    if y is not x:
+                        hook(y)
+                hook(x)
         return t, written
 
     def _demote(self, x: HNode, res: Eviction) -> None:
@@ -1023,6 +1048,93 @@ class HybridTree(TreeCore):
         if holder.full:
             self.full.release_host_lock(holder)
         self._refresh(anchor)
+
+    # -- storage (L3) prefetch: what the tree sees (docs/STORAGE.md §1)
+    def stage_host(self, n: int) -> None:
+        """Hold ``n`` host slots outside the tree for a prefetch's pages
+        (``allocate_storage_hit``); the caller has made room."""
+        free = self.ht.host_capacity - self.ht.host_used - self.ht.host_reserved
+        if n < 0 or n > free:
+            raise HybridTreeError(f"stage_host({n}) with {free} host slots free")
+        self.ht.host_reserved += n
+
+    def unstage_host(self, n: int) -> None:
+        """Give back ``n`` staged host slots (the prefetch landed or was dropped)."""
+        if n < 0 or n > self.ht.host_reserved:
+            raise HybridTreeError(f"unstage_host({n}) with {self.ht.host_reserved} staged")
+        self.ht.host_reserved -= n
+
+    def insert_host(self, anchor: HNode, key: list) -> HostInsert:
+        """core ``insert_host(node_id, key, host_value)``: graft a prefetch's fetched
+        ``key`` (units after ``anchor``'s path) onto the host tier below ``anchor``
+        (cache ``_handle_prefetch_result``), as sim/tree/full.py ``Tree.insert_host``
+        describes step by step: ``_touch_node`` of the anchor and of each child
+        walked, splits where the key diverges; write_through refills a walked node
+        without a host copy (``refill``) and counts only backed nodes in
+        ``prefix_tokens``; what is left becomes a host-only leaf (``host_new``) with
+        its parent's priority, unless write_through ends on an un-backed non-root
+        node (``dropped``). FULL's host values only (the FULL-only core's)."""
+        res = HostInsert()
+        anchor.last_access = self._tick()
+        if not key:
+            return res
+        ps = self.page_size
+        wt = self.ht.wt
+        node, pos, n = anchor, 0, len(key)
+        host_prefix = 0
+        refilled = None
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            child.last_access = self._tick()
+            ckey = child.key
+            p = self._common(key, pos, ckey)
+            if p < len(ckey):
+                child = self._split(child, p)
+                res.split = True
+            pos += p
+            node = child
+            if wt:
+                if not child.host:
+                    child.host = True
+                    self.ht.host_used += len(child.key) * ps
+                    self._refresh(child)
+                    self._refresh(child.parent)
+                    self._track(child)
+                    refilled = child
+                    res.refilled_tokens += p * ps
+                    if self.rec is not None:
+                        self._ev("refill", child, n=p * ps)
+                else:
+                    if refilled is not None:
+                        raise HybridInvariantError(
+                            f"node {child.id}: write-through host-prefix invariant broken: "
+                            f"backed node below refilled node {refilled.id}")
+                    host_prefix += p
+        res.prefix_tokens = (host_prefix if wt else pos) * ps
+        if pos == n:
+            if node is not self.root and (refilled is not None or node.host):
+                res.node = node
+            return res
+        if node is not self.root and not node.host and wt:
+            res.dropped = True
+            return res
+        leaf = self._new_node(key[pos:], node)
+        leaf.priority = node.priority
+        leaf.dev = False
+        node.children[key[pos]] = leaf
+        self.n_nodes += 1
+        t = (n - pos) * ps
+        leaf.host = True
+        self.ht.host_used += t
+        self._refresh(leaf)
+        self._refresh(node)
+        res.node = leaf
+        res.new_tokens = t
+        if self.rec is not None:
+            self._ev("host_new", leaf, n=t)
+        return res
 
     def load_back(self, match: HybridMatch, lid, holds: bool | None = None) -> HybridLoad:
         """cache ``init_load_back`` + ``load_back``: start the H->D load of the
