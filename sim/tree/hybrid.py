@@ -1,6 +1,8 @@
 """The core of SGLang 0.5.23's unified radix tree (``UnifiedTreeCore``) for trees with
-FULL and one auxiliary component (SWA or Mamba), on device and, with a host pool,
-on host (HiCache, under the write policies of ``sim/policies/write.py``).
+FULL and one auxiliary component (SWA or Mamba; ``NoComponent`` for FULL alone,
+``components/none.py``), on device and, with a host pool, on host (HiCache, under
+the write policies of ``sim/policies/write.py``; the storage tier's prefetch landing
+and write hook, buffer_only).
 
 This is the component-generic half of ``docs/HYBRID.md``: splits, the device and
 host leaf sets, the ledgers, the eviction driver, backups, demotes, drops,
