@@ -6,6 +6,11 @@ Reports ops/s at page sizes 1 and 64 and the share of time spent in duplicate
 reclaim. The trace is generated first (not timed) and replayed through the Tree API
 without event recording, which is how the simulator drives the tree.
 
+Then the unified core with FULL alone (``HybridTree(NoComponent())``,
+sim/tree/components/none.py) against ``Tree`` on the same traces: CPU time
+(``time.process_time``) of each replay, the two interleaved round by round, min and
+median of ``--rounds`` (5), and the core's time over Tree's.
+
 Then the hybrid trees (sim/hybrid, docs/HYBRID.md): ops/s of the (FULL, SWA) and
 (FULL, MAMBA) trees on generated hybrid traces (sim/hybrid/gen.py), and, when the
 oracle venv exists ($SGLANG_ORACLE_VENV, default sglang-oracle-venv in the temp dir),
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +37,8 @@ from sim.optrace_gen import generate  # noqa: E402
 from sim.hybrid.gen import generate as generate_hybrid  # noqa: E402
 from sim.hybrid.replay import HybridReplayer, make_tree  # noqa: E402
 from sim.tree import Tree  # noqa: E402
+from sim.tree.components.none import NoComponent  # noqa: E402
+from sim.tree.hybrid import HybridTree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # (label, kind, generator options): hybrid traces with the conformance cases' shapes.
@@ -92,6 +100,106 @@ def drive(ops, ps):
     return len(keyed) / elapsed, reclaim_s / elapsed, tree
 
 
+def _keyed(ops, ps):
+    units = (lambda t: t) if ps == 1 else (
+        lambda t: [tuple(t[i:i + ps]) for i in range(0, len(t) - len(t) % ps, ps)])
+    return [(op["op"], units(op["tokens"]) if "tokens" in op else None, op) for op in ops[1:]]
+
+
+def cpu_tree(ops, ps):
+    """CPU seconds of ``Tree`` replaying ``ops`` (as ``drive``, without its timer hook)."""
+    h = ops[0]
+    tree = Tree(device_capacity=h["device_capacity"], host_capacity=h["host_capacity"],
+                page_size=ps, write_policy=h["write_policy"], load_back_threshold=1)
+    keyed = _keyed(ops, ps)
+    locks = {}
+    t0 = time.process_time()
+    for kind, key, op in keyed:
+        if kind == "insert":
+            tree.insert(key)
+        elif kind == "match":
+            tree.match_prefix(key)
+        elif kind == "evict_device":
+            tree.evict_device(op["n"])
+        elif kind == "evict_host":
+            tree.evict_host(op["n"])
+        elif kind == "load_back":
+            tree.load_back(tree.match_prefix(key), op["id"])
+        elif kind == "load_back_ack":
+            tree.finish_load_back(op["id"])
+        elif kind == "lock":
+            node = tree.match_prefix(key).last_device
+            tree.inc_lock(node)
+            locks[op["id"]] = node
+        elif kind == "unlock":
+            tree.dec_lock(locks.pop(op["id"]))
+    return time.process_time() - t0, (tree.dev_used, tree.host_used, tree.n_nodes, tree.digest)
+
+
+def cpu_core(ops, ps):
+    """CPU seconds of the unified core with FULL alone replaying ``ops``. An insert's
+    ``prev`` is the key's device prefix (what the FULL oracle passes as
+    ``prev_prefix_len``), read inside the timed loop as ``Tree.insert``'s room check
+    reads it."""
+    h = ops[0]
+    tree = HybridTree(NoComponent(), device_capacity=h["device_capacity"], aux_capacity=0,
+                      host_capacity=h["host_capacity"], page_size=ps,
+                      write_policy=h["write_policy"], load_back_threshold=1)
+    keyed = _keyed(ops, ps)
+    locks = {}
+    root, common = tree.root, tree._common
+    t0 = time.process_time()
+    for kind, key, op in keyed:
+        if kind == "insert":
+            node, pos, n = root, 0, len(key)
+            while pos < n:
+                child = node.children.get(key[pos])
+                if child is None or not child.dev:
+                    break
+                p = common(key, pos, child.key)
+                pos += p
+                if p < len(child.key):
+                    break
+                node = child
+            tree.insert(key, pos * ps)
+        elif kind == "match":
+            tree.match_prefix(key)
+        elif kind == "evict_device":
+            tree.evict(op["n"])
+        elif kind == "evict_host":
+            tree.evict_host(op["n"])
+        elif kind == "load_back":
+            tree.load_back(tree.match_prefix(key), op["id"])
+        elif kind == "load_back_ack":
+            tree.finish_load_back(op["id"])
+        elif kind == "lock":
+            locks[op["id"]] = tree.inc_lock(tree.match_prefix(key).dnode)
+        elif kind == "unlock":
+            tree.dec_lock(locks.pop(op["id"]))
+    return time.process_time() - t0, (tree.dev_used, tree.host_used, tree.n_nodes, tree.digest)
+
+
+def core_main(traces, rounds):
+    """The unified core against Tree: CPU time, interleaved, min / median of rounds."""
+    print(f"\nunified core (HybridTree with NoComponent) vs Tree, CPU s, interleaved, "
+          f"{rounds} rounds")
+    print(f"{'page':>5} {'tree min':>9} {'tree med':>9} {'core min':>9} {'core med':>9} "
+          f"{'core/tree min':>14} {'med':>6}")
+    for ps, ops in traces:
+        t_tree, t_core = [], []
+        for _ in range(rounds):
+            a, end_a = cpu_tree(ops, ps)
+            b, end_b = cpu_core(ops, ps)
+            # same trace, same final tree (tokens on each tier, nodes, digest)
+            assert end_a == end_b, (end_a, end_b)
+            t_tree.append(a)
+            t_core.append(b)
+        mt, mc = min(t_tree), min(t_core)
+        dt, dc = statistics.median(t_tree), statistics.median(t_core)
+        print(f"{ps:>5} {mt:>9.2f} {dt:>9.2f} {mc:>9.2f} {dc:>9.2f} {mc / mt:>13.2f}x "
+              f"{dc / dt:>5.2f}x")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=100_000)
@@ -100,11 +208,14 @@ def main():
     ap.add_argument("--no-sglang", action="store_true",
                     help="skip timing SGLang's core for the hybrid ratio")
     ap.add_argument("--hybrid-only", action="store_true")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds of the unified core vs Tree")
     args = ap.parse_args()
     if args.hybrid_only:
         return hybrid_main(args.hybrid_ops, args.seed, not args.no_sglang)
     print(f"tree benchmark: {args.ops} ops, write_back, host pressure (conformance-like shapes)")
     print(f"{'page':>5} {'ops/s':>10} {'reclaim share':>14} {'reclaims':>9} {'backups':>8} {'drops':>6}")
+    traces = []
     for ps in (1, 64):
         ops = generate(args.ops, seed=args.seed, page_size=ps, device_capacity=48 * ps,
                        host_capacity=20 * ps, mix={"insert": 526, "evict_device": 299,
@@ -113,6 +224,8 @@ def main():
         rate, share, tree = drive(ops, ps)
         s = tree.stats
         print(f"{ps:>5} {rate:>10,.0f} {share:>13.1%} {s.reclaims:>9} {s.backups:>8} {s.drops:>6}")
+        traces.append((ps, ops))
+    core_main(traces, args.rounds)
     hybrid_main(args.hybrid_ops, args.seed, not args.no_sglang)
 
 

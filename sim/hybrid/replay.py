@@ -64,6 +64,10 @@ AUX_HOST_KEY = {"swa": "swa_host_capacity", "mamba": "mamba_host_capacity"}
 KIND_ONLY = {"swa_evicted": "swa", "swa": "swa", "mamba": "mamba", "skip": "mamba",
              "cow": "mamba", "donate": "mamba", "req": "mamba"}
 OP_KIND_ONLY = {"release_swa": "swa", "release": "mamba", "alloc": "mamba"}
+# The tree records each node removal by the core method that made it (HybridTree
+# ``_unlink``); oracle_hybrid.py reports every ``_remove_leaf_from_parent`` as delete.
+_KIND = {"drop": "delete", "drop_host": "delete", "host_evict": "delete",
+         "tombstone": "delete"}
 # Every op may carry the KV running requests hold outside the tree (the engine's
 # traces): FULL tokens, and SWA tokens in a (FULL, SWA) trace.
 RESERVED = {"reserved": None, "swa_reserved": "swa"}
@@ -303,7 +307,8 @@ class HybridReplayer:
         except HybridTreeError as err:
             out = {"i": i, "op": kind, "error": err.code}
             tree.rec.clear()
-        out["events"] = [{"k": k, "id": node.id, **extra} for k, node, extra in tree.rec]
+        out["events"] = [{"k": _KIND.get(k, k), "id": node.id, **extra}
+                         for k, node, extra in tree.rec]
         out.update(self.summary())
         return out
 

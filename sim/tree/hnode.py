@@ -64,7 +64,7 @@ class HostHNode(HNode):
     """A node of a tree with the host tier (HiCache on): the host fields per node."""
 
     __slots__ = ("dev", "host", "host_lock", "host_tops", "aux_host", "aux_host_lock",
-                 "hlp", "hln", "lb", "hit_count", "wp", "huuid")
+                 "hlp", "hln", "lb", "hit_count", "wp", "huuid", "priority")
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
         super().__init__(nid, key, parent, t_access, t_create)
@@ -83,4 +83,7 @@ class HostHNode(HNode):
         self.wp = None
         # SWA: the host-lock window boundary (swa ``metadata["host_uuid"]``).
         self.huuid = None
+        # SGLang's insert priority (``_insert_helper``), read by the ``priority``
+        # eviction policy; 0 unless an insert names one (a FULL-only core's).
+        self.priority = 0
 

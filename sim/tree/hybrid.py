@@ -1,6 +1,8 @@
 """The core of SGLang 0.5.23's unified radix tree (``UnifiedTreeCore``) for trees with
-FULL and one auxiliary component (SWA or Mamba), on device and, with a host pool,
-on host (HiCache, under the write policies of ``sim/policies/write.py``).
+FULL and one auxiliary component (SWA or Mamba; ``NoComponent`` for FULL alone,
+``components/none.py``), on device and, with a host pool, on host (HiCache, under
+the write policies of ``sim/policies/write.py``; the storage tier's prefetch landing
+and write hook, buffer_only).
 
 This is the component-generic half of ``docs/HYBRID.md``: splits, the device and
 host leaf sets, the ledgers, the eviction driver, backups, demotes, drops,
@@ -46,11 +48,13 @@ from sim.policies.write import WRITE_POLICIES
 from sim.tree.components.base import LRUList, TreeComponent
 from sim.tree.components.full import FullComponent
 from sim.tree.core import Stats, TreeCore
+from sim.tree.full import ID_SCHEMES, RUST_ID_SCHEMES
 from sim.tree.hnode import HNode, HostHNode
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     NO_HOST_EVICTION,
     NO_ITEMS,
     HostEviction,
+    HostInsert,
     HostLockReceipt,
     HybridCow,
     Eviction,
@@ -80,7 +84,8 @@ class _HostState:
 
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "h_leaves", "dups", "digest", "loads",
-                 "policy", "wt", "threshold", "writes", "host_policy")
+                 "policy", "wt", "threshold", "writes", "host_policy", "buffer_only",
+                 "host_reserved", "on_host_backup", "host_alloc_fail")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
                  write_policy: str = "write_back", host_policy: str = "duplicate_first"):
@@ -105,6 +110,20 @@ class _HostState:
         # every FULL host eviction under write_back.
         self.host_policy = resolve(HOST_POLICIES, host_policy, "host policy")()
         self.writes: dict = {}
+        # --hicache-host-memory-mode buffer_only (docs/STORAGE.md §9): no host values
+        # in the tree (``UnifiedTreeCore.set_host_memory_buffer_only``); set by the
+        # caller after construction.
+        self.buffer_only = False
+        # Storage (L3): host slots staged outside the tree for prefetches
+        # (``allocate_storage_hit``), counted in every host room check; and the hook
+        # called with each node a D->H ack publishes (``_finish_write_through_ack`` ->
+        # ``write_backup_storage``), None without a storage tier.
+        self.host_reserved = 0
+        self.on_host_backup = None
+        # A rank-local host allocation failure (cache_controller.write's allocator
+        # returning None, sem §5.4.b): called once per backup whose room is made;
+        # True fails it. None: allocations never fail.
+        self.host_alloc_fail = None
 
 
 class HybridStats:
@@ -152,6 +171,10 @@ class HybridTree(TreeCore):
     # HiCache off unless the constructor is given a host pool (instance overrides).
     hicache = False
     _node_cls = HNode
+    # The digest's event per released host copy: (id + 1) * stride + offset; a Rust
+    # core's carries its component index (sem §4.6; instance overrides, ``ids``).
+    _digest_stride = 1
+    _digest_offset = 0
 
     # The host tier's state, read-only from outside (``_HostState``).
     host_capacity = property(lambda self: self.ht.host_capacity)
@@ -177,7 +200,10 @@ class HybridTree(TreeCore):
                  record: bool = False, host_capacity: int | None = None,
                  aux_host_capacity: int = 0, load_back_threshold: int = 1,
                  write_policy: str = "write_back", host_policy: str = "duplicate_first",
-                 eviction_policy: str = "lru"):
+                 eviction_policy: str = "lru", ids: str = "optrace"):
+        """``ids``: the node-id scheme (sim/tree/full.py ``ID_SCHEMES``, docs/OPTRACE.md
+        §5): ``optrace`` (root 0, nodes from 1: the sentinels are clock draws only)
+        unless told otherwise."""
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         if write_policy not in WRITE_POLICIES:
@@ -195,18 +221,39 @@ class HybridTree(TreeCore):
         self.aux_capacity = aux_capacity
         self._clock = C.CLOCK_START
         self._next_id = 0
+        if ids not in ID_SCHEMES:
+            raise ValueError(f"unknown id scheme {ids!r}")
         if host_capacity is not None:
             self._node_cls = HostHNode
+        # reset() builds a device and a host UnifiedLRUList per component type
+        # (FULL's, and the auxiliary one's unless it is NoComponent's none), each
+        # with a head and a tail sentinel node (an id and two clock draws).
+        sentinels = C.SENTINEL_IDS_PER_COMPONENT * (1 + aux.lru_lists)
+        if ids == "server":
+            # a started server resets the core twice (UnifiedRadixCache.__init__):
+            # the first reset's root and sentinels take ids before this root
+            for _ in range(1 + sentinels):
+                self._new_node([], None)
+        elif ids == "rust_server":
+            # the Rust core's constructor root, replaced by the server's reset
+            for _ in range(C.RUST_SERVER_ROOTS_BEFORE):
+                self._new_node([], None)
+        if ids in RUST_ID_SCHEMES:
+            self._digest_stride = C.RUST_COMPONENT_TYPES
+            self._digest_offset = C.RUST_FULL_COMPONENT_INDEX
         self.root = self._new_node([], None)
         # reset(): root lock_ref 1 for every component; never a leaf, never evicted.
         self.root.lock = 1
         self.root.aux_lock = 1
-        # reset() then builds a device and a host UnifiedLRUList per component, each
-        # with a head and a tail sentinel node: clock draws, no tree ids (the op-trace
-        # numbering moves sentinels out of the id space, as oracle.py does).
-        for _ in range(C.SENTINEL_IDS_PER_COMPONENT * 2):
-            self._tick()
-            self._tick()
+        if ids in ("sglang", "server"):
+            for _ in range(sentinels):
+                self._new_node([], None)
+        elif ids == "optrace":
+            # the op-trace numbering moves sentinels out of the id space (oracle.py):
+            # clock draws, no tree ids; the Rust core has none
+            for _ in range(sentinels):
+                self._tick()
+                self._tick()
         self.d_leaves: set = set()
         self.dev_used = 0          # FULL device tokens (all tree-held)
         self.aux_used = 0          # SWA tokens / Mamba states held by the tree
@@ -327,6 +374,7 @@ class HybridTree(TreeCore):
             # UpdatePendingBackupOnNodeSplit puts both fragments in the write's
             # publish list (cache ``_replace_pending_write_through_node``).
             up.hit_count = child.hit_count
+            up.priority = child.priority
             ack = child.wp
             if ack is not None:
                 up.wp = ack
@@ -452,15 +500,24 @@ class HybridTree(TreeCore):
                            aux.host_hit(best))
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: list, prev: int = 0, inserted: int = 0, **aux_args) -> HybridInsert:
+    def insert(self, key: list, prev: int = 0, inserted: int = 0, *, priority: int = 0,
+               **aux_args) -> HybridInsert:
         """``checkpoint``'s insert: the request holds fresh KV past ``prev`` tokens
         (core ``begin_insert`` / ``_insert_walk_step`` / ``_insert_overlap_step`` /
         ``_insert_commit_step`` / ``_insert_tail_step``). ``inserted``: what the request
         inserted before (``InsertParams.inserted_len``, ``req.kv.cache_inserted_len``):
-        write_through counts no hit on nodes ending at or below it."""
+        write_through counts no hit on nodes ending at or below it. ``priority``:
+        every node the walk enters or creates keeps the larger of its own and this
+        (``_insert_helper``), which only the ``priority`` eviction policy reads; host
+        tier only (its nodes hold the field)."""
+        if priority and not self.hicache:
+            raise ValueError("insert priority needs the host tier's nodes")
         ps = self.page_size
         n_tok = len(key) * ps
-        if prev % ps or prev > n_tok or not self._at_boundary(key, prev // ps):
+        # SWA and Mamba need the reused prefix to end on a node boundary; FULL alone
+        # reads prev only to free the request's duplicate slots (components/none.py).
+        if prev % ps or prev > n_tok or (self.aux.prev_at_boundary
+                                         and not self._at_boundary(key, prev // ps)):
             raise HybridTreeError("bad_prev")
         res = HybridInsert()
         res.new = n_tok - prev
@@ -481,6 +538,8 @@ class HybridTree(TreeCore):
             if child is None:
                 break
             child.last_access = self._tick()  # _touch_node
+            if priority > child.priority:
+                child.priority = priority
             ckey = child.key
             m = len(ckey)
             p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
@@ -500,6 +559,8 @@ class HybridTree(TreeCore):
         res.prefix_len = pos * ps
         if pos < n:
             leaf = self._new_node(key[pos:], node)
+            if priority:
+                leaf.priority = priority
             node.children[key[pos]] = leaf
             t = (n - pos) * ps
             self.dev_used += t
@@ -549,6 +610,10 @@ class HybridTree(TreeCore):
         ancestors, ancestors first) run by cache ``_execute_and_commit_kv_backup``:
         top-down, skipping a node with nothing to write, stopping at the first
         failed backup."""
+        if self.ht.buffer_only:
+            # _build_backup_kv_action: the chain becomes storage write intents, none
+            # of them tree state (BufferModePipeline.enqueue_backup_intent)
+            return
         chain = [node]
         a, root = node.parent, self.root
         while a is not None and a is not root and not a.host:
@@ -557,6 +622,16 @@ class HybridTree(TreeCore):
         for y in reversed(chain):
             if self._try_backup(y, res) is None:
                 return
+
+    def stage_buffer_backup(self, x: HNode) -> None:
+        """buffer_only's D2H launch of ``x`` into host staging
+        (``BufferModePipeline._stage_backup_intent``): ``x`` holds a device lock until
+        its ack (``finish_backup_ack`` -> ``dec_lock_ref``, ``write_ack`` here), under
+        ack id ``x.id``; no host value is set. A split meanwhile publishes both pieces,
+        as a write_through backup's does."""
+        receipt = self.inc_lock(x)
+        x.wp = x.id
+        self.ht.writes[x.id] = [receipt, [x]]
 
     def write_ack(self, ack_id) -> None:
         """cache ``_finish_write_through_ack``: core ``finish_write_through`` (each
@@ -568,6 +643,10 @@ class HybridTree(TreeCore):
                 y.wp = None
                 self._track(y)
         self.dec_lock(receipt)
+        hook = self.ht.on_host_backup
+        if hook is not None:  # write_backup_storage for every published node
+            for y in nodes:
+                hook(y)
 
     def _unevict(self, node: HNode) -> None:
         """core ``_unevict_node_on_insert``: an evicted node the insert walks over
@@ -674,7 +753,7 @@ class HybridTree(TreeCore):
         self.stats.delete_tokens += len(x.key) * self.page_size
         self._release_layers(x, res)
         parent = x.parent
-        self._unlink(x)
+        self._unlink(x, "delete")
         self._refresh(parent)
         self._sweep(parent, res)
 
@@ -722,7 +801,7 @@ class HybridTree(TreeCore):
         aux = comp.backup_nodes(x)
         if t == 0 and not aux:
             return 0, 0
-        avail = self.ht.host_capacity - self.ht.host_used
+        avail = self.ht.host_capacity - self.ht.host_used - self.ht.host_reserved
         if avail < t and self.full.drive_host_eviction(t - avail, res) < t - avail:
             return None
         if aux:
@@ -734,6 +813,9 @@ class HybridTree(TreeCore):
                 comp.drive_host_eviction(k)
                 if self.ht.aux_host_capacity - self.ht.aux_host_used < k:
                     return None
+        fail = self.ht.host_alloc_fail
+        if fail is not None and fail():
+            return None
         if t:
             x.host = True
             self.ht.host_used += t
@@ -769,6 +851,12 @@ class HybridTree(TreeCore):
                 if y is not x:
                     self._track(y)
             self._track(x)
+            hook = self.ht.on_host_backup
+            if hook is not None:  # writing_check(write_back=True): acked before the demote
+                for y in aux:
+                    if y is not x:
+                        hook(y)
+                hook(x)
         return t, written
 
     def _demote(self, x: HNode, res: Eviction) -> None:
@@ -808,10 +896,10 @@ class HybridTree(TreeCore):
             stack.extend(y.children.values())
         for y in reversed(below):
             self._release_layers(y, res)
-            self._unlink(y)
+            self._unlink(y, "drop_host")
         self._release_layers(x, res)
         parent = x.parent
-        self._unlink(x)
+        self._unlink(x, "drop")
         self._refresh(parent)
         self._sweep(parent, res)
         return True
@@ -842,10 +930,16 @@ class HybridTree(TreeCore):
         self.ht.h_leaves.discard(x)
         return host
 
-    def _unlink(self, x: HNode) -> None:
-        """core ``_remove_leaf_from_parent``."""
+    def _unlink(self, x: HNode, why: str) -> None:
+        """core ``_remove_leaf_from_parent``. ``why``: the core method whose removal
+        this is, recorded as the event's kind (the FULL oracle names each:
+        ``delete`` for ``_delete_unbacked_device_leaf``, ``drop`` / ``drop_host`` for
+        ``drop_subtree_no_host``'s node / host-only subtree, ``host_evict`` for
+        ``_evict_host_leaf``, ``tombstone`` for
+        ``_iteratively_delete_tombstone_ancestors``; the hybrid oracle calls every
+        one ``delete``: ``sim/hybrid/replay.py`` renders it so)."""
         if self.rec is not None:
-            self._ev("delete", x, n=len(x.key) * self.page_size)
+            self._ev(why, x, n=len(x.key) * self.page_size)
         del x.parent.children[x.key[0]]
         self.ht.dups.pop(x.id, None)
         self.n_nodes -= 1
@@ -869,7 +963,7 @@ class HybridTree(TreeCore):
                 res.aux += self.aux.evict_host_component(cur)
             self.ht.h_leaves.discard(cur)
             parent = cur.parent
-            self._unlink(cur)
+            self._unlink(cur, "tombstone")
             self._refresh(parent)
             cur = parent
 
@@ -901,7 +995,10 @@ class HybridTree(TreeCore):
     def evict_host(self, n: int, component: str = "full") -> int:
         """cache ``evict_host`` -> core ``drive_host_eviction``: FULL (duplicate
         reclaim first, then LRU host leaves) or the component (its host LRU).
-        Returns what that component's tracker counted."""
+        Returns what that component's tracker counted (buffer_only: 0, as
+        ``UnifiedRadixCache.evict_host`` returns without evicting)."""
+        if self.ht.buffer_only:
+            return 0
         if component == "full":
             return self.full.drive_host_eviction(n, Eviction())
         return self.aux.drive_host_eviction(n)
@@ -920,7 +1017,8 @@ class HybridTree(TreeCore):
         t = len(node.key) * self.page_size
         node.host = False
         self.ht.host_used -= t
-        self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + node.id + 1) & C.DIGEST_MASK
+        event = (node.id + 1) * self._digest_stride + self._digest_offset
+        self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + event) & C.DIGEST_MASK
         return t
 
     def _evict_hleaf(self, x: HNode, res: Eviction) -> tuple[int, int]:
@@ -930,7 +1028,7 @@ class HybridTree(TreeCore):
         host = self._release_layers(x, res)
         self.stats.host_evict_tokens += host
         parent = x.parent
-        self._unlink(x)
+        self._unlink(x, "host_evict")
         self._sweep(parent, res)
         return host, aux
 
@@ -952,6 +1050,93 @@ class HybridTree(TreeCore):
         if holder.full:
             self.full.release_host_lock(holder)
         self._refresh(anchor)
+
+    # -- storage (L3) prefetch: what the tree sees (docs/STORAGE.md §1)
+    def stage_host(self, n: int) -> None:
+        """Hold ``n`` host slots outside the tree for a prefetch's pages
+        (``allocate_storage_hit``); the caller has made room."""
+        free = self.ht.host_capacity - self.ht.host_used - self.ht.host_reserved
+        if n < 0 or n > free:
+            raise HybridTreeError(f"stage_host({n}) with {free} host slots free")
+        self.ht.host_reserved += n
+
+    def unstage_host(self, n: int) -> None:
+        """Give back ``n`` staged host slots (the prefetch landed or was dropped)."""
+        if n < 0 or n > self.ht.host_reserved:
+            raise HybridTreeError(f"unstage_host({n}) with {self.ht.host_reserved} staged")
+        self.ht.host_reserved -= n
+
+    def insert_host(self, anchor: HNode, key: list) -> HostInsert:
+        """core ``insert_host(node_id, key, host_value)``: graft a prefetch's fetched
+        ``key`` (units after ``anchor``'s path) onto the host tier below ``anchor``
+        (cache ``_handle_prefetch_result``), as sim/tree/full.py ``Tree.insert_host``
+        describes step by step: ``_touch_node`` of the anchor and of each child
+        walked, splits where the key diverges; write_through refills a walked node
+        without a host copy (``refill``) and counts only backed nodes in
+        ``prefix_tokens``; what is left becomes a host-only leaf (``host_new``) with
+        its parent's priority, unless write_through ends on an un-backed non-root
+        node (``dropped``). FULL's host values only (the FULL-only core's)."""
+        res = HostInsert()
+        anchor.last_access = self._tick()
+        if not key:
+            return res
+        ps = self.page_size
+        wt = self.ht.wt
+        node, pos, n = anchor, 0, len(key)
+        host_prefix = 0
+        refilled = None
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            child.last_access = self._tick()
+            ckey = child.key
+            p = self._common(key, pos, ckey)
+            if p < len(ckey):
+                child = self._split(child, p)
+                res.split = True
+            pos += p
+            node = child
+            if wt:
+                if not child.host:
+                    child.host = True
+                    self.ht.host_used += len(child.key) * ps
+                    self._refresh(child)
+                    self._refresh(child.parent)
+                    self._track(child)
+                    refilled = child
+                    res.refilled_tokens += p * ps
+                    if self.rec is not None:
+                        self._ev("refill", child, n=p * ps)
+                else:
+                    if refilled is not None:
+                        raise HybridInvariantError(
+                            f"node {child.id}: write-through host-prefix invariant broken: "
+                            f"backed node below refilled node {refilled.id}")
+                    host_prefix += p
+        res.prefix_tokens = (host_prefix if wt else pos) * ps
+        if pos == n:
+            if node is not self.root and (refilled is not None or node.host):
+                res.node = node
+            return res
+        if node is not self.root and not node.host and wt:
+            res.dropped = True
+            return res
+        leaf = self._new_node(key[pos:], node)
+        leaf.priority = node.priority
+        leaf.dev = False
+        node.children[key[pos]] = leaf
+        self.n_nodes += 1
+        t = (n - pos) * ps
+        leaf.host = True
+        self.ht.host_used += t
+        self._refresh(leaf)
+        self._refresh(node)
+        res.node = leaf
+        res.new_tokens = t
+        if self.rec is not None:
+            self._ev("host_new", leaf, n=t)
+        return res
 
     def load_back(self, match: HybridMatch, lid, holds: bool | None = None) -> HybridLoad:
         """cache ``init_load_back`` + ``load_back``: start the H->D load of the
@@ -1270,7 +1455,7 @@ class HybridTree(TreeCore):
             if receipt.node not in in_tree or receipt.node.lock <= 0:
                 raise HybridInvariantError(f"write {ack}: its node is gone or unlocked")
             for y in nodes:
-                if y not in in_tree or not y.host:
+                if y not in in_tree or not (y.host or self.ht.buffer_only):
                     raise HybridInvariantError(f"write {ack}: published node {y.id} gone "
                                                f"or without a host copy")
         if (host, ahost) != (self.ht.host_used, self.ht.aux_host_used):

@@ -137,6 +137,12 @@ class TreeComponent:
     # core _finish_internal_component_eviction: the load-back pin and FULL-evicted
     # re-checks after an internal backup are Mamba's.
     recheck_pin = False
+    # core insert: the request's prev_prefix_len must end on a node boundary (SWA's
+    # window start and Mamba's checkpoint read it; components/none.py: FULL alone).
+    prev_at_boundary = True
+    # core reset(): this component's device and host UnifiedLRUList (their sentinels'
+    # clock draws); 0 for no component.
+    lru_lists = 1
 
     def __init__(self):
         self.tree = self.root = None
