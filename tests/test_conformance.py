@@ -39,15 +39,3 @@ def test_invariants_hold_after_every_op(case):
     for _ in replay_checked(case, Replayer):
         pass  # the check runs inside, after every op
 
-
-def test_lfu_under_write_through_follows_sglang():
-    """tests/data/one_core: SGLang's own outputs for an lfu write_through trace. A
-    write_through insert raises the hit count (lfu's priority) of the leaves it walks
-    and makes; SGLang's heap, built at each eviction's start, sees the raised count,
-    so the tree's kept heaps must re-push such a leaf (sim.policies.eviction
-    READS_HIT_COUNT)."""
-    from conftest import ROOT, expected_lines
-    from sim.optrace import replay_lines
-
-    case = ROOT / "tests" / "data" / "one_core" / "lfu_wt_s5.jsonl.gz"
-    assert list(replay_lines(case)) == expected_lines(case)

@@ -131,19 +131,20 @@ def test_the_core_refuses_a_mid_node_prev_only_with_a_component_that_reads_it():
 
 
 # Generated traces (sim/optrace_gen.py) on both trees: the unified core and Tree
-# agree op for op. `lfu` under write_through is left out: there Tree's lazy heap
-# keeps a leaf's priority from its last push while an insert raises its hit_count
-# (full.py ``_LeafHeap``), where SGLang builds the heap at each eviction's start
-# (full.py ``_evict_device_start``); the core does as SGLang does.
-@pytest.mark.parametrize("seed", range(10))
+# agree op for op, under every eviction policy; seeds 10-21 run lfu under
+# write_through, where an insert raises a leaf's hit count (lfu's priority) and Tree's
+# kept leaf heap must re-push it (sim.policies.eviction READS_HIT_COUNT), as SGLang's
+# heap, built at each eviction's start (full.py ``_evict_device_start``), sees it.
+@pytest.mark.parametrize("seed", range(22))
 def test_generated_traces_agree_with_tree(seed):
     ps = (1, 2, 4, 1)[seed % 4]
-    wp = "write_through" if seed % 3 == 2 else "write_back"
+    wp = "write_through" if seed % 3 == 2 or seed >= 10 else "write_back"
     ops = generate(300, seed=seed, page_size=ps, device_capacity=32 * ps,
                    host_capacity=(16, 24, 64)[seed % 3] * ps, write_policy=wp,
                    mix={"insert": 500, "evict_device": 300, "evict_host": 270, "match": 230,
                         "load_back": 220, "dump": 40, "lock": 60})
-    header = dict(ops[0], eviction_policy=("lru", "fifo", "mru", "filo", "priority")[seed % 5],
+    policy = "lfu" if seed >= 10 else ("lru", "fifo", "mru", "filo", "priority")[seed % 5]
+    header = dict(ops[0], eviction_policy=policy,
                   host_policy=("duplicate_first", "lru")[seed % 2])
     a, b = Replayer(header), CoreReplayer(header)
     for i, op in enumerate(ops[1:], 1):
@@ -164,10 +165,9 @@ def test_lfu_write_through_follows_sglang():
     assert [jsonl.dumps(out) for out in replay(case)] == expected_lines(case)
 
 
-@pytest.mark.xfail(strict=True, reason="Tree's lazy leaf heap keeps a leaf's lfu priority "
-                   "from its last push while an insert raises its hit_count (full.py "
-                   "_LeafHeap); SGLang rebuilds the heap at each eviction's start")
 def test_tree_lfu_write_through_follows_sglang():
+    """Tree on the same trace: its kept heap re-pushes a leaf whose hit count an insert
+    raised (it diverged from op 11 before)."""
     from sim.optrace import replay_lines
 
     case = ONE_CORE / "lfu_wt_s5.jsonl.gz"
