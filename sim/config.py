@@ -148,7 +148,7 @@ class SimConfig:
     decode: bool = True
     ignore_eos: bool = False
     overlap: bool = False
-    overlap_timing: str = "serial"  # scheduler.overlap_timing: "pipelined" puts forwards on the GPU resource
+    overlap_timing: str = "pipelined"  # scheduler.overlap_timing; only with overlap on the time clock
     collective: str = "simulated"
     collective_device: str = "cpu"
     collective_timeout_s: float = DEFAULT_TIMEOUT_S  # torch backend: how long a blocked call waits

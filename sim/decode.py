@@ -61,6 +61,13 @@ class Decode:
                 if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
                     limit = 1
                 k_cap = max(1, self._decode_headroom(limit))
+                if pipe and len(self.group.cohorts) > 1:
+                    # Pipelined, the run's next step stands for the next iteration,
+                    # whose sync and comparison the run skips; the results just
+                    # processed changed the replicas they read (their digests, and
+                    # which replica has a write in flight: pre_26921's writing_check
+                    # hangs on it). That iteration looks for itself.
+                    k_cap = 1
         else:
             k_cap = self._decode_headroom(limit)
         if k_cap == 0:

@@ -1090,15 +1090,19 @@ class Scheduler(_Model):
     """SGLang's sampling param `ignore_eos` on every request (the server harness sets it: its stub forward never emits EOS). Admission then charges running requests' remaining decode in full instead of times the new-token ratio (schedule_policy.py `_get_running_request_total_token_offset`)."""
     overlap: bool = True
     """SGLang's default loop, `event_loop_overlap`: each batch's results are processed in the next iteration, after it has scheduled and launched its own batch (false: `event_loop_normal`, SGLang's --disable-overlap-schedule)."""
-    overlap_timing: Literal["serial", "pipelined"] = "serial"
-    """How the overlap loop spends time. `pipelined`: each forward holds the GPU resource while the scheduler goes on with the next iteration's CPU work (its cache sync, admission, the last batch's results), as `event_loop_overlap` runs; decode steps follow one another on the GPU while the CPU keeps up. `serial`: the CPU work is added to the forwards, as under `event_loop_normal`. Overlap loop and time clock only."""
+    overlap_timing: Literal["serial", "pipelined"] = "pipelined"
+    """How the overlap loop spends time. `pipelined` (the default with `overlap` true on the time clock): each forward holds the GPU resource while the scheduler goes on with the next iteration's CPU work (its cache sync, admission, the last batch's results), as `event_loop_overlap` runs; decode steps follow one another on the GPU while the CPU keeps up. `serial`: the CPU work is added to the forwards, as under `event_loop_normal`. Unset, it is `serial` with `overlap` false or `engine.clock: steps` (neither has an overlap loop in time); set to `pipelined` there, it is an error."""
 
     @model_validator(mode="after")
     def _preset(self):
-        if self.overlap_timing == "pipelined" and not self.overlap:
-            raise _err("overlap_timing 'pipelined' with overlap false",
-                       "overlap true (event_loop_normal runs its CPU work and forwards in "
-                       "turn) or overlap_timing 'serial'", "overlap_timing")
+        if not self.overlap:
+            # event_loop_normal runs its CPU work and forwards in turn: the default
+            # resolves to the timing it has, and the resolved scenario says so
+            if "overlap_timing" in self.model_fields_set and self.overlap_timing == "pipelined":
+                raise _err("overlap_timing 'pipelined' with overlap false",
+                           "overlap true (event_loop_normal runs its CPU work and forwards "
+                           "in turn) or overlap_timing 'serial'", "overlap_timing")
+            self.overlap_timing = "serial"
         if self.mode == "cache_replay":
             given = self.model_fields_set
             if "max_running_requests" in given and self.max_running_requests != 1:
@@ -1213,10 +1217,14 @@ class Scenario(_Model):
                 raise _err(f"page_size {self.page_size} with block_size {bs} ({path})",
                            "one of them to divide the other", "page_size")
         if self.engine.clock == "steps":
-            if self.scheduler.overlap_timing == "pipelined":
-                raise _err("scheduler.overlap_timing 'pipelined' with clock 'steps'",
-                           "clock 'time' (the step clock counts iterations, not time) or "
-                           "overlap_timing 'serial'", "scheduler.overlap_timing")
+            sch = self.scheduler
+            if sch.overlap_timing == "pipelined":
+                if "overlap_timing" in sch.model_fields_set:
+                    raise _err("scheduler.overlap_timing 'pipelined' with clock 'steps'",
+                               "clock 'time' (the step clock counts iterations, not time) "
+                               "or overlap_timing 'serial'", "scheduler.overlap_timing")
+                # the default: the step clock has no overlap in time
+                sch.overlap_timing = "serial"
             w = self.workload
             if not (w.kind == "trace" and w.format == "generic"):
                 raise _err(f"clock 'steps' with workload kind {w.kind!r}"

