@@ -75,8 +75,15 @@ def drive(ops, ps):
             reclaim_s += time.perf_counter() - t0
 
     policy.reclaim = timed_reclaim
-    locks = {}
     t0 = time.perf_counter()
+    _apply(tree, keyed)
+    elapsed = time.perf_counter() - t0
+    return len(keyed) / elapsed, reclaim_s / elapsed, tree
+
+
+def _apply(tree, keyed) -> None:
+    """Apply the keyed FULL ops to ``tree`` (``Tree``'s API), in order."""
+    locks = {}
     for kind, key, op in keyed:
         if kind == "insert":
             tree.insert(key)
@@ -96,8 +103,6 @@ def drive(ops, ps):
             locks[op["id"]] = node
         elif kind == "unlock":
             tree.dec_lock(locks.pop(op["id"]))
-    elapsed = time.perf_counter() - t0
-    return len(keyed) / elapsed, reclaim_s / elapsed, tree
 
 
 def _keyed(ops, ps):
@@ -112,27 +117,8 @@ def cpu_tree(ops, ps):
     tree = Tree(device_capacity=h["device_capacity"], host_capacity=h["host_capacity"],
                 page_size=ps, write_policy=h["write_policy"], load_back_threshold=1)
     keyed = _keyed(ops, ps)
-    locks = {}
     t0 = time.process_time()
-    for kind, key, op in keyed:
-        if kind == "insert":
-            tree.insert(key)
-        elif kind == "match":
-            tree.match_prefix(key)
-        elif kind == "evict_device":
-            tree.evict_device(op["n"])
-        elif kind == "evict_host":
-            tree.evict_host(op["n"])
-        elif kind == "load_back":
-            tree.load_back(tree.match_prefix(key), op["id"])
-        elif kind == "load_back_ack":
-            tree.finish_load_back(op["id"])
-        elif kind == "lock":
-            node = tree.match_prefix(key).last_device
-            tree.inc_lock(node)
-            locks[op["id"]] = node
-        elif kind == "unlock":
-            tree.dec_lock(locks.pop(op["id"]))
+    _apply(tree, keyed)
     return time.process_time() - t0, (tree.dev_used, tree.host_used, tree.n_nodes, tree.digest)
 
 
