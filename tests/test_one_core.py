@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from conftest import CONFORMANCE, ROOT, conformance_cases, expected_lines
+from conftest import CONFORMANCE, ROOT, conformance_cases, expected_lines, replay_checked
 from sim import jsonl
 from sim.optrace import Replayer, read_trace
 from sim.optrace_core import CoreReplayer, UnsupportedByCore, missing_features, replay
@@ -62,13 +62,8 @@ def test_full_case_on_the_unified_core_byte_for_byte(case):
 @pytest.mark.parametrize("case", MAIN + STORAGE + BUFFER,
                          ids=lambda p: str(p.relative_to(CONFORMANCE)))
 def test_full_case_holds_the_core_invariants(case):
-    replayer = None
-    for idx, _, op in read_trace(case):
-        if replayer is None:
-            replayer = CoreReplayer(op)
-            continue
-        replayer.apply(idx, op)
-        replayer.tree.check()
+    for _ in replay_checked(case, CoreReplayer):
+        pass  # the core's check runs inside, after every op
 
 
 def test_a_hybrid_trace_is_refused_by_name():
