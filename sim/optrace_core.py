@@ -33,7 +33,7 @@ from __future__ import annotations
 from sim.errors import TreeError
 from sim.optrace import Replayer, read_trace
 from sim.storage.prefetch import PrefetchBook, PrefetchError
-from sim.tree.results import HostEviction
+from sim.tree.results import NO_HOST_EVICTION, Eviction, HostEviction
 from sim.tree.components.none import NoComponent
 from sim.tree.hybrid import HybridTree
 
@@ -60,8 +60,8 @@ def missing_features(path) -> list[str]:
 class _BookTree:
     """What ``PrefetchBook`` (sim/storage/prefetch.py, written against ``Tree``) reads
     of its tree, on the unified core: the host locks are the core's
-    ``inc_host_lock`` / ``dec_host_lock``, a host eviction's result a
-    ``HostEviction`` with the tokens it freed."""
+    ``inc_host_lock`` / ``dec_host_lock``, a host eviction's result the
+    ``HostEviction`` the core's FULL eviction filled."""
 
     def __init__(self, tree: HybridTree):
         self.t = tree
@@ -80,9 +80,11 @@ class _BookTree:
         return ht.host_capacity - ht.host_used - ht.host_reserved
 
     def evict_host(self, n: int) -> HostEviction:
-        res = HostEviction()
-        res.freed = self.t.evict_host(n) if n > 0 else 0
-        return res
+        if n <= 0:
+            return HostEviction()
+        ev = Eviction()
+        self.t.evict_host(n, res=ev)
+        return ev.host if ev.host is not NO_HOST_EVICTION else HostEviction()
 
 
 class CoreReplayer:

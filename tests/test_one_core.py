@@ -194,3 +194,37 @@ def test_host_allocation_failures_agree_with_tree(seed):
         assert x == b.apply(i, op), f"op {i} {op}"
         kinds.update(e["k"] for e in x["events"])
     assert {"drop", "drop_host"} <= kinds or seed % 2
+
+
+# What an engine reads of a FULL host eviction (sim.tree.results.HostEviction) besides
+# ``freed``: the reclaim's two passes, the LRU walk's tokens, the stale entries swept.
+# ``scanned`` is left out: the core charges a scan of the whole duplicate map per call
+# (components/full.py ``drive_host_eviction``), Tree the entries the reclaim visited.
+_BREAKDOWN = ("freed", "reclaimed_pass1", "reclaimed_pass2", "lru_evicted", "swept")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_host_eviction_breakdown_agrees_with_tree(seed):
+    ps = (1, 2, 4, 1)[seed % 4]
+    ops = generate(300, seed=100 + seed, page_size=ps, device_capacity=32 * ps,
+                   host_capacity=(16, 24, 64)[seed % 3] * ps, write_policy="write_back",
+                   mix={"insert": 500, "evict_device": 300, "evict_host": 270, "match": 230,
+                        "load_back": 220, "dump": 40, "lock": 60})
+    header = dict(ops[0], host_policy=("duplicate_first", "lru")[seed % 2])
+    a, b = Replayer(header), CoreReplayer(header)
+    seen = {name: 0 for name in _BREAKDOWN}
+    for i, op in enumerate(ops[1:], 1):
+        if op["op"] != "evict_host" or op["n"] <= 0:
+            assert a.apply(i, op) == b.apply(i, op), f"op {i} {op}"
+            continue
+        x, y = a.tree.evict_host(op["n"]), b.storage.tree.evict_host(op["n"])
+        got = [getattr(y, name) for name in _BREAKDOWN]
+        assert got == [getattr(x, name) for name in _BREAKDOWN], f"op {i} {op}: {x} vs {y}"
+        assert y.freed == y.reclaimed_pass1 + y.reclaimed_pass2 + y.lru_evicted
+        for name, v in zip(_BREAKDOWN, got):
+            seen[name] += v
+        assert (a.tree.host_used, a.tree.digest) == (b.tree.host_used, b.tree.digest)
+    # the breakdown's every part is exercised (duplicate_first reclaims, lru does not)
+    assert seen["lru_evicted"] > 0 and seen["freed"] > 0
+    if seed % 2 == 0:
+        assert seen["reclaimed_pass1"] + seen["reclaimed_pass2"] > 0

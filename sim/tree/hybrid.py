@@ -989,18 +989,20 @@ class HybridTree(TreeCore):
                 into.backups.extend(ev.backups)
         if ev.host is not NO_HOST_EVICTION:
             he = cls._host_of(into)
-            he.freed += ev.host.freed
-            he.scanned += ev.host.scanned
+            for name in HostEviction.__slots__:
+                setattr(he, name, getattr(he, name) + getattr(ev.host, name))
 
-    def evict_host(self, n: int, component: str = "full") -> int:
+    def evict_host(self, n: int, component: str = "full", res: Eviction | None = None) -> int:
         """cache ``evict_host`` -> core ``drive_host_eviction``: FULL (duplicate
         reclaim first, then LRU host leaves) or the component (its host LRU).
         Returns what that component's tracker counted (buffer_only: 0, as
-        ``UnifiedRadixCache.evict_host`` returns without evicting)."""
+        ``UnifiedRadixCache.evict_host`` returns without evicting). ``res``: an
+        ``Eviction`` whose ``host`` a FULL eviction's breakdown is added to (the
+        ``HostEviction`` a FULL tree's ``evict_host`` returns)."""
         if self.ht.buffer_only:
             return 0
         if component == "full":
-            return self.full.drive_host_eviction(n, Eviction())
+            return self.full.drive_host_eviction(n, Eviction() if res is None else res)
         return self.aux.drive_host_eviction(n)
 
     # The host-policy API (TreeCore's): the live re-check and one host copy's release.
