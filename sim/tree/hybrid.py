@@ -702,6 +702,7 @@ class HybridTree(TreeCore):
         at once since the parent's FULL is on device."""
         t = len(x.key) * self.page_size
         res.freed += t
+        res.deleted += t
         self.stats.delete_tokens += t
         self.evictable -= t
         self.dev_used -= t
@@ -750,7 +751,9 @@ class HybridTree(TreeCore):
         """core ``_delete_unbacked_device_leaf`` (write_through's unbacked D-leaf):
         every layer freed, the node unlinked, then
         ``_iteratively_delete_tombstone_leaf`` from its parent."""
-        self.stats.delete_tokens += len(x.key) * self.page_size
+        t = len(x.key) * self.page_size
+        self.stats.delete_tokens += t
+        res.deleted += t
         self._release_layers(x, res)
         parent = x.parent
         self._unlink(x, "delete")
@@ -867,6 +870,7 @@ class HybridTree(TreeCore):
         if self.rec is not None:
             self._ev("demote", x, n=t)
         res.freed += t
+        res.demoted += t
         self.stats.demote_tokens += t
         self.evictable -= t
         self.dev_used -= t
