@@ -207,25 +207,11 @@ class CoreReplayer:
         return out
 
     # -- ops
-    def _device_prefix_tokens(self, units: list) -> int:
-        """The tokens of ``units`` on device along the tree, a read (oracle.py
-        ``_device_prefix``): the request's own KV ends there (``prev_prefix_len``)."""
-        tree = self.tree
-        node, pos, n = tree.root, 0, len(units)
-        while pos < n:
-            child = node.children.get(units[pos])
-            if child is None or not child.dev:
-                break
-            p = tree._common(units, pos, child.key)
-            pos += p
-            if p < len(child.key):
-                break
-            node = child
-        return pos * self.page_size
-
     def _op_insert(self, op):
         units = self.units(op["tokens"])
-        r = self.tree.insert(units, self._device_prefix_tokens(units),
+        # the request's own KV ends where the key's device prefix does (oracle.py
+        # ``_device_prefix``: ``prev_prefix_len``)
+        r = self.tree.insert(units, self.tree.device_prefix_len(units) * self.page_size,
                              inserted=op.get("inserted", 0), priority=op.get("priority", 0))
         return {"prefix_len": r.prefix_len, "new": r.new}
 

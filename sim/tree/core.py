@@ -72,6 +72,29 @@ class TreeCore:
             i += 1
         return i
 
+    def device_prefix_len(self, key: list) -> int:
+        """Units of ``key`` resident on device; a read that changes nothing."""
+        return self.device_prefix(key)[0]
+
+    def device_prefix(self, key: list) -> tuple:
+        """``match_full_device_prefix``, a read that changes nothing (no recency, no
+        split): the units of ``key`` resident on device (FULL's device values; where
+        a request's own KV ends, ``prev_prefix_len``), the last whole device node on
+        that path (the root when none) and its depth in units."""
+        node, pos, n = self.root, 0, len(key)
+        depth = 0
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None or not child.dev:
+                break
+            p = self._common(key, pos, child.key)
+            pos += p
+            if p < len(child.key):
+                break
+            node = child
+            depth = pos
+        return pos, node, depth
+
 
     # ------------------------------------------ FULL's host-lock boundary
     # A host lock covers a segment from its anchor up to its ``top``, the node that

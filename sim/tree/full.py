@@ -479,28 +479,6 @@ class Tree(TreeCore):
             self._ev("split", up, child=child.id)
         return up
 
-    def device_prefix_len(self, key: list) -> int:
-        """Units of ``key`` resident on device; a read that changes nothing."""
-        return self.device_prefix(key)[0]
-
-    def device_prefix(self, key: list) -> tuple[int, Node, int]:
-        """A read that changes nothing (no recency, no split): the units of ``key``
-        resident on device, the last whole device node on that path (the root when
-        none) and its depth in units."""
-        node, pos, n = self.root, 0, len(key)
-        depth = 0
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None or not child.dev:
-                break
-            p = self._common(key, pos, child.key)
-            pos += p
-            if p < len(child.key):
-                break
-            node = child
-            depth = pos
-        return pos, node, depth
-
     def match_prefix(self, key: list) -> Match:
         """`match_prefix` (sem §3.2): may split the last node; stamps recency."""
         if not key:
