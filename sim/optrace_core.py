@@ -33,7 +33,7 @@ from __future__ import annotations
 from sim.errors import TreeError
 from sim.optrace import Replayer, read_trace
 from sim.storage.prefetch import PrefetchBook, PrefetchError
-from sim.tree.results import HostEviction
+from sim.tree.results import NO_HOST_EVICTION, Eviction, HostEviction
 from sim.tree.components.none import NoComponent
 from sim.tree.hybrid import HybridTree
 
@@ -60,8 +60,8 @@ def missing_features(path) -> list[str]:
 class _BookTree:
     """What ``PrefetchBook`` (sim/storage/prefetch.py, written against ``Tree``) reads
     of its tree, on the unified core: the host locks are the core's
-    ``inc_host_lock`` / ``dec_host_lock``, a host eviction's result a
-    ``HostEviction`` with the tokens it freed."""
+    ``inc_host_lock`` / ``dec_host_lock``, a host eviction's result the
+    ``HostEviction`` the core's FULL eviction filled."""
 
     def __init__(self, tree: HybridTree):
         self.t = tree
@@ -80,9 +80,11 @@ class _BookTree:
         return ht.host_capacity - ht.host_used - ht.host_reserved
 
     def evict_host(self, n: int) -> HostEviction:
-        res = HostEviction()
-        res.freed = self.t.evict_host(n) if n > 0 else 0
-        return res
+        if n <= 0:
+            return HostEviction()
+        ev = Eviction()
+        self.t.evict_host(n, res=ev)
+        return ev.host if ev.host is not NO_HOST_EVICTION else HostEviction()
 
 
 class CoreReplayer:
@@ -205,25 +207,11 @@ class CoreReplayer:
         return out
 
     # -- ops
-    def _device_prefix_tokens(self, units: list) -> int:
-        """The tokens of ``units`` on device along the tree, a read (oracle.py
-        ``_device_prefix``): the request's own KV ends there (``prev_prefix_len``)."""
-        tree = self.tree
-        node, pos, n = tree.root, 0, len(units)
-        while pos < n:
-            child = node.children.get(units[pos])
-            if child is None or not child.dev:
-                break
-            p = tree._common(units, pos, child.key)
-            pos += p
-            if p < len(child.key):
-                break
-            node = child
-        return pos * self.page_size
-
     def _op_insert(self, op):
         units = self.units(op["tokens"])
-        r = self.tree.insert(units, self._device_prefix_tokens(units),
+        # the request's own KV ends where the key's device prefix does (oracle.py
+        # ``_device_prefix``: ``prev_prefix_len``)
+        r = self.tree.insert(units, self.tree.device_prefix_len(units) * self.page_size,
                              inserted=op.get("inserted", 0), priority=op.get("priority", 0))
         return {"prefix_len": r.prefix_len, "new": r.new}
 

@@ -1,6 +1,8 @@
 """What every tree shares (SGLang 0.5.23 ``unified_cache/unified_tree_core.py``,
 ``UnifiedTreeCore``): node ids and the logical clock, the page-wise key comparison,
-a node's path from the root, the per-op event record.
+a node's path from the root, the per-op event record, the device-prefix read
+(``match_full_device_prefix``) and the storage refill (``insert_host``), each tree
+supplying the hooks that touch its own counters.
 
 ``Tree`` (``full.py``, FULL only) and ``HybridTree`` (``hybrid.py``, FULL and one
 more component) are built on it; each sets ``_node_cls``, its node class.
@@ -13,6 +15,9 @@ comparison per page. Token counts are ``units * page_size``.
 from __future__ import annotations
 
 from typing import Iterable
+
+from sim.errors import InvariantError
+from sim.tree.results import HostInsert
 
 
 class TreeCore:
@@ -71,6 +76,119 @@ class TreeCore:
         while i < lim and key[pos + i] == nkey[i]:
             i += 1
         return i
+
+    def device_prefix_len(self, key: list) -> int:
+        """Units of ``key`` resident on device; a read that changes nothing."""
+        return self.device_prefix(key)[0]
+
+    def device_prefix(self, key: list) -> tuple:
+        """``match_full_device_prefix``, a read that changes nothing (no recency, no
+        split): the units of ``key`` resident on device (FULL's device values; where
+        a request's own KV ends, ``prev_prefix_len``), the last whole device node on
+        that path (the root when none) and its depth in units."""
+        node, pos, n = self.root, 0, len(key)
+        depth = 0
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None or not child.dev:
+                break
+            p = self._common(key, pos, child.key)
+            pos += p
+            if p < len(child.key):
+                break
+            node = child
+            depth = pos
+        return pos, node, depth
+
+    def insert_host(self, anchor, key: list) -> HostInsert:
+        """`UnifiedTreeCore.insert_host(node_id, key, host_value, hash_value)`
+        (unified_tree_core.py): graft a storage prefetch's fetched ``key`` (units,
+        the pages after ``anchor``'s path) onto the host tier below ``anchor``.
+
+        SGLang calls it from `UnifiedRadixCache._handle_prefetch_result`
+        (unified_radix_cache.py) with the rank-agreed completed tokens. Step by step:
+
+        * `_touch_node(anchor)`: one clock draw, even for an empty key (which then
+          returns at once: prefix 0, no node).
+        * The walk: each child whose first page matches is touched (one draw, before
+          a split check), matched page-wise and split where the key diverges
+          (`_split_node`: as insert's split; a pending write_through publish list is
+          patched). Under write_back nothing else happens to the nodes walked: the
+          fetched slots for them are freed by the caller (``prefix_tokens`` counts
+          every matched token), even for a device-only node, which stays
+          device-only. Under write_through a node without a host copy is refilled
+          with the fetched slots (host on, leaf sets, duplicate tracking); a node
+          that already has one adds its tokens to ``prefix_tokens``. A backed node
+          below a refilled one is SGLang's assertion, here an ``InvariantError``.
+        * Key exhausted: ``node`` is the last node walked if it is not the root and
+          was refilled or holds a host copy.
+        * Key left: under write_through, a non-root, un-backed last node drops the
+          whole refill (``dropped``; the caller frees every fetched slot). Else a new
+          host-only leaf takes the rest (`_new_node(priority=node.priority)`: one id,
+          two draws), and the leaf sets of it and its parent are refreshed.
+
+        Host slots: the fetched slots are the caller's (``host_reserved``); the
+        tree adopts ``refilled_tokens + new_tokens`` of them. The anchor's host lock,
+        taken at `prefetch_from_storage`, is the caller's to release.
+        """
+        res = HostInsert()
+        self._touch(anchor)
+        if not key:
+            return res
+        ps = self.page_size
+        wt = self._writes_through()
+        node, pos, n = anchor, 0, len(key)
+        host_prefix = 0
+        refilled = None
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            self._touch(child)
+            ckey = child.key
+            p = self._common(key, pos, ckey)
+            if p < len(ckey):
+                child = self._split(child, p)
+                res.split = True
+            pos += p
+            node = child
+            if wt:
+                if not child.host:
+                    self._host_on(child)
+                    self._refresh(child)
+                    self._refresh(child.parent)
+                    self._track(child)
+                    refilled = child
+                    res.refilled_tokens += p * ps
+                    if self.rec is not None:
+                        self._ev("refill", child, n=p * ps)
+                else:
+                    if refilled is not None:
+                        raise InvariantError(
+                            f"node {child.id}: write-through host-prefix invariant broken: "
+                            f"backed node below refilled node {refilled.id}")
+                    host_prefix += p
+        res.prefix_tokens = (host_prefix if wt else pos) * ps
+        if pos == n:
+            if node is not self.root and (refilled is not None or node.host):
+                res.node = node
+            return res
+        if node is not self.root and not node.host and wt:
+            res.dropped = True
+            return res
+        leaf = self._new_node(key[pos:], node)
+        leaf.priority = node.priority
+        leaf.dev = False
+        node.children[key[pos]] = leaf
+        self.n_nodes += 1
+        self._host_on(leaf)
+        self._refresh(leaf)
+        self._refresh(node)
+        res.node = leaf
+        res.new_tokens = (n - pos) * ps
+        if self.rec is not None:
+            self._ev("host_new", leaf, n=res.new_tokens)
+        return res
 
 
     # ------------------------------------------ FULL's host-lock boundary

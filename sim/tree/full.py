@@ -479,28 +479,6 @@ class Tree(TreeCore):
             self._ev("split", up, child=child.id)
         return up
 
-    def device_prefix_len(self, key: list) -> int:
-        """Units of ``key`` resident on device; a read that changes nothing."""
-        return self.device_prefix(key)[0]
-
-    def device_prefix(self, key: list) -> tuple[int, Node, int]:
-        """A read that changes nothing (no recency, no split): the units of ``key``
-        resident on device, the last whole device node on that path (the root when
-        none) and its depth in units."""
-        node, pos, n = self.root, 0, len(key)
-        depth = 0
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None or not child.dev:
-                break
-            p = self._common(key, pos, child.key)
-            pos += p
-            if p < len(child.key):
-                break
-            node = child
-            depth = pos
-        return pos, node, depth
-
     def match_prefix(self, key: list) -> Match:
         """`match_prefix` (sem §3.2): may split the last node; stamps recency."""
         if not key:
@@ -1015,94 +993,15 @@ class Tree(TreeCore):
             x = x.parent
 
     # ------------------------------------------------- storage (L3) prefetch
-    def insert_host(self, anchor: Node, key: list) -> HostInsert:
-        """`UnifiedTreeCore.insert_host(node_id, key, host_value, hash_value)`
-        (unified_tree_core.py): graft a storage prefetch's fetched ``key`` (units,
-        the pages after ``anchor``'s path) onto the host tier below ``anchor``.
+    # insert_host's hooks (TreeCore.insert_host)
+    def _touch(self, node: Node) -> None:
+        self._set_time(node, self._tick())
 
-        SGLang calls it from `UnifiedRadixCache._handle_prefetch_result`
-        (unified_radix_cache.py) with the rank-agreed completed tokens. Step by step:
+    def _writes_through(self) -> bool:
+        return not self.write.write_back
 
-        * `_touch_node(anchor)`: one clock draw, even for an empty key (which then
-          returns at once: prefix 0, no node).
-        * The walk: each child whose first page matches is touched (one draw, before
-          a split check), matched page-wise and split where the key diverges
-          (`_split_node`: as insert's split; a pending write_through publish list is
-          patched). Under write_back nothing else happens to the nodes walked: the
-          fetched slots for them are freed by the caller (``prefix_tokens`` counts
-          every matched token), even for a device-only node, which stays
-          device-only. Under write_through a node without a host copy is refilled
-          with the fetched slots (host on, leaf sets, duplicate tracking); a node
-          that already has one adds its tokens to ``prefix_tokens``. A backed node
-          below a refilled one is SGLang's assertion, here an ``InvariantError``.
-        * Key exhausted: ``node`` is the last node walked if it is not the root and
-          was refilled or holds a host copy.
-        * Key left: under write_through, a non-root, un-backed last node drops the
-          whole refill (``dropped``; the caller frees every fetched slot). Else a new
-          host-only leaf takes the rest (`_new_node(priority=node.priority)`: one id,
-          two draws), and the leaf sets of it and its parent are refreshed.
-
-        Host slots: the fetched slots are the caller's (``host_reserved``); the
-        tree adopts ``refilled_tokens + new_tokens`` of them. The anchor's host lock,
-        taken at `prefetch_from_storage`, is the caller's to release.
-        """
-        res = HostInsert()
-        self._set_time(anchor, self._tick())
-        if not key:
-            return res
-        ps = self.page_size
-        write_back = self.write.write_back
-        node, pos, n = anchor, 0, len(key)
-        host_prefix = 0
-        refilled = None
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            self._set_time(child, self._tick())
-            p = self._common(key, pos, child.key)
-            if p < len(child.key):
-                child = self._split(child, p)
-                res.split = True
-            pos += p
-            node = child
-            if not write_back:
-                if not child.host:
-                    self._set_host(child, True)
-                    self._refresh(child)
-                    self._refresh(child.parent)
-                    self._track(child)
-                    refilled = child
-                    k = p * ps
-                    res.refilled_tokens += k
-                    if self.rec is not None:
-                        self._ev("refill", child, n=k)
-                else:
-                    if refilled is not None:
-                        raise InvariantError(
-                            f"node {child.id}: write-through host-prefix invariant broken: "
-                            f"backed node below refilled node {refilled.id}")
-                    host_prefix += p
-        res.prefix_tokens = (pos if write_back else host_prefix) * ps
-        if pos == n:
-            if node is not self.root and (refilled is not None or node.host):
-                res.node = node
-            return res
-        if node is not self.root and not node.host and not write_back:
-            res.dropped = True
-            return res
-        leaf = self._new_node(key[pos:], node)
-        leaf.priority = node.priority
-        node.children[key[pos]] = leaf
-        self.n_nodes += 1
-        self._set_host(leaf, True)
-        self._refresh(leaf)
-        self._refresh(node)
-        res.node = leaf
-        res.new_tokens = (n - pos) * ps
-        if self.rec is not None:
-            self._ev("host_new", leaf, n=res.new_tokens)
-        return res
+    def _host_on(self, node: Node) -> None:
+        self._set_host(node, True)
 
     def node_by_id(self, nid: int) -> Node | None:
         """The live node with id ``nid`` (the root included), or None. A walk: for

@@ -702,6 +702,7 @@ class HybridTree(TreeCore):
         at once since the parent's FULL is on device."""
         t = len(x.key) * self.page_size
         res.freed += t
+        res.deleted += t
         self.stats.delete_tokens += t
         self.evictable -= t
         self.dev_used -= t
@@ -750,7 +751,9 @@ class HybridTree(TreeCore):
         """core ``_delete_unbacked_device_leaf`` (write_through's unbacked D-leaf):
         every layer freed, the node unlinked, then
         ``_iteratively_delete_tombstone_leaf`` from its parent."""
-        self.stats.delete_tokens += len(x.key) * self.page_size
+        t = len(x.key) * self.page_size
+        self.stats.delete_tokens += t
+        res.deleted += t
         self._release_layers(x, res)
         parent = x.parent
         self._unlink(x, "delete")
@@ -867,6 +870,7 @@ class HybridTree(TreeCore):
         if self.rec is not None:
             self._ev("demote", x, n=t)
         res.freed += t
+        res.demoted += t
         self.stats.demote_tokens += t
         self.evictable -= t
         self.dev_used -= t
@@ -989,18 +993,20 @@ class HybridTree(TreeCore):
                 into.backups.extend(ev.backups)
         if ev.host is not NO_HOST_EVICTION:
             he = cls._host_of(into)
-            he.freed += ev.host.freed
-            he.scanned += ev.host.scanned
+            for name in HostEviction.__slots__:
+                setattr(he, name, getattr(he, name) + getattr(ev.host, name))
 
-    def evict_host(self, n: int, component: str = "full") -> int:
+    def evict_host(self, n: int, component: str = "full", res: Eviction | None = None) -> int:
         """cache ``evict_host`` -> core ``drive_host_eviction``: FULL (duplicate
         reclaim first, then LRU host leaves) or the component (its host LRU).
         Returns what that component's tracker counted (buffer_only: 0, as
-        ``UnifiedRadixCache.evict_host`` returns without evicting)."""
+        ``UnifiedRadixCache.evict_host`` returns without evicting). ``res``: an
+        ``Eviction`` whose ``host`` a FULL eviction's breakdown is added to (the
+        ``HostEviction`` a FULL tree's ``evict_host`` returns)."""
         if self.ht.buffer_only:
             return 0
         if component == "full":
-            return self.full.drive_host_eviction(n, Eviction())
+            return self.full.drive_host_eviction(n, Eviction() if res is None else res)
         return self.aux.drive_host_eviction(n)
 
     # The host-policy API (TreeCore's): the live re-check and one host copy's release.
@@ -1066,77 +1072,17 @@ class HybridTree(TreeCore):
             raise HybridTreeError(f"unstage_host({n}) with {self.ht.host_reserved} staged")
         self.ht.host_reserved -= n
 
-    def insert_host(self, anchor: HNode, key: list) -> HostInsert:
-        """core ``insert_host(node_id, key, host_value)``: graft a prefetch's fetched
-        ``key`` (units after ``anchor``'s path) onto the host tier below ``anchor``
-        (cache ``_handle_prefetch_result``), as sim/tree/full.py ``Tree.insert_host``
-        describes step by step: ``_touch_node`` of the anchor and of each child
-        walked, splits where the key diverges; write_through refills a walked node
-        without a host copy (``refill``) and counts only backed nodes in
-        ``prefix_tokens``; what is left becomes a host-only leaf (``host_new``) with
-        its parent's priority, unless write_through ends on an un-backed non-root
-        node (``dropped``). FULL's host values only (the FULL-only core's)."""
-        res = HostInsert()
-        anchor.last_access = self._tick()
-        if not key:
-            return res
-        ps = self.page_size
-        wt = self.ht.wt
-        node, pos, n = anchor, 0, len(key)
-        host_prefix = 0
-        refilled = None
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            child.last_access = self._tick()
-            ckey = child.key
-            p = self._common(key, pos, ckey)
-            if p < len(ckey):
-                child = self._split(child, p)
-                res.split = True
-            pos += p
-            node = child
-            if wt:
-                if not child.host:
-                    child.host = True
-                    self.ht.host_used += len(child.key) * ps
-                    self._refresh(child)
-                    self._refresh(child.parent)
-                    self._track(child)
-                    refilled = child
-                    res.refilled_tokens += p * ps
-                    if self.rec is not None:
-                        self._ev("refill", child, n=p * ps)
-                else:
-                    if refilled is not None:
-                        raise HybridInvariantError(
-                            f"node {child.id}: write-through host-prefix invariant broken: "
-                            f"backed node below refilled node {refilled.id}")
-                    host_prefix += p
-        res.prefix_tokens = (host_prefix if wt else pos) * ps
-        if pos == n:
-            if node is not self.root and (refilled is not None or node.host):
-                res.node = node
-            return res
-        if node is not self.root and not node.host and wt:
-            res.dropped = True
-            return res
-        leaf = self._new_node(key[pos:], node)
-        leaf.priority = node.priority
-        leaf.dev = False
-        node.children[key[pos]] = leaf
-        self.n_nodes += 1
-        t = (n - pos) * ps
-        leaf.host = True
-        self.ht.host_used += t
-        self._refresh(leaf)
-        self._refresh(node)
-        res.node = leaf
-        res.new_tokens = t
-        if self.rec is not None:
-            self._ev("host_new", leaf, n=t)
-        return res
+    # insert_host's hooks (TreeCore.insert_host; FULL's host values only: the
+    # FULL-only core's)
+    def _touch(self, node: HNode) -> None:
+        node.last_access = self._tick()
+
+    def _writes_through(self) -> bool:
+        return self.ht.wt
+
+    def _host_on(self, node: HNode) -> None:
+        node.host = True
+        self.ht.host_used += len(node.key) * self.page_size
 
     def load_back(self, match: HybridMatch, lid, holds: bool | None = None) -> HybridLoad:
         """cache ``init_load_back`` + ``load_back``: start the H->D load of the

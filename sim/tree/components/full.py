@@ -141,7 +141,16 @@ class FullComponent:
         # drive_host_eviction: the duplicate reclaim runs under write_back only.
         policy = ht.host_policy
         if not ht.wt and policy.reclaims:
-            freed = policy.reclaim(t, n).freed
+            r = policy.reclaim(t, n)
+            freed = r.freed
+            # the breakdown the FULL engine reads (sim.tree.results.HostEviction);
+            # most reclaims free nothing and meet no stale entry
+            if freed or r.swept:
+                he = t._host_of(op)
+                he.reclaimed_pass1 += r.pass1
+                he.reclaimed_pass2 += r.pass2
+                he.swept += r.swept
+        lru = 0
         if freed < n:
             # the leaf walk, when the reclaim left some to free
             prio = self.prio
@@ -152,13 +161,17 @@ class FullComponent:
                 _, _, x = heapq.heappop(heap)
                 if x not in h_leaves:
                     continue
-                freed += t._evict_hleaf(x, res)[0]
+                k = t._evict_hleaf(x, res)[0]
+                freed += k
+                lru += k
                 p = x.parent
                 if p is not None and p in h_leaves:
                     heapq.heappush(heap, (p.last_access if prio is _LRU_PRIORITY else prio(p),
                                           p.id, p))
         if freed:
-            t._host_of(op).freed += freed
+            he = t._host_of(op)
+            he.freed += freed
+            he.lru_evicted += lru
         return freed
 
     # ------------------------------------------------------------- host locks
