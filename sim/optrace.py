@@ -65,6 +65,20 @@ PATH_CACHE = 1 << 16
 _dumps = jsonl.dumps
 
 
+def node_at(tree, units: list):
+    """The node of ``tree`` whose path is exactly ``units`` (a read), or TreeError:
+    the node a buffer_only op names (docs/OPTRACE.md §15), on either tree."""
+    node, pos = tree.root, 0
+    while pos < len(units):
+        node = node.children.get(units[pos])
+        if node is None or units[pos:pos + len(node.key)] != list(node.key):
+            raise TreeError("unknown_node")
+        pos += len(node.key)
+    if node is tree.root:
+        raise TreeError("unknown_node")
+    return node
+
+
 class Replayer:
     """Applies op-trace operations to one tree and renders SGLang-format outputs."""
 
@@ -268,16 +282,7 @@ class Replayer:
 
     # -- buffer_only, docs/OPTRACE.md §15
     def _node_at(self, units):
-        """The node whose path is exactly ``units`` (a read), or TreeError."""
-        node, pos = self.tree.root, 0
-        while pos < len(units):
-            node = node.children.get(units[pos])
-            if node is None or units[pos:pos + len(node.key)] != list(node.key):
-                raise TreeError("unknown_node")
-            pos += len(node.key)
-        if node is self.tree.root:
-            raise TreeError("unknown_node")
-        return node
+        return node_at(self.tree, units)
 
     def _op_buffer_stage(self, op):
         if not self.tree.buffer_only:

@@ -31,7 +31,7 @@ up front).
 from __future__ import annotations
 
 from sim.errors import TreeError
-from sim.optrace import Replayer, read_trace
+from sim.optrace import Replayer, node_at, read_trace
 from sim.storage.prefetch import PrefetchBook, PrefetchError
 from sim.tree.results import NO_HOST_EVICTION, Eviction, HostEviction
 from sim.tree.components.none import NoComponent
@@ -264,16 +264,7 @@ class CoreReplayer:
 
     # -- buffer_only, docs/OPTRACE.md §15 (as sim/optrace.py's Replayer)
     def _node_at(self, units):
-        """The node whose path is exactly ``units`` (a read), or TreeError."""
-        node, pos = self.tree.root, 0
-        while pos < len(units):
-            node = node.children.get(units[pos])
-            if node is None or units[pos:pos + len(node.key)] != list(node.key):
-                raise TreeError("unknown_node")
-            pos += len(node.key)
-        if node is self.tree.root:
-            raise TreeError("unknown_node")
-        return node
+        return node_at(self.tree, units)
 
     def _op_buffer_stage(self, op):
         tree = self.tree
