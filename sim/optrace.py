@@ -311,6 +311,10 @@ class Replayer:
         return {}
 
     # -- storage (L3), docs/OPTRACE.md §14
+    def _held(self) -> int:
+        """Host slots staged prefetches hold (each storage op's ``held``)."""
+        return self.tree.host_reserved
+
     def _op_prefetch(self, op):
         units = self.units(op["tokens"])
         if op["id"] in self.storage.prefetches:
@@ -328,18 +332,18 @@ class Replayer:
         out = {"staged": res.staged, "freed": res.host.freed}
         if res.reason is not None:
             out["reason"] = res.reason
-        out["held"] = self.tree.host_reserved
+        out["held"] = self._held()
         return out
 
     def _op_prefetch_done(self, op):
         res, loaded = self.storage.done(op["id"], op["n"])
         return {"prefix_len": res.prefix_tokens, "loaded": loaded,
                 "node": None if res.node is None else res.node.id, "dropped": res.dropped,
-                "held": self.tree.host_reserved}
+                "held": self._held()}
 
     def _op_prefetch_revoke(self, op):
         self.storage.revoke(op["id"])
-        return {"held": self.tree.host_reserved}
+        return {"held": self._held()}
 
     def _op_storage_write(self, op):
         if op["id"] in self.storage.writes:

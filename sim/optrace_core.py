@@ -31,7 +31,7 @@ up front).
 from __future__ import annotations
 
 from sim.errors import TreeError
-from sim.optrace import Replayer, node_at, read_trace
+from sim.optrace import Replayer, read_trace
 from sim.storage.prefetch import PrefetchBook, PrefetchError
 from sim.tree.results import NO_HOST_EVICTION, Eviction, HostEviction
 from sim.tree.components.none import NoComponent
@@ -87,16 +87,13 @@ class _BookTree:
         return ev.host if ev.host is not NO_HOST_EVICTION else HostEviction()
 
 
-class CoreReplayer:
+class CoreReplayer(Replayer):
     """Applies FULL op-trace operations to ``HybridTree(NoComponent())`` and renders
-    ``sim/optrace.py``'s output lines."""
+    ``sim/optrace.py``'s output lines: ``Replayer``'s, with the ops whose tree calls
+    differ on the core (its inserts take the request's ``prev``, its locks return
+    receipts, its evictions their own results) and its event record's rendering."""
 
-    # paths of nodes, as sim/optrace.py's Replayer keeps them
-    path = Replayer.path
-    units = Replayer.units
-    key_tokens = Replayer.key_tokens
-
-    def __init__(self, header: dict):
+    def __init__(self, header: dict):  # a Replayer of its own: no Tree is built
         if "components" in header:
             raise UnsupportedByCore("hybrid trace (sim/hybrid/replay.py)")
         self.header = header
@@ -131,28 +128,10 @@ class CoreReplayer:
         if header.get("storage_writes") == "auto":
             self.tree.ht.on_host_backup = self._auto_write
 
-    def _host_alloc_fails(self) -> bool:
-        attempt = self._attempt
-        self._attempt += 1
-        return (self._op_index, attempt) in self._alloc_failures
-
-    def _auto_write(self, node) -> None:
-        if node is self.tree.root or not node.host:
-            return  # build_storage_backup_spec returns None: nothing written, no id
-        n = self._n_auto + 1
-        while f"s{n}" in self.storage.writes:  # an explicit write holds that id
-            n += 1
-        self._n_auto = n
-        self.storage.write(f"s{n}", node)
-        self._auto_writes.append(f"s{n}")
-
     def summary(self) -> dict:
         t = self.tree
         return {"digest": t.digest, "dev": t.dev_used, "host": t.host_used,
                 "evictable": t.evictable, "protected": t.protected, "nodes": t.n_nodes}
-
-    def header_output(self) -> dict:
-        return {"i": 0, "op": "header", "events": [], **self.summary()}
 
     def apply(self, i: int, op: dict) -> dict:
         kind = op["op"]
@@ -219,9 +198,6 @@ class CoreReplayer:
         m = self.tree.match_prefix(self.units(op["tokens"]))
         return m, {"device_len": m.device_len, "host_len": m.host_len}
 
-    def _op_match(self, op):
-        return self._match(op)[1]
-
     def _op_evict_device(self, op):
         return {"freed": self.tree.evict(op["n"]).freed}
 
@@ -235,12 +211,6 @@ class CoreReplayer:
         m, out = self._match(op)
         out.update(self.tree.load_back(m, lid).as_dict())
         return out
-
-    def _op_load_back_ack(self, op):
-        if op["id"] not in self.tree.loads:
-            raise TreeError("unknown_load_back_id")
-        self.tree.finish_load_back(op["id"])
-        return {}
 
     def _op_lock(self, op):
         if op["id"] in self.locks:
@@ -262,10 +232,7 @@ class CoreReplayer:
         self.tree.write_ack(op["id"])
         return {}
 
-    # -- buffer_only, docs/OPTRACE.md §15 (as sim/optrace.py's Replayer)
-    def _node_at(self, units):
-        return node_at(self.tree, units)
-
+    # -- buffer_only, docs/OPTRACE.md §15
     def _op_buffer_stage(self, op):
         tree = self.tree
         if not tree.ht.buffer_only:
@@ -292,36 +259,9 @@ class CoreReplayer:
         self.tree.dec_lock(receipt)
         return {}
 
-    # -- storage (L3), docs/OPTRACE.md §14 (as sim/optrace.py's Replayer)
-    def _op_prefetch(self, op):
-        units = self.units(op["tokens"])
-        if op["id"] in self.storage.prefetches:
-            raise PrefetchError("duplicate_prefetch_id")
-        m = self.tree.match_prefix(units)
-        res = self.storage.issue(op["id"], m, units)
-        out = {"device_len": m.device_len, "host_len": m.host_len, "anchor": res.anchor.id,
-               "requested": res.requested, "issued": res.reason is None}
-        if res.reason is not None:
-            out["reason"] = res.reason
-        return out
-
-    def _op_prefetch_hit(self, op):
-        res = self.storage.hit(op["id"], op["n"])
-        out = {"staged": res.staged, "freed": res.host.freed}
-        if res.reason is not None:
-            out["reason"] = res.reason
-        out["held"] = self.tree.ht.host_reserved
-        return out
-
-    def _op_prefetch_done(self, op):
-        res, loaded = self.storage.done(op["id"], op["n"])
-        return {"prefix_len": res.prefix_tokens, "loaded": loaded,
-                "node": None if res.node is None else res.node.id, "dropped": res.dropped,
-                "held": self.tree.ht.host_reserved}
-
-    def _op_prefetch_revoke(self, op):
-        self.storage.revoke(op["id"])
-        return {"held": self.tree.ht.host_reserved}
+    # -- storage (L3), docs/OPTRACE.md §14
+    def _held(self) -> int:
+        return self.tree.ht.host_reserved
 
     def _op_storage_write(self, op):
         if op["id"] in self.storage.writes:
@@ -333,14 +273,6 @@ class CoreReplayer:
         if node is None:
             raise TreeError("unknown_node")
         return {"written": self.storage.write(op["id"], node)}
-
-    def _op_storage_write_ack(self, op):
-        self.storage.write_ack(op["id"])
-        return {}
-
-    def _op_skip_ids(self, op):
-        self.tree.skip_ids(op["n"])
-        return {}
 
     def _op_dump(self, op):
         tree = self.tree
