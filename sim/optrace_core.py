@@ -219,13 +219,6 @@ class CoreReplayer(Replayer):
         self.locks[op["id"]] = self.tree.inc_lock(m.dnode)
         return out
 
-    def _op_unlock(self, op):
-        receipt = self.locks.pop(op["id"], None)
-        if receipt is None:
-            raise TreeError("unknown_lock_id")
-        self.tree.dec_lock(receipt)
-        return {}
-
     def _op_write_ack(self, op):
         if op["id"] not in self.tree.writes:
             raise TreeError("unknown_write_id")
@@ -251,13 +244,6 @@ class CoreReplayer(Replayer):
             raise TreeError("bad_pin")
         self.pins[op["id"]] = self.tree.inc_lock(node)
         return {"node": node.id}
-
-    def _op_unpin(self, op):
-        receipt = self.pins.pop(op["id"], None)
-        if receipt is None:
-            raise TreeError("unknown_pin_id")
-        self.tree.dec_lock(receipt)
-        return {}
 
     # -- storage (L3), docs/OPTRACE.md §14
     def _held(self) -> int:
