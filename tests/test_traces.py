@@ -19,8 +19,8 @@ from sim.workloads.traces import (
     AgenticReader,
     GenericReader,
     MooncakeReader,
+    Timestamps,
     _intern_prefix,
-    trace_timestamps,
 )
 
 
@@ -314,13 +314,13 @@ def test_generic_csv_header_is_checked(tmp_path):
         list(GenericReader(p, block_size=16))
 
 
-def test_trace_timestamps(tmp_path, traces):
-    ts = list(trace_timestamps(traces / "mooncake-fast25" / "synthetic_trace.jsonl.gz", "mooncake"))
+def test_Timestamps(tmp_path, traces):
+    ts = list(Timestamps(traces / "mooncake-fast25" / "synthetic_trace.jsonl.gz", "mooncake"))
     assert len(ts) == 3993 and ts == sorted(ts)
     p = _write(tmp_path, "t.txt", ["0", "1", "x", "2"])
     with pytest.raises(InputFormatError, match=":3: "):
-        list(trace_timestamps(p, "lines"))
-    assert list(trace_timestamps(p, "lines", skip_bad_lines=True)) == [0.0, 1.0, 2.0]
+        list(Timestamps(p, "lines"))
+    assert list(Timestamps(p, "lines", skip_bad_lines=True)) == [0.0, 1.0, 2.0]
 
 
 def test_a_generators_skipped_arrival_lines_reach_the_summary(tmp_path):
@@ -348,7 +348,7 @@ def _read_all(kind: str, path: Path, skip: bool):
         return list(GenericReader(path, block_size=16, skip_bad_lines=skip))
     if kind == "agentic":
         return list(AgenticReader(path, skip_bad_lines=skip))
-    return list(trace_timestamps(path, "lines", skip_bad_lines=skip))
+    return list(Timestamps(path, "lines", skip_bad_lines=skip))
 
 
 SUFFIX = {"mooncake": ".jsonl", "generic": ".jsonl", "csv": ".csv", "agentic": ".json", "lines": ".txt"}

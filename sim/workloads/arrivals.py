@@ -42,11 +42,6 @@ def arrivals(spec, rng: np.random.Generator) -> tuple[Iterator[float], Timestamp
     return _synthetic(spec, rng), None
 
 
-def arrival_times(spec, rng: np.random.Generator) -> Iterator[float]:
-    """``arrivals``' times alone."""
-    return arrivals(spec, rng)[0]
-
-
 def _synthetic(spec, rng: np.random.Generator) -> Iterator[float]:
     t = 0.0
     yield t

@@ -740,11 +740,6 @@ class Timestamps:
             raise _empty(self.path, self.skipped, "arrival times")
 
 
-def trace_timestamps(path, fmt: str, *, skip_bad_lines: bool = False) -> Iterator[float]:
-    """``Timestamps``' times, for a caller that needs no skip count."""
-    return iter(Timestamps(path, fmt, skip_bad_lines=skip_bad_lines))
-
-
 def _timestamps(path, fmt: str, reader: Timestamps) -> Iterator[float]:
     skip_bad_lines = reader.skip_bad_lines
     if fmt in ("mooncake", "generic"):
