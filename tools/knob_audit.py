@@ -325,6 +325,7 @@ RULES: dict[str, object] = {
     "_Generator.block_size": Changes("quick", "workload.block_size=16"),
     "_Generator.num_requests": Changes("quick", ["workload.num_requests=20"]),
     "_Generator.rate_scale": Changes("quick", "workload.rate_scale=4"),
+    "_Generator.output_tokens": Changes("quick", "workload.output_tokens={dist: lognormal, mean: 32, cv: 1.0}"),
     "Poisson.process": Changes("quick", "workload.arrival={process: bursty, rate: 1.0}"),
     "Poisson.rate": Changes("quick", "workload.arrival.rate=4"),
     "Bursty.process": Changes("bursty", "workload.arrival={process: poisson, rate: 1.0}"),
@@ -439,7 +440,7 @@ def leaves() -> dict[str, str]:
         for name, f in model.model_fields.items():
             subs = [a for a in _flat(f.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
             label = f"{_owner(model, name).__name__}.{name}"
-            if Dist in subs and label != "_Generator.output_tokens":
+            if Dist in subs:
                 out.setdefault(label, prefix + name)
             if subs:
                 for sub in subs:
