@@ -6,10 +6,9 @@ Reports ops/s at page sizes 1 and 64 and the share of time spent in duplicate
 reclaim. The trace is generated first (not timed) and replayed through the Tree API
 without event recording, which is how the simulator drives the tree.
 
-Then the unified core with FULL alone (``HybridTree(NoComponent())``,
-sim/tree/components/none.py) against ``Tree`` on the same traces: CPU time
-(``time.process_time``) of each replay, the two interleaved round by round, min and
-median of ``--rounds`` (5), and the core's time over Tree's.
+Then the CPU time (``time.process_time``) of each replay, min and median of
+``--rounds`` (5), which is what two checkouts are compared on (``Tree`` is the
+unified core with FULL alone, ``HybridTree(NoComponent())``).
 
 Then the hybrid trees (sim/hybrid, docs/HYBRID.md): ops/s of the (FULL, SWA) and
 (FULL, MAMBA) trees on generated hybrid traces (sim/hybrid/gen.py), and, when the
@@ -37,8 +36,6 @@ from sim.optrace_gen import generate  # noqa: E402
 from sim.hybrid.gen import generate as generate_hybrid  # noqa: E402
 from sim.hybrid.replay import HybridReplayer, make_tree  # noqa: E402
 from sim.tree import Tree  # noqa: E402
-from sim.tree.components.none import NoComponent  # noqa: E402
-from sim.tree.hybrid import HybridTree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # (label, kind, generator options): hybrid traces with the conformance cases' shapes.
@@ -122,68 +119,19 @@ def cpu_tree(ops, ps):
     return time.process_time() - t0, (tree.dev_used, tree.host_used, tree.n_nodes, tree.digest)
 
 
-def cpu_core(ops, ps):
-    """CPU seconds of the unified core with FULL alone replaying ``ops``. An insert's
-    ``prev`` is the key's device prefix (what the FULL oracle passes as
-    ``prev_prefix_len``), read inside the timed loop as ``Tree.insert``'s room check
-    reads it."""
-    h = ops[0]
-    tree = HybridTree(NoComponent(), device_capacity=h["device_capacity"], aux_capacity=0,
-                      host_capacity=h["host_capacity"], page_size=ps,
-                      write_policy=h["write_policy"], load_back_threshold=1)
-    keyed = _keyed(ops, ps)
-    locks = {}
-    root, common = tree.root, tree._common
-    t0 = time.process_time()
-    for kind, key, op in keyed:
-        if kind == "insert":
-            node, pos, n = root, 0, len(key)
-            while pos < n:
-                child = node.children.get(key[pos])
-                if child is None or not child.dev:
-                    break
-                p = common(key, pos, child.key)
-                pos += p
-                if p < len(child.key):
-                    break
-                node = child
-            tree.insert(key, pos * ps)
-        elif kind == "match":
-            tree.match_prefix(key)
-        elif kind == "evict_device":
-            tree.evict(op["n"])
-        elif kind == "evict_host":
-            tree.evict_host(op["n"])
-        elif kind == "load_back":
-            tree.load_back(tree.match_prefix(key), op["id"])
-        elif kind == "load_back_ack":
-            tree.finish_load_back(op["id"])
-        elif kind == "lock":
-            locks[op["id"]] = tree.inc_lock(tree.match_prefix(key).dnode)
-        elif kind == "unlock":
-            tree.dec_lock(locks.pop(op["id"]))
-    return time.process_time() - t0, (tree.dev_used, tree.host_used, tree.n_nodes, tree.digest)
-
-
-def core_main(traces, rounds):
-    """The unified core against Tree: CPU time, interleaved, min / median of rounds."""
-    print(f"\nunified core (HybridTree with NoComponent) vs Tree, CPU s, interleaved, "
-          f"{rounds} rounds")
-    print(f"{'page':>5} {'tree min':>9} {'tree med':>9} {'core min':>9} {'core med':>9} "
-          f"{'core/tree min':>14} {'med':>6}")
+def cpu_main(traces, rounds):
+    """``Tree``'s CPU seconds per replay: min / median of ``rounds``, each checked to
+    end in the same tree (tokens on each tier, nodes, digest)."""
+    print(f"\nTree replay, CPU s, {rounds} rounds")
+    print(f"{'page':>5} {'min':>7} {'median':>7}")
     for ps, ops in traces:
-        t_tree, t_core = [], []
+        times, ends = [], set()
         for _ in range(rounds):
-            a, end_a = cpu_tree(ops, ps)
-            b, end_b = cpu_core(ops, ps)
-            # same trace, same final tree (tokens on each tier, nodes, digest)
-            assert end_a == end_b, (end_a, end_b)
-            t_tree.append(a)
-            t_core.append(b)
-        mt, mc = min(t_tree), min(t_core)
-        dt, dc = statistics.median(t_tree), statistics.median(t_core)
-        print(f"{ps:>5} {mt:>9.2f} {dt:>9.2f} {mc:>9.2f} {dc:>9.2f} {mc / mt:>13.2f}x "
-              f"{dc / dt:>5.2f}x")
+            t, end = cpu_tree(ops, ps)
+            times.append(t)
+            ends.add(end)
+        assert len(ends) == 1, ends
+        print(f"{ps:>5} {min(times):>7.2f} {statistics.median(times):>7.2f}")
 
 
 def main():
@@ -195,7 +143,7 @@ def main():
                     help="skip timing SGLang's core for the hybrid ratio")
     ap.add_argument("--hybrid-only", action="store_true")
     ap.add_argument("--rounds", type=int, default=5,
-                    help="interleaved rounds of the unified core vs Tree")
+                    help="rounds of the CPU-time replay")
     args = ap.parse_args()
     if args.hybrid_only:
         return hybrid_main(args.hybrid_ops, args.seed, not args.no_sglang)
@@ -211,7 +159,7 @@ def main():
         s = tree.stats
         print(f"{ps:>5} {rate:>10,.0f} {share:>13.1%} {s.reclaims:>9} {s.backups:>8} {s.drops:>6}")
         traces.append((ps, ops))
-    core_main(traces, args.rounds)
+    cpu_main(traces, args.rounds)
     hybrid_main(args.hybrid_ops, args.seed, not args.no_sglang)
 
 

@@ -1,8 +1,16 @@
 """Op-trace replay: the differential-testing contract with SGLang's own tree.
 
-Reads an op-trace (shared/reference/op-trace.md), drives a ``Tree`` and yields one
-output object per trace line, in exactly the form SGLang's reference replayer wrote
-the expected outputs in shared/conformance/. The simulator's repro bundles write
+Reads an op-trace (shared/reference/op-trace.md), drives a ``Tree`` (the unified
+core with FULL alone, as SGLang's ``UnifiedTreeCore`` with ``components=(FULL,)``)
+and yields one output object per trace line, in exactly the form SGLang's reference
+replayer wrote the expected outputs in shared/conformance/.
+
+What the core records and what the FULL oracle (``shared/oracle/oracle.py``
+``TracedCore``) reports are two observers of the same core methods; rendering maps
+one onto the other: the oracle reports ``drop_subtree_no_host``'s host-only nodes
+sorted by path before the dropped node (it builds that list before the method runs),
+where the core records them in removal order, children first; a ``split`` and a
+``tombstone`` carry no size; every event carries the node's path from the root. The simulator's repro bundles write
 per-rank op-traces in the same format, so any divergence the simulator finds can be
 checked against SGLang's code too.
 """
@@ -205,15 +213,33 @@ class Replayer:
         if self._auto_writes:
             out["storage_writes"] = self._auto_writes
             self._auto_writes = []
-        out["events"] = [self._event(k, node, extra) for k, node, extra in tree.rec]
+        out["events"] = self._events(tree.rec)
         out.update(digest=tree.digest, dev=tree.dev_used, host=tree.host_used,
                    evictable=tree.evictable, protected=tree.protected, nodes=tree.n_nodes)
         return out
 
-    def _event(self, kind, node, extra) -> dict:
-        ev = {"k": kind, "id": node.id, "path": self.path(node)}
-        ev.update(extra)
-        return ev
+    def _events(self, rec: list) -> list:
+        """The op's event record as the oracle reports it (module docstring)."""
+        out = []
+        drop_host: list = []
+        for kind, node, extra in rec:
+            ev = {"k": kind, "id": node.id, "path": self.path(node)}
+            if kind == "split":
+                ev["child"] = extra["child"]
+            elif kind != "tombstone":
+                ev.update(extra)
+            if kind == "drop_host":
+                drop_host.append(ev)
+                continue
+            if drop_host:
+                # drop_subtree_no_host's host-only subtree, reported by path before the
+                # dropped node (oracle.py TracedCore.drop_subtree_no_host)
+                drop_host.sort(key=lambda e: e["path"])
+                out.extend(drop_host)
+                drop_host = []
+            out.append(ev)
+        out.extend(drop_host)
+        return out
 
     def header_output(self) -> dict:
         t = self.tree
@@ -363,17 +389,26 @@ class Replayer:
 
     def _op_dump(self, op):
         tree = self.tree
-        nodes = list(tree.iter_nodes())
-        by_time = sorted(nodes, key=lambda x: (x.last_access, x.id))
-        rank = {x.id: r for r, x in enumerate(by_time)}
+        # a pinned node names the load-back pinning it (its anchor's load id)
+        anchors = {lb.anchor.id: lid for lid, lb in tree.loads.items()}
+        nodes = []
+        stack = [(tree.root, 0)]
+        while stack:  # depth-first, children by key (oracle.py op_dump)
+            x, start = stack.pop()
+            if x is not tree.root:
+                nodes.append((x, start))
+                start += len(x.key) * self.page_size
+            kids = sorted(x.children.values(), key=lambda c: c.key[0], reverse=True)
+            stack.extend((c, start) for c in kids)
+        rank = {x.id: r for r, (x, _) in
+                enumerate(sorted(nodes, key=lambda e: (e[0].last_access, e[0].id)))}
         rows = []
-        for x in nodes:
-            path_len = len(tree.path_units(x)) - len(x.key)
+        for x, start in nodes:
             rows.append({
-                "id": x.id, "parent": x.parent.id, "start": path_len * self.page_size,
+                "id": x.id, "parent": x.parent.id, "start": start,
                 "key": self.key_tokens(x), "dev": x.dev, "host": x.host,
-                "lock": x.lock_ref, "host_lock": x.host_lock_ref,
-                "pinned_by": None if x.lb_pending is None else x.lb_pending.lid,
+                "lock": x.lock, "host_lock": x.host_lock,
+                "pinned_by": None if x.lb is None else anchors.get(x.lb.id, x.lb.id),
                 "recency": rank[x.id],
             })
         return {"tree": rows, "duplicates": list(tree.dups),

@@ -70,7 +70,7 @@ class Cohort:
                  "alloc_attempts", "kv", "sched", "st", "consensus",
                  "producers", "producer_index")
 
-    def __init__(self, env: simpy.Environment, ranks: list[int], tree: Tree, ops=None,
+    def __init__(self, env: simpy.Environment, ranks: list[int], tree, ops=None,
                  sched: SchedState | None = None):
         self.ranks = ranks
         self.tree = tree
@@ -132,7 +132,7 @@ class RankGroup:
             self._apply_physical(c)
 
     # ---------------------------------------------------------------- trees
-    def _make_tree(self) -> Tree:
+    def _make_tree(self):
         cfg = self.cfg
         if cfg.hybrid is not None:
             return HybridReplica(cfg.hybrid, cfg)

@@ -247,7 +247,7 @@ def test_skew_counters_fire_only_on_the_skewed_replica():
     unskewed rank (so absorbed versus agree is observed)."""
     from sim.request import _Plan
     from sim.scheduler import available
-    from sim.tree import Eviction
+    from sim.tree import Tree
     cfg = SimConfig(tp=2, page_size=16, device_tokens=16 * 80, host_tokens=16 * 200,
                     jitter=JitterConfig(device_capacity_skew={1: -16 * 4},
                                         host_capacity_skew={1: -16 * 10}))
@@ -263,18 +263,21 @@ def test_skew_counters_fire_only_on_the_skewed_replica():
     free1 = available(c1.tree)
     sim._evict_for(c1, free1 + 16, _Plan())  # needed only because its pool is smaller
     assert fired["device_capacity_skew"] == before + 1
-    # host: a demand that fits an unskewed pool but not rank 1's
-    before = fired["host_capacity_skew"]
+    # host: only the skewed rank's tree carries the hook, with its unskewed capacity
     t0, t1 = c0.tree, c1.tree
-    room1 = t1.host_capacity - t1.host_used - t1.host_reserved
-    assert t0.host_skew_fired is None
-    t0._host_room(room1 + 16 if room1 + 16 <= t0.host_capacity - t0.host_used - t0.host_reserved
-                  else 1, Eviction())
-    assert fired["host_capacity_skew"] == before
-    t1._host_room(room1 + 16, Eviction())
-    assert fired["host_capacity_skew"] == before + 1
-    t1._host_room(1 if room1 >= 1 else 0, Eviction())  # fits either way: no count
-    assert fired["host_capacity_skew"] == before + 1
+    assert t0.host_skew_fired is None and t0.host_nominal is None
+    assert t1.host_nominal == cfg.host_tokens and t1.host_capacity == cfg.host_tokens - 160
+    # the hook's rule: a backup's room check calls it only where the skewed pool
+    # evicts on the host where the unskewed one would not (or a different amount)
+    calls = []
+    t = Tree(device_capacity=32, host_capacity=4)
+    t.host_nominal, t.host_skew_fired = 8, lambda: calls.append(1)
+    t.insert([1, 2])
+    assert t.backup_node(t.match_prefix([1, 2]).best).ok and calls == []  # fits both
+    t.insert([3, 4, 5])
+    assert t.backup_node(t.match_prefix([3, 4, 5]).best).ok  # 2 free here, 6 unskewed
+    assert calls == [1] and t.stats.reclaims == 1
+
 
 def test_forward_shapes_that_differ_are_a_size_mismatch():
     # rank 1's device pool is much smaller: it evicts where rank 0 hits

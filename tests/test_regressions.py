@@ -174,7 +174,7 @@ def test_39444_the_stop_policy_matters_only_for_best_effort():
 def pinned_reclaims(name, *sets, guard: bool = True):
     """Run ``name``; count, on rank 0's tree, the duplicate-reclaim walks that reached a
     node only its load-back pin kept (on both tiers, mapped, not host-locked, no
-    write-through pending: ``Tree.reclaimable`` refuses it for ``lb_pending`` alone),
+    write-through pending: ``Tree.reclaimable`` refuses it for its pin ``lb`` alone),
     and, on every tree, the releases of a pinned node (the #34519 hazard)."""
     walks, released, cur = {}, [0], [None]
     reclaimable, release, walk = Tree.reclaimable, Tree.release_duplicate, DuplicateFirst.reclaim
@@ -187,8 +187,8 @@ def pinned_reclaims(name, *sets, guard: bool = True):
         return r
 
     def spy_reclaimable(node):
-        if (node.lb_pending is not None and node.dev and node.host and node.wt_pending is None
-                and not node.host_lock_ref):
+        if (node.lb is not None and node.dev and node.host and node.wp is None
+                and not node.host_lock):
             cur[0].add(node.id)
             if not guard:
                 # the code before #34519: no load-back pin in the live re-check
@@ -196,7 +196,7 @@ def pinned_reclaims(name, *sets, guard: bool = True):
         return reclaimable(node)
 
     def spy_release(self, node, pass_no):
-        released[0] += node.lb_pending is not None
+        released[0] += node.lb is not None
         return release(self, node, pass_no)
 
     with patch.object(Tree, "reclaimable", staticmethod(spy_reclaimable)), \

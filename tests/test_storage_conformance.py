@@ -162,7 +162,7 @@ def test_insert_host_backed_node_below_a_refill_is_an_invariant_error():
     t.insert([1, 2])
     t.insert([1, 2, 3, 4])
     a, b = t.root.children[1], t.root.children[1].children[3]
-    t._set_host(a, False)   # a broken state SGLang asserts against
+    t._flip_host(a, False, 2)   # a broken state SGLang asserts against
     with pytest.raises(InvariantError, match="host-prefix invariant"):
         t.insert_host(t.root, [1, 2, 3, 4])
     assert b.host
@@ -171,7 +171,7 @@ def test_insert_host_backed_node_below_a_refill_is_an_invariant_error():
 def test_host_reserved_counts_against_backup_room():
     t = Tree(device_capacity=8, host_capacity=4)
     t.insert([1, 2, 3, 4])
-    t.host_reserved = 4           # a staged prefetch holds the host
+    t.stage_host(4)               # a staged prefetch holds the host
     ev = t.evict_device(4)        # the write_back backup finds no room: drop
     assert ev.backups_failed == 1 and ev.dropped == 4
     t2 = Tree(device_capacity=8, host_capacity=4)

@@ -110,10 +110,10 @@ def test_pinned_duplicate_skipped_until_ack():
     m = t.match_prefix([1, 2, 3])
     lb = t.load_back(m, "p").load
     x = m.best
-    assert x.dev and x.host and x.lb_pending is lb
+    assert lb.anchor is x and x.dev and x.host and x.lb is x  # pinned by its load-back
     assert t.evict_host(3).freed == 0 and x.host
     t.finish_load_back("p")
-    assert x.lb_pending is None and x.id in t.dups
+    assert x.lb is None and x.id in t.dups
     assert t.evict_host(3).freed == 3 and not x.host
 
 
@@ -330,7 +330,7 @@ def test_check_names_the_node_and_invariant():
     t.insert([1, 2, 3])
     x = t.root.children[1]
     t.d_leaves.discard(x)
-    with pytest.raises(InvariantError, match=f"node {x.id}: D-leaf set"):
+    with pytest.raises(InvariantError, match=f"node {x.id}: device leaf set"):
         t.check()
 
 

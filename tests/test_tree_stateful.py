@@ -330,7 +330,7 @@ class MambaHostMachine(MambaMachine):
         t = self.tree
         ids = list(t.writes)
         ack = ids[i % len(ids)]
-        nodes = t.writes[ack][1]
+        nodes = t.writes[ack].nodes
         t.write_ack(ack)
         assert ack not in t.writes
         for y in nodes:  # acked: settled, and duplicates while on both tiers
@@ -476,7 +476,7 @@ class SWAHostMachine(HybridMachine):
         t = self.tree
         ids = list(t.writes)
         ack = ids[0 if oldest else i % len(ids)]
-        nodes = t.writes[ack][1]
+        nodes = t.writes[ack].nodes
         t.write_ack(ack)
         for y in nodes:
             assert y.wp != ack and y.host

@@ -18,9 +18,7 @@ from sim.lazy import lazy_exports
 # scenario's pools when it is loaded, and that should not load the trees themselves
 # (about 2,500 lines) for every command that only reads a scenario.
 _EXPORTS = {
-    "HybridInsert": "sim.tree.hybrid",
     "HybridInvariantError": "sim.tree.hybrid",
-    "HybridMatch": "sim.tree.hybrid",
     "HybridTree": "sim.tree.hybrid",
     "HybridTreeError": "sim.tree.hybrid",
     "LockReceipt": "sim.tree.hybrid",

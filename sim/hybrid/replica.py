@@ -531,7 +531,7 @@ class HybridReplica:
         if res.writes:
             # write_through: the insert's backups, each a D->H write acked through
             # the engine's sync (``writing_check``)
-            ins.writes = [_Write(ack, full + self._equiv(aux)) for ack, full, aux in res.writes]
+            ins.writes = [_Write(w.ack_id, w.tokens + self._equiv(w.aux)) for w in res.writes]
         return ins
 
     def load_back(self, match: _Match, lid, rid) -> _Load:
@@ -554,7 +554,6 @@ class HybridReplica:
             return _Load(False, r.reason, 0, None, ev)
         anchor = match.m.best
         n, restored = r.loaded, r.aux_loaded
-        t.stats.load_tokens += n
         gain = len(t.path_units(anchor)) * self.page_size - match.device_len
         if self.k.windowed:
             # restored: the SWA tokens the window's restore carries

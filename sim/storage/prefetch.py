@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from sim import constants as C
 from sim.storage import policy
-from sim.tree import HostEviction, HostInsert, HostLock, Match, Node, Tree
+from sim.tree import HNode, HostEviction, HostInsert, HostLockReceipt, Match, Tree
 
 
 class PrefetchError(Exception):
@@ -50,7 +50,7 @@ class Prefetch:
 
     __slots__ = ("pid", "anchor", "holder", "key", "requested", "staged")
 
-    def __init__(self, pid, anchor: Node, holder: HostLock, key: list, requested: int):
+    def __init__(self, pid, anchor: HNode, holder: HostLockReceipt, key: list, requested: int):
         self.pid = pid
         self.anchor = anchor
         self.holder = holder
@@ -99,7 +99,7 @@ class PrefetchBook:
                                if capacity_limit is None else capacity_limit)
         self.occupied = 0       # prefetch_tokens_occupied
         self.prefetches: dict = {}
-        self.writes: dict = {}  # storage write id -> (node, HostLock)
+        self.writes: dict = {}  # storage write id -> (node, its host lock receipt)
 
     # ---------------------------------------------------------------- prefetch
     def issue(self, pid, match: Match, key: list) -> Issue:
@@ -199,7 +199,7 @@ class PrefetchBook:
         return new
 
     # ---------------------------------------------------------------- storage writes
-    def write(self, wid, node: Node) -> bool:
+    def write(self, wid, node: HNode) -> bool:
         """``write_backup_storage(node)``: False (nothing written) without a host copy."""
         if wid in self.writes:
             raise PrefetchError("duplicate_storage_write_id")

@@ -4,8 +4,8 @@ a node's path from the root, the per-op event record, the device-prefix read
 (``match_full_device_prefix``) and the storage refill (``insert_host``), each tree
 supplying the hooks that touch its own counters.
 
-``Tree`` (``full.py``, FULL only) and ``HybridTree`` (``hybrid.py``, FULL and one
-more component) are built on it; each sets ``_node_cls``, its node class.
+``HybridTree`` (``hybrid.py``, the one core; ``full.py``'s ``Tree`` is it with
+FULL alone) is built on it and sets ``_node_cls``, its node class.
 
 Keys are lists of *units*; a unit is one page of ``page_size`` tokens (the token
 itself at page size 1), so every walk is page-granular, as SGLang's is, and costs one
@@ -18,6 +18,23 @@ from typing import Iterable
 
 from sim.errors import InvariantError
 from sim.tree.results import HostInsert
+
+# Node-id schemes (docs/OPTRACE.md §5): "optrace" (root 0, nodes 1, 2, ...: the
+# op-trace contract), "sglang" (a bare Python core: sentinels 1-4, first node 5),
+# "server" (a real 0.5.23 server, whose core is reset twice: first node 10), "rust" (a
+# bare Rust core's handles: root 0, first node 1), "rust_server" (the Rust core of a
+# started server: root 1, first node 2). Both Rust schemes fold the Rust core's digest
+# event (sem §4.6).
+ID_SCHEMES = ("optrace", "sglang", "server", "rust", "rust_server")
+RUST_ID_SCHEMES = ("rust", "rust_server")
+
+
+def id_scheme(tree_core: str, ids: str) -> str:
+    """The tree's id scheme for a scenario's ``cache.tree_core`` and ``cache.ids``: the
+    Rust core has no sentinels, so a bare Rust core and op-trace numbering coincide."""
+    if tree_core == "python":
+        return ids
+    return "rust_server" if ids == "server" else "rust"
 
 
 class TreeCore:

@@ -56,6 +56,10 @@ class HNode:
         self.lp = None
         self.ln = None
 
+    # FULL's lock counts by the names the engine's analysis reads (``Node``'s)
+    lock_ref = property(lambda self: self.lock)
+    host_lock_ref = property(lambda self: self.host_lock)
+
     def __repr__(self) -> str:
         return f"HNode({self.id}, {len(self.key)}p{', aux' if self.aux else ''})"
 

@@ -1,6 +1,6 @@
-"""The core of SGLang 0.5.23's unified radix tree (``UnifiedTreeCore``) for trees with
-FULL and one auxiliary component (SWA or Mamba; ``NoComponent`` for FULL alone,
-``components/none.py``), on device and, with a host pool, on host (HiCache, under
+"""The core of SGLang 0.5.23's unified radix tree (``UnifiedTreeCore``): FULL and one
+auxiliary component (SWA or Mamba; ``NoComponent`` for FULL alone,
+``components/none.py``, which ``sim/tree/full.py``'s ``Tree`` is), on device and, with a host pool, on host (HiCache, under
 the write policies of ``sim/policies/write.py``; the storage tier's prefetch landing
 and write hook, buffer_only).
 
@@ -11,8 +11,8 @@ are objects the core holds and calls, as SGLang's core loops over its components
 (``sim/tree/components/``): ``full`` (``FullComponent``: FULL's path and host
 locks, its leaf eviction on both tiers by the eviction policy's priority) and
 ``aux`` (a ``TreeComponent``: ``SWAComponent`` or ``MambaComponent``, with its
-device and host LRU lists). ``sim/tree/core.py`` (``TreeCore``, which the FULL-only
-tree ``sim/tree/full.py`` shares) holds the node ids and the clock, the key
+device and host LRU lists). ``sim/tree/core.py`` (``TreeCore``) holds the node ids
+and their schemes, the clock, the key
 compare, paths, ``Stats`` and the host-policy API through which the host policy's
 duplicate reclaim runs; ``sim/tree/hnode.py`` the node. Citations name SGLang files
 under ``sglang/srt/mem_cache/``: ``core`` is ``unified_cache/unified_tree_core.py``,
@@ -27,7 +27,7 @@ Every node's slot counts stand in for SGLang's tensors:
   tombstone;
 * Mamba: one state slot when ``aux`` (device) or ``aux_host`` is set.
 
-Public operations return one result object each (``HybridMatch``, ``HybridInsert``,
+Public operations return one result object each (``Match``, ``Insert``,
 ``Eviction`` with per-component fields, ``HybridLoad``, ``LockReceipt``;
 ``sim/tree/results.py``), including what their backups and host evictions moved
 (``backups`` / ``writes`` per component, ``host``). ``stats`` and ``hy`` count what
@@ -47,8 +47,7 @@ from sim.policies.host import HOST_POLICIES
 from sim.policies.write import WRITE_POLICIES
 from sim.tree.components.base import LRUList, TreeComponent
 from sim.tree.components.full import FullComponent
-from sim.tree.core import Stats, TreeCore
-from sim.tree.full import ID_SCHEMES, RUST_ID_SCHEMES
+from sim.tree.core import ID_SCHEMES, RUST_ID_SCHEMES, Stats, TreeCore
 from sim.tree.hnode import HNode, HostHNode
 from sim.tree.results import (  # noqa: F401  (part of this module's API)
     NO_HOST_EVICTION,
@@ -58,23 +57,50 @@ from sim.tree.results import (  # noqa: F401  (part of this module's API)
     HostLockReceipt,
     HybridCow,
     Eviction,
-    HybridInsert,
+    Insert,
     HybridLoad,
-    HybridMatch,
+    Match,
     LockReceipt,
 )
 
 
+_M64 = (1 << 64) - 1
+
+
+def _content(node) -> int:
+    """A node's term of ``content_hash`` (0 for a node holding no FULL KV)."""
+    if node.dev or node.host:
+        return hash((node.key[0], len(node.key), node.dev, node.host))
+    return 0
+
+
 class LoadBack:
-    """An in-flight load-back: its anchor, device lock and host lock receipts."""
+    """An in-flight load-back: its id, anchor, device lock and host lock receipts,
+    and the FULL tokens it moves H->D."""
 
-    __slots__ = ("anchor", "lock", "host_lock", "tokens")
+    __slots__ = ("lid", "anchor", "lock", "host_lock", "tokens")
 
-    def __init__(self, anchor, lock, host_lock, tokens):
+    def __init__(self, lid, anchor, lock, host_lock, tokens):
+        self.lid = lid
         self.anchor = anchor
         self.lock = lock
         self.host_lock = host_lock
         self.tokens = tokens
+
+
+class PendingWrite:
+    """A D->H write in flight until its ack (``ongoing_write_through[ack_id]``):
+    the device lock receipt it holds, the nodes its ack publishes (ancestors first;
+    a split puts both fragments in), and the FULL tokens it copies."""
+
+    __slots__ = ("ack_id", "lock", "nodes", "tokens", "aux")
+
+    def __init__(self, ack_id, lock, nodes: list, tokens: int, aux: int = 0):
+        self.ack_id = ack_id
+        self.lock = lock
+        self.nodes = nodes
+        self.tokens = tokens
+        self.aux = aux  # the component's host units it copies
 
 
 class _HostState:
@@ -85,7 +111,7 @@ class _HostState:
     __slots__ = ("host_capacity", "aux_host_capacity", "load_back_threshold", "host_used",
                  "aux_host_used", "h_leaves", "dups", "digest", "loads",
                  "policy", "wt", "threshold", "writes", "host_policy", "buffer_only",
-                 "host_reserved", "on_host_backup", "host_alloc_fail")
+                 "host_reserved", "on_host_backup", "host_alloc_fail", "dup_used")
 
     def __init__(self, host_capacity: int, aux_host_capacity: int, load_back_threshold: int,
                  write_policy: str = "write_back", host_policy: str = "duplicate_first"):
@@ -93,6 +119,7 @@ class _HostState:
         self.aux_host_capacity = aux_host_capacity
         self.load_back_threshold = load_back_threshold
         self.host_used = 0       # FULL host tokens
+        self.dup_used = 0        # FULL tokens on both tiers (settled or not)
         self.aux_host_used = 0   # the component's host values
         self.h_leaves: set = set()
         self.dups: dict = {}
@@ -170,6 +197,28 @@ class HybridTree(TreeCore):
 
     # HiCache off unless the constructor is given a host pool (instance overrides).
     hicache = False
+    # Device tokens running requests hold outside the tree (their fresh KV, allocated
+    # at admission, adopted at insert): counted in every device room check. Written
+    # by the replica's allocator only (sim.allocator.KVAllocator).
+    reserved = 0
+    # buffer_only's storage write intents (the engine's, sim/storage/engine.py): the
+    # hook each write_through chain node is handed to, root first, and the ids the
+    # current insert walk already presented (its ``begin_insert_walk`` set)
+    on_backup_intent = None
+    buffer_walk = None
+    # A host-skewed rank (sim/ranks.py): its unskewed host capacity and the counter
+    # to call where the skew changes what a backup's room check evicts.
+    host_nominal = None
+    host_skew_fired = None
+    # An eviction's ``backups`` hold (FULL tokens, the component's host units) per
+    # blocking backup; a FULL-only tree's hold FULL tokens (sim/tree/full.py).
+    _full_backups = False
+    # SGLANG_HICACHE_SKIP_HOST_DUPLICATE_RECLAIM (core ``drive_host_eviction``), read on
+    # every FULL host eviction
+    skip_reclaim = False
+    # content_hash's running sum, kept once first asked for (instance overrides)
+    _hashing = False
+    _hash = 0
     _node_cls = HNode
     # The digest's event per released host copy: (id + 1) * stride + offset; a Rust
     # core's carries its component index (sem §4.6; instance overrides, ``ids``).
@@ -192,6 +241,8 @@ class HybridTree(TreeCore):
                       doc="write_back_duplicate_reclaim_digest")
     loads = property(lambda self: self.ht.loads, doc="in-flight load-backs by id")
     write_policy = property(lambda self: self.ht.policy)
+    host_policy = property(lambda self: self.ht.host_policy,
+                           doc="the host-pressure policy object (sim/policies/host.py)")
     writes = property(lambda self: self.ht.writes,
                       doc="write_through backups in flight: ack id -> [receipt, nodes]")
 
@@ -201,7 +252,7 @@ class HybridTree(TreeCore):
                  aux_host_capacity: int = 0, load_back_threshold: int = 1,
                  write_policy: str = "write_back", host_policy: str = "duplicate_first",
                  eviction_policy: str = "lru", ids: str = "optrace"):
-        """``ids``: the node-id scheme (sim/tree/full.py ``ID_SCHEMES``, docs/OPTRACE.md
+        """``ids``: the node-id scheme (sim/tree/core.py ``ID_SCHEMES``, docs/OPTRACE.md
         §5): ``optrace`` (root 0, nodes from 1: the sentinels are clock draws only)
         unless told otherwise."""
         if page_size < 1:
@@ -344,6 +395,54 @@ class HybridTree(TreeCore):
         else:
             self.ht.dups.pop(node.id, None)
 
+    # ------------------------------------------------ FULL's residency, one place
+    def _flip_dev(self, node: HNode, on: bool, t: int) -> None:
+        """FULL's device value of ``node`` (``t`` tokens) set or freed: the device
+        ledger, the tokens on both tiers and the content hash move with it (the
+        lock-split ledgers are the caller's: they depend on why)."""
+        if self._hashing:
+            old = _content(node)
+            node.dev = on
+            self._hash = (self._hash - old + _content(node)) & _M64
+        else:
+            node.dev = on
+        if not on:
+            t = -t
+        self.dev_used += t
+        if node.host:
+            self.ht.dup_used += t
+
+    def _flip_host(self, node: HNode, on: bool, t: int) -> None:
+        """FULL's host value of ``node`` set or freed: the host ledger, the tokens
+        on both tiers and the content hash move with it."""
+        if self._hashing:
+            old = _content(node)
+            node.host = on
+            self._hash = (self._hash - old + _content(node)) & _M64
+        else:
+            node.host = on
+        if not on:
+            t = -t
+        self.ht.host_used += t
+        if node.dev:
+            self.ht.dup_used += t
+
+    @property
+    def dup_tokens(self) -> int:
+        """FULL tokens on both tiers."""
+        return self.ht.dup_used
+
+    @property
+    def content_hash(self) -> int:
+        """Every node's (first unit, length, FULL's tiers) hashed and summed (ids
+        left out): equal contents give equal sums, so two replicas compare in O(1).
+        Summed over the tree at the first ask (only replicas that are compared
+        need it), then kept where a node's residency or extent changes."""
+        if not self._hashing:
+            self._hash = sum(_content(x) for x in self.iter_nodes()) & _M64
+            self._hashing = True
+        return self._hash
+
     def _refresh(self, node: HNode) -> None:
         """core ``_update_evictable_leaf_sets`` (the device half, HiCache off):
         ``_is_dleaf`` inline, this being the device tier's hottest call (``check``
@@ -359,6 +458,7 @@ class HybridTree(TreeCore):
         """core ``_split_node(child, p units)``: the new upper fragment takes a new id
         and becomes the parent; the original keeps its id and its lower key."""
         parent = child.parent
+        old = _content(child) if self._hashing else 0
         up = self._new_node(child.key[:p], parent)
         up.creation = child.creation
         # full.py redistribute_on_node_split: the parent copies lock_ref (and, host
@@ -378,7 +478,7 @@ class HybridTree(TreeCore):
             ack = child.wp
             if ack is not None:
                 up.wp = ack
-                nodes = self.ht.writes[ack][1]
+                nodes = self.ht.writes[ack].nodes
                 if child in nodes:
                     i = nodes.index(child)
                     nodes[i:i + 1] = [up, child]
@@ -386,6 +486,9 @@ class HybridTree(TreeCore):
         child.key = child.key[p:]
         child.parent = up
         up.children[child.key[0]] = child
+        if self._hashing:
+            self._hash = (self._hash - old + _content(up) + _content(child)) & _M64
+        self.stats.splits += 1
         self.aux.split(up, child)
         # _for_each_component_lru(insert_after(child, new), skip_existing=True)
         if up.aux and up.lp is None:
@@ -416,7 +519,7 @@ class HybridTree(TreeCore):
         return True
 
     # ------------------------------------------------------------------ match
-    def match_prefix(self, key: list) -> HybridMatch:
+    def match_prefix(self, key: list) -> Match:
         """core ``match_prefix`` / ``_match_prefix_helper`` (device only:
         ``match_device_only`` validators; both sets with HiCache on), then
         ``_match_post_processor``: the component's ``refresh_lru(MATCH_END)`` at
@@ -424,12 +527,13 @@ class HybridTree(TreeCore):
         ``MATCH_ANCESTOR_STEP`` earlier than its child, and each component's
         ``finalize_match_result_in_tree_core``."""
         if not key:
-            return HybridMatch(0, 0, self.root, None)
+            return Match(0, 0, self.root, None)
         ps = self.page_size
         aux = self.aux
         hicache = self.hicache
         node, pos, n = self.root, 0, len(key)
         best, best_units = self.root, 0
+        split = False
         if hicache:
             # Two validator sets, one that also accepts host copies (best_match_node)
             # and the device-only one (last_device_node), every validator run at
@@ -467,6 +571,7 @@ class HybridTree(TreeCore):
                 p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
                 if p < m:
                     node = self._split(child, p)
+                    split = True
                     pos += p
                     # FULL's validator holds (FULL on device); every validator runs.
                     if valid(node):
@@ -486,7 +591,8 @@ class HybridTree(TreeCore):
         device_len = best_units * ps
         full_len = pos * ps
         if not hicache:
-            return HybridMatch(device_len, full_len, best, aux.branch(device_len, full_len))
+            return Match(device_len, full_len, best, aux.branch(device_len, full_len),
+                         split=split)
         # full finalize_match_result_in_tree_core: host_hit_length, the host tokens
         # from best_match_node up to last_device_node
         host = 0
@@ -495,13 +601,12 @@ class HybridTree(TreeCore):
             if x.host:
                 host += len(x.key) * ps
             x = x.parent
-        return HybridMatch(device_len, full_len, best,
-                           aux.branch(device_len + host, full_len), dbest, host,
-                           aux.host_hit(best))
+        return Match(device_len, full_len, best, aux.branch(device_len + host, full_len),
+                     dbest, host, aux.host_hit(best), split)
 
     # ------------------------------------------------------------------ insert
     def insert(self, key: list, prev: int = 0, inserted: int = 0, *, priority: int = 0,
-               **aux_args) -> HybridInsert:
+               **aux_args) -> Insert:
         """``checkpoint``'s insert: the request holds fresh KV past ``prev`` tokens
         (core ``begin_insert`` / ``_insert_walk_step`` / ``_insert_overlap_step`` /
         ``_insert_commit_step`` / ``_insert_tail_step``). ``inserted``: what the request
@@ -519,13 +624,13 @@ class HybridTree(TreeCore):
         if prev % ps or prev > n_tok or (self.aux.prev_at_boundary
                                          and not self._at_boundary(key, prev // ps)):
             raise HybridTreeError("bad_prev")
-        res = HybridInsert()
+        res = Insert()
         res.new = n_tok - prev
-        if res.new > self.device_capacity - self.dev_used:
+        if res.new > self.device_capacity - self.dev_used - self.reserved:
             raise HybridTreeError("device_full")
         aux = self.aux
         aux.prepare_insert(key, prev, res, aux_args)
-        self._tick()  # _touch_node(root)
+        self.root.last_access = self._tick()  # _touch_node(root)
         if not key:
             # begin_insert answers mamba_exist=True: the request's slot is freed
             res.node = self.root
@@ -545,6 +650,7 @@ class HybridTree(TreeCore):
             p = m if key[pos:pos + m] == ckey else self._common(key, pos, ckey)
             if p < m:
                 child = self._split(child, p)
+                res.split = True
             if not child.dev:
                 self._unevict(child)
                 aux.recover_after_unevict(child, p * ps, pos * ps, aux_args)
@@ -566,6 +672,8 @@ class HybridTree(TreeCore):
             self.dev_used += t
             self.evictable += t
             self.n_nodes += 1
+            if self._hashing:
+                self._hash = (self._hash + _content(leaf)) & _M64
             self._refresh(leaf)
             self._refresh(node)
             if self.rec is not None:
@@ -591,7 +699,7 @@ class HybridTree(TreeCore):
         node.hit_count += 1
         return not node.host and node.hit_count >= self.ht.threshold
 
-    def _backup_after_insert(self, target: HNode, new_leaf, res: HybridInsert) -> None:
+    def _backup_after_insert(self, target: HNode, new_leaf, res: Insert) -> None:
         """core ``_insert_tail_step`` / ``_should_backup_after_insert``: a new leaf
         (``new_leaf``: True to count it, False when it ends at or below the request's
         ``inserted_len``, None for an existing target) is counted and backed up with
@@ -605,14 +713,26 @@ class HybridTree(TreeCore):
         elif target.host and target.wp is None and self.aux.needs_incremental_backup(target):
             self._write_chain(target, res)
 
-    def _write_chain(self, node: HNode, res: HybridInsert) -> None:
+    def _write_chain(self, node: HNode, res: Insert) -> None:
         """core ``_build_backup_kv_action`` (write_through: the node and its unbacked
         ancestors, ancestors first) run by cache ``_execute_and_commit_kv_backup``:
         top-down, skipping a node with nothing to write, stopping at the first
         failed backup."""
         if self.ht.buffer_only:
-            # _build_backup_kv_action: the chain becomes storage write intents, none
-            # of them tree state (BufferModePipeline.enqueue_backup_intent)
+            # _build_backup_kv_action: nothing is ever backed up, so the chain runs
+            # to the root; each node, root first, becomes a storage write intent
+            # (BufferModePipeline.enqueue_backup_intent), none of them tree state.
+            intent = self.on_backup_intent
+            if intent is not None:
+                chain = []
+                x, root, seen = node, self.root, self.buffer_walk
+                while x is not root and not x.host:
+                    if seen is not None and x.id in seen:
+                        break  # presented earlier in this walk, and so were its ancestors
+                    chain.append(x)
+                    x = x.parent
+                for x in reversed(chain):
+                    intent(x)
             return
         chain = [node]
         a, root = node.parent, self.root
@@ -631,13 +751,15 @@ class HybridTree(TreeCore):
         as a write_through backup's does."""
         receipt = self.inc_lock(x)
         x.wp = x.id
-        self.ht.writes[x.id] = [receipt, [x]]
+        pw = self.ht.writes[x.id] = PendingWrite(x.id, receipt, [x], len(x.key) * self.page_size)
+        return pw
 
     def write_ack(self, ack_id) -> None:
         """cache ``_finish_write_through_ack``: core ``finish_write_through`` (each
         published node still pending under this ack is cleared and tracked as a
         duplicate, in list order), then the backup's device lock is released."""
-        receipt, nodes = self.ht.writes.pop(ack_id)
+        pw = self.ht.writes.pop(ack_id)
+        receipt, nodes = pw.lock, pw.nodes
         for y in nodes:
             if y.wp == ack_id:
                 y.wp = None
@@ -653,12 +775,12 @@ class HybridTree(TreeCore):
         takes the request's fresh KV (a duplicate at once when it has a host copy);
         the auxiliary ``recover_after_unevict`` does nothing for Mamba."""
         t = len(node.key) * self.page_size
-        node.dev = True
-        self.dev_used += t
+        self._flip_dev(node, True, t)
         if node.lock > 0:
             self.protected += t
         else:
             self.evictable += t
+        self.stats.unevict_tokens += t
         self._refresh(node)
         self._track(node)
         self._refresh(node.parent)
@@ -706,6 +828,8 @@ class HybridTree(TreeCore):
         self.stats.delete_tokens += t
         self.evictable -= t
         self.dev_used -= t
+        if self._hashing:
+            self._hash = (self._hash - _content(x)) & _M64
         if x.aux:
             res.aux += self.aux.evict_component(x, event=False)
         self.d_leaves.discard(x)
@@ -739,10 +863,13 @@ class HybridTree(TreeCore):
             self._demote(x, res)
         else:
             f0 = res.freed
+            res.backups_failed += 1
             if self._drop(x, res):
                 self.stats.drops += 1
                 self.stats.drop_tokens += res.freed - f0
+                res.dropped += res.freed - f0
             else:
+                res.declined += 1
                 self.stats.drop_declined += 1
                 if self.rec is not None:
                     self._ev("drop_declined", x)
@@ -768,24 +895,27 @@ class HybridTree(TreeCore):
         if w is None or not (w[0] or w[1]):
             self.stats.backup_failures += 1
             return 0
+        item = w[0] if self._full_backups else w
         if res.backups is NO_ITEMS:
-            res.backups = [w]
+            res.backups = [item]
         else:
-            res.backups.append(w)
+            res.backups.append(item)
         return w[0]
 
-    def _try_backup(self, x: HNode, res: HybridInsert):
+    def _try_backup(self, x: HNode, res: Insert):
         """write_through's insert-time backup of ``x`` (``_write_chain``), counted and
-        recorded in the insert's ``writes`` with its ack id (the node's id,
-        ``mark_write_through_pending``). Returns ``_write_backup``'s result."""
+        recorded in the insert's ``writes`` (its ``PendingWrite``, under the node's
+        id: ``mark_write_through_pending``). Returns ``_write_backup``'s result."""
         w = self._write_backup(x, res)
         if w is None:
             self.stats.backup_failures += 1
+            res.backups_failed += 1
         elif w[0] or w[1]:
+            pw = self.ht.writes[x.id]
             if res.writes is NO_ITEMS:
-                res.writes = [(x.id, w[0], w[1])]
+                res.writes = [pw]
             else:
-                res.writes.append((x.id, w[0], w[1]))
+                res.writes.append(pw)
         return w
 
     def _write_backup(self, x: HNode, res):
@@ -805,7 +935,13 @@ class HybridTree(TreeCore):
         if t == 0 and not aux:
             return 0, 0
         avail = self.ht.host_capacity - self.ht.host_used - self.ht.host_reserved
-        if avail < t and self.full.drive_host_eviction(t - avail, res) < t - avail:
+        if self.host_skew_fired is not None:
+            # fired only where the skew changed this rank's action: it evicts on the
+            # host where an unskewed pool would not, or a different amount
+            nominal = avail + self.host_nominal - self.ht.host_capacity
+            if max(0, t - avail) != max(0, t - nominal):
+                self.host_skew_fired()
+        if avail < t and self._evict_host(t - avail, res) < t - avail:
             return None
         if aux:
             k = 0
@@ -820,8 +956,7 @@ class HybridTree(TreeCore):
         if fail is not None and fail():
             return None
         if t:
-            x.host = True
-            self.ht.host_used += t
+            self._flip_host(x, True, t)
         written = 0
         for y in aux:
             y.aux_host = True
@@ -845,7 +980,7 @@ class HybridTree(TreeCore):
             published.append(x)
             for y in published:
                 y.wp = x.id
-            self.ht.writes[x.id] = [receipt, published]
+            self.ht.writes[x.id] = PendingWrite(x.id, receipt, published, t, written)
         else:
             # finish_write_through: every published node (the component's nodes and
             # ``x``, ancestors first: ``mark_write_through_pending``) is re-tracked at
@@ -873,10 +1008,9 @@ class HybridTree(TreeCore):
         res.demoted += t
         self.stats.demote_tokens += t
         self.evictable -= t
-        self.dev_used -= t
         if x.aux:
             res.aux += self.aux.evict_component(x)
-        x.dev = False
+        self._flip_dev(x, False, t)
         self._refresh(x)
         if x.aux_host and x.hlp is None:
             self.aux.hlru.insert_mru(x)
@@ -899,7 +1033,9 @@ class HybridTree(TreeCore):
             below.append(y)
             stack.extend(y.children.values())
         for y in reversed(below):
-            self._release_layers(y, res)
+            k = self._release_layers(y, res)
+            self.stats.drop_host_tokens += k
+            res.dropped_host += k
             self._unlink(y, "drop_host")
         self._release_layers(x, res)
         parent = x.parent
@@ -919,12 +1055,10 @@ class HybridTree(TreeCore):
                 self.protected -= t
             else:
                 self.evictable -= t
-            self.dev_used -= t
-            x.dev = False
+            self._flip_dev(x, False, t)
         host = 0
         if x.host:
-            x.host = False
-            self.ht.host_used -= t
+            self._flip_host(x, False, t)
             host = t
         if x.aux:
             res.aux += self.aux.evict_component(x, event=False)
@@ -984,8 +1118,9 @@ class HybridTree(TreeCore):
     def _merge(cls, into: Eviction, ev: Eviction) -> None:
         """Add a nested eviction (one a load-back or a copy on write ran for room)
         to the op's summed ``Eviction``."""
-        into.freed += ev.freed
-        into.aux += ev.aux
+        for name in ("freed", "aux", "demoted", "deleted", "dropped", "dropped_host",
+                     "declined", "backups_failed"):
+            setattr(into, name, getattr(into, name) + getattr(ev, name))
         if ev.backups:
             if into.backups is NO_ITEMS:
                 into.backups = list(ev.backups)
@@ -1006,8 +1141,14 @@ class HybridTree(TreeCore):
         if self.ht.buffer_only:
             return 0
         if component == "full":
-            return self.full.drive_host_eviction(n, Eviction() if res is None else res)
+            return self._evict_host(n, Eviction() if res is None else res)
         return self.aux.drive_host_eviction(n)
+
+    def _evict_host(self, n: int, op) -> int:
+        """FULL's host eviction of ``n`` tokens for op result ``op`` (whose ``host``
+        gets the breakdown); returns the tokens freed. The one entry every FULL host
+        eviction goes through, so a scripted fault (sim/faults.py) wraps it once."""
+        return self.full.drive_host_eviction(n, op)
 
     # The host-policy API (TreeCore's): the live re-check and one host copy's release.
     @staticmethod
@@ -1021,8 +1162,7 @@ class HybridTree(TreeCore):
         """Free ``node``'s FULL host copy (the component's stays) and fold it into
         ``write_back_duplicate_reclaim_digest``; returns its tokens."""
         t = len(node.key) * self.page_size
-        node.host = False
-        self.ht.host_used -= t
+        self._flip_host(node, False, t)
         event = (node.id + 1) * self._digest_stride + self._digest_offset
         self.ht.digest = (self.ht.digest * C.DIGEST_MULTIPLIER + event) & C.DIGEST_MASK
         return t
@@ -1081,10 +1221,9 @@ class HybridTree(TreeCore):
         return self.ht.wt
 
     def _host_on(self, node: HNode) -> None:
-        node.host = True
-        self.ht.host_used += len(node.key) * self.page_size
+        self._flip_host(node, True, len(node.key) * self.page_size)
 
-    def load_back(self, match: HybridMatch, lid, holds: bool | None = None) -> HybridLoad:
+    def load_back(self, match: Match, lid, holds: bool | None = None) -> HybridLoad:
         """cache ``init_load_back`` + ``load_back``: start the H->D load of the
         anchor's (``best_match_node``) FULL host tail and of the component's
         host-only state at the anchor. ``holds``: the loading request holds a state
@@ -1104,7 +1243,8 @@ class HybridTree(TreeCore):
         if reason is not None:
             comp.finalize_load_back(slot, False)
             return HybridLoad(reason, eviction=ev)
-        self.ht.loads[lid] = LoadBack(anchor, self.inc_lock(anchor), holder, n)
+        self.ht.loads[lid] = LoadBack(lid, anchor, self.inc_lock(anchor), holder, n)
+        self.stats.load_tokens += n
         comp.finalize_load_back(slot, True)
         return HybridLoad(None, n, aux, bool(slot), ev)
 
@@ -1134,10 +1274,10 @@ class HybridTree(TreeCore):
             self.dec_lock(lock)
             self.dec_host_lock(holder)
             return "below_threshold", 0, 0
-        avail = self.device_capacity - self.dev_used
+        avail = self.device_capacity - self.dev_used - self.reserved
         if avail < n:
             self._merge(ev, self.evict(n - avail, 0))
-            if self.device_capacity - self.dev_used < n:
+            if self.device_capacity - self.dev_used - self.reserved < n:
                 self.dec_lock(lock)
                 self.dec_host_lock(holder)
                 return "no_device_space", 0, 0
@@ -1156,8 +1296,7 @@ class HybridTree(TreeCore):
             if pin:
                 y.lb = anchor
             t = len(y.key) * ps
-            y.dev = True
-            self.dev_used += t
+            self._flip_dev(y, True, t)
             if y.lock > 0:
                 self.protected += t
             else:
@@ -1189,10 +1328,13 @@ class HybridTree(TreeCore):
             x = x.parent
 
     # ------------------------------------------------------------------ replicas
-    def clone(self) -> "HybridTree":
+    def clone(self, maps: dict | None = None) -> "HybridTree":
         """An independent copy (the engine forks a diverging rank off with this):
         nodes, LRU order, leaf set, counters and clock. Iterative, so deep chains do
-        not hit the recursion limit. Receipts held outside move with ``receipt_in``."""
+        not hit the recursion limit. Receipts held outside move with ``receipt_in``.
+        ``maps``: if given, filled with ``node(old) -> new`` and, with the host tier,
+        ``holder(old) -> new`` (functions), so a caller's own references (a
+        PrefetchBook's nodes and host locks) can follow."""
         new = copy.copy(self)
         nmap = {}
         stack = [self.root]
@@ -1211,16 +1353,22 @@ class HybridTree(TreeCore):
         new.rec = None if self.rec is None else []
         new.stats = copy.copy(self.stats)
         new.hy = copy.copy(self.hy)
+        if maps is not None:
+            maps["node"] = lambda x: None if x is None else nmap.get(id(x))
         if self.hicache:
-            self._clone_host(new, nmap)
+            holder = self._clone_host(new, nmap)
+            if maps is not None:
+                maps["holder"] = holder
         new.full = copy.copy(self.full)
         new.full.attach(new)
         new.aux = self.aux.clone_into(new, nmap)
         return new
 
-    def _clone_host(self, new: "HybridTree", nmap: dict) -> None:
-        """The host tier's part of ``clone``: the host leaf set, the duplicates map in order, in-flight load-backs with their receipts
-        and pins, host-lock boundaries."""
+    def _clone_host(self, new: "HybridTree", nmap: dict):
+        """The host tier's part of ``clone``: the host leaf set, the duplicates map in
+        order, in-flight writes and load-backs with their receipts and pins,
+        host-lock boundaries. Returns the host-lock receipt map (old -> new, each
+        receipt copied once, however many hold it)."""
         new._refresh = new._refresh_ht  # the instance's own bound methods, not ours
         new._is_dleaf = new._is_dleaf_ht
         new.ht = copy.copy(self.ht)
@@ -1232,21 +1380,42 @@ class HybridTree(TreeCore):
         new.ht.h_leaves = {nmap[id(x)] for x in self.ht.h_leaves}
         new.ht.dups = {nid: nmap[id(x)] for nid, x in self.ht.dups.items()}
         new.ht.writes = {}
-        for ack, (receipt, nodes) in self.ht.writes.items():
-            lock = LockReceipt(nmap[id(receipt.node)], receipt.uuid, receipt.skip_aux)
-            new.ht.writes[ack] = [lock, [nmap[id(y)] for y in nodes]]
+        lock_in = self._receipt_copy
+        for ack, pw in self.ht.writes.items():
+            new.ht.writes[ack] = PendingWrite(ack, lock_in(pw.lock, nmap),
+                                              [nmap[id(y)] for y in pw.nodes], pw.tokens, pw.aux)
         hmap = {}
+
+        def holder_in(h):
+            out = hmap.get(id(h))
+            if out is None:
+                out = hmap[id(h)] = HostLockReceipt(nmap[id(h.anchor)], h.full)
+                out.top = nmap[id(h.top)]
+                out.aux_uuid = h.aux_uuid
+            return out
+
         new.ht.loads = {}
         for lid, lb in self.ht.loads.items():
-            holder = HostLockReceipt(nmap[id(lb.anchor)], lb.host_lock.full)
-            holder.top = nmap[id(lb.host_lock.top)]
-            holder.aux_uuid = lb.host_lock.aux_uuid
-            hmap[id(lb.host_lock)] = holder
-            lock = LockReceipt(nmap[id(lb.lock.node)], lb.lock.uuid, lb.lock.skip_aux)
-            new.ht.loads[lid] = LoadBack(holder.anchor, lock, holder, lb.tokens)
-        for x_id, y in nmap.items():
+            holder = holder_in(lb.host_lock)
+            new.ht.loads[lid] = LoadBack(lid, holder.anchor, lock_in(lb.lock, nmap), holder,
+                                         lb.tokens)
+        for y in nmap.values():
             if y.host_tops:
-                y.host_tops = [hmap[id(h)] for h in y.host_tops]
+                y.host_tops = [holder_in(h) for h in y.host_tops]
+        return holder_in
+
+    @staticmethod
+    def _receipt_node(r: LockReceipt) -> HNode:
+        """The node a device lock receipt the tree holds is anchored at."""
+        return r.node
+
+    @staticmethod
+    def _receipt_copy(r: LockReceipt, nmap: dict) -> LockReceipt:
+        """A device lock receipt the tree holds itself (a write's, a load-back's) on
+        the clone whose nodes ``nmap`` maps."""
+        out = LockReceipt(nmap[id(r.node)], r.uuid, r.skip_aux)
+        out.swa_released = r.swa_released
+        return out
 
     def receipt_in(self, receipt: LockReceipt) -> LockReceipt:
         """The same lock, anchored at this tree's node with the receipt's node id
@@ -1336,7 +1505,7 @@ class HybridTree(TreeCore):
             raise HybridInvariantError(f"ledgers (dev, aux, evictable, protected, "
                                        f"aux_evictable, aux_protected, nodes): tree {got}, "
                                        f"counters {want}")
-        if dev > self.device_capacity or aux > self.aux_capacity:
+        if dev + self.reserved > self.device_capacity or aux > self.aux_capacity:
             raise HybridInvariantError("a pool is over capacity")
         if self.hicache:
             self._check_host(in_tree)
@@ -1380,7 +1549,7 @@ class HybridTree(TreeCore):
                     and n.id not in self.ht.dups and not self._loading(n)):
                 raise HybridInvariantError(f"node {n.id}: settled duplicate not tracked")
             if n.wp is not None and (n.wp not in self.ht.writes
-                                     or n not in self.ht.writes[n.wp][1]):
+                                     or n not in self.ht.writes[n.wp].nodes):
                 raise HybridInvariantError(f"node {n.id}: pending under a write not in flight")
             if self.ht.wt:
                 if n.host and n.parent is not self.root and not n.parent.host:
@@ -1397,8 +1566,9 @@ class HybridTree(TreeCore):
         for nid, n in self.ht.dups.items():
             if n not in in_tree or n.id != nid:
                 raise HybridInvariantError(f"duplicates map holds a dead node {nid}")
-        for ack, (receipt, nodes) in self.ht.writes.items():
-            if receipt.node not in in_tree or receipt.node.lock <= 0:
+        for ack, pw in self.ht.writes.items():
+            locked, nodes = self._receipt_node(pw.lock), pw.nodes
+            if locked not in in_tree or locked.lock <= 0:
                 raise HybridInvariantError(f"write {ack}: its node is gone or unlocked")
             for y in nodes:
                 if y not in in_tree or not (y.host or self.ht.buffer_only):

@@ -2,11 +2,11 @@
 it issued, what it freed, how much of the duplicate map it scanned), so that the engine
 charges time from it and nothing else needs to be read off the tree afterwards.
 
-``Match``, ``Insert``, ``Eviction``, ``HostEviction``, ``LoadResult``, ``Backup`` and
-``HostInsert`` are the FULL tree's (``sim/tree/full.py``); ``HybridMatch``,
-``HybridInsert``, ``HybridLoad``, ``LockReceipt`` and ``HostLockReceipt`` the
-hybrid tree's (``sim/tree/hybrid.py``), whose ``evict`` returns an ``Eviction``
-with per-component fields.
+Every tree is the one core (``sim/tree/hybrid.py``), so every op has one result type,
+with per-component fields: ``Match``, ``Insert``, ``Eviction`` (with its
+``HostEviction``), ``HybridLoad``, ``HostInsert``, ``LockReceipt`` and
+``HostLockReceipt``. The FULL tree (``sim/tree/full.py``) hands the engine a
+load-back as a ``LoadResult``, whose ``load`` is the in-flight load itself.
 """
 
 from __future__ import annotations
@@ -16,20 +16,6 @@ from __future__ import annotations
 # allocation per step). Results are read-only to callers: the tree never touches a
 # result after returning it. Token fields are tokens; fields documented as counts
 # count nodes or duplicate-map entries.
-
-
-class Match:
-    """Result of ``match_prefix`` (sem §3.2), in tokens. ``split``: the match split
-    the node it stopped in (``best`` is then the new upper fragment)."""
-
-    __slots__ = ("device_len", "host_len", "last_device", "best", "split")
-
-    def __init__(self, device_len, host_len, last_device, best, split=False):
-        self.device_len = device_len
-        self.host_len = host_len
-        self.last_device = last_device
-        self.best = best
-        self.split = split
 
 
 class HostEviction:
@@ -87,37 +73,6 @@ class _NoItems(list):
 
 
 NO_ITEMS = _NoItems()
-
-
-class Insert:
-    """Result of ``insert`` (sem §3.1).
-
-    ``prefix_tokens``: tokens of the key already in the tree (either tier);
-    ``new_device_tokens``: tokens newly on device (new leaf plus host-only nodes
-    re-allocated on device); ``node``: the insert's target node (the request's new
-    lock point; the root for an empty key); ``writes``: the write-through
-    ``PendingWrite``s this insert issued, in issue order (each has ``ack_id`` and
-    ``tokens``; they stay in flight until ``finish_write_through``);
-    ``backups_failed``: write-through backups abandoned for lack of host room (a
-    count); ``host``: the host evictions those backups ran to make room;
-    ``split``: whether the walk split a node.
-    """
-
-    __slots__ = ("prefix_tokens", "new_device_tokens", "node", "writes", "backups_failed", "host",
-                 "split")
-
-    def __init__(self, node: "Node"):
-        self.prefix_tokens = 0
-        self.new_device_tokens = 0
-        self.node = node
-        self.writes: list[PendingWrite] = NO_ITEMS
-        self.backups_failed = 0
-        self.host: HostEviction = NO_HOST_EVICTION
-        self.split = False
-
-    def __repr__(self) -> str:
-        return (f"Insert(prefix={self.prefix_tokens}, new={self.new_device_tokens}, "
-                f"node={self.node!r}, writes={len(self.writes)}, failed={self.backups_failed})")
 
 
 class Eviction:
@@ -257,17 +212,19 @@ class HostInsert:
 # ---------------------------------------------------------------- hybrid trees
 
 
-class HybridMatch:
+class Match:
     """``match_prefix``'s result. ``device_len``: tokens up to ``best`` (the deepest
     node every component's validator accepts); ``full_len``: tokens the FULL walk
     matched (``full_kv_hit_length``); ``branch``: the component's branching seqlen
-    (``swa_branching_seqlen`` / ``mamba_branching_seqlen``) or None."""
+    (``swa_branching_seqlen`` / ``mamba_branching_seqlen``) or None; ``split``: the
+    walk split the node it stopped in (the new upper fragment is on the path)."""
 
     __slots__ = ("device_len", "full_len", "best", "branch", "dnode", "host_len",
-                 "aux_host_len")
+                 "aux_host_len", "split")
 
     def __init__(self, device_len, full_len, best, branch, dnode=None, host_len=0,
-                 aux_host_len=0):
+                 aux_host_len=0, split=False):
+        self.split = split
         self.device_len = device_len
         self.full_len = full_len
         self.best = best
@@ -279,16 +236,23 @@ class HybridMatch:
         self.host_len = host_len
         self.aux_host_len = aux_host_len
 
+    # last_device_node: the lock anchor (the engine's name for ``dnode``)
+    last_device = property(lambda self: self.dnode)
 
-class HybridInsert:
+
+class Insert:
     """``insert``'s result: ``prefix_len`` tokens reused, ``new`` fresh FULL tokens
     the request brought, ``aux_new`` fresh SWA tokens (SWA) or 1 (Mamba),
     ``mamba_exist`` (Mamba: the tree already had a state at the target, so the
-    request's fork is freed), ``node`` the target node. write_through: ``writes``,
-    the backups the insert issued, each (ack id, FULL tokens, the component's host
-    units), and ``host``, the host evictions they ran to make room."""
+    request's fork is freed), ``node`` the target node (the request's new lock
+    point; the root for an empty key). write_through: ``writes``, the backups the
+    insert issued, in issue order (each a ``PendingWrite``: ack id, FULL tokens, the
+    component's host units; in flight until its ack), ``host``, the host evictions
+    they ran to make room, and ``backups_failed``, the backups abandoned for lack of
+    host room (a count). ``split``: the walk split a node."""
 
-    __slots__ = ("prefix_len", "new", "aux_new", "mamba_exist", "node", "writes", "host")
+    __slots__ = ("prefix_len", "new", "aux_new", "mamba_exist", "node", "writes", "host",
+                 "backups_failed", "split")
 
     def __init__(self):
         self.prefix_len = 0
@@ -298,6 +262,12 @@ class HybridInsert:
         self.node = None
         self.writes: list = NO_ITEMS
         self.host: HostEviction = NO_HOST_EVICTION
+        self.backups_failed = 0
+        self.split = False
+
+    # the FULL engine's names: the tokens already in the tree, the tokens new on device
+    prefix_tokens = property(lambda self: self.prefix_len)
+    new_device_tokens = property(lambda self: self.new)
 
 
 class HybridLoad:

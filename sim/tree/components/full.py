@@ -131,25 +131,28 @@ class FullComponent:
         sparing evictable D-leaves; only FULL's host copy goes, the component's
         stays), then full ``drive_host_eviction`` over the host leaves by priority,
         sharing one counter. ``op``: the result of the op that needed the room,
-        whose ``host`` it is added to; the engine charges a scan of the whole map,
-        as it stood, for each call."""
+        whose ``host`` it is added to, with the duplicate-map entries the reclaim
+        visited (``scanned``, which the engine charges): core
+        ``_reclaim_full_host_duplicates`` stops its walk as soon as enough is
+        freed, so a reclaim costs the entries it reached, not the whole map."""
         t = self.tree
         ht = t.ht
         freed = 0
-        if ht.dups:
-            t._host_of(op).scanned += len(ht.dups)
         # drive_host_eviction: the duplicate reclaim runs under write_back only.
         policy = ht.host_policy
-        if not ht.wt and policy.reclaims:
+        if not ht.wt and policy.reclaims and not t.skip_reclaim:
             r = policy.reclaim(t, n)
-            freed = r.freed
-            # the breakdown the FULL engine reads (sim.tree.results.HostEviction);
-            # most reclaims free nothing and meet no stale entry
-            if freed or r.swept:
+            # most reclaims scan a few entries, free nothing and meet no stale one
+            if r.scanned:
                 he = t._host_of(op)
-                he.reclaimed_pass1 += r.pass1
-                he.reclaimed_pass2 += r.pass2
-                he.swept += r.swept
+                he.scanned += r.scanned
+                t.stats.reclaim_scanned += r.scanned
+                freed = r.freed
+                if freed:
+                    he.reclaimed_pass1 += r.pass1
+                    he.reclaimed_pass2 += r.pass2
+                if r.swept:
+                    he.swept += r.swept
         lru = 0
         if freed < n:
             # the leaf walk, when the reclaim left some to free
