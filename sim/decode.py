@@ -54,7 +54,7 @@ class Decode:
                 # this step needs no memory work; the steps after it see the results
                 s = None  # the sync's end, where the step goes ahead of it
                 if pipe:
-                    s = self._sync_ahead() if self._sync_s else None
+                    s = self._sync_ahead(waits_last=True) if self._sync_s else None
                     if s is None:
                         yield from self._decode_stalls([])
                     synced = True

@@ -87,11 +87,11 @@ class Forwards:
         ``via``: the end of the iteration's cache sync, which the launch before this
         wait went ahead of (``_sync_ahead``): the wait covers it (``_until_via``)."""
         if via is not None:
-            # the launch followed ``fwd`` on the GPU hold, which ends after the sync
-            if not (isinstance(fwd, _Segment) and fwd.end > via):  # (False while NaN)
-                raise InvariantError("a launch ahead of its sync follows no forward "
-                                     "that ends after it")
-            yield from self._until_via(via, fwd.end)
+            # ``fwd`` ends after the sync (``_sync_ahead`` checked it)
+            if isinstance(fwd, _Segment):
+                yield from self._until_via(via, fwd.end)
+            else:
+                yield fwd  # a prefill's: it cannot end before ``via``, nothing is due
             return
         if fwd is None:
             return
@@ -177,15 +177,17 @@ class Forwards:
         forward on the same hold when nobody is queued for the GPU: a request
         made now would be granted at that forward's end, or now if it has ended.
         ``at``: the launch is the one the loop would make then (``_sync_ahead``: it
-        follows the hold). Returns the forward and the one launched before it."""
+        follows the hold, or its request queues for the busy GPU). Returns the forward
+        and the one launched before it."""
         env = self.env
         h = self._hold
         now = env.now if at is None else at
         if h is not None and not self.gpu.queue:
             seg = _Segment(h, b, ctx, h.end if h.end > now else now)
         else:
-            if at is not None:
-                raise InvariantError("a launch made ahead of its sync must follow the hold")
+            if at is not None and (h is not None or self.gpu.count < self.gpu.capacity):
+                raise InvariantError("a launch ahead of its sync follows the hold or queues "
+                                     "for the GPU")
             self._arm()
             h = self._hold = _DecodeHold(self.gpu)
             seg = _Segment(h, b, ctx, env.now if h.req.triggered else math.nan)
@@ -238,22 +240,37 @@ class Forwards:
             if t <= env.now:
                 return priced
 
-    def _sync_ahead(self) -> float | None:
+    def _sync_ahead(self, waits_last: bool = False) -> float | None:
         """Pipelined: when the iteration's cache sync (``_sync_s`` of CPU, before its
         decode launch) ends, if the launch can be made now instead; None if not, and
         the loop waits for the sync first. It can when no event is due until then
         (nothing else runs meanwhile, so nothing changes what the launch reads) and
-        the launch follows the GPU hold's last forward, which ends after the sync (no
-        forward queued for the GPU): the launch starts at that end whenever it is
-        made. The wait after the launch then covers the sync too (``_until_via``)."""
-        h = self._hold
-        if h is None or self.gpu.queue or not self.merge_sync_waits:
+        the launch makes no event and reads no time: it follows the GPU hold's last
+        forward, which ends after the sync (no forward queued for the GPU), and
+        starts at that end whenever it is made; or, with ``waits_last`` (the loop
+        waits next for the forward launched before it, ``_launch_step``), there is no
+        hold and its request queues for the busy GPU. With ``waits_last`` that
+        forward must end after the sync too. The wait after the launch then covers
+        the sync (``_until_via``, or the prefill's process)."""
+        if not self.merge_sync_waits:
             return None
         env = self.env
         s = env.now + self._sync_s  # where SimPy's timeout would land
-        if h.end > s and env.peek() > s:  # (False while the hold's end is NaN)
-            return s
-        return None
+        if not env.peek() > s:
+            return None
+        h = self._hold
+        if h is not None:
+            if self.gpu.queue or not h.end > s:  # (not after ``s`` while NaN)
+                return None
+        elif not waits_last or self.gpu.count < self.gpu.capacity:
+            return None
+        if waits_last:
+            fwd = self._fwd_last
+            if isinstance(fwd, _Segment):
+                return s if fwd.end > s else None
+            # a prefill's process: as nothing is due before ``s``, it ends after it
+            return s if fwd is not None and not fwd.processed else None
+        return s
 
     def _until_via(self, s: float, t: float):
         """Wait until ``t`` (after ``s``), the loop's cache sync ending at ``s`` on the
