@@ -155,7 +155,7 @@ class Forwards:
         prev, self._fwd_last = self._fwd_last, self.env.process(gen)
         return prev
 
-    def _on_gpu(self, dur: float, starts: list, span: tuple):
+    def _on_gpu(self, dur: float, starts: list, span: tuple | None):
         """One prefill forward: it queues behind the forward before it on the GPU,
         begins once its batch's loads have started (layer-wise overlap), and holds
         the GPU for ``dur``."""
@@ -166,8 +166,9 @@ class Forwards:
                 yield simpy.AllOf(env, starts)
             t0 = env.now
             yield env.timeout(dur)
-        name, ranks, args = span
-        self._trace(name, "forward", ranks, t0, env.now - t0, **args)
+        if span is not None:  # tracing
+            name, ranks, args = span
+            self._trace(name, "forward", ranks, t0, env.now - t0, **args)
         self._kick()  # an idle loop may be waiting for the group's last forward
 
     def _decode_forward(self, b: int, ctx: int, steps: int | None = None,
