@@ -2,6 +2,7 @@
 sharing replicas saves, per jitter class.
 
 Usage: python benchmarks/bench_sim.py [--requests 10000] [--profile] [--no-classes]
+       python benchmarks/bench_sim.py --timings ROUNDS [--requests 10000]
 The workload is quickstart.yaml's multi-turn chat generator at 10k requests. Jitter
 "on" delays every rank's acks (exponential, mean 2 ms): under SGLang's synced ack
 discipline that is absorbed, so it measures the cost of per-rank ack bookkeeping.
@@ -11,6 +12,10 @@ store and an arriving turn prefetches what the host lost (target: 3,000 simulate
 requests per wall-second).
 Then every shipped jitter scenario runs with ``engine.replicas`` shared and eager
 (results are byte-identical by construction; only the wall time differs).
+``--timings`` runs only the TP=8 jitter-off run under each ``scheduler.overlap_timing``,
+alternating, ROUNDS times each, and prints CPU seconds (``time.process_time``): what
+the pipelined loop's extra SimPy events and bookkeeping cost against ``serial``.
+``--profile --set KEY=VALUE`` profiles that run with a setting changed.
 """
 
 from __future__ import annotations
@@ -35,9 +40,9 @@ STORAGE = ["storage.backend=mooncake"]
 STORAGE_TARGET = 3000  # simulated requests per wall-second, TP=8 with storage on
 
 
-def one(tp: int, jitter: bool, n: int, storage: bool = False):
+def one(tp: int, jitter: bool, n: int, storage: bool = False, extra: list | None = None):
     sets = [f"tp={tp}", f"workload.num_requests={n}", "scheduler.max_running_requests=64",
-            "workload.arrival.rate=20"]
+            "workload.arrival.rate=20", *(extra or [])]
     if jitter:
         sets += JITTER
     if storage:
@@ -56,11 +61,18 @@ def main():
     ap.add_argument("--storage", action="store_true",
                     help="only the TP=8 storage run (with --profile: profile it)")
     ap.add_argument("--no-classes", action="store_true", help="skip the shared-vs-eager table")
+    ap.add_argument("--timings", type=int, metavar="ROUNDS",
+                    help="CPU seconds of the TP=8 run, serial vs pipelined, alternating")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --profile: a scenario setting for the profiled run")
     args = ap.parse_args()
+    if args.timings:
+        timings(args.requests, args.timings)
+        return
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
-        one(8, False, args.requests, storage=args.storage)
+        one(8, False, args.requests, storage=args.storage, extra=args.set)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
         return
@@ -83,6 +95,24 @@ def main():
     if not args.no_classes:
         replicas()
     cluster()
+
+
+def timings(n: int, rounds: int):
+    """The TP=8 jitter-off run under each overlap timing, alternating: CPU seconds per
+    run, then min and median of each and their pipelined/serial ratios."""
+    import statistics
+    cpu = {"serial": [], "pipelined": []}
+    one(1, False, 500)  # warm-up (imports, caches): not timed
+    for _ in range(rounds):
+        for mode in cpu:
+            t0 = time.process_time()
+            one(8, False, n, extra=[f"scheduler.overlap_timing={mode}"])
+            cpu[mode].append(time.process_time() - t0)
+            print(f"{mode:>9} {cpu[mode][-1]:7.2f} CPU s", flush=True)
+    for f in (min, statistics.median):
+        s, p = f(cpu["serial"]), f(cpu["pipelined"])
+        print(f"{f.__name__:>6}: serial {s:.2f} s ({n / s:,.0f} req/CPU-s), pipelined {p:.2f} s "
+              f"({n / p:,.0f} req/CPU-s), pipelined/serial {p / s:.3f}")
 
 
 def storage(n: int, plain_wall: float | None = None):

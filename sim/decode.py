@@ -52,11 +52,14 @@ class Decode:
                 k_cap = 1  # its frees and inserts change the next step's headroom
             else:
                 # this step needs no memory work; the steps after it see the results
+                s = None  # the sync's end, where the step goes ahead of it
                 if pipe:
-                    yield from self._decode_stalls([])
+                    s = self._sync_ahead(waits_last=True) if self._sync_s else None
+                    if s is None:
+                        yield from self._decode_stalls([])
                     synced = True
-                    first = self._launch_step()
-                yield from self._results_of(first[1] if first else None)
+                    first = self._launch_step(s)
+                yield from self._results_of(first[1] if first else None, s)
                 limit = min([rq.remaining for rq in self.running])
                 if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
                     limit = 1

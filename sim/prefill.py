@@ -65,8 +65,10 @@ class Prefill:
                   + (cost.batch_load_stall(p.load_tokens, p.chunks) if p.load_tokens else 0.0)
                   for _, p in plans)
         starts = [p.started for _, p in plans if p.started is not None]
-        span = ("prefill", self._ranks(), {"requests": len(p0.reqs),
-                                           "tokens": sum(e for _, _, e in p0.shape)})
+        # the forward's trace span (name, ranks, args), built only when tracing
+        span = None if self.trace is None else (
+            "prefill", self._ranks(), {"requests": len(p0.reqs),
+                                       "tokens": sum(e for _, _, e in p0.shape)})
         if self._pipelined:
             # `run_batch` launches the forward, then `pop_and_process` handles the last
             # batch's results once its forward has ended
@@ -82,8 +84,9 @@ class Prefill:
         dur += self._sync_s  # serial: the iteration's sync is part of its forward
         self.busy_s += dur
         yield env.timeout(dur)
-        name, ranks, args = span
-        self._trace(name, "forward", ranks, now, env.now - now, **args)
+        if span is not None:
+            name, ranks, args = span
+            self._trace(name, "forward", ranks, now, env.now - now, **args)
         self._after_prefill(plans, now)
         yield from self._result_scan_time()
 
