@@ -552,10 +552,11 @@ class HybridTree(TreeCore):
                 split = p < m
                 node = self._split(child, p) if split else child
                 pos += p
-                # both validators run at every node, the host-accepting one first
-                if valid(node) and (node.dev or node.host):
+                # both validators run at every node, the host-accepting one first (None:
+                # the component accepts every node, so there is nothing to call)
+                if (valid is None or valid(node)) and (node.dev or node.host):
                     best = node
-                if dvalid(node) and node.dev:
+                if (dvalid is None or dvalid(node)) and node.dev:
                     dbest, best_units = node, pos
                 if split:
                     break
@@ -574,12 +575,12 @@ class HybridTree(TreeCore):
                     split = True
                     pos += p
                     # FULL's validator holds (FULL on device); every validator runs.
-                    if valid(node):
+                    if valid is None or valid(node):
                         best, best_units = node, pos
                     break
                 pos += p
                 node = child
-                if valid(node):
+                if valid is None or valid(node):
                     best, best_units = node, pos
         aux.match_end(best)
         t = self._tick()

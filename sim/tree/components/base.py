@@ -251,7 +251,8 @@ class TreeComponent:
 
     def match_validator(self, device_only: bool = True):
         """base ``create_match_validator`` (abstract): a per-match predicate, whether
-        a node is a valid match boundary for this component."""
+        a node is a valid match boundary for this component; None when every node
+        is (the core then calls nothing)."""
         raise NotImplementedError
 
     def match_end(self, best) -> None:

@@ -29,10 +29,6 @@ from __future__ import annotations
 from sim.tree.components.base import TreeComponent
 
 
-def _any_node(node) -> bool:
-    return True
-
-
 class NoComponent(TreeComponent):
     """No auxiliary component: the FULL-only unified core (module docstring)."""
 
@@ -56,7 +52,8 @@ class NoComponent(TreeComponent):
         """Nothing of this component's to share out (FULL's part is the core's)."""
 
     def match_validator(self, device_only: bool = True):
-        return _any_node
+        """None: every node is a valid boundary (the core then calls no validator)."""
+        return None
 
     def acquire_lock(self, node):
         return None
