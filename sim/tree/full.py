@@ -101,14 +101,19 @@ class Tree(HybridTree):
     # ------------------------------------------------------------- locks
     def inc_lock(self, node, skip_aux: bool = False):
         """FULL's path lock (core ``inc_lock_ref`` with FULL alone); the node is the
-        receipt."""
+        receipt. The lock walk takes every device node it locks out of the device
+        leaf set; only a host-only anchor (a load-back's) has a leaf set left to
+        leave, which the core's refresh of the anchor does."""
         self.full.acquire_lock(node)
-        self._refresh(node)
+        if not node.dev:
+            self._refresh(node)
         return node
 
     def dec_lock(self, node) -> None:
+        """core ``dec_lock_ref`` with FULL alone: the unlock walk refreshes every node
+        whose last lock it releases, the anchor's refresh after it has nothing left
+        to change."""
         self.full.release_lock(node)
-        self._refresh(node)
 
     @staticmethod
     def _receipt_node(node):

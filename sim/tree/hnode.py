@@ -71,7 +71,20 @@ class HostHNode(HNode):
                  "hlp", "hln", "lb", "hit_count", "wp", "huuid", "priority")
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
-        super().__init__(nid, key, parent, t_access, t_create)
+        # HNode's fields, set here rather than through its __init__: a node is built
+        # per insert, split and host refill, and the call is most of its cost
+        self.id = nid
+        self.parent = parent
+        self.children: dict = {}
+        self.key = key
+        self.lock = 0
+        self.aux = False
+        self.aux_lock = 0
+        self.uuid = None
+        self.last_access = t_access
+        self.creation = t_create
+        self.lp = None
+        self.ln = None
         self.dev = True
         self.host = False
         self.host_lock = 0

@@ -534,13 +534,17 @@ class HybridTree(TreeCore):
         node, pos, n = self.root, 0, len(key)
         best, best_units = self.root, 0
         split = False
+        hooks = aux.holds_values
         if hicache:
             # Two validator sets, one that also accepts host copies (best_match_node)
             # and the device-only one (last_device_node), every validator run at
             # every node; best_units are last_device_node's.
             dbest = self.root
-            valid = aux.match_validator(device_only=False)
-            dvalid = aux.match_validator(device_only=True)
+            if hooks:
+                valid = aux.match_validator(device_only=False)
+                dvalid = aux.match_validator(device_only=True)
+            else:
+                valid = dvalid = None
             while pos < n:
                 child = node.children.get(key[pos])
                 if child is None or not (child.dev or child.host):
@@ -561,7 +565,7 @@ class HybridTree(TreeCore):
                 if split:
                     break
         else:
-            valid = aux.match_validator()
+            valid = aux.match_validator() if hooks else None
             while pos < n:
                 child = node.children.get(key[pos])
                 if child is None:
@@ -582,7 +586,8 @@ class HybridTree(TreeCore):
                 node = child
                 if valid is None or valid(node):
                     best, best_units = node, pos
-        aux.match_end(best)
+        if hooks:
+            aux.match_end(best)
         t = self._tick()
         x = best
         while x is not None:
@@ -592,8 +597,8 @@ class HybridTree(TreeCore):
         device_len = best_units * ps
         full_len = pos * ps
         if not hicache:
-            return Match(device_len, full_len, best, aux.branch(device_len, full_len),
-                         split=split)
+            return Match(device_len, full_len, best,
+                         aux.branch(device_len, full_len) if hooks else None, split=split)
         # full finalize_match_result_in_tree_core: host_hit_length, the host tokens
         # from best_match_node up to last_device_node
         host = 0
@@ -602,6 +607,8 @@ class HybridTree(TreeCore):
             if x.host:
                 host += len(x.key) * ps
             x = x.parent
+        if not hooks:
+            return Match(device_len, full_len, best, None, dbest, host, 0, split)
         return Match(device_len, full_len, best, aux.branch(device_len + host, full_len),
                      dbest, host, aux.host_hit(best), split)
 
@@ -630,7 +637,9 @@ class HybridTree(TreeCore):
         if res.new > self.device_capacity - self.dev_used - self.reserved:
             raise HybridTreeError("device_full")
         aux = self.aux
-        aux.prepare_insert(key, prev, res, aux_args)
+        hooks = aux.holds_values
+        if hooks:
+            aux.prepare_insert(key, prev, res, aux_args)
         self.root.last_access = self._tick()  # _touch_node(root)
         if not key:
             # begin_insert answers mamba_exist=True: the request's slot is freed
@@ -643,7 +652,8 @@ class HybridTree(TreeCore):
             child = node.children.get(key[pos])
             if child is None:
                 break
-            child.last_access = self._tick()  # _touch_node
+            child.last_access = self._clock  # _touch_node: one clock draw, inline
+            self._clock += 1.0
             if priority > child.priority:
                 child.priority = priority
             ckey = child.key
@@ -654,8 +664,9 @@ class HybridTree(TreeCore):
                 res.split = True
             if not child.dev:
                 self._unevict(child)
-                aux.recover_after_unevict(child, p * ps, pos * ps, aux_args)
-            else:
+                if hooks:
+                    aux.recover_after_unevict(child, p * ps, pos * ps, aux_args)
+            elif hooks:
                 aux.insert_overlap(child, p * ps, pos * ps, prev, aux_args)
             # _finish_insert_walk_node: a walked node whose hit count reaches the
             # threshold is backed up at once (BackupKV is a barrier).
@@ -680,11 +691,13 @@ class HybridTree(TreeCore):
             if self.rec is not None:
                 self._ev("new", leaf, n=t)
             res.node = leaf
-            aux.commit_insert(leaf, True, res, aux_args)
+            if hooks:
+                aux.commit_insert(leaf, True, res, aux_args)
         else:
             res.node = node
-            aux.commit_insert(node, False, res, aux_args)
-        if res.node is not self.root:
+            if hooks:
+                aux.commit_insert(node, False, res, aux_args)
+        if hooks and res.node is not self.root:
             aux.insert_end(res.node)
         if wt:
             self._backup_after_insert(res.node, (n_tok > inserted) if pos < n else None, res)
@@ -711,7 +724,8 @@ class HybridTree(TreeCore):
         if new_leaf is not None:
             if new_leaf and self._inc_hit(target):
                 self._write_chain(target, res)
-        elif target.host and target.wp is None and self.aux.needs_incremental_backup(target):
+        elif (target.host and target.wp is None and self.aux.holds_values
+              and self.aux.needs_incremental_backup(target)):
             self._write_chain(target, res)
 
     def _write_chain(self, node: HNode, res: Insert) -> None:
@@ -932,7 +946,7 @@ class HybridTree(TreeCore):
         had no room."""
         t = 0 if x.host else len(x.key) * self.page_size
         comp = self.aux
-        aux = comp.backup_nodes(x)
+        aux = comp.backup_nodes(x) if comp.holds_values else NO_ITEMS
         if t == 0 and not aux:
             return 0, 0
         avail = self.ht.host_capacity - self.ht.host_used - self.ht.host_reserved

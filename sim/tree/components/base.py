@@ -143,6 +143,9 @@ class TreeComponent:
     # core reset(): this component's device and host UnifiedLRUList (their sentinels'
     # clock draws); 0 for no component.
     lru_lists = 1
+    # False: the component holds no values, so its match, insert and backup hooks do
+    # nothing and the core skips calling them (components/none.py: FULL alone).
+    holds_values = True
 
     def __init__(self):
         self.tree = self.root = None

@@ -38,6 +38,7 @@ class NoComponent(TreeComponent):
     priority = 0
     prev_at_boundary = False
     lru_lists = 0
+    holds_values = False
 
     def value_len(self, node) -> int:
         return 0
