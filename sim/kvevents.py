@@ -221,7 +221,7 @@ class KvReplayer(Replayer):
             self._record(node, _STORE[kind], store=True)
         elif kind in _REMOVE:
             self._record(node, _REMOVE[kind], store=False)
-        elif kind == "backup" and not self.tree.ht.wt:
+        elif kind == "backup" and self.tree.write.write_back:
             # write_back's victim backup, acknowledged at once before its demote
             # (writing_check(write_back=True) -> finish_write_through); a
             # write_through backup's store is recorded at its ack (``finish``).

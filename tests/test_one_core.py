@@ -150,3 +150,22 @@ def test_a_reclaim_costs_the_entries_it_visited():
     # a walk that must pass the whole map to free enough scans all of it
     he = t.evict_host(4 * 7)
     assert (he.reclaimed_pass1, he.scanned, len(t.dups)) == (28, 7, 0)
+
+
+def test_check_holds_the_tokens_on_both_tiers_and_the_content_hash():
+    """The ledgers kept where FULL's residency flips (``_flip_dev`` / ``_flip_host``)
+    are recomputed by ``check``: a counter or a running hash that drifts is named."""
+    from sim.errors import InvariantError
+
+    t = Tree(device_capacity=16, host_capacity=16)
+    t.insert([1, 2, 3])
+    t.backup_node(t.match_prefix([1, 2, 3]).best)
+    assert t.dup_tokens == 3 and t.content_hash
+    t.check()
+    t.ht.dup_used += 1
+    with pytest.raises(InvariantError, match="both tiers"):
+        t.check()
+    t.ht.dup_used -= 1
+    t._hash ^= 1
+    with pytest.raises(InvariantError, match="content hash"):
+        t.check()

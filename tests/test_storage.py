@@ -213,11 +213,11 @@ def test_book_locks_the_anchor_and_releases_everything_on_revoke():
     key = [1, 2, 3, 4, 5]
     res = b.issue("p", t.match_prefix(key), key)
     anchor = res.anchor
-    assert res.reason is None and res.requested == 3 and anchor.host_lock_ref == 1
+    assert res.reason is None and res.requested == 3 and anchor.host_lock == 1
     assert anchor not in t.h_leaves and b.occupied == 3
     assert b.hit("p", 3).staged == 3 and t.host_reserved == 3
     b.revoke("p")
-    assert (t.host_reserved, b.occupied, anchor.host_lock_ref) == (0, 0, 0)
+    assert (t.host_reserved, b.occupied, anchor.host_lock) == (0, 0, 0)
     assert anchor in t.h_leaves
     with pytest.raises(PrefetchError) as e:
         b.revoke("p")
@@ -244,7 +244,7 @@ def test_book_rate_limit_and_storage_writes():
     node = t.match_prefix([9, 9]).best
     assert b.write("w", node) is False          # no host copy: nothing written
     t.evict_device(2)
-    assert b.write("w", node) is True and node.host_lock_ref == 1
+    assert b.write("w", node) is True and node.host_lock == 1
     assert t.evict_host(2).freed == 0           # the storage write holds it
     b.write_ack("w")
     assert t.evict_host(2).freed == 2

@@ -240,4 +240,4 @@ def test_auto_storage_writes_follow_each_ack_and_skip_taken_ids(tmp_path):
     for i, op in enumerate(lines[1:], 1):
         r.apply(i, op)
     assert sorted(r.storage.writes) == ["s1", "s2", "s3"]
-    assert r.tree.node_by_id(1).host_lock_ref == 2
+    assert r.tree.node_by_id(1).host_lock == 2

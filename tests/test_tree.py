@@ -214,9 +214,9 @@ def test_write_through_deletes_unbacked_leaf_and_backs_up_on_insert():
     t.insert([1, 2, 3])
     assert t.host_used == 3 and len(t.pending_writes) == 1
     x = t.root.children[1]
-    assert x.lock_ref == 1 and x not in t.d_leaves  # locked until the ack
+    assert x.lock == 1 and x not in t.d_leaves  # locked until the ack
     t.finish_write_through(x.id)
-    assert x.id in t.dups and x.lock_ref == 0
+    assert x.id in t.dups and x.lock == 0
     t.insert([5, 5])  # backup needs 2 host tokens, 1 free, no H-leaf: chain abandoned
     assert t.host_used == 3 and t.stats.backup_failures == 1
     t.match_prefix([1, 2, 3])
@@ -256,10 +256,10 @@ def test_host_lock_follows_splits():
     holder = t.host_lock(x)
     t.match_prefix([1, 2])
     up = x.parent
-    assert up.host_lock_ref == 1 and holder.top is up
+    assert up.host_lock == 1 and holder.top is up
     assert up not in t.h_leaves and t.evict_host(4).freed == 0
     t.host_unlock(holder)
-    assert up.host_lock_ref == 0 and x.host_lock_ref == 0
+    assert up.host_lock == 0 and x.host_lock == 0
     assert t.evict_host(4).freed == 4 and t.n_nodes == 0
 
 

@@ -123,7 +123,7 @@ def _rows(tree: Tree) -> dict[tuple, dict]:
     for x in tree.iter_nodes():
         path = tuple(_unit_page(u) for u in tree.path_units(x))
         out[path] = {"id": x.id, "pages": len(x.key), "dev": x.dev, "host": x.host,
-                     "lock": x.lock_ref, "host_lock": x.host_lock_ref}
+                     "lock": x.lock, "host_lock": x.host_lock}
     return out
 
 

@@ -23,7 +23,7 @@ from sim.policies import resolve
 from sim.policies.write import WRITE_POLICIES
 from sim.tree.components.none import NoComponent
 from sim.tree.core import RUST_ID_SCHEMES
-from sim.tree.hybrid import HybridTree
+from sim.tree.hybrid import HybridTree, host_field
 from sim.tree.results import (
     _REJECTED,
     NO_HOST_EVICTION,
@@ -58,14 +58,10 @@ class Tree(HybridTree):
         self.digest_xor = 0
 
     # ------------------------------------------------------------- ledgers
-    @property
-    def host_capacity(self) -> int:
-        return self.ht.host_capacity
-
-    @host_capacity.setter
-    def host_capacity(self, v: int) -> None:  # a host-skewed rank, once at t=0 (sim.ranks)
-        self.ht.host_capacity = v
-
+    host_capacity = host_field("host_capacity", "a host-skewed rank's is set at t=0 (sim.ranks)")
+    host_alloc_fail = host_field("host_alloc_fail", "a rank's scripted host allocation failures")
+    on_host_backup = host_field("on_host_backup", "the storage tier's write hook")
+    buffer_only = host_field("buffer_only", "--hicache-host-memory-mode buffer_only")
     host_reserved = property(lambda self: self.ht.host_reserved,
                              doc="host slots staged prefetches hold (``stage_host``)")
     host_free = property(lambda self: self.ht.host_capacity - self.ht.host_used
@@ -73,30 +69,6 @@ class Tree(HybridTree):
                          doc="host slots neither in the tree nor staged")
     pending_writes = property(lambda self: self.ht.writes,
                               doc="write_through / buffer_only D->H writes in flight, by ack id")
-
-    @property
-    def host_alloc_fail(self):
-        return self.ht.host_alloc_fail
-
-    @host_alloc_fail.setter
-    def host_alloc_fail(self, fn) -> None:
-        self.ht.host_alloc_fail = fn
-
-    @property
-    def on_host_backup(self):
-        return self.ht.on_host_backup
-
-    @on_host_backup.setter
-    def on_host_backup(self, fn) -> None:
-        self.ht.on_host_backup = fn
-
-    @property
-    def buffer_only(self) -> bool:
-        return self.ht.buffer_only
-
-    @buffer_only.setter
-    def buffer_only(self, on: bool) -> None:
-        self.ht.buffer_only = on
 
     # ------------------------------------------------------------- locks
     def inc_lock(self, node, skip_aux: bool = False):
@@ -196,13 +168,3 @@ class Tree(HybridTree):
                      "release_duplicate"):
             new.__dict__.pop(name, None)
         return new
-
-    def node_by_id(self, nid: int):
-        """The live node with id ``nid`` (the root included), or None. A walk: for
-        replay and tests, not for the engine's hot path."""
-        if nid == self.root.id:
-            return self.root
-        for x in self.iter_nodes():
-            if x.id == nid:
-                return x
-        return None

@@ -56,10 +56,6 @@ class HNode:
         self.lp = None
         self.ln = None
 
-    # FULL's lock counts by the names the engine's analysis reads (``Node``'s)
-    lock_ref = property(lambda self: self.lock)
-    host_lock_ref = property(lambda self: self.host_lock)
-
     def __repr__(self) -> str:
         return f"HNode({self.id}, {len(self.key)}p{', aux' if self.aux else ''})"
 
@@ -71,20 +67,7 @@ class HostHNode(HNode):
                  "hlp", "hln", "lb", "hit_count", "wp", "huuid", "priority")
 
     def __init__(self, nid: int, key: list, parent, t_access: float, t_create: float):
-        # HNode's fields, set here rather than through its __init__: a node is built
-        # per insert, split and host refill, and the call is most of its cost
-        self.id = nid
-        self.parent = parent
-        self.children: dict = {}
-        self.key = key
-        self.lock = 0
-        self.aux = False
-        self.aux_lock = 0
-        self.uuid = None
-        self.last_access = t_access
-        self.creation = t_create
-        self.lp = None
-        self.ln = None
+        super().__init__(nid, key, parent, t_access, t_create)
         self.dev = True
         self.host = False
         self.host_lock = 0

@@ -74,6 +74,14 @@ def _content(node) -> int:
     return 0
 
 
+def host_field(name: str, doc: str | None = None) -> property:
+    """A tree attribute that is the host tier's field ``name`` (``_HostState``),
+    read and written through it: the engine sets a rank's hooks and a skewed
+    capacity on the tree (sim/tree/full.py)."""
+    return property(lambda self: getattr(self.ht, name),
+                    lambda self, v: setattr(self.ht, name, v), doc=doc)
+
+
 class LoadBack:
     """An in-flight load-back: its id, anchor, device lock and host lock receipts,
     and the FULL tokens it moves H->D."""
@@ -1435,14 +1443,22 @@ class HybridTree(TreeCore):
     def receipt_in(self, receipt: LockReceipt) -> LockReceipt:
         """The same lock, anchored at this tree's node with the receipt's node id
         (a receipt taken on the tree this one was cloned from)."""
-        nid = receipt.node.id
-        node = self.root if nid == self.root.id else next(
-            (n for n in self.iter_nodes() if n.id == nid), None)
+        node = self.node_by_id(receipt.node.id)
         if node is None:
             raise HybridTreeError("unknown_node")
         out = LockReceipt(node, receipt.uuid, receipt.skip_aux)
         out.swa_released = receipt.swa_released
         return out
+
+    def node_by_id(self, nid: int):
+        """The live node with id ``nid`` (the root included), or None. A walk: for
+        forks, replay and tests, not for the engine's hot path."""
+        if nid == self.root.id:
+            return self.root
+        for x in self.iter_nodes():
+            if x.id == nid:
+                return x
+        return None
 
     def fingerprint(self) -> tuple:
         """A structural summary two replicas agree on iff their logical states match
@@ -1533,9 +1549,11 @@ class HybridTree(TreeCore):
         host-only values that are not host-locked, and nothing else but host-only
         values), duplicates map entries, host-lock boundaries, load-back pins."""
         ps = self.page_size
-        host = ahost = 0
+        host = ahost = dup = 0
         for n in in_tree:
             t = len(n.key) * ps
+            if n.dev and n.host:
+                dup += t
             if not (n.dev or n.host):
                 raise HybridInvariantError(f"node {n.id}: FULL on neither tier")
             if n.dev and n.parent is not self.root and not n.parent.dev:
@@ -1589,6 +1607,11 @@ class HybridTree(TreeCore):
                 if y not in in_tree or not (y.host or self.ht.buffer_only):
                     raise HybridInvariantError(f"write {ack}: published node {y.id} gone "
                                                f"or without a host copy")
+        if dup != self.ht.dup_used:
+            raise HybridInvariantError(f"tokens on both tiers: tree {dup}, counter "
+                                       f"{self.ht.dup_used}")
+        if self._hashing and self._hash != sum(_content(x) for x in in_tree) & _M64:
+            raise HybridInvariantError("content hash differs from the nodes' contents")
         if (host, ahost) != (self.ht.host_used, self.ht.aux_host_used):
             raise HybridInvariantError(f"host ledgers (FULL, {self.AUX}): tree {(host, ahost)}, "
                                        f"counters {(self.ht.host_used, self.ht.aux_host_used)}")
