@@ -16,6 +16,10 @@ Then every shipped jitter scenario runs with ``engine.replicas`` shared and eage
 alternating, ROUNDS times each, and prints CPU seconds (``time.process_time``): what
 the pipelined loop's extra SimPy events and bookkeeping cost against ``serial``.
 ``--profile --set KEY=VALUE`` profiles that run with a setting changed.
+``--eager ROUNDS`` runs the TP=8 and TP=32 jitter-off run with ``engine.replicas``
+shared and eager, alternating, ROUNDS times each, and prints CPU seconds and the
+eager/shared ratio (min and median), with the plain path that never merges identical
+replicas back (``Simulation.coalesce_replicas = False``) as a third column.
 """
 
 from __future__ import annotations
@@ -63,11 +67,16 @@ def main():
     ap.add_argument("--no-classes", action="store_true", help="skip the shared-vs-eager table")
     ap.add_argument("--timings", type=int, metavar="ROUNDS",
                     help="CPU seconds of the TP=8 run, serial vs pipelined, alternating")
+    ap.add_argument("--eager", type=int, metavar="ROUNDS",
+                    help="CPU seconds of TP=8 and TP=32, shared vs eager replicas, alternating")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="with --profile: a scenario setting for the profiled run")
     args = ap.parse_args()
     if args.timings:
         timings(args.requests, args.timings)
+        return
+    if args.eager:
+        eager(args.requests, args.eager)
         return
     if args.profile:
         prof = cProfile.Profile()
@@ -113,6 +122,33 @@ def timings(n: int, rounds: int):
         s, p = f(cpu["serial"]), f(cpu["pipelined"])
         print(f"{f.__name__:>6}: serial {s:.2f} s ({n / s:,.0f} req/CPU-s), pipelined {p:.2f} s "
               f"({n / p:,.0f} req/CPU-s), pipelined/serial {p / s:.3f}")
+
+
+def eager(n: int, rounds: int):
+    """Shared against eager replicas at TP 8 and 32, in CPU seconds, alternating;
+    "plain" is eager with identical replicas never merged back (what divergence
+    costs when every rank runs its own tree to the end)."""
+    import statistics
+    from sim.events import Simulation
+    one(1, False, 500)  # warm-up (imports, caches): not timed
+    for tp in (8, 32):
+        cpu = {"shared": [], "eager": [], "plain": []}
+        for _ in range(rounds):
+            for mode in cpu:
+                Simulation.coalesce_replicas = mode != "plain"
+                t0 = time.process_time()
+                one(tp, False, n, extra=[f"engine.replicas={'shared' if mode == 'shared' else 'eager'}"])
+                cpu[mode].append(time.process_time() - t0)
+            Simulation.coalesce_replicas = True
+            print(f"tp {tp}: " + ", ".join(f"{m} {v[-1]:.2f}" for m, v in cpu.items()), flush=True)
+        for f in (min, statistics.median):
+            s = f(cpu["shared"])
+            print(f"tp {tp} {f.__name__:>6}: shared {s:.2f} s, eager {f(cpu['eager']):.2f} s "
+                  f"({f(cpu['eager']) / s:.2f}x), plain eager {f(cpu['plain']):.2f} s "
+                  f"({f(cpu['plain']) / s:.2f}x)")
+        ratios = [e / s for e, s in zip(cpu["eager"], cpu["shared"])]
+        print(f"tp {tp} eager/shared per round: min {min(ratios):.2f}, median "
+              f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}")
 
 
 def storage(n: int, plain_wall: float | None = None):

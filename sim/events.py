@@ -54,6 +54,7 @@ import simpy
 from sim import consensus
 from sim.acks import CacheSync
 from sim.admission import Admission
+from sim.coalesce import Coalescer
 from sim.clock import until  # noqa: F401  (sim.events.until: part of this module's API)
 from sim.collectives import make_collective
 from sim.config import SimConfig
@@ -217,6 +218,10 @@ class Simulation(Admission, Prefill, Decode, CacheSync, Forwards):
     copies and acks (``sim/acks.py``) and the forwards on the GPU
     (``sim/forwards.py``), one class over one state."""
 
+    # Replicas that have become identical merge back into one (``sim.coalesce``);
+    # False: the plain path, every fork kept to the end (the tests compare the two).
+    coalesce_replicas = True
+
     def __init__(self, cfg: SimConfig, workload: Iterable | None, cost=None, *,
                  progress: Callable | None = None, trace_events: list | None = None,
                  env: simpy.Environment | None = None, instance: int = 0):
@@ -251,6 +256,9 @@ class Simulation(Admission, Prefill, Decode, CacheSync, Forwards):
         self.instance = instance
         self.jitter = Jitter(cfg.jitter, cfg.tp, cfg.seed, rank_base=instance * cfg.tp)
         self.group = RankGroup(cfg, self.env, self.jitter)
+        # identical replicas merge back (sim.coalesce); the plain path keeps them apart
+        self._coalesce = (Coalescer(self, self.group.pinned)
+                          if cfg.tp > 1 and self.coalesce_replicas else None)
         self.faults = ScriptedFaults(cfg.faults, lambda: self._iter_step)
         for c in self.group.cohorts:
             self.faults.install(c)
@@ -494,6 +502,8 @@ class Simulation(Admission, Prefill, Decode, CacheSync, Forwards):
             self._sample()
             self._sync_mismatch = False
             self._sync()
+            if self._coalesce is not None:
+                self._coalesce.step()
             if self._lanes is None:
                 ran = yield from self._batch()
             else:

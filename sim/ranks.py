@@ -116,15 +116,18 @@ class RankGroup:
         self.tp = cfg.tp
         self.jitter = jitter
         self.forks: list[dict] = []  # bookkeeping (never in results: see module doc)
+        self.merges: list[dict] = []  # identical replicas merged back (sim.coalesce)
+        self.retired: list[Cohort] = []  # merged-away cohorts: their ids stay unique
         base = self._make_tree()
         self.cohorts: list[Cohort] = [Cohort(env, list(range(cfg.tp)), base,
                                              ops=[] if cfg.record_ops else None,
                                              sched=SchedState(cfg.schedule_conservativeness))]
         if cfg.rank_consensus:
             self.cohorts[0].consensus = []
-        own = (range(1, cfg.tp) if cfg.replicas == "eager"
-               else sorted(set(cfg.jitter.physical_ranks(cfg.tp))
-                           | {f[0] for f in cfg.faults if f[0] < cfg.tp}))
+        # ranks whose replica carries their own hardware's hooks or a scripted fault
+        self.pinned = (set(cfg.jitter.physical_ranks(cfg.tp))
+                       | {f[0] for f in cfg.faults if f[0] < cfg.tp})
+        own = range(1, cfg.tp) if cfg.replicas == "eager" else sorted(self.pinned)
         for r in own:
             if r < cfg.tp and cfg.tp > 1:
                 self.fork(r, "replica", 0.0)

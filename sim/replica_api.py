@@ -14,6 +14,10 @@ replica (its kind, its per-component summary). The hybrid hooks
 (``sim.hybrid.replica.HybridHooks``) live beside the replica they drive and use
 its own fields; they are not the engine.
 
+Two exceptions see a replica whole, as an object graph: ``clone`` copies it for a
+fork, and ``sim.coalesce`` compares two of them to merge them back; neither reads a
+field by name.
+
 The ``reserved`` ledger (device tokens running requests hold outside the tree) is
 written only by the replica's allocator (``sim.allocator.KVAllocator``); the
 engine never writes a tree node.

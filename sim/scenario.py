@@ -605,11 +605,12 @@ class AckDelaySteps(_Model):
 class Engine(_Model):
     """How the simulator keeps the ranks' replicas. ``shared``: ranks share one tree
     until a rank-specific event forks one off; ``eager``: one tree per rank from the
-    start. Both give byte-identical results (the option exists to check that), as do
-    both settings of ``decode_runs`` and ``check_invariants``."""
+    start. Either way, replicas whose whole state is equal again merge back into one.
+    Both give byte-identical results (the option exists to check that), as do both
+    settings of ``decode_runs`` and ``check_invariants``."""
 
     replicas: Literal["shared", "eager"] = "shared"
-    """`shared`: ranks share one tree until a rank-specific event forks one; `eager`: one tree per rank."""
+    """`shared`: ranks share one tree until a rank-specific event forks one; `eager`: one tree per rank from t=0. Either way, replicas that are equal again merge back."""
     decode_runs: bool = True
     """`true` (default): decode steps that need no memory work on any replica run together, priced at once; `false`: one decode step per iteration, each doing its memory work (the reference loop the runs must match byte for byte)."""
     check_invariants: bool = False

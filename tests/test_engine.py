@@ -58,7 +58,9 @@ def test_without_jitter_every_replica_stays_identical(tp, seed, policy, host_pol
     cfg = SimConfig(tp=tp, page_size=page, device_tokens=dev_pages * 16, host_tokens=host_pages * 16,
                     write_policy=policy, host_policy=host_policy, load_back_threshold=1,
                     chunked_prefill_tokens=chunk, seed=seed, replicas="eager")
-    sim = simulate(cfg, seed=seed)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Simulation, "coalesce_replicas", False)  # keep every rank's tree apart
+        sim = simulate(cfg, seed=seed)
     trees = [c.tree for c in sim.group.cohorts]
     assert len(trees) == tp  # every rank really ran its own tree
     for t in trees:
@@ -74,6 +76,12 @@ def test_without_jitter_every_replica_stays_identical(tp, seed, policy, host_pol
     assert len(shared.group.cohorts) == 1
     assert shared.metrics.rows == sim.metrics.rows
     assert shared.report() == rep
+    # the ranks' identical trees merge back into one at the first iteration
+    cfg.replicas = "eager"
+    merged = simulate(cfg, seed=seed)
+    assert len(merged.group.cohorts) == 1 and len(merged.group.merges) == tp - 1
+    assert merged.metrics.rows == sim.metrics.rows
+    assert merged.report() == rep
 
 
 # No shrinking: a failing (scenario, seed) is already minimal enough to debug.

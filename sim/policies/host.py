@@ -37,6 +37,9 @@ class HostPolicy:
 
     name = "lru"
     reclaims = False
+    # per-call scratch, not state: two replicas that differ only here are the same
+    # replica (sim.coalesce)
+    scratch_fields = ("result",)
 
     def __init__(self):
         self.result = Reclaim()  # this policy's result, rewritten by every call
