@@ -23,6 +23,8 @@ import os
 import re
 from pathlib import Path, PurePath
 
+from sim.errors import UserError
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "data"
 SLUG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}\Z")
@@ -150,3 +152,27 @@ def confine_in(folder, value, what: str) -> Path:
     if not _inside(os.path.realpath(out), os.path.realpath(folder)):
         raise PathRejected(f"{value!r:.80} (leads out of the bundle)", f"{what} inside the bundle")
     return out
+
+
+def check_user_file(path) -> Path:
+    """A file the command line names, to write: not a folder, and in a folder that
+    exists (a typo in the folder must not quietly create a tree of folders)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError("found a folder; expected a file to write", where=str(p))
+    parent = p.parent
+    if not parent.is_dir():
+        found = "a file" if parent.exists() else "no such folder"
+        raise UserError(f"found {found} at {parent}; expected an existing folder to write the "
+                        "file in", where=str(p))
+    return p
+
+
+def write_user_file(path, write) -> None:
+    """Write a file the command line names (``write(path)``); OS errors as one line."""
+    p = check_user_file(path)
+    try:
+        write(p)
+    except OSError as err:
+        raise UserError(f"cannot write ({err.strerror or err}); expected a writable file path",
+                        where=str(p)) from None

@@ -27,7 +27,7 @@ from sim.interrupt import INTERRUPT_ENV, InterruptGuard, checkpoint
 from sim.kvevents import encode_batch, engine_batches, publish_zmq, trace_page_tokens
 from sim.metrics import REQUEST_UNITS, TIMESERIES_UNITS
 from sim.optrace import _dumps, engine_ops_to_trace
-from sim.paths import PathRejected, confine_output
+from sim.paths import PathRejected, check_user_file, confine_output, write_user_file  # noqa: F401  (check_user_file: sim.runner's API)
 from sim.ranks import log_alloc_failures
 from sim.resolve import from_scenario
 from sim.resultsdir import OPTRACE_INDEX, OPTRACE_KIND, OpTraceFolder, ResultsFolder
@@ -344,30 +344,6 @@ def _interrupt_at_first_request(progress):
             progress(now, metrics)
 
     return hook
-
-
-def check_user_file(path) -> Path:
-    """A file the command line names, to write: not a folder, and in a folder that
-    exists (a typo in the folder must not quietly create a tree of folders)."""
-    p = Path(path)
-    if p.is_dir():
-        raise UserError("found a folder; expected a file to write", where=str(p))
-    parent = p.parent
-    if not parent.is_dir():
-        found = "a file" if parent.exists() else "no such folder"
-        raise UserError(f"found {found} at {parent}; expected an existing folder to write the "
-                        "file in", where=str(p))
-    return p
-
-
-def write_user_file(path, write) -> None:
-    """Write a file the command line names (``write(path)``); OS errors as one line."""
-    p = check_user_file(path)
-    try:
-        write(p)
-    except OSError as err:
-        raise UserError(f"cannot write ({err.strerror or err}); expected a writable file path",
-                        where=str(p)) from None
 
 
 def write_trace(path: Path, sim, events: list) -> None:

@@ -116,3 +116,21 @@ def test_sglang_id_scheme_shifts_every_id_by_four():
     ids_plain = [e["id"] for o in plain for e in o["events"]]
     ids_raw = [e["id"] for o in raw for e in o["events"]]
     assert ids_raw == [i + 4 for i in ids_plain]
+
+
+def test_replay_ops_loads_no_engine(tmp_path):
+    """`replay-ops -o` is the tree and the trace alone: the engine, SimPy and pandas
+    stay unloaded (the engine's imports once cost more than replaying 10k ops)."""
+    from sim.jsonl import dumps
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(dumps(op) + "\n" for op in generate(200, seed=1, page_size=4)))
+    code = ("import sys, cli\n"
+            f"rc = cli.main(['replay-ops', {str(trace)!r}, '-o', {str(tmp_path / 'o.jsonl')!r}])\n"
+            "print(sorted(m for m in ('sim.runner', 'sim.events', 'simpy', 'pandas') "
+            "if m in sys.modules), rc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    assert out.strip() == "[] 0"
+    # an output line per trace line (the header's included)
+    assert (tmp_path / "o.jsonl").read_text().count("\n") == trace.read_text().count("\n")

@@ -33,7 +33,7 @@ def run(args) -> int:
     n = 0
     last = None
     if args.out:
-        from sim.runner import check_user_file
+        from sim.paths import check_user_file
 
         check_user_file(args.out)  # a folder or a missing folder: one line naming -o
         with atomic_path(args.out) as tmp, open(tmp, "w") as fh:

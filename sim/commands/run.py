@@ -81,7 +81,7 @@ def run(args) -> int:
     if est.large:
         print(est.line(), file=sys.stderr)
     if args.trace_out is not None:  # before the run, not after it
-        from sim.runner import check_user_file
+        from sim.paths import check_user_file
 
         check_user_file(args.trace_out)
     out = args.out or f"results/{scenario.name}"  # the name is a slug: stays under results/
