@@ -57,10 +57,13 @@ def time_sim(trace: str, out: str) -> float:
 
 
 # The timed side of a run, in a fresh process over the checkout at sys.argv[1].
+# The command's own imports (it loads them when it runs) come before the clock starts,
+# as SGLang's do on its side: what is timed is reading, replaying and writing.
 SIM_ONE = """
 import argparse, json, sys, time
 sys.path.insert(0, sys.argv[1])
 from sim.commands import replay_ops
+import msgspec, sim.atomic, sim.optrace, sim.policies.host  # noqa: F401
 args = argparse.Namespace(trace=sys.argv[2], out=sys.argv[3], ids="optrace",
                           host_policy="duplicate_first", summary=False)
 t0 = time.perf_counter()
