@@ -24,8 +24,9 @@ Two cohorts merge only when everything their future depends on is the same:
 
 A rank with its own hardware (``sim.config.JitterConfig.physical_ranks``, a scripted
 fault) never merges: its tree carries that rank's hooks. Nor do replicas under lanes
-(per-rank request state), the storage tier, a hybrid model or the step recorder,
-whose per-replica state lives outside the cohort.
+(per-rank request state), the storage tier or the step recorder, whose per-replica
+state lives outside the cohort. A hybrid replica (``sim.hybrid.replica``) is one
+object graph like a FULL tree, its pools and request states included.
 
 A cheap signature (digest, content hash, ledgers, queue lengths) picks candidates
 each iteration; the full comparison runs only on a match, and a pair that fails it
@@ -136,10 +137,9 @@ class Iso:
             elif isinstance(x, _OPAQUE):
                 return False  # two different functions or classes
             else:
-                names, skip, get = _fields(tx)
-                dx = getattr(x, "__dict__", None)
-                if dx is not None:
-                    dy = y.__dict__
+                names, skip, get, has_dict = _fields(tx)
+                if has_dict:
+                    dx, dy = x.__dict__, y.__dict__
                     if dx.keys() != dy.keys():
                         return False
                     for k, v in dx.items():
@@ -185,8 +185,9 @@ _FIELD_CACHE: dict[type, tuple] = {}
 
 def _fields(tx: type) -> tuple:
     """Every slot a class and its bases declare, less its ``scratch_fields`` (a
-    per-call result the next call rewrites before anything reads it); those; and a
-    getter of all the slots' values as one tuple (None without two or more)."""
+    per-call result the next call rewrites before anything reads it); those; a
+    getter of all the slots' values as one tuple (None without two or more); and
+    whether its instances have a ``__dict__``."""
     got = _FIELD_CACHE.get(tx)
     if got is None:
         skip = frozenset(getattr(tx, "scratch_fields", ()))
@@ -196,7 +197,9 @@ def _fields(tx: type) -> tuple:
                 if s not in ("__dict__", "__weakref__") and s not in names and s not in skip:
                     names.append(s)
         get = attrgetter(*names) if len(names) > 1 else None
-        got = _FIELD_CACHE[tx] = (tuple(names), skip, get)
+        # instances with a __dict__ (a class without __slots__ somewhere in its line)
+        has_dict = any("__dict__" in vars(k) for k in tx.__mro__ if k is not object)
+        got = _FIELD_CACHE[tx] = (tuple(names), skip, get, has_dict)
     return got
 
 
@@ -261,7 +264,7 @@ class Coalescer:
         sim = self.sim
         group = sim.group
         if (len(group.cohorts) < 2 or sim._lanes is not None or sim._st is not None
-                or sim._hyb is not None or sim.steprec is not None):
+                or sim.steprec is not None):
             return
         step = sim.step_no
         if len(group.forks) > self.seen:

@@ -60,6 +60,19 @@ def test_ranks_that_forked_merge_back_and_results_hold(tmp_path):
     assert ends[True][1] > 10 and ends[True][0] >= ends[True][1]
 
 
+@pytest.mark.parametrize("name", ["hybrid_mamba", "hybrid_swa_host"])
+def test_hybrid_replicas_merge_back_and_results_hold(name, tmp_path):
+    """A hybrid replica (its component's pools and request states beside the tree)
+    compares and merges the same way."""
+    merges = {}
+    for coalesce in (False, True):
+        res = _run(name, ["workload.num_requests=200", "engine.replicas=eager"],
+                   tmp_path / str(coalesce), coalesce)
+        merges[coalesce] = sum(len(inst.group.merges) for inst in res.sim.instances)
+    _same_folders(tmp_path / "False", tmp_path / "True")
+    assert merges[False] == 0 and merges[True] > 1
+
+
 def _sims(tp=4, **kw):
     cfg = SimConfig(tp=tp, page_size=4, device_tokens=60 * 16, host_tokens=80 * 16, seed=3,
                     load_back_threshold=1, replicas="eager", **kw)

@@ -207,7 +207,8 @@ def test_late_load_acks_drained_locally_are_caught_by_the_digest_over_seeds():
         verdicts.append(res.divergence["verdict"])
         for t in replicas(res):
             t.check()
-        assert len(res.sim.instances[0].group.cohorts) == 2  # rank 1 forked off
+        # rank 1 forked off (and may have merged back once the trees agreed again)
+        assert [f["rank"] for f in res.sim.instances[0].group.forks][:1] == [1]
     # The digest sees only reclaim victims: seeds 1 and 2 diverge in one (detected),
     # 3 and 4 elsewhere in the trees (missed). The spread over seeds 0-19 is in the
     # scenario's comment (5 detected, 15 missed).
