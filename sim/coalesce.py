@@ -335,8 +335,9 @@ class Coalescer:
         return iso
 
     def _merge(self, a: Cohort, b: Cohort, iso: Iso) -> None:
-        """``b``'s ranks join ``a``: ``a``'s acks take on their delays; ``b`` is kept
-        (retired) so its id, a key of per-replica maps, is never reused."""
+        """``b``'s ranks join ``a``: ``a``'s acks take on their delays. ``b`` is kept
+        as an empty shell (retired) so that its id, a key of per-replica maps, is
+        never reused; what it held is let go."""
         sim, group = self.sim, self.sim.group
         for x, y in iso.acks:
             if y.delays:
@@ -355,3 +356,5 @@ class Coalescer:
             rq.slots.pop(ib, None)
         self.merges += 1
         group.merges.append({"t": sim.env.now, "ranks": list(b.ranks), "into": a.ranks[0]})
+        b.tree = b.kv = b.ops = b.consensus = None
+        b.write_q, b.load_q, b.producers = deque(), deque(), []

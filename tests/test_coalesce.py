@@ -90,6 +90,8 @@ def test_eager_replicas_merge_into_one_and_report_the_same():
     assert len(plain.group.cohorts) == 4 and not plain.group.merges
     assert len(merged.group.cohorts) == 1 and merged.group.cohorts[0].ranks == [0, 1, 2, 3]
     assert [m["ranks"] for m in merged.group.merges] == [[1], [2], [3]]
+    # a merged-away replica keeps no tree (a long run may merge thousands)
+    assert len(merged.group.retired) == 3 and all(c.tree is None for c in merged.group.retired)
     assert merged.metrics.rows == plain.metrics.rows
     assert merged.report() == plain.report()
 
