@@ -10,7 +10,7 @@ simulator's cost follows how far the ranks differ *now*, not how many ever forke
 
 Two cohorts merge only when everything their future depends on is the same:
 
-- their trees, compared as object graphs (``same_graph``): every node's key, ids,
+- their trees, compared as object graphs (``Iso.same``): every node's key, ids,
   locks, tiers, LRU stamps and list links, the leaf sets, the duplicate map in its
   order, in-flight writes and load-backs, counters, stats and the digest. Nothing is
   left out by a hand-kept field list: a field added to a node is compared the day it
@@ -44,9 +44,8 @@ the plain path, and the tests compare the two byte for byte.
 from __future__ import annotations
 
 from collections import deque
-from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
-
 from operator import attrgetter
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 
 from sim.ranks import Ack, Cohort
 from sim.tree.core import Stats
@@ -224,15 +223,13 @@ def signature(c: Cohort) -> tuple:
 class Coalescer:
     """Merges a TP group's identical cohorts back into one (``Simulation``'s)."""
 
-    __slots__ = ("sim", "pinned", "backoff", "merges", "tries", "merged_at", "hold", "seen",
-                 "next_scan", "interval")
+    __slots__ = ("sim", "pinned", "backoff", "merged_at", "hold", "seen", "next_scan",
+                 "interval")
 
     def __init__(self, sim, pinned: set[int]):
         self.sim = sim
         self.pinned = pinned      # ranks with their own hardware or faults: never merged
         self.backoff: dict[tuple[int, int], tuple[int, int]] = {}  # pair -> (next step, gap)
-        self.merges = 0           # bookkeeping only, never in results
-        self.tries = 0
         # A rank that forks again soon after a merge paid a clone and a comparison
         # for little: it waits before its next merge, twice as long each time.
         self.merged_at: dict[int, int] = {}            # rank -> step of its last merge
@@ -272,7 +269,7 @@ class Coalescer:
             self.interval = 1
         elif step < self.next_scan:
             return
-        merged = self.merges
+        merged = len(group.merges)
         hold = self.hold
         by_sig: dict[tuple, list[Cohort]] = {}
         for c in group.cohorts:
@@ -291,7 +288,7 @@ class Coalescer:
                         break
                 else:
                     reps.append(c)
-        self.interval = 1 if self.merges > merged else min(_MAX_SCAN, 2 * self.interval)
+        self.interval = 1 if len(group.merges) > merged else min(_MAX_SCAN, 2 * self.interval)
         self.next_scan = step + self.interval
 
     def _try(self, a: Cohort, b: Cohort) -> bool:
@@ -300,7 +297,6 @@ class Coalescer:
         due = self.backoff.get(key)
         if due is not None and step < due[0]:
             return False
-        self.tries += 1
         iso = self._same(a, b)
         if iso is None:
             gap = min(_MAX_GAP, 2 * due[1]) if due is not None else 1
@@ -354,7 +350,6 @@ class Coalescer:
         sim._pending_writes.pop(ib, None)
         for rq in sim._live():
             rq.slots.pop(ib, None)
-        self.merges += 1
         group.merges.append({"t": sim.env.now, "ranks": list(b.ranks), "into": a.ranks[0]})
         b.tree = b.kv = b.ops = b.consensus = None
         b.write_q, b.load_q, b.producers = deque(), deque(), []

@@ -27,7 +27,7 @@ from sim.interrupt import INTERRUPT_ENV, InterruptGuard, checkpoint
 from sim.kvevents import encode_batch, engine_batches, publish_zmq, trace_page_tokens
 from sim.metrics import REQUEST_UNITS, TIMESERIES_UNITS
 from sim.optrace import _dumps, engine_ops_to_trace
-from sim.paths import PathRejected, check_user_file, confine_output, write_user_file  # noqa: F401  (check_user_file: sim.runner's API)
+from sim.paths import PathRejected, confine_output, write_user_file
 from sim.ranks import log_alloc_failures
 from sim.resolve import from_scenario
 from sim.resultsdir import OPTRACE_INDEX, OPTRACE_KIND, OpTraceFolder, ResultsFolder
