@@ -106,18 +106,26 @@ def main():
     cluster()
 
 
+def _alternate(modes, rounds: int, run, label: str = "") -> dict[str, list[float]]:
+    """``run(mode)`` for each of ``modes`` in turn, ``rounds`` times: CPU seconds
+    (``time.process_time``) per mode, each round printed as it ends."""
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(rounds):
+        for mode in modes:
+            t0 = time.process_time()
+            run(mode)
+            cpu[mode].append(time.process_time() - t0)
+        print(label + ", ".join(f"{m} {v[-1]:.2f} CPU s" for m, v in cpu.items()), flush=True)
+    return cpu
+
+
 def timings(n: int, rounds: int):
     """The TP=8 jitter-off run under each overlap timing, alternating: CPU seconds per
     run, then min and median of each and their pipelined/serial ratios."""
     import statistics
-    cpu = {"serial": [], "pipelined": []}
     one(1, False, 500)  # warm-up (imports, caches): not timed
-    for _ in range(rounds):
-        for mode in cpu:
-            t0 = time.process_time()
-            one(8, False, n, extra=[f"scheduler.overlap_timing={mode}"])
-            cpu[mode].append(time.process_time() - t0)
-            print(f"{mode:>9} {cpu[mode][-1]:7.2f} CPU s", flush=True)
+    cpu = _alternate(("serial", "pipelined"), rounds,
+                     lambda mode: one(8, False, n, extra=[f"scheduler.overlap_timing={mode}"]))
     for f in (min, statistics.median):
         s, p = f(cpu["serial"]), f(cpu["pipelined"])
         print(f"{f.__name__:>6}: serial {s:.2f} s ({n / s:,.0f} req/CPU-s), pipelined {p:.2f} s "
@@ -130,17 +138,17 @@ def eager(n: int, rounds: int):
     costs when every rank runs its own tree to the end)."""
     import statistics
     from sim.events import Simulation
+
+    def run(tp, mode):
+        Simulation.coalesce_replicas = mode != "plain"
+        try:
+            one(tp, False, n, extra=[f"engine.replicas={'shared' if mode == 'shared' else 'eager'}"])
+        finally:
+            Simulation.coalesce_replicas = True
+
     one(1, False, 500)  # warm-up (imports, caches): not timed
     for tp in (8, 32):
-        cpu = {"shared": [], "eager": [], "plain": []}
-        for _ in range(rounds):
-            for mode in cpu:
-                Simulation.coalesce_replicas = mode != "plain"
-                t0 = time.process_time()
-                one(tp, False, n, extra=[f"engine.replicas={'shared' if mode == 'shared' else 'eager'}"])
-                cpu[mode].append(time.process_time() - t0)
-            Simulation.coalesce_replicas = True
-            print(f"tp {tp}: " + ", ".join(f"{m} {v[-1]:.2f}" for m, v in cpu.items()), flush=True)
+        cpu = _alternate(("shared", "eager", "plain"), rounds, lambda m: run(tp, m), f"tp {tp}: ")
         for f in (min, statistics.median):
             s = f(cpu["shared"])
             print(f"tp {tp} {f.__name__:>6}: shared {s:.2f} s, eager {f(cpu['eager']):.2f} s "
