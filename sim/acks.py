@@ -46,6 +46,8 @@ class CacheSync:
     def _flush_writes(self) -> None:
         """`flush_pending_backups`: each replica's queued write-through backups leave
         as one merged D->H op with one ack (sem §6.4, `start_writing`)."""
+        if not self._pending_writes:
+            return  # most calls: nothing queued on any replica
         for c in self.group.cohorts:
             self._launch_writes(c)
 

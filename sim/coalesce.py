@@ -24,9 +24,13 @@ Two cohorts merge only when everything their future depends on is the same:
 
 A rank with its own hardware (``sim.config.JitterConfig.physical_ranks``, a scripted
 fault) never merges: its tree carries that rank's hooks. Nor do replicas under lanes
-(per-rank request state), the storage tier or the step recorder, whose per-replica
-state lives outside the cohort. A hybrid replica (``sim.hybrid.replica``) is one
-object graph like a FULL tree, its pools and request states included.
+(per-rank request state) or the step recorder, whose per-replica state lives outside
+the cohort. A hybrid replica (``sim.hybrid.replica``) is one object graph like a FULL
+tree, its pools and request states included. With the storage tier, a replica's
+storage state (``StorageState``: prefetch book, storage view, queues, call counts;
+buffer_only's staging buffer) is part of the graph, its hooks are objects that name
+their replica (``sim.storage.engine.ReplicaHook``), and a replica merges only with
+no storage call, prefetch or write in flight.
 
 A cheap signature (digest, content hash, ledgers, queue lengths) picks candidates
 each iteration; the full comparison runs only on a match, and a pair that fails it
@@ -203,7 +207,15 @@ def _fields(tx: type) -> tuple:
 
 
 def _engines_idle(c: Cohort) -> bool:
-    return not (c.h2d.count or c.h2d.queue or c.d2h.count or c.d2h.queue)
+    """No copy on either engine and, with the storage tier, no storage call, prefetch,
+    write or queued result: nothing in flight that a SimPy process of this replica's
+    still has to deliver."""
+    if c.h2d.count or c.h2d.queue or c.d2h.count or c.d2h.queue:
+        return False
+    st = c.st
+    return st is None or not (st.busy() or st.inflight or st.xfers or st.waits
+                              or st.read.count or st.read.queue
+                              or st.write.count or st.write.queue)
 
 
 _stats = attrgetter(*Stats.__slots__)
@@ -260,8 +272,7 @@ class Coalescer:
         """Merge every cohort that equals an earlier one (an iteration's start)."""
         sim = self.sim
         group = sim.group
-        if (len(group.cohorts) < 2 or sim._lanes is not None or sim._st is not None
-                or sim.steprec is not None):
+        if len(group.cohorts) < 2 or sim._lanes is not None or sim.steprec is not None:
             return
         step = sim.step_no
         if len(group.forks) > self.seen:
@@ -312,10 +323,12 @@ class Coalescer:
         if a.ops != b.ops or a.consensus != b.consensus:
             return None
         iso = Iso()
+        # A reference back to the replica itself (a storage hook's) names its pair.
+        iso._pair(a, b)
         if not iso.same((a.tree, a.kv, a.sched, a.acks_issued, a.alloc_attempts,
-                         a.producers, a.producer_index, list(a.write_q), list(a.load_q)),
+                         a.producers, a.producer_index, list(a.write_q), list(a.load_q), a.st),
                         (b.tree, b.kv, b.sched, b.acks_issued, b.alloc_attempts,
-                         b.producers, b.producer_index, list(b.write_q), list(b.load_q))):
+                         b.producers, b.producer_index, list(b.write_q), list(b.load_q), b.st)):
             return None
         ia, ib = id(a), id(b)
         if sim._result_scans.get(ia) != sim._result_scans.get(ib):
@@ -351,5 +364,7 @@ class Coalescer:
         for rq in sim._live():
             rq.slots.pop(ib, None)
         group.merges.append({"t": sim.env.now, "ranks": list(b.ranks), "into": a.ranks[0]})
-        b.tree = b.kv = b.ops = b.consensus = None
+        if sim._st is not None:
+            sim._st.polled.pop(ib, None)
+        b.tree = b.kv = b.ops = b.consensus = b.st = None
         b.write_q, b.load_q, b.producers = deque(), deque(), []

@@ -73,6 +73,59 @@ def test_hybrid_replicas_merge_back_and_results_hold(name, tmp_path):
     assert merges[False] == 0 and merges[True] > 1
 
 
+@pytest.mark.parametrize("name,sets", [
+    # rank 1's store misses pages: it keeps its replica; the others merge
+    ("storage_mooncake", ["tp=4"]),
+    # so does a rank with a slow backend
+    ("storage_slow_rank", ["tp=4"]),
+    # buffer_only: the host pool is a staging buffer, in each replica's storage state
+    ("storage_buffer_only", ["tp=4"]),
+])
+def test_replicas_with_the_storage_tier_merge_back_and_results_hold(name, sets, tmp_path):
+    """Each replica's storage state (its prefetch book, storage view, queues and
+    call counts) is part of the comparison; a replica merges only with no storage
+    call, prefetch or write in flight. Shared replicas write the same folder: with
+    four replicas and a slow one, every poll of a prefetch in one admission reads
+    the progress the ranks agreed before it (``StorageEngine.completed``)."""
+    ends = {}
+    for coalesce in (False, True):
+        res = _run(name, ["workload.num_requests=300", "engine.replicas=eager", *sets],
+                   tmp_path / str(coalesce), coalesce)
+        groups = [inst.group for inst in res.sim.instances]
+        ends[coalesce] = (sum(len(g.merges) for g in groups),
+                          [sorted(c.ranks for c in g.cohorts) for g in groups],
+                          {r for g in groups for r in g.pinned})
+    _run(name, ["workload.num_requests=300", "engine.replicas=shared", *sets],
+         tmp_path / "shared", True)
+    _same_folders(tmp_path / "False", tmp_path / "True")
+    _same_folders(tmp_path / "False", tmp_path / "shared")
+    assert ends[False][0] == 0 and ends[True][0] >= 1
+    for cohorts in ends[True][1]:
+        # a pinned rank (its own storage faults or latency) ends alone
+        for r in ends[True][2]:
+            assert [r] in cohorts
+
+
+STORAGE_SCENARIOS = ["storage_mooncake", "storage_slow_rank", "storage_buffer_only",
+                     "storage_mooncake_trace"]
+
+
+@settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(name=st.sampled_from(STORAGE_SCENARIOS), seed=st.integers(0, 2**20),
+       tp=st.sampled_from([2, 4]))
+def test_storage_replicas_shared_eager_and_merged_agree(name, seed, tp, tmp_path_factory):
+    """With the storage tier: shared replicas, eager ones kept apart and eager ones
+    merging back write the same folder, any seed."""
+    sets = ["limits.max_requests=80", f"seed={seed}", f"tp={tp}"]
+    outs = []
+    for mode, coalesce in (("shared", True), ("eager", False), ("eager", True)):
+        d = tmp_path_factory.mktemp(f"{mode}{int(coalesce)}") / "r"
+        _run(name, [*sets, f"engine.replicas={mode}"], d, coalesce)
+        outs.append(d)
+    _same_folders(outs[0], outs[1])
+    _same_folders(outs[1], outs[2])
+
+
 def _sims(tp=4, **kw):
     cfg = SimConfig(tp=tp, page_size=4, device_tokens=60 * 16, host_tokens=80 * 16, seed=3,
                     load_back_threshold=1, replicas="eager", **kw)

@@ -39,6 +39,21 @@ if TYPE_CHECKING:
     from sim.request import Req
 
 
+class ReplicaHook:
+    """A tree's (or book's) callback into the storage tier on behalf of its own
+    replica: ``fn(replica, *args)``. An object rather than a closure, so that two
+    replicas' hooks compare as the same method for corresponding replicas
+    (``sim.coalesce``: a closure is opaque, and no two would ever be equal)."""
+
+    __slots__ = ("fn", "replica")
+
+    def __init__(self, fn, replica: Cohort):
+        self.fn, self.replica = fn, replica
+
+    def __call__(self, *args):
+        return self.fn(self.replica, *args)
+
+
 class StorageEngine:
     """One TP group's L3 tier: every replica's prefetches, storage reads and writes,
     and (buffer_only) the host pool as a staging buffer."""
@@ -62,6 +77,9 @@ class StorageEngine:
         self.polled: dict = {}
         self.vote_at = None  # (step, time) of the admission those belong to
         self.armed: set[float] = set()  # the prefetch deadlines whose timer runs (``alarm``)
+        # The agreed progress of the prefetches polled in this admission (``completed``)
+        self.landed: dict = {}
+        self.landed_at = None  # (step, time) of the admission it belongs to
         for c in self.group.cohorts:
             self.attach(c)
 
@@ -343,12 +361,12 @@ class StorageEngine:
         self.hook(c)
 
     def hook(self, c: Cohort) -> None:
-        c.tree.on_host_backup = lambda node, c=c: self.write(c, node)
+        c.tree.on_host_backup = ReplicaHook(self.write, c)
         if self.buf:
-            c.tree.on_backup_intent = lambda node, c=c: self.buf_intent(c, node)
+            c.tree.on_backup_intent = ReplicaHook(self.buf_intent, c)
             if c.ops is not None:
                 # the anchor pins (`try_lock_anchor` / `release_anchor_lock`) are traced
-                c.st.book.record = lambda op, c=c: self.op(c, op)
+                c.st.book.record = ReplicaHook(self.op, c)
 
     def count(self, c: Cohort, name: str, reason: str | None = None, n: int = 1) -> None:
         if 0 not in c.ranks:
@@ -746,11 +764,23 @@ class StorageEngine:
         `prefetch_io_aux_thread`, in the rank-agreed drain order of the hit queue, so
         the i-th ack is the same batch of the same prefetch everywhere: the agreed
         figure is the MIN over the ranks of what each has read so far."""
+        # One figure per admission: every replica's poll of ``pid`` in it reads what
+        # the ranks agreed before the first of them, not the MIN over the replicas
+        # whose transfer is still open (a replica that terminated the prefetch
+        # earlier in this admission has dropped its transfer, and without it the
+        # later replicas would read a slower rank's progress as landed).
+        key = (self.sim.step_no, self.env.now)
+        if self.landed_at != key:
+            self.landed_at = key
+            self.landed.clear()
+        elif pid in self.landed:
+            return self.landed[pid]
         out = None
         for c in self.group.cohorts:
             op = c.st.xfers.get(pid)
             if op is not None and (out is None or op.completed < out):
                 out = op.completed
+        self.landed[pid] = out
         return out
 
     def vote(self, c: Cohort, pid) -> bool:
