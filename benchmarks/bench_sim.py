@@ -68,7 +68,8 @@ def main():
     ap.add_argument("--timings", type=int, metavar="ROUNDS",
                     help="CPU seconds of the TP=8 run, serial vs pipelined, alternating")
     ap.add_argument("--eager", type=int, metavar="ROUNDS",
-                    help="CPU seconds of TP=8 and TP=32, shared vs eager replicas, alternating")
+                    help="CPU seconds of TP=8, TP=32 and TP=8 with storage, shared vs eager "
+                         "replicas, alternating")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="with --profile: a scenario setting for the profiled run")
     args = ap.parse_args()
@@ -139,23 +140,28 @@ def eager(n: int, rounds: int):
     import statistics
     from sim.events import Simulation
 
-    def run(tp, mode):
+    def run(tp, mode, storage):
         Simulation.coalesce_replicas = mode != "plain"
         try:
-            one(tp, False, n, extra=[f"engine.replicas={'shared' if mode == 'shared' else 'eager'}"])
+            one(tp, False, n, storage=storage,
+                extra=[f"engine.replicas={'shared' if mode == 'shared' else 'eager'}"])
         finally:
             Simulation.coalesce_replicas = True
 
     one(1, False, 500)  # warm-up (imports, caches): not timed
-    for tp in (8, 32):
-        cpu = _alternate(("shared", "eager", "plain"), rounds, lambda m: run(tp, m), f"tp {tp}: ")
+    # TP 8 and 32, then TP 8 with the Mooncake storage tier (its replicas' storage
+    # state is compared and merged too)
+    for tp, storage in ((8, False), (32, False), (8, True)):
+        label = f"tp {tp}{' storage' if storage else ''}"
+        cpu = _alternate(("shared", "eager", "plain"), rounds,
+                         lambda m: run(tp, m, storage), f"{label}: ")
         for f in (min, statistics.median):
             s = f(cpu["shared"])
-            print(f"tp {tp} {f.__name__:>6}: shared {s:.2f} s, eager {f(cpu['eager']):.2f} s "
+            print(f"{label} {f.__name__:>6}: shared {s:.2f} s, eager {f(cpu['eager']):.2f} s "
                   f"({f(cpu['eager']) / s:.2f}x), plain eager {f(cpu['plain']):.2f} s "
                   f"({f(cpu['plain']) / s:.2f}x)")
         ratios = [e / s for e, s in zip(cpu["eager"], cpu["shared"])]
-        print(f"tp {tp} eager/shared per round: min {min(ratios):.2f}, median "
+        print(f"{label} eager/shared per round: min {min(ratios):.2f}, median "
               f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}")
 
 

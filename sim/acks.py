@@ -73,10 +73,9 @@ class CacheSync:
             return
         if len(group.cohorts) == 1 and disc.one_vector:
             c = group.cohorts[0]
-            if (all(a.delays is None for a in c.write_q)
-                    and all(a.delays is None for a in c.load_q)):
+            w, l_ = c.shared_ready_count(c.write_q, now), c.shared_ready_count(c.load_q, now)
+            if w is not None and l_ is not None:
                 # Every rank shares one replica and sees the same acks: one vector.
-                w, l_ = c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now)
                 d = c.tree.digest ^ c.tree.digest_xor
                 red = self.collective.all_reduce_uniform(self.step_no, "sync", [w, l_, d, -d])
                 self._pop(c, red[0], red[1])
@@ -84,14 +83,15 @@ class CacheSync:
         counts: dict[int, tuple[int, int]] = {}
         digest: dict[int, int] = {}
         for c in group.cohorts:
-            w_uniform = all(a.delays is None for a in c.write_q)
-            l_uniform = all(a.delays is None for a in c.load_q)
-            base = None
-            for r in c.ranks:
-                if base is None or not (w_uniform and l_uniform):
-                    base = (c.ready_count(c.write_q, r, now), c.ready_count(c.load_q, r, now))
-                counts[r] = base
-                digest[r] = c.tree.digest ^ c.tree.digest_xor
+            d = c.tree.digest ^ c.tree.digest_xor
+            digest.update(dict.fromkeys(c.ranks, d))
+            w, l_ = c.shared_ready_count(c.write_q, now), c.shared_ready_count(c.load_q, now)
+            if w is not None and l_ is not None:
+                # every rank of the replica sees the same acks: one count pair, one object
+                counts.update(dict.fromkeys(c.ranks, (w, l_)))
+            else:
+                for r in c.ranks:
+                    counts[r] = (c.ready_count(c.write_q, r, now), c.ready_count(c.load_q, r, now))
         disc.reduce(self, counts, digest)
 
     def _sync_call_count(self) -> int:
@@ -104,7 +104,7 @@ class CacheSync:
 
     def _check_digest(self, digest: dict[int, int], lo: int, hi: int) -> None:
         """Each rank asserts its digest equals the reduced min and max."""
-        if all(d == lo and d == hi for d in digest.values()):
+        if lo == hi and all(d == lo for d in digest.values()):
             return
         self._sync_mismatch = True
         now = self.env.now

@@ -332,8 +332,13 @@ class Collective:
         ranks_in, ranks_out = self._split(inputs)
         call = self.log.calls + 1
         sizes = {r: len(inputs[r]) for r in ranks_in}
-        self.log.record({"call": call, "step": step, "site": site, "ranks_in": ranks_in,
-                         "sizes": sizes})
+        n = sizes[ranks_in[0]]
+        if not ranks_out and all(k == n for k in sizes.values()):
+            # every rank in, one size: the compact entry, read back as the same dict
+            self.log.record_uniform(step, site, self.world, n)
+        else:
+            self.log.record({"call": call, "step": step, "site": site, "ranks_in": ranks_in,
+                             "sizes": sizes})
         if ranks_out and next_calls:
             missing = [r for r in ranks_out if r not in next_calls]
             if missing:
@@ -479,9 +484,10 @@ class SimulatedCollective(Collective):
             raise CollectiveError("size_mismatch", step, site, ranks_in, ranks_out,
                                   f"tensor sizes differ across ranks: {sizes}",
                                   self._size_line(call, sizes, SYNC_ITEMSIZE), call)
-        it = iter(inputs[r] for r in ranks_in)
-        out = list(next(it))
-        for vec in it:
+        # each distinct vector object once: ranks of one replica often enter with one
+        vecs = list({id(v): v for v in (inputs[r] for r in ranks_in)}.values())
+        out = list(vecs[0])
+        for vec in vecs[1:]:
             out = [a if a <= b else b for a, b in zip(out, vec)]
         return out
 

@@ -185,16 +185,26 @@ class Decode:
         batch, ps = self.running, self._ps
         b = len(batch)
         phases = None
+        # Replicas with the same free space and evictability have the same headroom:
+        # ``steps_without_event`` is min(first event, limit), and the limit only
+        # shrinks, so a result found under a larger limit is cut to the current one.
+        seen: dict[tuple[int, bool], int] = {}
         for c in self.group.cohorts:
             tree = c.tree
             avail = available(tree)
             if avail - b * ps >= b * (limit + ps):
                 continue  # a page per request stays free for the whole run
+            key = (avail, tree.evictable > 0)
+            got = seen.get(key)
+            if got is not None:
+                if got < limit:
+                    limit = got
+                continue
             if phases is None:
                 phases = [0] * ps
                 for rq in batch:
                     phases[rq.kv % ps] += 1
-            limit = steps_without_event(avail, tree.evictable > 0, phases, b, ps, limit)
+            limit = seen[key] = steps_without_event(avail, key[1], phases, b, ps, limit)
             if limit == 0:
                 return 0
         if self._hyb is not None:

@@ -93,6 +93,20 @@ class Cohort:
         self.producers: list[Ack | None] = [None] * LAYER_DONE_COUNTERS
         self.producer_index = -1
 
+    def shared_ready_count(self, q: deque, now: float) -> int | None:
+        """The ready count every rank of the replica sees, or None where an ack with
+        per-rank delays is among those that decide it. Without delays an ack is ready
+        for every rank or for none, so only the ready acks and the first one that is
+        not need looking at, not the whole queue."""
+        n = 0
+        for ack in q:
+            if ack.delays is not None:
+                return None
+            if not ack.ready(0, now):
+                return n
+            n += 1
+        return n
+
     def ready_count(self, q: deque, rank: int, now: float) -> int:
         """`_count_ready_acks`: ready acks from the front, up to the first that is not."""
         n = 0

@@ -51,8 +51,17 @@ class Synced(SyncDiscipline):
     name = "synced"
 
     def reduce(self, sim, counts, digest) -> None:
-        red = sim._all_reduce("sync", {r: [counts[r][0], counts[r][1], digest[r], -digest[r]]
-                                       for r in range(sim.cfg.tp)})
+        # ranks with the same counts and digest enter with one vector object (the
+        # simulated MIN visits each object once)
+        vecs: dict = {}
+        inputs = {}
+        for r in range(sim.cfg.tp):
+            key = (counts[r], digest[r])
+            v = vecs.get(key)
+            if v is None:
+                v = vecs[key] = [counts[r][0], counts[r][1], digest[r], -digest[r]]
+            inputs[r] = v
+        red = sim._all_reduce("sync", inputs)
         sim._check_digest(digest, red[-2], -red[-1])
         for c in sim.group.cohorts:
             sim._pop(c, red[0], red[1])
@@ -64,12 +73,24 @@ class Local(SyncDiscipline):
     solo_pops = False
 
     def reduce(self, sim, counts, digest) -> None:
-        red = sim._all_reduce("sync", {r: [counts[r][0], counts[r][1], digest[r], -digest[r]]
-                                       for r in range(sim.cfg.tp)})
+        # ranks with the same counts and digest enter with one vector object (the
+        # simulated MIN visits each object once)
+        vecs: dict = {}
+        inputs = {}
+        for r in range(sim.cfg.tp):
+            key = (counts[r], digest[r])
+            v = vecs.get(key)
+            if v is None:
+                v = vecs[key] = [counts[r][0], counts[r][1], digest[r], -digest[r]]
+            inputs[r] = v
+        red = sim._all_reduce("sync", inputs)
         sim._check_digest(digest, red[-2], -red[-1])
         # each rank drains its own ready acks; ranks of a replica that disagree fork first
         group = sim.group
         for c in list(group.cohorts):
+            first = counts[c.ranks[0]]
+            if all(counts[r] is first for r in c.ranks):
+                continue  # the replica's ranks share one count pair (``CacheSync._sync``)
             by_count: dict = {}
             for r in c.ranks:
                 by_count.setdefault(counts[r], []).append(r)

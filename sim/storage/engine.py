@@ -569,16 +569,13 @@ class StorageEngine:
             self.check_votes()
         if len(group.cohorts) == 1:
             c = group.cohorts[0]
-            wq, lq = c.write_q, c.load_q
-            if ((not wq or all(a.delays is None for a in wq))
-                    and (not lq or all(a.delays is None for a in lq))):
+            w, l_ = c.shared_ready_count(c.write_q, now), c.shared_ready_count(c.load_q, now)
+            if w is not None and l_ is not None:
                 # Every rank shares one replica and sees the same acks and queues: one
                 # vector stands for all (the MIN of equal vectors), as `_sync` does.
                 st, d = c.st, c.tree.digest
                 red = self.collective.all_reduce_uniform(self.sim.step_no, "sync", [
-                    c.ready_count(wq, 0, now) if wq else 0,
-                    c.ready_count(lq, 0, now) if lq else 0,
-                    *st.queue_sizes(), d, -d])
+                    w, l_, *st.queue_sizes(), d, -d])
                 if red[0] or red[1]:
                     self.sim._pop(c, red[0], red[1])
                 if red[2] or red[3] or red[4] or (self.buf and st.book.parked):
@@ -589,15 +586,17 @@ class StorageEngine:
         vecs: dict[int, list[int]] = {}
         digest: dict[int, int] = {}
         for c in group.cohorts:
-            uniform = (all(a.delays is None for a in c.write_q)
-                       and all(a.delays is None for a in c.load_q))
             q = c.st.queue_sizes()
-            base = None
+            d = c.tree.digest
+            digest.update(dict.fromkeys(c.ranks, d))
+            w, l_ = c.shared_ready_count(c.write_q, now), c.shared_ready_count(c.load_q, now)
+            if w is not None and l_ is not None:
+                # every rank of the replica enters with one vector object
+                vecs.update(dict.fromkeys(c.ranks, sync_vector(w, l_, d, storage_queues=q)))
+                continue
             for r in c.ranks:
-                if base is None or not uniform:
-                    base = (c.ready_count(c.write_q, r, now), c.ready_count(c.load_q, r, now))
-                digest[r] = d = c.tree.digest
-                vecs[r] = sync_vector(base[0], base[1], d, storage_queues=q)
+                vecs[r] = sync_vector(c.ready_count(c.write_q, r, now),
+                                      c.ready_count(c.load_q, r, now), d, storage_queues=q)
         red = self.sim._all_reduce("sync", vecs)
         self.sim._check_digest(digest, red[-2], -red[-1])
         w, l_, qs, _ = unpack_sync_vector(red)
