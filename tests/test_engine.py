@@ -436,3 +436,31 @@ def test_gloo_really_blocks_where_the_pre_26921_code_skips_a_collective():
         (eb["step"], eb["site"], eb["ranks_in"], eb["ranks_out"])
     # the line a server with this timeout dies with, and what gloo printed here
     assert "Timed out waiting 2000ms" in ea["message"] and "Timed out waiting 2000ms" in eb["message"]
+
+
+def test_a_replicas_shared_ready_count_reads_only_the_acks_that_decide_it():
+    from collections import deque
+
+    import simpy
+
+    from sim.ranks import Ack, Cohort
+
+    env = simpy.Environment()
+    c = Cohort(env, [0, 1], tree=None)
+
+    def ack(done, delays=None):
+        a = Ack("write", [1], 64, 0, delays)
+        a.done = done
+        if delays:
+            a.late = {r: env.event() for r in delays}  # not yet fired
+        return a
+
+    ready, pending, delayed = ack(0.0), ack(None), ack(0.0, {1: 1e-3})
+    assert c.shared_ready_count(deque(), 0.0) == 0
+    assert c.shared_ready_count(deque([ready, ready, pending]), 0.0) == 2
+    # a delayed ack behind the first pending one decides nothing
+    assert c.shared_ready_count(deque([ready, pending, delayed]), 0.0) == 1
+    # one among the acks that decide it: each rank counts for itself
+    q = deque([ready, delayed, ready])
+    assert c.shared_ready_count(q, 0.0) is None
+    assert [c.ready_count(q, r, 0.0) for r in (0, 1)] == [3, 1]

@@ -75,22 +75,24 @@ class Local(SyncDiscipline):
     def reduce(self, sim, counts, digest) -> None:
         # ranks with the same counts and digest enter with one vector object (the
         # simulated MIN visits each object once)
-        vecs: dict = {}
+        # The ranks of a replica that share one count pair (``CacheSync._sync``) enter
+        # with one vector object, which the simulated MIN visits once.
+        group = sim.group
         inputs = {}
-        for r in range(sim.cfg.tp):
-            key = (counts[r], digest[r])
-            v = vecs.get(key)
-            if v is None:
-                v = vecs[key] = [counts[r][0], counts[r][1], digest[r], -digest[r]]
-            inputs[r] = v
+        split = []
+        for c in group.cohorts:
+            first = counts[c.ranks[0]]
+            d = digest[c.ranks[0]]
+            if all(counts[r] is first for r in c.ranks):
+                inputs.update(dict.fromkeys(c.ranks, [first[0], first[1], d, -d]))
+                continue
+            split.append(c)
+            for r in c.ranks:
+                inputs[r] = [counts[r][0], counts[r][1], d, -d]
         red = sim._all_reduce("sync", inputs)
         sim._check_digest(digest, red[-2], -red[-1])
         # each rank drains its own ready acks; ranks of a replica that disagree fork first
-        group = sim.group
-        for c in list(group.cohorts):
-            first = counts[c.ranks[0]]
-            if all(counts[r] is first for r in c.ranks):
-                continue  # the replica's ranks share one count pair (``CacheSync._sync``)
+        for c in split:
             by_count: dict = {}
             for r in c.ranks:
                 by_count.setdefault(counts[r], []).append(r)
@@ -98,7 +100,9 @@ class Local(SyncDiscipline):
                 for r in by_count[key]:
                     sim._fork(r, "ack_local_drain", f"rank {r} drains {key} acks")
         for c in group.cohorts:
-            sim._pop(c, *counts[c.ranks[0]])
+            w, l_ = counts[c.ranks[0]]
+            if w or l_:
+                sim._pop(c, w, l_)
 
 
 class Pre26921(SyncDiscipline):
