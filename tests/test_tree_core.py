@@ -153,3 +153,22 @@ def test_id_drift_needs_the_python_core():
 
     with pytest.raises(UserError, match="jitter.id_drift"):
         load_scenario(str(ROOT / "scenarios" / "jitter_id_drift.yaml"), ["cache.tree_core=rust"])
+
+
+@pytest.mark.parametrize("cls_name", ["HNode", "HostHNode"])
+def test_a_node_copy_carries_every_slot(cls_name):
+    """``HNode.__copy__`` lists the slots by hand (a fork copies every node): a slot
+    added to a node class and left out of the copy fails here."""
+    import copy
+
+    from sim.tree import hnode
+
+    cls = getattr(hnode, cls_name)
+    x = cls(7, [1, 2], None, 1.5, 0.5)
+    names = [s for k in cls.__mro__ for s in getattr(k, "__slots__", ())]
+    for i, name in enumerate(names):
+        setattr(x, name, object() if name in ("children", "key", "parent") else f"v{i}")
+    y = copy.copy(x)
+    assert type(y) is cls and y is not x
+    for name in names:
+        assert getattr(y, name) is getattr(x, name), name

@@ -56,6 +56,20 @@ class HNode:
         self.lp = None
         self.ln = None
 
+    def __copy__(self) -> "HNode":
+        """A shallow copy, slot by slot (``copy.copy``'s generic path for a slotted
+        class goes through ``__reduce_ex__`` at about ten times the cost, and a fork
+        copies every node of the tree)."""
+        y = object.__new__(type(self))
+        self._copy_slots(y)
+        return y
+
+    def _copy_slots(self, y) -> None:
+        y.id, y.parent, y.children, y.key = self.id, self.parent, self.children, self.key
+        y.lock, y.aux, y.aux_lock, y.uuid = self.lock, self.aux, self.aux_lock, self.uuid
+        y.last_access, y.creation, y.lp, y.ln = (self.last_access, self.creation,
+                                                 self.lp, self.ln)
+
     def __repr__(self) -> str:
         return f"HNode({self.id}, {len(self.key)}p{', aux' if self.aux else ''})"
 
@@ -86,4 +100,13 @@ class HostHNode(HNode):
         # SGLang's insert priority (``_insert_helper``), read by the ``priority``
         # eviction policy; 0 unless an insert names one (a FULL-only core's).
         self.priority = 0
+
+    def _copy_slots(self, y) -> None:
+        HNode._copy_slots(self, y)
+        y.dev, y.host, y.host_lock, y.host_tops = (self.dev, self.host, self.host_lock,
+                                                   self.host_tops)
+        y.aux_host, y.aux_host_lock, y.hlp, y.hln = (self.aux_host, self.aux_host_lock,
+                                                     self.hlp, self.hln)
+        y.lb, y.hit_count, y.wp, y.huuid, y.priority = (self.lb, self.hit_count, self.wp,
+                                                        self.huuid, self.priority)
 
