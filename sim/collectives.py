@@ -304,6 +304,7 @@ class Collective:
         self.transport = "nccl" if device == "cuda" else "gloo"
         self.timeout_s = timeout_s
         self.log = CallLog()
+        self._all_ranks = frozenset(range(world))
 
     @property
     def calls(self) -> int:
@@ -331,14 +332,17 @@ class Collective:
             step, site, inputs = None, step, site
         ranks_in, ranks_out = self._split(inputs)
         call = self.log.calls + 1
+        if not ranks_out:
+            # ranks of one replica often enter with one vector object: each once
+            distinct = list({id(v): v for v in inputs.values()}.values())
+            n = len(distinct[0])
+            if all(len(v) == n for v in distinct):
+                # every rank in, one size: the compact entry, read back as the same dict
+                self.log.record_uniform(step, site, self.world, n)
+                return self._min_agreed(call, step, site, inputs, ranks_in, distinct)
         sizes = {r: len(inputs[r]) for r in ranks_in}
-        n = sizes[ranks_in[0]]
-        if not ranks_out and all(k == n for k in sizes.values()):
-            # every rank in, one size: the compact entry, read back as the same dict
-            self.log.record_uniform(step, site, self.world, n)
-        else:
-            self.log.record({"call": call, "step": step, "site": site, "ranks_in": ranks_in,
-                             "sizes": sizes})
+        self.log.record({"call": call, "step": step, "site": site, "ranks_in": ranks_in,
+                         "sizes": sizes})
         if ranks_out and next_calls:
             missing = [r for r in ranks_out if r not in next_calls]
             if missing:
@@ -389,6 +393,8 @@ class Collective:
         """Release the group; safe to call twice and after an error."""
 
     def _split(self, inputs) -> tuple[list[int], list[int]]:
+        if len(inputs) == self.world and inputs.keys() == self._all_ranks:
+            return list(range(self.world)), []  # every rank entered (the usual call)
         if not inputs:
             raise ValueError("a collective needs at least one entering rank")
         bad = [r for r in inputs if not (isinstance(r, int) and 0 <= r < self.world)]
@@ -405,6 +411,13 @@ class Collective:
 
     def _min(self, call, step, site, inputs, ranks_in, ranks_out, sizes):  # pragma: no cover
         raise NotImplementedError
+
+    def _min_agreed(self, call, step, site, inputs, ranks_in, distinct) -> list[int]:
+        """``_min`` for a call every rank entered with vectors of one size
+        (``distinct``: the vector objects, each once); a backend that really
+        communicates issues it as any other."""
+        n = len(distinct[0])
+        return self._min(call, step, site, inputs, ranks_in, [], dict.fromkeys(ranks_in, n))
 
     def _forward(self, call, step, numels, ranks_in, ranks_out):  # pragma: no cover
         raise NotImplementedError
@@ -484,10 +497,13 @@ class SimulatedCollective(Collective):
             raise CollectiveError("size_mismatch", step, site, ranks_in, ranks_out,
                                   f"tensor sizes differ across ranks: {sizes}",
                                   self._size_line(call, sizes, SYNC_ITEMSIZE), call)
-        # each distinct vector object once: ranks of one replica often enter with one
-        vecs = list({id(v): v for v in (inputs[r] for r in ranks_in)}.values())
-        out = list(vecs[0])
-        for vec in vecs[1:]:
+        return self._min_agreed(call, step, site, inputs, ranks_in,
+                                list({id(v): v for v in inputs.values()}.values()))
+
+    def _min_agreed(self, call, step, site, inputs, ranks_in, distinct) -> list[int]:
+        # the MIN over each distinct vector object once
+        out = list(distinct[0])
+        for vec in distinct[1:]:
             out = [a if a <= b else b for a, b in zip(out, vec)]
         return out
 

@@ -46,21 +46,31 @@ class SyncDiscipline:
         return True
 
 
+def _sync_inputs(sim, counts: dict, digest: dict) -> tuple[dict, list]:
+    """Each rank's ``[writes, loads, digest, -digest]`` for the sync's MIN, and the
+    replicas whose ranks count their ready acks apart. The ranks of a replica that
+    share one count pair (``CacheSync._sync``) enter with one vector object, which
+    the simulated MIN visits once."""
+    inputs: dict = {}
+    split = []
+    for c in sim.group.cohorts:
+        first = counts[c.ranks[0]]
+        d = digest[c.ranks[0]]
+        if all(counts[r] is first for r in c.ranks):
+            inputs.update(dict.fromkeys(c.ranks, [first[0], first[1], d, -d]))
+            continue
+        split.append(c)
+        for r in c.ranks:
+            inputs[r] = [counts[r][0], counts[r][1], d, -d]
+    return inputs, split
+
+
 class Synced(SyncDiscipline):
     __slots__ = ()
     name = "synced"
 
     def reduce(self, sim, counts, digest) -> None:
-        # ranks with the same counts and digest enter with one vector object (the
-        # simulated MIN visits each object once)
-        vecs: dict = {}
-        inputs = {}
-        for r in range(sim.cfg.tp):
-            key = (counts[r], digest[r])
-            v = vecs.get(key)
-            if v is None:
-                v = vecs[key] = [counts[r][0], counts[r][1], digest[r], -digest[r]]
-            inputs[r] = v
+        inputs, _ = _sync_inputs(sim, counts, digest)
         red = sim._all_reduce("sync", inputs)
         sim._check_digest(digest, red[-2], -red[-1])
         for c in sim.group.cohorts:
@@ -73,22 +83,8 @@ class Local(SyncDiscipline):
     solo_pops = False
 
     def reduce(self, sim, counts, digest) -> None:
-        # ranks with the same counts and digest enter with one vector object (the
-        # simulated MIN visits each object once)
-        # The ranks of a replica that share one count pair (``CacheSync._sync``) enter
-        # with one vector object, which the simulated MIN visits once.
         group = sim.group
-        inputs = {}
-        split = []
-        for c in group.cohorts:
-            first = counts[c.ranks[0]]
-            d = digest[c.ranks[0]]
-            if all(counts[r] is first for r in c.ranks):
-                inputs.update(dict.fromkeys(c.ranks, [first[0], first[1], d, -d]))
-                continue
-            split.append(c)
-            for r in c.ranks:
-                inputs[r] = [counts[r][0], counts[r][1], d, -d]
+        inputs, split = _sync_inputs(sim, counts, digest)
         red = sim._all_reduce("sync", inputs)
         sim._check_digest(digest, red[-2], -red[-1])
         # each rank drains its own ready acks; ranks of a replica that disagree fork first
