@@ -8,7 +8,7 @@ and :func:`check` refuses torch collectives beyond the machine's cores and memor
 unless ``--force``.
 
 The figures are deliberately coarse (within a factor of a few), from this project's
-benchmarks (README, "Speed"): about 10,000 simulated requests per wall-second at
+benchmarks (README, "Speed"): about 3,000 simulated requests per wall-second at
 TP 8 with the simulated collective; per-request rows and time-series samples of a
 few hundred bytes; tree nodes of about half a kilobyte per page; a torch rank is a
 fresh interpreter with torch imported.
@@ -25,7 +25,9 @@ from sim.jitter import Jitter
 from sim.resolve import from_scenario
 from sim.scenario import resolve_capacities
 
-REQUESTS_PER_S = 10_000  # simulated requests per wall-second (bench_sim, TP 8)
+# simulated requests per wall-second: bench_sim at TP 8 ran 2,358-3,283 on the 2-core
+# machine (README, "Speed", 2026-12-01/02); the 1e6-request quickstart at TP 2 about 2,700
+REQUESTS_PER_S = 3_000
 TORCH_REQUESTS_PER_S = 300  # with a real all_reduce per step over pipes
 ROW_BYTES = 400  # one request row, and its share of the time series
 NODE_BYTES = 512  # one tree node (per replica; ranks share until they diverge)
