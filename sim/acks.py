@@ -29,6 +29,14 @@ class CacheSync:
         except CollectiveError as err:
             self._collective_failed(err)
 
+    def _all_reduce_replicas(self, site: str, groups: list) -> list[int]:
+        """``_all_reduce`` where each replica's ranks enter with one vector:
+        ``groups`` is [(ranks, vector)] over every replica."""
+        try:
+            return self.collective.all_reduce_replicas(self.step_no, site, groups)
+        except CollectiveError as err:
+            self._collective_failed(err)
+
     def _collective_failed(self, err: CollectiveError):
         if err.kind == "misaligned":
             # Calls from different sites paired with equal sizes: a real group returns
@@ -80,6 +88,17 @@ class CacheSync:
                 red = self.collective.all_reduce_uniform(self.step_no, "sync", [w, l_, d, -d])
                 self._pop(c, red[0], red[1])
                 return
+        if disc.by_replica:
+            # every replica's ranks agree on their ready acks: one row per replica
+            rows = []
+            for c in group.cohorts:
+                w, l_ = c.shared_ready_count(c.write_q, now), c.shared_ready_count(c.load_q, now)
+                if w is None or l_ is None:
+                    break
+                rows.append((c, w, l_, c.tree.digest ^ c.tree.digest_xor))
+            else:
+                disc.reduce_replicas(self, rows)
+                return
         counts: dict[int, tuple[int, int]] = {}
         digest: dict[int, int] = {}
         for c in group.cohorts:
@@ -101,6 +120,13 @@ class CacheSync:
         if self._solo and disc.solo_pops:
             return 0
         return disc.call_count(self)
+
+    def _check_replica_digests(self, rows: list, lo: int, hi: int) -> None:
+        """``_check_digest`` over ``reduce_replicas``' rows (replica, writes, loads,
+        digest): the per-rank map is built only when some digest disagrees."""
+        if lo == hi and all(row[3] == lo for row in rows):
+            return
+        self._check_digest({r: row[3] for row in rows for r in row[0].ranks}, lo, hi)
 
     def _check_digest(self, digest: dict[int, int], lo: int, hi: int) -> None:
         """Each rank asserts its digest equals the reduced min and max."""

@@ -389,6 +389,16 @@ class Collective:
         """``forward`` where every rank's batch has ``numel`` tokens."""
         self.forward(step, {r: numel for r in range(self.world)})
 
+    def all_reduce_replicas(self, step: int, site: str, groups: list) -> list[int]:
+        """``all_reduce_min`` where each group of ranks (a replica's) enters with one
+        vector: ``groups`` is [(ranks, vector)], the groups a partition of the TP
+        group (``RankGroup.cohorts``). A backend may reduce over the groups' vectors
+        alone; the call is the same."""
+        inputs = {}
+        for ranks, vec in groups:
+            inputs.update(dict.fromkeys(ranks, vec))
+        return self.all_reduce_min(step, site, inputs)
+
     def close(self) -> None:
         """Release the group; safe to call twice and after an error."""
 
@@ -462,6 +472,16 @@ class SimulatedCollective(Collective):
 
     def forward_uniform(self, step: int, numel: int) -> None:
         self.log.record_uniform(step, "forward", self.world, numel)
+
+    def all_reduce_replicas(self, step: int, site: str, groups: list) -> list[int]:
+        n = len(groups[0][1])
+        if (sum(len(ranks) for ranks, _ in groups) == self.world
+                and all(len(vec) == n for _, vec in groups)):
+            # every rank in (the groups partition the TP group), one size: what
+            # all_reduce_min logs and returns, without a per-rank map
+            self.log.record_uniform(step, site, self.world, n)
+            return self._min_agreed(None, step, site, None, None, [vec for _, vec in groups])
+        return super().all_reduce_replicas(step, site, groups)
 
     def _paired(self, call, step, site, inputs, ranks_in, ranks_out, calls):
         kind, key = pair_outcome(calls, self.world, self.transport)

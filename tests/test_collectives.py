@@ -482,3 +482,27 @@ def test_an_idle_rank_blocks_in_the_request_broadcast_under_gloo():
         assert is_gloo_timeout(err.line)
     finally:
         assert_torn_down(coll, pids)
+
+
+def test_a_call_by_replica_is_the_per_rank_call():
+    """``all_reduce_replicas`` (the sync's call when each replica's ranks agree):
+    the result, the call log and the failures of ``all_reduce_min`` over the same
+    vectors rank by rank."""
+    groups = [([0, 3], [4, 1, 9, -9]), ([1], [2, 5, 9, -9]), ([2], [7, 0, 9, -9])]
+    per_rank = {r: v for ranks, v in groups for r in ranks}
+    a, b = SimulatedCollective(4), SimulatedCollective(4)
+    assert a.all_reduce_replicas(3, "sync", groups) == b.all_reduce_min(3, "sync", per_rank) \
+        == [2, 0, 9, -9]
+    assert list(a.log) == list(b.log) and a.calls == b.calls == 1
+    # a rank outside every group skipped the call: the same hang
+    short = groups[:2]
+    ea = raises(a.all_reduce_replicas, 4, "sync", short)
+    eb = raises(b.all_reduce_min, 4, "sync", {r: v for ranks, v in short for r in ranks})
+    assert (ea.kind, ea.ranks_out, str(ea)) == (eb.kind, eb.ranks_out, str(eb)) == \
+        ("hang", [2], str(eb))
+    # vectors of different sizes: the same size mismatch
+    odd = [([0, 1, 2], [1, 1, 1, -1]), ([3], [1, 1, 1])]
+    ea = raises(a.all_reduce_replicas, 5, "sync", odd)
+    eb = raises(b.all_reduce_min, 5, "sync", {r: v for ranks, v in odd for r in ranks})
+    assert (ea.kind, str(ea)) == (eb.kind, str(eb)) and ea.kind == "size_mismatch"
+    assert list(a.log) == list(b.log)

@@ -212,6 +212,10 @@ def test_sync_disciplines_resolve_by_name_through_their_registry(monkeypatch):
             reduced.append(dict(counts))
             super().reduce(sim, counts, digest)
 
+        def reduce_replicas(self, sim, rows):
+            reduced.append({r: (w, l_) for c, w, l_, _ in rows for r in c.ranks})
+            super().reduce_replicas(sim, rows)
+
     monkeypatch.setitem(sync.SYNC_DISCIPLINES, "spy", Spy())
     base = dict(tp=2, page_size=16, device_tokens=16 * 60, host_tokens=16 * 200,
                 load_back_threshold=1, replicas="eager")

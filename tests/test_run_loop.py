@@ -1,4 +1,6 @@
-"""``sim.events.run_until``: SimPy's step inline, against the plain ``env.step()`` loop."""
+"""Fast paths of the loop against their plain forms: ``sim.events.run_until`` (SimPy's
+step inline, against the plain ``env.step()`` loop) and the sync by replica
+(``SyncDiscipline.reduce_replicas``, against ``reduce`` rank by rank)."""
 
 from __future__ import annotations
 
@@ -71,3 +73,24 @@ def test_an_undefused_failure_crashes_the_run_as_simpy_does(plain):
         with pytest.raises(ValueError, match="bad") as err:
             events.run_until(env, env.event())
     assert isinstance(err.value.__cause__, ValueError) and env.now == 1
+
+
+@pytest.mark.parametrize("name,sets", [
+    ("jitter_ack_local", ["limits.max_requests=80", "engine.replicas=eager"]),
+    ("jitter_ack_local", ["limits.max_requests=80", "tp=8", "jitter.ack_delay.ranks=[1,3,5,7]"]),
+    ("jitter_ack_delay", ["limits.max_requests=80", "engine.replicas=eager"]),
+])
+def test_the_sync_by_replica_writes_what_the_sync_by_rank_writes(name, sets, tmp_path):
+    from sim.policies import sync
+
+    def folder(out, by_replica):
+        with pytest.MonkeyPatch.context() as m:
+            for d in sync.SYNC_DISCIPLINES.values():
+                m.setattr(type(d), "by_replica", by_replica and type(d).by_replica)
+            run_scenario(load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets), out)
+        return {p.name: p.read_bytes() for p in out.iterdir()}
+
+    fast, plain = folder(tmp_path / "fast", True), folder(tmp_path / "plain", False)
+    assert fast.keys() == plain.keys()
+    for f in fast:
+        assert fast[f] == plain[f], f

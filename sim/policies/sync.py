@@ -30,10 +30,18 @@ class SyncDiscipline:
     name = ""
     solo_pops = True
     one_vector = True
+    # ``reduce_replicas`` stands for ``reduce`` when every replica's ranks agree on
+    # their ready acks (``CacheSync._sync`` then builds one row per replica)
+    by_replica = False
 
     def reduce(self, sim, counts: dict, digest: dict) -> None:
         """The sync's collectives over ``counts`` (rank -> (writes, loads) ready) and
         ``digest`` (rank -> digest), the digest check, and the pops."""
+        raise NotImplementedError
+
+    def reduce_replicas(self, sim, rows: list) -> None:
+        """``reduce`` over ``rows``: (replica, writes ready, loads ready, digest), one
+        per replica, every rank of a replica with its replica's counts."""
         raise NotImplementedError
 
     def call_count(self, sim) -> int:
@@ -69,10 +77,18 @@ class Synced(SyncDiscipline):
     __slots__ = ()
     name = "synced"
 
+    by_replica = True
+
     def reduce(self, sim, counts, digest) -> None:
         inputs, _ = _sync_inputs(sim, counts, digest)
         red = sim._all_reduce("sync", inputs)
         sim._check_digest(digest, red[-2], -red[-1])
+        for c in sim.group.cohorts:
+            sim._pop(c, red[0], red[1])
+
+    def reduce_replicas(self, sim, rows) -> None:
+        red = sim._all_reduce_replicas("sync", [(c.ranks, [w, l_, d, -d]) for c, w, l_, d in rows])
+        sim._check_replica_digests(rows, red[-2], -red[-1])
         for c in sim.group.cohorts:
             sim._pop(c, red[0], red[1])
 
@@ -81,6 +97,15 @@ class Local(SyncDiscipline):
     __slots__ = ()
     name = "local"
     solo_pops = False
+    by_replica = True
+
+    def reduce_replicas(self, sim, rows) -> None:
+        red = sim._all_reduce_replicas("sync", [(c.ranks, [w, l_, d, -d]) for c, w, l_, d in rows])
+        sim._check_replica_digests(rows, red[-2], -red[-1])
+        # each rank drains its own ready acks: here every replica's ranks agree
+        for c, w, l_, _ in rows:
+            if w or l_:
+                sim._pop(c, w, l_)
 
     def reduce(self, sim, counts, digest) -> None:
         group = sim.group
