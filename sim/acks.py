@@ -79,11 +79,12 @@ class CacheSync:
             c = group.cohorts[0]
             self._pop(c, c.ready_count(c.write_q, 0, now), c.ready_count(c.load_q, 0, now))
             return
-        if len(group.cohorts) == 1 and disc.one_vector:
+        if len(group.cohorts) == 1 and disc.by_replica:
             c = group.cohorts[0]
             w, l_ = c.shared_ready_count(c.write_q, now), c.shared_ready_count(c.load_q, now)
             if w is not None and l_ is not None:
-                # Every rank shares one replica and sees the same acks: one vector.
+                # Every rank shares one replica and sees the same acks: one vector
+                # (``reduce_replicas``' one row, without building it: the usual sync).
                 d = c.tree.digest ^ c.tree.digest_xor
                 red = self.collective.all_reduce_uniform(self.step_no, "sync", [w, l_, d, -d])
                 self._pop(c, red[0], red[1])

@@ -330,3 +330,25 @@ def test_a_bundle_that_no_longer_fails_the_same_way_exits_1(tmp_path, capsys):
     trace.write_text("\n".join(lines + ['{"op":"dump"}']) + "\n")
     assert cli.main(["replay", str(b)]) == 1
     assert "rank1.optrace.jsonl differs from the re-run's rank 1" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("sets", [
+    ["limits.max_requests=60", "engine.replicas=eager"],
+    ["limits.max_requests=60", "tp=8", "jitter.ack_delay.ranks=[1,3,5,7]"],
+])
+def test_a_recorded_schedule_does_not_depend_on_the_sync_by_replica(sets, monkeypatch):
+    """The sync by replica (``SyncDiscipline.reduce_replicas``, the collective's
+    ``all_reduce_replicas``) records the same collective calls and the same per-rank
+    pops, zero pops included, as the sync rank by rank."""
+    from sim.policies import sync
+
+    def recorded(by_replica):
+        with pytest.MonkeyPatch.context() as m:
+            for d in sync.SYNC_DISCIPLINES.values():
+                m.setattr(type(d), "by_replica", by_replica and type(d).by_replica)
+            o = repro.run_case(load_scenario(scenario_path("ack_local"), sets), record=True)
+        return o.sim.calls, o.sim.pops, repro.expectation(o)
+
+    fast, plain = recorded(True), recorded(False)
+    assert fast == plain
+    assert any(p["write"] == p["load"] == 0 for p in fast[1])  # zero pops are recorded

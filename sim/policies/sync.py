@@ -23,15 +23,13 @@ from sim.collectives import REQUEST_BROADCAST, Call
 
 class SyncDiscipline:
     """One discipline. ``solo_pops``: at TP 1 the ready acks pop without a collective;
-    ``one_vector``: a group whose ranks share one replica with uniform acks issues one
-    vector for all (its MIN is that vector)."""
+    ``by_replica``: ``reduce_replicas`` stands for ``reduce`` when every replica's
+    ranks agree on their ready acks (``CacheSync._sync`` then builds one row per
+    replica; with one replica, one vector for all, whose MIN is that vector)."""
 
     __slots__ = ()
     name = ""
     solo_pops = True
-    one_vector = True
-    # ``reduce_replicas`` stands for ``reduce`` when every replica's ranks agree on
-    # their ready acks (``CacheSync._sync`` then builds one row per replica)
     by_replica = False
 
     def reduce(self, sim, counts: dict, digest: dict) -> None:
@@ -73,6 +71,14 @@ def _sync_inputs(sim, counts: dict, digest: dict) -> tuple[dict, list]:
     return inputs, split
 
 
+def _reduce_rows(sim, rows: list) -> list[int]:
+    """The sync's MIN over ``reduce_replicas``' rows, one vector per replica, and the
+    digest check. Returns the reduced vector."""
+    red = sim._all_reduce_replicas("sync", [(c.ranks, [w, l_, d, -d]) for c, w, l_, d in rows])
+    sim._check_replica_digests(rows, red[-2], -red[-1])
+    return red
+
+
 class Synced(SyncDiscipline):
     __slots__ = ()
     name = "synced"
@@ -87,8 +93,7 @@ class Synced(SyncDiscipline):
             sim._pop(c, red[0], red[1])
 
     def reduce_replicas(self, sim, rows) -> None:
-        red = sim._all_reduce_replicas("sync", [(c.ranks, [w, l_, d, -d]) for c, w, l_, d in rows])
-        sim._check_replica_digests(rows, red[-2], -red[-1])
+        red = _reduce_rows(sim, rows)
         for c in sim.group.cohorts:
             sim._pop(c, red[0], red[1])
 
@@ -100,12 +105,10 @@ class Local(SyncDiscipline):
     by_replica = True
 
     def reduce_replicas(self, sim, rows) -> None:
-        red = sim._all_reduce_replicas("sync", [(c.ranks, [w, l_, d, -d]) for c, w, l_, d in rows])
-        sim._check_replica_digests(rows, red[-2], -red[-1])
+        _reduce_rows(sim, rows)
         # each rank drains its own ready acks: here every replica's ranks agree
         for c, w, l_, _ in rows:
-            if w or l_:
-                sim._pop(c, w, l_)
+            sim._pop(c, w, l_)
 
     def reduce(self, sim, counts, digest) -> None:
         group = sim.group
@@ -121,9 +124,7 @@ class Local(SyncDiscipline):
                 for r in by_count[key]:
                     sim._fork(r, "ack_local_drain", f"rank {r} drains {key} acks")
         for c in group.cohorts:
-            w, l_ = counts[c.ranks[0]]
-            if w or l_:
-                sim._pop(c, w, l_)
+            sim._pop(c, *counts[c.ranks[0]])
 
 
 class Pre26921(SyncDiscipline):
@@ -134,7 +135,6 @@ class Pre26921(SyncDiscipline):
 
     __slots__ = ()
     name = "pre_26921"
-    one_vector = False
 
     def reduce(self, sim, counts, digest) -> None:
         group = sim.group

@@ -66,6 +66,10 @@ class _RecordingCollective:
         rec = self._record(step, site, {r: vector for r in range(self.inner.world)})
         return self._run(rec, self.inner.all_reduce_uniform, step, site, vector)
 
+    def all_reduce_replicas(self, step, site, groups):
+        rec = self._record(step, site, {r: vec for ranks, vec in groups for r in ranks})
+        return self._run(rec, self.inner.all_reduce_replicas, step, site, groups)
+
     def forward(self, step, numels, idle=None):
         rec = self._record(step, "forward", numels)
         return self._run(rec, self.inner.forward, step, numels, idle)
