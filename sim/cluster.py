@@ -3,10 +3,11 @@
 A scenario's ``dp`` instances are independent TP groups (``sim.events.Simulation``),
 each with its own trees, collectives, GPU and copy engines, on one SimPy environment.
 The cluster's arrival process hands each request, at its arrival time, to the
-instance the router picks (``sim.router``). Every arrival is a relevant time for
-every instance (a decode run stops at the next step boundary after it), so an
-instance sees a routed request exactly when a real scheduler would: at its next
-iteration. The run stops at the first instance that stops (a digest assertion under
+instance the router picks (``sim.router``). An arrival is a relevant time (a decode
+run stops at the next step boundary after it) for the instance it is routed to, so
+that instance sees the request exactly when a real scheduler would, at its next
+iteration, unless no iteration reads it before something else makes the loop look
+(``Simulation._arrival_moment``); an idle instance wakes at every arrival. The run stops at the first instance that stops (a digest assertion under
 ``on_divergence: halt``, a hang), as the deployment would page someone there.
 """
 

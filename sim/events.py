@@ -218,15 +218,17 @@ def within_limits(workload, cfg):
 
 def feed(env, requests, instances, choose, fail):
     """The arrival process: each request, at its arrival time, to ``choose(req)``'s
-    instance. Every arrival is a relevant time for every instance, so a decode run
-    stops at the step boundary after it, where a real scheduler would see it. A bad
-    trace record goes to ``fail`` and stops the run."""
+    instance. An arrival is a relevant time (a decode run stops at the step boundary
+    after it, where a real scheduler would see it) for an idle instance, which wakes,
+    and for the instance it is routed to, unless that one's next iterations cannot
+    read it (``Simulation._arrival_moment``). A bad trace record goes to ``fail`` and
+    stops the run."""
     try:
         for req in requests:
             if req.arrival > env.now:
                 yield env.timeout(req.arrival - env.now)
                 for inst in instances:
-                    inst._relevant(req.arrival)
+                    inst._arrival_moment(req.arrival)
             instances[choose(req)].submit(req)
     except UserError as err:
         fail(err)
@@ -245,6 +247,9 @@ class Simulation(Admission, Prefill, Decode, CacheSync, Forwards):
     # Replicas that have become identical merge back into one (``sim.coalesce``);
     # False: the plain path, every fork kept to the end (the tests compare the two).
     coalesce_replicas = True
+    # An arrival the next iterations cannot read leaves the decode run in flight
+    # alone (``_arrival_moment``); False: the plain path, every arrival cuts it.
+    quiet_arrivals = True
 
     def __init__(self, cfg: SimConfig, workload: Iterable | None, cost=None, *,
                  progress: Callable | None = None, trace_events: list | None = None,
@@ -323,6 +328,7 @@ class Simulation(Admission, Prefill, Decode, CacheSync, Forwards):
         # the time of the last relevant moment (``_relevant``): a decode step's stall
         # that one passed during may not start a run
         self._last_relevant = -math.inf
+        self._arrival_at = None  # an arrival moment whose relevance ``submit`` decides
         self._ps = cfg.page_size
         self._sync_s = self.cost.sync_time(cfg.tp, self.collective.transport)
         # the per-step cache sync's discipline (sim.policies.sync)
@@ -376,6 +382,34 @@ class Simulation(Admission, Prefill, Decode, CacheSync, Forwards):
             if not run[1]:
                 run[1] = True
                 self._proc.interrupt("cut")
+
+    def _arrival_moment(self, t: float) -> None:
+        """Requests arrive at ``t``, some perhaps routed here. An idle loop wakes (it
+        runs an iteration, as it always has). A busy one waits for ``submit``: a
+        request routed elsewhere is nothing to it, and one routed here is news only
+        if an iteration before the next one that changes the batch's state reads it
+        (``_arrival_is_news``). Otherwise cutting the decode run in flight would make
+        an iteration that does exactly what the run's next step does."""
+        if self.quiet_arrivals and self._wake.triggered:
+            self._arrival_at = t
+        else:
+            self._arrival_at = None
+            self._relevant(t)
+
+    def _arrival_is_news(self) -> bool:
+        """Whether the iterations from now on read a request that arrives now before
+        something else makes them look. They do not while every replica's batch is
+        full with a running batch and no chunked prefill to continue: admission
+        returns at once (`get_new_batch_prefill`'s ``batch_is_full`` check,
+        ``_admit``), and decode reads the waiting queue only when some batch is not
+        full. The flag is cleared only inside an iteration (a finish, a retraction,
+        an empty batch), and that iteration and the ones after it read the live
+        waiting queue, the arrival in it. The step recorder, the op ticks, the L3
+        tier (its prefetch starts at arrival) and lanes take every arrival."""
+        return not (self.chunked is None and (self.running or self._finishing)
+                    and self._lanes is None and self._st is None
+                    and self.steprec is None and self.op_ticks is None
+                    and all(c.sched.batch_is_full for c in self.group.cohorts))
 
     def _settle(self):
         """Let every other event due now run first: a step sees the state at ``now``
@@ -454,6 +488,10 @@ class Simulation(Admission, Prefill, Decode, CacheSync, Forwards):
 
     def submit(self, req) -> None:
         """A request arrives now (the cluster's router chose this instance)."""
+        if self._arrival_at is not None:
+            t, self._arrival_at = self._arrival_at, None
+            if t == self.env.now and self._arrival_is_news():
+                self._relevant(t)
         key = page_key(req.blocks, req.block_size, self._ps, req.input_len)
         if self._lanes is not None:
             for lane in self._lanes:  # every rank receives it (`broadcast_pyobj`)

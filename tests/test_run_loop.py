@@ -1,11 +1,15 @@
 """Fast paths of the loop against their plain forms: ``sim.events.run_until`` (SimPy's
-step inline, against the plain ``env.step()`` loop) and the sync by replica
-(``SyncDiscipline.reduce_replicas``, against ``reduce`` rank by rank)."""
+step inline, against the plain ``env.step()`` loop), the sync by replica
+(``SyncDiscipline.reduce_replicas``, against ``reduce`` rank by rank) and quiet
+arrivals (``Simulation.quiet_arrivals``, against every arrival cutting the decode
+run in flight)."""
 
 from __future__ import annotations
 
 import pytest
 import simpy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import sim.events as events
 from conftest import ROOT
@@ -94,3 +98,58 @@ def test_the_sync_by_replica_writes_what_the_sync_by_rank_writes(name, sets, tmp
     assert fast.keys() == plain.keys()
     for f in fast:
         assert fast[f] == plain[f], f
+
+
+def _quiet_folder(name, sets, out, quiet):
+    """The results folder with quiet arrivals on or off, and how many relevant
+    moments the run's loops saw (each a decode run cut or an idle loop woken)."""
+    seen = [0]
+    relevant = events.Simulation._relevant
+
+    def counted(self, t=None):
+        seen[0] += 1
+        relevant(self, t)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(events.Simulation, "quiet_arrivals", quiet)
+        m.setattr(events.Simulation, "_relevant", counted)
+        run_scenario(load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets), out)
+    return {p.name: p.read_bytes() for p in out.iterdir()}, seen[0]
+
+
+def _same_quiet_and_plain(name, sets, out):
+    (fast, fast_seen), (plain, plain_seen) = (_quiet_folder(name, sets, out / "fast", True),
+                                              _quiet_folder(name, sets, out / "plain", False))
+    assert fast.keys() == plain.keys()
+    for f in fast:
+        assert fast[f] == plain[f], f
+    return fast_seen, plain_seen
+
+
+@pytest.mark.parametrize("name,sets", [
+    # memory-bound at TP 2: most arrivals find every batch full
+    ("quickstart", ["workload.num_requests=400"]),
+    # data-parallel: an arrival is nothing to the instances it is not routed to
+    ("quickstart", ["workload.num_requests=300", "dp=3", "router.policy=least_load"]),
+    # ranks apart, eager replicas: late frees; a host smaller on one rank
+    ("jitter_device_free_delay", ["limits.max_requests=150", "engine.replicas=eager",
+                                  "device.tokens=8192", "scheduler.max_running_requests=8"]),
+    ("jitter_host_capacity_skew", ["limits.max_requests=150", "engine.replicas=eager"]),
+    ("hybrid_swa", ["workload.num_requests=150", "scheduler.max_running_requests=4"]),
+    ("hybrid_mamba", ["workload.num_requests=150", "scheduler.max_running_requests=4"]),
+    ("quickstart", ["workload.num_requests=200", "scheduler.overlap=false"]),
+])
+def test_quiet_arrivals_write_what_cutting_every_run_writes(name, sets, tmp_path):
+    fast_seen, plain_seen = _same_quiet_and_plain(name, sets, tmp_path)
+    # the fast path was taken: fewer relevant moments, the same results
+    assert fast_seen < plain_seen
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), tp=st.sampled_from([1, 2, 4]),
+       dp=st.sampled_from([1, 2]), overlap=st.booleans(),
+       replicas=st.sampled_from(["shared", "eager"]))
+def test_quiet_arrivals_agree_with_plain_for_any_seed(seed, tp, dp, overlap, replicas, tmp_path_factory):
+    sets = [f"seed={seed}", f"tp={tp}", f"dp={dp}", f"scheduler.overlap={str(overlap).lower()}",
+            f"engine.replicas={replicas}", "workload.num_requests=120",
+            "workload.arrival.rate=4"]
+    _same_quiet_and_plain("quickstart", sets, tmp_path_factory.mktemp("quiet"))
