@@ -351,3 +351,40 @@ def test_timeout_votes_of_another_admission_order_pair_other_requests():
     tight = runs(("storage.read_gbps=0.05", "storage.prefetch_timeout_base=0.01"), (1, 3))
     assert [v for v, _ in tight] == ["missed", "missed"], tight
     assert all("paired collectives gave other verdicts" in w for _, w in tight), tight
+
+
+@pytest.mark.parametrize("name,sets", [
+    ("storage_mooncake", ("seed=3", "workload.num_requests=150")),
+    ("storage_mooncake", ("seed=8", "storage.prefetch_policy=best_effort",
+                          "storage.read_gbps=0.05", "workload.num_requests=150")),
+    ("storage_buffer_only", ("workload.num_requests=150", "storage.read_gbps=0.05")),
+    ("storage_slow_rank", ("workload.num_requests=150",)),
+])
+def test_sweeping_prefetch_bookkeeping_changes_no_result(name, sets, tmp_path):
+    """``StorageEngine.sweep`` forgets only ids nothing reads again: sweeping at every
+    arrival writes what never sweeping writes (a live id swept would be a KeyError),
+    and what the engine keeps stays bounded by what is in flight."""
+    from sim.storage.engine import StorageEngine
+
+    kept = []
+    sweep = StorageEngine.sweep
+
+    def counted(self):
+        sweep(self)
+        kept.append(len(self.reqs))
+
+    folders = {}
+    for label, every in (("always", 1), ("never", 10**9)):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(StorageEngine, "SWEEP_MIN", every)
+            m.setattr(StorageEngine, "sweep", counted)
+            out = tmp_path / label
+            run_scenario(load_scenario(ROOT / "scenarios" / f"{name}.yaml", list(sets)), out)
+            folders[label] = {p.name: p.read_bytes() for p in out.iterdir()}
+        if label == "always":
+            swept = list(kept)
+    assert folders["always"].keys() == folders["never"].keys()
+    for f in folders["always"]:
+        assert folders["always"][f] == folders["never"][f], f
+    # swept at (nearly) every arrival: it keeps a handful, not every request
+    assert len(swept) >= 40 and max(swept) < 40, (len(swept), max(swept))

@@ -58,6 +58,12 @@ class StorageEngine:
     """One TP group's L3 tier: every replica's prefetches, storage reads and writes,
     and (buffer_only) the host pool as a staging buffer."""
 
+
+    # ``reqs`` and ``hits`` are swept of ids no replica holds once ``reqs`` has
+    # doubled since the last sweep (and holds this many): a long run would otherwise
+    # keep every request it ever prefetched for, its page keys included.
+    SWEEP_MIN = 4096
+
     def __init__(self, sim: "Simulation"):
         self.sim = sim
         self.config = sim.cfg.storage  # the storage tier's StorageConfig
@@ -71,6 +77,7 @@ class StorageEngine:
         self.policy = resolve(PREFETCH_POLICIES, self.config.prefetch_policy, "prefetch policy")
         self.hits: dict = {}  # prefetch id -> {id(replica): its storage hit}
         self.reqs: dict = {}  # prefetch id -> its Req
+        self.sweep_at = self.SWEEP_MIN  # ``reqs``' size that starts the next ``sweep``
         # The timeout votes of this iteration's admission polls (`vote`):
         # prefetch id -> the reduced verdict, and each replica's polled ids.
         self.votes: dict = {}
@@ -431,6 +438,8 @@ class StorageEngine:
 
         key = self.sim._seq_key(rq, rq.fill_len - 1)
         pid = f"p{rq.r.rid}"
+        if len(self.reqs) >= self.sweep_at:
+            self.sweep()
         self.reqs[pid] = rq
         for c in self.group.cohorts:
             # buffer_only: the prefetch holds nothing in the tree, its issue is a match
@@ -451,6 +460,29 @@ class StorageEngine:
                                                    self.chain_key(c, iss.anchor)))
             c.st.inflight.add(op)
             self.env.process(self.query(c, op))
+
+    def sweep(self) -> None:
+        """Forget the requests and agreed-hit inputs of prefetch ids that no replica
+        holds any more: not in its book (running, parked or staged), its hit or ack
+        queue, its transfers, waits or queried keys, nor an op it awaits. Each read of
+        ``reqs`` or ``hits`` is of an id held there, and an id issued again (a
+        request arriving again) is entered again, so nothing read changes. Amortised
+        over the arrivals since the last sweep (at least as many as it keeps)."""
+        live: set = set()
+        for c in self.group.cohorts:
+            st, book = c.st, c.st.book
+            live.update(book.prefetches)
+            live.update(getattr(book, "parked", ()))
+            live.update(getattr(book, "staged", ()))
+            live.update(st.hit_q)
+            live.update(st.ack_q)
+            live.update(st.xfers)
+            live.update(st.waits)
+            live.update(st.qkeys)
+            live.update(op.id for op in st.inflight)
+        self.reqs = {pid: rq for pid, rq in self.reqs.items() if pid in live}
+        self.hits = {pid: h for pid, h in self.hits.items() if pid in live}
+        self.sweep_at = max(self.SWEEP_MIN, 2 * len(self.reqs))
 
     def query(self, c: Cohort, op):
         with c.st.read.request() as req:
