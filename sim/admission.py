@@ -31,8 +31,7 @@ class Admission:
         """This iteration's prefill batch on every replica (`get_new_batch_prefill`),
         its extend allocation included (`prepare_for_extend`)."""
         group = self.group
-        if self.chunked is None and (self.running or self._finishing) and all(c.sched.batch_is_full
-                                                         for c in group.cohorts):
+        if self._batch_full():
             return None  # every replica's early return (`batch_is_full`)
         cap = min(c.tree.device_capacity for c in group.cohorts)
         ps = self._ps
@@ -72,6 +71,13 @@ class Admission:
         if len(plans) > 1:
             self._compare_shapes(plans)
         return plans
+
+    def _batch_full(self) -> bool:
+        """Whether admission returns at once on every replica: a running batch (under
+        overlap, its in-flight finishers count), no chunked prefill to continue, and
+        every replica's `batch_is_full` set (`get_new_batch_prefill`'s first check)."""
+        return (self.chunked is None and bool(self.running or self._finishing)
+                and all(c.sched.batch_is_full for c in self.group.cohorts))
 
     def _record_extend(self, plans) -> None:
         """The batch as the harness logs it after `get_next_batch_to_run`."""

@@ -7,7 +7,8 @@ instance the router picks (``sim.router``). An arrival is a relevant time (a dec
 run stops at the next step boundary after it) for the instance it is routed to, so
 that instance sees the request exactly when a real scheduler would, at its next
 iteration, unless no iteration reads it before something else makes the loop look
-(``Simulation._arrival_moment``); an idle instance wakes at every arrival. The run stops at the first instance that stops (a digest assertion under
+(``Simulation._arrival_moment``); an idle instance wakes at every arrival. The run
+stops at the first instance that stops (a digest assertion under
 ``on_divergence: halt``, a hang), as the deployment would page someone there.
 """
 

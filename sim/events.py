@@ -398,18 +398,15 @@ class Simulation(Admission, Prefill, Decode, CacheSync, Forwards):
 
     def _arrival_is_news(self) -> bool:
         """Whether the iterations from now on read a request that arrives now before
-        something else makes them look. They do not while every replica's batch is
-        full with a running batch and no chunked prefill to continue: admission
-        returns at once (`get_new_batch_prefill`'s ``batch_is_full`` check,
-        ``_admit``), and decode reads the waiting queue only when some batch is not
-        full. The flag is cleared only inside an iteration (a finish, a retraction,
-        an empty batch), and that iteration and the ones after it read the live
-        waiting queue, the arrival in it. The step recorder, the op ticks, the L3
-        tier (its prefetch starts at arrival) and lanes take every arrival."""
-        return not (self.chunked is None and (self.running or self._finishing)
-                    and self._lanes is None and self._st is None
-                    and self.steprec is None and self.op_ticks is None
-                    and all(c.sched.batch_is_full for c in self.group.cohorts))
+        something else makes them look. They do not while admission returns at once
+        on every replica (``_batch_full``), and decode reads the waiting queue only
+        when some batch is not full. The flag is cleared only inside an iteration (a
+        finish, a retraction, an empty batch), and that iteration and the ones after
+        it read the live waiting queue, the arrival in it. The op ticks (one per
+        iteration), the L3 tier (its prefetch starts at arrival) and lanes take every
+        arrival."""
+        return not (self._lanes is None and self._st is None and self.op_ticks is None
+                    and self._batch_full())
 
     def _settle(self):
         """Let every other event due now run first: a step sees the state at ``now``

@@ -212,6 +212,12 @@ class BufferBook(PrefetchBook):
                        "hits_parked": 0, "prefetches_staged": 0, "spliced_tokens": 0,
                        "staged_dropped": 0}
 
+    def held_ids(self) -> set:
+        """Running, parked and staged prefetches, and the hits, matches and anchor pins
+        still kept by id."""
+        return set().union(self.prefetches, self.parked, self.staged, self._hits,
+                           self.matched, self.pins)
+
     # ---------------------------------------------------------------- prefetch
     def issue(self, pid, match: Match, key: list) -> Issue:
         """``prefetch_from_storage`` in buffer mode: the anchor is the device match

@@ -58,7 +58,6 @@ class StorageEngine:
     """One TP group's L3 tier: every replica's prefetches, storage reads and writes,
     and (buffer_only) the host pool as a staging buffer."""
 
-
     # ``reqs`` and ``hits`` are swept of ids no replica holds once ``reqs`` has
     # doubled since the last sweep (and holds this many): a long run would otherwise
     # keep every request it ever prefetched for, its page keys included.
@@ -463,23 +462,11 @@ class StorageEngine:
 
     def sweep(self) -> None:
         """Forget the requests and agreed-hit inputs of prefetch ids that no replica
-        holds any more: not in its book (running, parked or staged), its hit or ack
-        queue, its transfers, waits or queried keys, nor an op it awaits. Each read of
-        ``reqs`` or ``hits`` is of an id held there, and an id issued again (a
-        request arriving again) is entered again, so nothing read changes. Amortised
-        over the arrivals since the last sweep (at least as many as it keeps)."""
-        live: set = set()
-        for c in self.group.cohorts:
-            st, book = c.st, c.st.book
-            live.update(book.prefetches)
-            live.update(getattr(book, "parked", ()))
-            live.update(getattr(book, "staged", ()))
-            live.update(st.hit_q)
-            live.update(st.ack_q)
-            live.update(st.xfers)
-            live.update(st.waits)
-            live.update(st.qkeys)
-            live.update(op.id for op in st.inflight)
+        holds any more (``StorageState.held_ids``). Each read of ``reqs`` or ``hits``
+        is of an id held there, and an id issued again (a request arriving again) is
+        entered again, so nothing read changes. Amortised over the arrivals since the
+        last sweep (at least as many as it keeps)."""
+        live = set().union(*(c.st.held_ids() for c in self.group.cohorts))
         self.reqs = {pid: rq for pid, rq in self.reqs.items() if pid in live}
         self.hits = {pid: h for pid, h in self.hits.items() if pid in live}
         self.sweep_at = max(self.SWEEP_MIN, 2 * len(self.reqs))

@@ -121,6 +121,10 @@ class PrefetchBook:
         self.occupied += requested
         return Issue(None, anchor, requested, p)
 
+    def held_ids(self):
+        """The prefetch ids this book still holds (``StorageState.held_ids``)."""
+        return self.prefetches.keys()
+
     def _get(self, pid) -> Prefetch:
         p = self.prefetches.get(pid)
         if p is None:

@@ -59,6 +59,13 @@ class StorageState:
         are released at ``done`` here, so the release queue is always empty."""
         return len(self.hit_q), len(self.ack_q), len(self.wack_q), 0
 
+    def held_ids(self) -> set:
+        """Every prefetch id this replica still holds: in its book, its hit or ack
+        queue, its transfers, waits or queried keys, or an op it awaits
+        (``StorageEngine.sweep``)."""
+        return set().union(self.book.held_ids(), self.hit_q, self.ack_q, self.xfers,
+                           self.waits, self.qkeys, (op.id for op in self.inflight))
+
     def busy(self) -> bool:
         return bool(self.book.prefetches or self.book.writes or self.hit_q
                     or self.ack_q or self.wack_q)
