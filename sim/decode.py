@@ -19,6 +19,10 @@ from sim.request import Req, _Halt, _Plan
 class Decode:
     """A TP group's decode steps (``Simulation``'s part)."""
 
+    # False: a step whose memory work came before the last batch's results runs
+    # alone (the plain path); True: the steps after it that need none join its run.
+    join_after_memory = True
+
     def _decode(self):
         """Decode steps of the running batch (`update_running_batch` + forward) up to
         the next relevant time, the first finish, or the first step that must evict
@@ -49,7 +53,18 @@ class Decode:
                 yield from self._results_of(first[1] if first else self._fwd_last)
                 if not self.running:
                     return
-                k_cap = 1  # its frees and inserts change the next step's headroom
+                k_cap = 1
+                if (self.join_after_memory and self._hyb is None and self._st is None
+                        and not self._retracted_now and self._last_relevant <= began
+                        and len(self.group.cohorts) == 1):
+                    # The results' frees and inserts changed the headroom: read it
+                    # now, as the step without memory work does. The steps after
+                    # this one join its run when none of them needs memory work.
+                    limit = min([rq.remaining for rq in self.running])
+                    if self.waiting and not all(c.sched.batch_is_full
+                                                for c in self.group.cohorts):
+                        limit = 1
+                    k_cap = max(1, self._decode_headroom(limit))
             else:
                 # this step needs no memory work; the steps after it see the results
                 s = None  # the sync's end, where the step goes ahead of it

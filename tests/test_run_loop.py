@@ -153,3 +153,42 @@ def test_quiet_arrivals_agree_with_plain_for_any_seed(seed, tp, dp, overlap, rep
             f"engine.replicas={replicas}", "workload.num_requests=120",
             "workload.arrival.rate=4"]
     _same_quiet_and_plain("quickstart", sets, tmp_path_factory.mktemp("quiet"))
+
+
+def _join_folder(name, sets, out, join):
+    """The results folder with the steps after a memory-work step joining its run or
+    not (``Decode.join_after_memory``), and how many decode iterations ran."""
+    from sim.decode import Decode
+    seen = [0]
+    decode = Decode._decode
+
+    def counted(self):
+        seen[0] += 1
+        return (yield from decode(self))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Decode, "join_after_memory", join)
+        m.setattr(Decode, "_decode", counted)
+        run_scenario(load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets), out)
+    return {p.name: p.read_bytes() for p in out.iterdir()}, seen[0]
+
+
+@pytest.mark.parametrize("name,sets", [
+    # memory-bound at TP 2: a new request's first decode step often needs a page
+    ("quickstart", ["workload.num_requests=300"]),
+    # the speed benchmark's TP 8 run, smaller
+    ("quickstart", ["workload.num_requests=300", "tp=8", "scheduler.max_running_requests=64",
+                    "workload.arrival.rate=20"]),
+    # serial overlap timing: the run prices its steps with decode_run
+    ("quickstart", ["workload.num_requests=300", "scheduler.overlap_timing=serial"]),
+    ("storage_mooncake", ["workload.num_requests=80"]),
+])
+def test_steps_after_memory_work_join_its_run_with_the_same_results(name, sets, tmp_path):
+    (fast, fast_n), (plain, plain_n) = (_join_folder(name, sets, tmp_path / "fast", True),
+                                        _join_folder(name, sets, tmp_path / "plain", False))
+    assert fast.keys() == plain.keys()
+    for f in fast:
+        assert fast[f] == plain[f], f
+    if name == "storage_mooncake":
+        assert fast_n == plain_n  # the L3 tier's staging keeps its step alone
+    else:
+        assert fast_n < plain_n  # the fast path was taken
