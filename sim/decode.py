@@ -3,8 +3,9 @@
 `update_running_batch` + the forward (managers/scheduler.py): decode steps that need
 no memory work on any replica run together up to the next relevant moment, priced at
 once (``CostModel.decode_run``, bit for bit as one by one); a step that must evict or
-retract on some replica runs alone, its memory work first (`check_decode_mem`,
-`retract_decode`, `alloc_for_decode`).
+retract on some replica does its memory work first (`check_decode_mem`,
+`retract_decode`, `alloc_for_decode`), and the steps after it that need none join
+its run.
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ class Decode:
                 k_cap = 1
                 if (self.join_after_memory and self._hyb is None and self._st is None
                         and not self._retracted_now and self._last_relevant <= began
-                        and len(self.group.cohorts) == 1):
+                        and len(self.group.cohorts) == 1 and self.op_ticks is None):
                     # The results' frees and inserts changed the headroom: read it
                     # now, as the step without memory work does. The steps after
                     # this one join its run when none of them needs memory work.
+                    # (Recorded ops tick every iteration's end, where SGLang
+                    # publishes the KV events the memory work made: not joined.)
                     limit = min([rq.remaining for rq in self.running])
                     if self.waiting and not all(c.sched.batch_is_full
                                                 for c in self.group.cohorts):
