@@ -33,9 +33,7 @@ class Decode:
         began = env.now
         first = None  # pipelined: this iteration's step, launched before the last results
         synced = False  # pipelined: this iteration's cache sync has been paid
-        limit = min([rq.remaining for rq in self.running])
-        if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
-            limit = 1  # admission is retried every step while the batch is not full
+        limit = self._step_limit()
         if self._pending:
             # the previous batch's results land after this step's memory work (a
             # hybrid's pools, and the storage tier's staging, always take it alone)
@@ -63,10 +61,7 @@ class Decode:
                     # this one join its run when none of them needs memory work.
                     # (Recorded ops tick every iteration's end, where SGLang
                     # publishes the KV events the memory work made: not joined.)
-                    limit = min([rq.remaining for rq in self.running])
-                    if self.waiting and not all(c.sched.batch_is_full
-                                                for c in self.group.cohorts):
-                        limit = 1
+                    limit = self._step_limit()
                     k_cap = max(1, self._decode_headroom(limit))
             else:
                 # this step needs no memory work; the steps after it see the results
@@ -78,9 +73,7 @@ class Decode:
                     synced = True
                     first = self._launch_step(s)
                 yield from self._results_of(first[1] if first else None, s)
-                limit = min([rq.remaining for rq in self.running])
-                if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
-                    limit = 1
+                limit = self._step_limit()
                 k_cap = max(1, self._decode_headroom(limit))
                 if pipe and len(self.group.cohorts) > 1:
                     # Pipelined, the run's next step stands for the next iteration,
@@ -194,6 +187,13 @@ class Decode:
                 self._finish(rq)
             self._compare()
             yield from self._result_scan_time()
+
+    def _step_limit(self) -> int:
+        """Steps until the running batch's first finish; 1 while requests wait and
+        some batch is not full (admission is retried every step)."""
+        if self.waiting and not all(c.sched.batch_is_full for c in self.group.cohorts):
+            return 1
+        return min([rq.remaining for rq in self.running])
 
     def _decode_headroom(self, limit: int) -> int:
         """Decode steps from now that neither evict nor retract on any replica (0

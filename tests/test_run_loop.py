@@ -17,6 +17,13 @@ from sim.runner import run_scenario
 from sim.scenario import load_scenario
 
 
+def _assert_same(fast: dict, plain: dict) -> None:
+    """Two results folders, file by file, byte for byte."""
+    assert fast.keys() == plain.keys()
+    for f in fast:
+        assert fast[f] == plain[f], f
+
+
 def _folder(name, sets, out, plain):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(events, "PLAIN_STEPS", plain)
@@ -32,9 +39,7 @@ def _folder(name, sets, out, plain):
 def test_the_inline_loop_writes_what_the_plain_loop_writes(name, sets, tmp_path):
     fast = _folder(name, sets, tmp_path / "fast", False)
     plain = _folder(name, sets, tmp_path / "plain", True)
-    assert fast.keys() == plain.keys()
-    for f in fast:
-        assert fast[f] == plain[f], f
+    _assert_same(fast, plain)
 
 
 def _trace(plain):
@@ -95,9 +100,7 @@ def test_the_sync_by_replica_writes_what_the_sync_by_rank_writes(name, sets, tmp
         return {p.name: p.read_bytes() for p in out.iterdir()}
 
     fast, plain = folder(tmp_path / "fast", True), folder(tmp_path / "plain", False)
-    assert fast.keys() == plain.keys()
-    for f in fast:
-        assert fast[f] == plain[f], f
+    _assert_same(fast, plain)
 
 
 def _quiet_folder(name, sets, out, quiet):
@@ -119,9 +122,7 @@ def _quiet_folder(name, sets, out, quiet):
 def _same_quiet_and_plain(name, sets, out):
     (fast, fast_seen), (plain, plain_seen) = (_quiet_folder(name, sets, out / "fast", True),
                                               _quiet_folder(name, sets, out / "plain", False))
-    assert fast.keys() == plain.keys()
-    for f in fast:
-        assert fast[f] == plain[f], f
+    _assert_same(fast, plain)
     return fast_seen, plain_seen
 
 
@@ -185,9 +186,7 @@ def _join_folder(name, sets, out, join):
 def test_steps_after_memory_work_join_its_run_with_the_same_results(name, sets, tmp_path):
     (fast, fast_n), (plain, plain_n) = (_join_folder(name, sets, tmp_path / "fast", True),
                                         _join_folder(name, sets, tmp_path / "plain", False))
-    assert fast.keys() == plain.keys()
-    for f in fast:
-        assert fast[f] == plain[f], f
+    _assert_same(fast, plain)
     if name == "storage_mooncake":
         assert fast_n == plain_n  # the L3 tier's staging keeps its step alone
     else:
